@@ -1,0 +1,109 @@
+"""The metric catalogue: the single source of metric names, units and meaning.
+
+Rules, reports and docs read it; the rules loader rejects a condition that names a
+metric not listed here. Names carry unit and direction (`_nats`, `_tokens`, `_frac`).
+Per-depth arrays are indexed from depth 1 in every report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str  # "frac" (0..1), "nats", "tokens", "ratio", "count", "bool", "x" (speedup), "temp"
+    higher_is_better: bool | None  # None: neither (a setting or a fact)
+    source: str  # check | diagnose | simulate | compare | monitor
+    description: str
+
+
+def _m(name: str, unit: str, hib: bool | None, source: str, description: str) -> Metric:
+    return Metric(name, unit, hib, source, description)
+
+
+_METRICS: list[Metric] = [
+    # --- alignment (check): computed without any forward pass -----------------------
+    _m("vocab_size_target", "count", None, "check", "Rows of the target's LM head (its vocabulary as the engine sees it)."),
+    _m("vocab_size_draft", "count", None, "check", "Rows of the drafter's LM head (or draft vocabulary for EAGLE-3)."),
+    _m("vocab_size_diff", "count", False, "check", "|vocab_size_target − vocab_size_draft|; engines tolerate ≤128 rows of padding."),
+    _m("tokenizer_size_diff", "count", False, "check", "|len(target tokenizer) − len(drafter tokenizer)|."),
+    _m("token_id_mismatch_count", "count", False, "check", "Target tokens whose id in the drafter's tokenizer differs or is missing."),
+    _m("token_id_mismatch_frac", "frac", False, "check", "token_id_mismatch_count / target tokenizer size."),
+    _m("bos_id_mismatch", "bool", False, "check", "1 when the BOS token ids differ."),
+    _m("eos_id_mismatch", "bool", False, "check", "1 when the EOS token id sets differ."),
+    _m("pad_id_mismatch", "bool", False, "check", "1 when the PAD token ids differ."),
+    _m("unk_id_mismatch", "bool", False, "check", "1 when the UNK token ids differ."),
+    _m("special_tokens_mismatch_count", "count", False, "check", "Added/special tokens present on one side only or with another id."),
+    _m("chat_template_mismatch", "bool", False, "check", "1 when the chat templates differ (one missing counts)."),
+    _m("normalizer_mismatch", "bool", False, "check", "1 when the tokenizers' normalizers differ."),
+    _m("pretokenizer_mismatch", "bool", False, "check", "1 when the tokenizers' pre-tokenizers differ."),
+    _m("context_length_target_tokens", "tokens", None, "check", "Target max_position_embeddings."),
+    _m("context_length_draft_tokens", "tokens", None, "check", "Drafter max_position_embeddings."),
+    _m("context_length_deficit_tokens", "tokens", False, "check", "max(0, target context − drafter context)."),
+    _m("temperature_target", "temp", None, "check", "Effective target sampling temperature (0 = greedy)."),
+    _m("temperature_draft", "temp", None, "check", "Effective drafter sampling temperature (0 = greedy)."),
+    _m("temperature_abs_diff", "temp", False, "check", "|temperature_target − temperature_draft|."),
+    _m("draft_greedy_target_sampling", "bool", False, "check", "1 when the drafter decodes greedily while the target samples."),
+    _m("top_k_mismatch", "bool", False, "check", "1 when the two sides' top-k settings differ."),
+    _m("top_p_mismatch", "bool", False, "check", "1 when the two sides' top-p settings differ."),
+    _m("hidden_size_mismatch", "bool", False, "check", "1 when a head drafter's hidden size differs from the target's."),
+    _m("d2t_invalid_frac", "frac", False, "check", "EAGLE-3: fraction of d2t entries that are out of range or inconsistent with t2d."),
+    _m("d2t_all_zero", "bool", False, "check", "EAGLE-3: 1 when the d2t offsets are all zero while the draft vocab is smaller."),
+    # --- divergence and acceptance (diagnose): teacher-forced estimates ----------
+    _m("accept_prob_mean", "frac", True, "diagnose", "Mean per-position acceptance probability α = Σ min(p, q) = 1 − TV."),
+    _m("greedy_agree_frac", "frac", True, "diagnose", "Fraction of positions where argmax q = argmax p."),
+    _m("kl_target_draft_nats", "nats", False, "diagnose", "Mean KL(p ‖ q) in nats on the untruncated tempered softmax."),
+    _m("kl_target_draft_p90_nats", "nats", False, "diagnose", "90th percentile of per-position KL(p ‖ q)."),
+    _m("tv_mean", "frac", False, "diagnose", "Mean total-variation distance between p and q."),
+    _m("target_entropy_nats", "nats", None, "diagnose", "Mean entropy of the target distribution."),
+    _m("draft_confidence_mean", "frac", None, "diagnose", "Mean drafter confidence max_v q(v)."),
+    _m("accept_prob_domain_min", "frac", True, "diagnose", "Lowest per-domain mean α."),
+    _m("accept_prob_domain_spread", "frac", False, "diagnose", "Highest minus lowest per-domain mean α."),
+    _m("accept_prob_high_entropy", "frac", True, "diagnose", "Mean α over positions where the target entropy is ≥ 2 nats."),
+    _m("accept_prob_long_context_ratio", "ratio", True, "diagnose", "α in the last context-position bucket ÷ α in the first."),
+    _m("cond_accept_depth_decay", "ratio", True, "diagnose", "Conditional acceptance at depth 8 ÷ at depth 1 (a_8 / a_1)."),
+    _m("tau_tokens", "tokens", True, "diagnose", "Expected tokens per verify step τ(K) at the best K (bonus token included)."),
+    _m("accept_rate_best_k", "frac", True, "diagnose", "(τ(K) − 1) / K at the best K: accepted ÷ drafted."),
+    _m("best_k", "count", None, "diagnose", "Draft length K in 1..8 with the highest estimated speedup."),
+    _m("speedup_best", "x", True, "diagnose", "Estimated speedup at the best K: τ(K) / (1 + K·c) / v."),
+    _m("speedup_adaptive", "x", True, "diagnose", "Estimated speedup with the adaptive-K confidence threshold."),
+    _m("cost_ratio", "ratio", False, "diagnose", "Drafter cost ÷ target cost per decode step, measured on the device."),
+    _m("num_positions", "count", None, "diagnose", "Scored target positions."),
+    _m("num_prompts", "count", None, "diagnose", "Prompts scored."),
+    _m("reference_off_policy", "bool", None, "diagnose", "1 when references are dataset responses (off-policy) rather than target samples."),
+]
+
+CATALOG: dict[str, Metric] = {m.name: m for m in _METRICS}
+
+
+def register(metric: Metric) -> None:
+    """Add a metric (used by command families that own their metrics)."""
+    if metric.name in CATALOG and CATALOG[metric.name] != metric:
+        raise ValueError(f"metric {metric.name!r} registered twice with different definitions")
+    CATALOG[metric.name] = metric
+
+
+def format_value(name: str, value: float | int | None) -> str:
+    """Render a metric value with its unit, for messages and tables."""
+    if value is None:
+        return "n/a"
+    metric = CATALOG.get(name)
+    unit = metric.unit if metric else ""
+    if isinstance(value, float) and value != value:  # nan
+        return "nan"
+    if unit == "frac":
+        return f"{100 * float(value):.1f}%"
+    if unit == "nats":
+        return f"{float(value):.3f} nats"
+    if unit in ("count", "bool"):
+        return f"{int(value)}"
+    if unit == "tokens":
+        v = float(value)
+        return f"{int(v)} tokens" if v.is_integer() else f"{v:.2f} tokens"
+    if unit == "x":
+        return f"{float(value):.2f}×"
+    if unit == "temp":
+        return f"{float(value):g}"
+    return f"{float(value):.3g}"

@@ -1,0 +1,44 @@
+"""Entry point: builds the typer app from the command modules."""
+
+from __future__ import annotations
+
+import typer
+
+from specprobe import __version__
+
+app = typer.Typer(
+    name="specprobe",
+    help="Is this speculative-decoding drafter any good for its target model, and why?\n\n"
+    "Start with 'specprobe demo', then 'specprobe check TARGET DRAFTER' and 'specprobe diagnose TARGET DRAFTER'.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"specprobe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+) -> None:
+    """specprobe: speculative-decoding drafter diagnostics."""
+
+
+# One module per command group; each exposes register(app).
+from specprobe.cli import rules_cmd  # noqa: E402
+
+rules_cmd.register(app)
+
+
+def run() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    run()
