@@ -1,0 +1,287 @@
+"""The built-in prompt suite, the JSONL readers (Spec-Bench/MT-Bench question format and
+`{"prompt", "domain"}` lines), their errors, and select()."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specprobe.errors import InputError
+from specprobe.prompts import (
+    DOMAINS,
+    Prompt,
+    PromptSet,
+    builtin_suite,
+    domain_for,
+    load_prompts,
+    select,
+)
+
+DATA = Path(__file__).parent / "data" / "prompts"
+
+
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------ built-in suite
+
+
+def test_builtin_covers_every_domain_with_at_least_eight_prompts():
+    suite = builtin_suite()
+    assert suite.name == "builtin" and suite.source == "builtin"
+    groups = suite.by_domain()
+    assert list(groups) == list(DOMAINS)
+    for domain in DOMAINS:
+        assert len(groups[domain]) >= 8, domain
+
+
+def test_builtin_ids_unique_and_prompts_short():
+    suite = builtin_suite()
+    ids = [p.id for p in suite.prompts]
+    assert len(ids) == len(set(ids))
+    for p in suite.prompts:
+        assert len(p.turns) == 1 and p.turns[0].strip()
+        # Kept short so a 135M model with an 8k context handles prompt + continuation.
+        assert len(p.turns[0].split()) <= 120, p.id
+        assert p.category == p.domain
+
+
+def test_builtin_ships_as_package_data():
+    from importlib import resources
+
+    assert resources.files("specprobe.prompts").joinpath("builtin.jsonl").is_file()
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def test_spec_bench_fixture_loads_and_maps_categories():
+    ps = load_prompts(DATA / "spec_bench_questions.jsonl")
+    assert ps.name == "spec_bench_questions.jsonl"
+    assert Path(ps.source).is_absolute()
+    by_id = {p.id: p for p in ps.prompts}
+    assert by_id["81"].domain == "chat" and by_id["81"].category == "writing"
+    assert len(by_id["81"].turns) == 2
+    assert by_id["101"].domain == "math"
+    assert by_id["121"].domain == "code"
+    assert by_id["131"].domain == "qa"
+    assert by_id["161"].domain == "translation"
+    assert by_id["171"].domain == "summarization"
+    assert by_id["181"].domain == "math"
+    assert by_id["191"].domain == "qa"
+    # MT-Bench gives one reference per turn; the first is the dataset response.
+    assert by_id["101"].reference == "You are in second place."
+    assert by_id["81"].reference is None
+
+
+def test_prompt_format_fixture_loads():
+    ps = load_prompts(str(DATA / "simple_prompts.jsonl"))
+    assert [p.id for p in ps.prompts] == ["greet", "line-3", "law-1"]
+    greet, mult, law = ps.prompts
+    assert greet.domain == "chat" and greet.category == "Chat"
+    assert greet.turns == ("Say hello to a new colleague in two sentences.",)
+    assert mult.reference == "391"
+    # An unknown domain is kept, lower-cased, as its own slice.
+    assert law.domain == "legal"
+    assert law.reference.startswith("A contract")
+    assert ps.domains == ["chat", "math", "legal"]
+
+
+@pytest.mark.parametrize(
+    ("category", "domain"),
+    [
+        ("coding", "code"),
+        ("math", "math"),
+        ("math_reasoning", "math"),
+        ("reasoning", "math"),
+        ("writing", "chat"),
+        ("roleplay", "chat"),
+        ("humanities", "chat"),
+        ("summarization", "summarization"),
+        ("translation", "translation"),
+        ("qa", "qa"),
+        ("rag", "qa"),
+        ("extraction", "qa"),
+        ("stem", "qa"),
+        ("Poetry", "poetry"),
+        ("CODING", "code"),
+    ],
+)
+def test_category_mapping(category, domain):
+    assert domain_for(category) == domain
+
+
+def test_reference_keys_and_missing_fields(tmp_path):
+    f = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"id": "a", "prompt": "x", "domain": "qa", "reference": "r1"},
+            {"id": "b", "prompt": "y", "domain": "qa", "response": "r2"},
+            {"id": "c", "prompt": "z", "domain": "qa", "answer": ["r3", "later"]},
+            {"id": "d", "prompt": "w"},
+            {"question_id": 7, "turns": ["t"], "category": "stem", "reference": "plain"},
+        ],
+    )
+    ps = load_prompts(f)
+    assert [p.reference for p in ps.prompts] == ["r1", "r2", "r3", None, "plain"]
+    assert ps.prompts[3].domain == "general"
+    assert ps.prompts[4].id == "7"
+
+
+def test_blank_lines_crlf_and_bom_are_tolerated(tmp_path):
+    f = tmp_path / "p.jsonl"
+    body = '\r\n{"prompt": "héllo", "domain": "chat"}\r\n\r\n   \r\n{"prompt": "b"}\r\n'
+    f.write_bytes(b"\xef\xbb\xbf" + body.encode("utf-8"))
+    ps = load_prompts(f)
+    assert [p.turns[0] for p in ps.prompts] == ["héllo", "b"]
+    assert [p.id for p in ps.prompts] == ["line-2", "line-5"]
+
+
+# ------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("lines", "match"),
+    [
+        (['{"prompt": "ok"}', "{not json"], r":2: not valid JSON"),
+        (['{"prompt": "ok"}', "", '["a list"]'], r":3: not a JSON object"),
+        (['{"domain": "chat"}'], r":1: no prompt text"),
+        (['{"prompt": "a"}', '{"turns": "just a string"}'], r":2: `turns` must be a list"),
+        (['{"turns": []}'], r":1: `turns` must be a list"),
+        (['{"turns": ["ok", ""]}'], r":1: `turns` must be a list of non-empty strings"),
+        (['{"turns": ["ok", 3]}'], r":1: `turns` must be a list"),
+        (['{"prompt": "   "}'], r":1: `prompt` must be a non-empty string"),
+        (['{"prompt": 5}'], r":1: `prompt` must be"),
+        (
+            [
+                '{"question_id": 1, "turns": ["a"]}',
+                '{"id": "x", "prompt": "b"}',
+                '{"question_id": 1, "turns": ["c"]}',
+            ],
+            r":3: duplicate id '1' \(first on line 1\)",
+        ),
+        (['{"prompt": "a", "domain": 3}'], r":1: category/domain must be a string"),
+        (['{"prompt": "a", "reference": 3}'], r":1: `reference` must be a string"),
+        (['{"prompt": "a", "id": true}'], r":1: id must be"),
+    ],
+)
+def test_bad_lines_name_file_and_line(tmp_path, lines, match):
+    f = tmp_path / "bad.jsonl"
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=match) as info:
+        load_prompts(f)
+    assert "bad.jsonl" in info.value.message
+    assert info.value.hint
+    assert "\n" not in info.value.one_line()
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="does not exist") as info:
+        load_prompts(tmp_path / "nope.jsonl")
+    assert "nope.jsonl" in info.value.message
+
+
+def test_directory(tmp_path):
+    with pytest.raises(InputError, match="is a directory"):
+        load_prompts(tmp_path)
+
+
+def test_not_utf8_names_the_line(tmp_path):
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(InputError, match=r"latin1\.jsonl:2: not UTF-8"):
+        load_prompts(f)
+
+
+@pytest.mark.parametrize("content", ["", "\n\n   \n"])
+def test_empty_file(tmp_path, content):
+    f = tmp_path / "empty.jsonl"
+    f.write_text(content, encoding="utf-8")
+    with pytest.raises(InputError, match="empty prompt set"):
+        load_prompts(f)
+
+
+# ---------------------------------------------------------------------------- select()
+
+
+def make_set(spec: dict[str, int]) -> PromptSet:
+    prompts = [
+        Prompt(id=f"{d}-{i}", domain=d, category=d, turns=(f"{d} prompt {i}",))
+        for d, n in spec.items()
+        for i in range(n)
+    ]
+    return PromptSet.from_prompts("t", "t", prompts)
+
+
+def test_select_round_robin_covers_every_domain():
+    ps = make_set({"code": 4, "math": 1, "chat": 3})
+    out = select(ps, max_prompts=5)
+    # Round 1 takes one of each; round 2 skips the exhausted math; file order is kept.
+    assert [p.id for p in out.prompts] == ["code-0", "code-1", "math-0", "chat-0", "chat-1"]
+    assert out.domains == ["code", "math", "chat"]
+    assert select(ps, max_prompts=2).domains == ["code", "math"]
+    assert len(select(ps, max_prompts=100)) == 8
+    # Deterministic: same input, same output, same hash.
+    assert select(ps, max_prompts=5) == out
+
+
+def test_select_builtin_small_n_covers_all_domains():
+    out = select(builtin_suite(), max_prompts=6)
+    assert out.domains == list(DOMAINS)
+
+
+def test_select_domain_filter():
+    ps = make_set({"code": 2, "math": 2, "chat": 2})
+    out = select(ps, domains=["MATH", "coding"])
+    assert [p.id for p in out.prompts] == ["code-0", "code-1", "math-0", "math-1"]
+    out = select(ps, domains=["chat"], max_prompts=1)
+    assert [p.id for p in out.prompts] == ["chat-0"]
+    assert out.name == "t"
+    assert out.sha256 != ps.sha256
+
+
+def test_select_unknown_domain_names_available():
+    ps = make_set({"code": 1, "math": 1})
+    with pytest.raises(InputError, match=r"unknown domain poetry.*available: code, math"):
+        select(ps, domains=["poetry"])
+    with pytest.raises(InputError, match="available: code, math"):
+        select(ps, domains=["code", "poetry"])
+    with pytest.raises(InputError, match="available"):
+        select(ps, domains=[])
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_select_bad_max_prompts(n):
+    with pytest.raises(InputError, match="positive integer"):
+        select(make_set({"code": 1}), max_prompts=n)
+
+
+# ---------------------------------------------------------------------------- sha256
+
+
+def test_sha256_stable_and_content_sensitive(tmp_path):
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["a", "b"]},
+        {"question_id": 2, "category": "coding", "turns": ["c"], "reference": ["r"]},
+    ]
+    first = load_prompts(write_jsonl(tmp_path / "a.jsonl", rows))
+    again = load_prompts(write_jsonl(tmp_path / "b.jsonl", rows))
+    # Same content under another file name is the same experiment.
+    assert first.sha256 == again.sha256
+    assert len(first.sha256) == 64
+    assert builtin_suite().sha256 == builtin_suite().sha256
+
+    def changed(mutate) -> str:
+        copy = json.loads(json.dumps(rows))
+        mutate(copy)
+        return load_prompts(write_jsonl(tmp_path / "c.jsonl", copy)).sha256
+
+    assert changed(lambda r: r[0]["turns"].__setitem__(1, "B")) != first.sha256
+    assert changed(lambda r: r[1].__setitem__("reference", ["other"])) != first.sha256
+    assert changed(lambda r: r[1].__setitem__("question_id", 3)) != first.sha256
+    assert changed(lambda r: r[0].__setitem__("category", "coding")) != first.sha256
+    assert changed(lambda r: r.reverse()) != first.sha256
