@@ -73,6 +73,27 @@ _METRICS: list[Metric] = [
     _m("num_positions", "count", None, "diagnose", "Scored target positions."),
     _m("num_prompts", "count", None, "diagnose", "Prompts scored."),
     _m("reference_off_policy", "bool", None, "diagnose", "1 when references are dataset responses (off-policy) rather than target samples."),
+    # --- compare (regression gate, SP5xx): candidate result against a baseline result ---
+    _m("accept_prob_mean_baseline", "frac", True, "compare", "Baseline's mean α."),
+    _m("accept_prob_mean_candidate", "frac", True, "compare", "Candidate's mean α."),
+    _m("overall_accept_prob_rel_change", "ratio", True, "compare", "(candidate α − baseline α) / baseline α; negative is worse."),
+    _m("accept_prob_rel_drop_frac", "frac", False, "compare", "max(0, −overall_accept_prob_rel_change): the relative drop in mean α."),
+    _m("speedup_best_rel_change", "ratio", True, "compare", "Relative change of the estimated best speedup."),
+    _m("tau_tokens_rel_change", "ratio", True, "compare", "Relative change of τ at each side's best K."),
+    _m("domain_accept_prob_min_baseline", "frac", True, "compare", "Lowest per-domain α in the baseline (domains present on both sides)."),
+    _m("domain_accept_prob_min_candidate", "frac", True, "compare", "Lowest per-domain α in the candidate (domains present on both sides)."),
+    _m("domain_worst_accept_prob_baseline", "frac", True, "compare", "Baseline α of the domain whose α dropped most (relative)."),
+    _m("domain_worst_accept_prob_candidate", "frac", True, "compare", "Candidate α of the domain whose α dropped most (relative)."),
+    _m("domain_worst_rel_drop_frac", "frac", False, "compare", "Relative α drop of that worst domain (0 when no domain dropped)."),
+    _m("cond_accept_decay_baseline", "ratio", True, "compare", "Baseline conditional acceptance at the deepest compared depth ÷ at depth 1."),
+    _m("cond_accept_decay_candidate", "ratio", True, "compare", "Candidate conditional acceptance at the deepest compared depth ÷ at depth 1."),
+    _m("depth_decay_excess", "ratio", False, "compare", "cond_accept_decay_baseline − cond_accept_decay_candidate: > 0 when the candidate's depth curve decays faster."),
+    _m("depth_compared", "count", None, "compare", "Deepest draft depth present in both depth curves (indexed from 1)."),
+    _m("kl_target_draft_nats_baseline", "nats", False, "compare", "Baseline mean KL(p ‖ q)."),
+    _m("kl_target_draft_nats_candidate", "nats", False, "compare", "Candidate mean KL(p ‖ q)."),
+    _m("kl_band_worsened", "bool", False, "compare", "1 when the candidate's KL lies in a worse band than the baseline's (band edges from the SP10x rules)."),
+    _m("kl_band_boundary_crossed_nats", "nats", None, "compare", "The highest KL band boundary the candidate crossed upward (n/a when none)."),
+    # --- end compare ---
 ]
 
 CATALOG: dict[str, Metric] = {m.name: m for m in _METRICS}
