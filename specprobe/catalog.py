@@ -94,6 +94,17 @@ _METRICS: list[Metric] = [
     _m("kl_band_worsened", "bool", False, "compare", "1 when the candidate's KL lies in a worse band than the baseline's (band edges from the SP10x rules)."),
     _m("kl_band_boundary_crossed_nats", "nats", None, "compare", "The highest KL band boundary the candidate crossed upward (n/a when none)."),
     # --- end compare ---
+    # --- monitoring (monitor, SP4xx): the serving engine's own counters per model_name, ---
+    # --- over a sliding window against the trailing baseline window before it ---
+    _m("monitor_accept_rate", "frac", True, "monitor", "Accepted ÷ drafted tokens over the current window (engine counters or log lines)."),
+    _m("monitor_accept_rate_baseline", "frac", True, "monitor", "Accepted ÷ drafted tokens over the trailing baseline window before the current one."),
+    _m("monitor_accept_rate_drop_rel", "frac", False, "monitor", "1 − current ÷ baseline acceptance (accepted tokens per draft when only lengths are known)."),
+    _m("monitor_mean_accept_len_tokens", "tokens", True, "monitor", "Mean acceptance length 1 + accepted ÷ drafts over the current window (bonus token included)."),
+    _m("monitor_mean_accept_len_baseline_tokens", "tokens", True, "monitor", "Mean acceptance length over the baseline window."),
+    _m("monitor_depth_decay_ratio", "ratio", True, "monitor", "r_K ÷ r_1: per-position cumulative acceptance at the deepest position over that at depth 1, current window."),
+    _m("monitor_depth_decay_excess", "frac", False, "monitor", "1 − current ÷ baseline monitor_depth_decay_ratio: how much steeper acceptance falls with depth than in the baseline."),
+    _m("monitor_draft_tokens", "count", None, "monitor", "Draft tokens proposed in the current window (nan for gauge-only sources)."),
+    # --- end monitoring ---
 ]
 
 CATALOG: dict[str, Metric] = {m.name: m for m in _METRICS}
