@@ -131,7 +131,7 @@ class Monitor:
             st.next_attempt = 0.0
             st.engine = res.engine or st.engine
             st.malformed += res.malformed
-            if res.malformed:
+            if res.malformed and src.kind != "log":  # log sources warn with the line itself
                 self.warn_once(f"malformed:{src.name}", f"{src.name}: skipped {res.malformed} malformed sample(s)/line(s) (counted; this warning is shown once)")
             if res.missing and src.kind != "log":
                 st.missing = res.missing
@@ -139,10 +139,11 @@ class Monitor:
             else:
                 st.missing = []
             st.state = "ok" if res.models or st.engine else "no-data"
-        horizon = now - self.window - self.baseline - 2 * self.interval
+        keep = self.window + self.baseline + 2 * self.interval
         for data in self.store.values():
             if data.precomputed is None:
-                data.prune(horizon)
+                # Relative to the model's own latest sample: log files carry their own clock.
+                data.prune((data.last_time if data.last_time is not None else now) - keep)
 
     def _stale_after(self) -> float:
         return max(3 * self.interval, 1.0)

@@ -85,8 +85,9 @@ def count_resets(points: Iterable[tuple[float, float]], start: float, end: float
 
 
 def gauge_mean(points: Iterable[tuple[float, float]], start: float, end: float) -> float | None:
-    """avg_over_time: the mean of the gauge's samples inside the window."""
-    inside = [v for t, v in points if start <= t <= end and not math.isnan(v)]
+    """avg_over_time: the mean of the gauge's samples stamped in (start, end] — half-open so
+    a sample on the boundary belongs to one window, not to both."""
+    inside = [v for t, v in points if start < t <= end and not math.isnan(v)]
     return sum(inside) / len(inside) if inside else None
 
 

@@ -1,0 +1,141 @@
+"""`specprobe monitor`: acceptance health in production from the serving engine's metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from specprobe.cli.common import FailOnOpt, RulesOpt, err, handle_errors
+from specprobe.errors import ConfigError, InputError
+
+EPILOG = (
+    "Examples:\n\n"
+    "  specprobe monitor --url http://127.0.0.1:8000/metrics\n\n"
+    "  specprobe monitor --prometheus http://prometheus:9090 --window 5m --baseline-window 1h --alerts alerts.jsonl\n\n"
+    "  specprobe monitor --log vllm.log --once            (cron/CI: exit 0 healthy, 1 alert, 2 bad input)\n\n"
+    "  kubectl logs -f deploy/sglang | specprobe monitor --log - --follow --num-spec-tokens 4"
+)
+
+
+def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], engine: str, timeout: float, retries: int, follow: bool) -> list[Any]:
+    from specprobe.monitor.sources import LogSource, PrometheusSource, ScrapeSource
+
+    sources: list[Any] = [ScrapeSource(u, engine=engine, timeout=timeout, retries=retries) for u in urls]
+    if prometheus:
+        sources.append(PrometheusSource(prometheus, engine=engine, timeout=timeout, retries=retries))
+    if logs.count("-") > 1:
+        raise ConfigError("--log - (stdin) given more than once", "stdin can be read once")
+    sources.extend(LogSource(p, follow=follow) for p in logs)
+    return sources
+
+
+@handle_errors
+def monitor(
+    url: Annotated[list[str] | None, typer.Option("--url", help="An engine's /metrics endpoint (vLLM V1/V0 or SGLang); repeatable.")] = None,
+    prometheus: Annotated[str | None, typer.Option("--prometheus", help="A Prometheus server (http://host:9090) scraping the engines: the whole fleet, per model_name.")] = None,
+    log: Annotated[list[str] | None, typer.Option("--log", help="A log file with the engines' spec-decode lines, or '-' for stdin; repeatable.")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="auto | vllm | sglang: which engine's metric names to read.")] = "auto",
+    window: Annotated[str, typer.Option("--window", help="Sliding window for the current rates (300s, 5m, 1h).")] = "5m",
+    baseline_window: Annotated[str, typer.Option("--baseline-window", help="Trailing baseline window, just before the current one.")] = "1h",
+    interval: Annotated[str | None, typer.Option("--interval", help="Time between polls (default 15s; 2s with --once).")] = None,
+    once: Annotated[bool, typer.Option("--once", help="Evaluate one window and exit: 0 healthy, 1 alert (cron/CI). Counters need two scrapes, --interval apart.")] = False,
+    alerts: Annotated[Path | None, typer.Option("--alerts", help="Append alerts as JSON lines to this file (default: stdout).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading --log files (and stdin) as they grow.")] = False,
+    num_spec_tokens: Annotated[int | None, typer.Option("--num-spec-tokens", min=1, help="Draft length K, to turn a mean acceptance length into a rate where the source has no draft-token count (SGLang without accept rate).")] = None,
+    timeout: Annotated[str, typer.Option("--timeout", help="Per-request HTTP timeout.")] = "5s",
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per poll, with doubling backoff, before a source is shown stale.")] = 2,
+    live: Annotated[bool, typer.Option("--live/--no-live", help="Live terminal view on stderr (only when it is a terminal).")] = True,
+    rules: RulesOpt = None,
+    fail_on: FailOnOpt = "warning",
+) -> None:
+    """Watch speculative-decoding acceptance in production and alert on SP4xx rules.
+
+    Per model_name: acceptance rate (accepted ÷ drafted tokens), mean acceptance length
+    (1 + accepted ÷ drafts, bonus token included), per-position rates — over a sliding
+    window against the trailing baseline. Alerts go out as JSON lines."""
+    from specprobe.monitor.runner import Monitor
+    from specprobe.monitor.windows import parse_duration
+    from specprobe.rules import load_table
+
+    if engine not in ("auto", "vllm", "sglang"):
+        raise ConfigError(f"unknown --engine {engine!r}", "use auto, vllm or sglang")
+    win = parse_duration(window, "--window")
+    base = parse_duration(baseline_window, "--baseline-window")
+    tmo = parse_duration(timeout, "--timeout")
+    ivl = parse_duration(interval, "--interval") if interval else (2.0 if once else 15.0)
+    urls, logs = list(url or []), list(log or [])
+    if not urls and not prometheus and not logs:
+        raise ConfigError("no source to monitor", "pass --url http://host:port/metrics, --prometheus http://host:9090 or --log FILE")
+    if urls and ivl >= win:
+        raise ConfigError(f"--interval ({ivl:g}s) must be shorter than --window ({win:g}s)", "a window needs at least two scrapes")
+    table = load_table(rules or [])
+    sources = _build_sources(urls, prometheus, logs, engine, tmo, retries, follow)
+    # Finite inputs (log files read to the end) are evaluated once, at their last line.
+    finite = all(s.kind == "log" for s in sources) and not follow
+    mon = Monitor(
+        sources, table, window=win, baseline=base, interval=ivl, num_spec_tokens=num_spec_tokens,
+        warn=lambda msg: err.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True),
+    )
+    from specprobe.monitor.alerts import AlertSink
+
+    sink = AlertSink(alerts)
+    try:
+        if once or finite:
+            raise typer.Exit(_run_once(mon, sink, ivl, fail_on))
+        _run_loop(mon, sink, ivl, live and err.is_terminal)
+    finally:
+        sink.close()
+        for s in sources:
+            if hasattr(s, "close"):
+                s.close()
+
+
+def _run_once(mon: Any, sink: Any, interval: float, fail_on: str) -> int:
+    from specprobe.monitor.live import render
+    from specprobe.rules import exit_code_for
+
+    mon.poll(time.time())
+    if any(s.kind == "scrape" for s in mon.sources):
+        time.sleep(interval)  # counters: a rate needs a second scrape
+        mon.poll(time.time())
+    snap = mon.evaluate(time.time(), anchor_to_data=True)
+    if not snap.has_data:
+        detail = "; ".join(f"{st.name}: {st.last_error or st.state}" + (f" (missing {', '.join(st.missing)})" if st.missing else "") for st in snap.sources)
+        raise InputError(f"no acceptance data from any source ({detail})", "check the URL/file and that speculative decoding is enabled and serving traffic")
+    err.print(render(snap, title="specprobe monitor --once"))
+    sink.write(list(snap.alerts))
+    return exit_code_for([f for m in snap.models for f in m.findings], fail_on)
+
+
+def _run_loop(mon: Any, sink: Any, interval: float, use_live: bool) -> None:
+    from rich.live import Live
+
+    from specprobe.monitor.live import render
+    from specprobe.monitor.runner import summary_lines
+
+    snap = None
+    live = Live(console=err, refresh_per_second=4, transient=False) if use_live else None
+    try:
+        with live if live is not None else contextlib.nullcontext():
+            while True:
+                tick = time.time()
+                mon.poll(tick)
+                snap = mon.evaluate(tick)
+                sink.write(mon.transitions(snap))
+                if live is not None:
+                    live.update(render(snap))
+                if all(s.kind == "log" and getattr(s, "_eof", False) for s in mon.sources):
+                    break  # stdin closed: nothing more will come
+                time.sleep(max(0.0, tick + interval - time.time()))
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/] — summary:")
+    for line in summary_lines(snap, mon):
+        err.print(line, highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("monitor", epilog=EPILOG)(monitor)
