@@ -380,14 +380,21 @@ def worst_severity(findings: Iterable[Finding]) -> str | None:
     return best
 
 
+# Among findings of equal severity the headline prefers the root cause (alignment), then
+# the acceptance band users reason in, then divergence, cost, and the rest.
+_VERDICT_FAMILY_ORDER = "0261354"
+
+
 def verdict(findings: Iterable[Finding], default: str = "no findings") -> str:
     """The headline: the verdict (or name) of the worst finding."""
     ordered = sort_findings(findings)
     if not ordered:
         return default
     top = ordered[0]
-    with_verdict = [f for f in ordered if f.severity == top.severity and f.verdict]
-    return (with_verdict[0].verdict if with_verdict else top.verdict or top.name)
+    same = [f for f in ordered if f.severity == top.severity]
+    same.sort(key=lambda f: (_VERDICT_FAMILY_ORDER.find(f.rule_id[2]) % 10, f.rule_id))
+    with_verdict = [f for f in same if f.verdict]
+    return with_verdict[0].verdict if with_verdict else same[0].name
 
 
 def exit_code_for(findings: Iterable[Finding], fail_on: str) -> int:

@@ -1,0 +1,2 @@
+"""Metrics: pure tensor functions (`core`) and mergeable accumulators (`accumulate`).
+Never sees a model object."""

