@@ -1,0 +1,146 @@
+"""Log sources on real-format lines: vLLM V1 'SpecDecoding metrics', vLLM V0
+'Speculative metrics' (cumulative, with a restart), SGLang 'Decode batch', llama.cpp's
+server and speculative example. Fixtures live in tests/data/monitor/."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pytest
+
+from specprobe.errors import InputError
+from specprobe.monitor.runner import Monitor
+from specprobe.monitor.sources import LogSource, MalformedLine, parse_log_line
+from specprobe.rules import load_table
+
+DATA = Path(__file__).parent / "data" / "monitor"
+
+
+def _run(path: Path | str, window: float = 60, baseline: float = 300, **kw):
+    src = LogSource(str(path), **kw)
+    warnings: list[str] = []
+    mon = Monitor([src], load_table(), window=window, baseline=baseline, interval=1, warn=warnings.append, **({} if "k" not in kw else {}))
+    mon.poll(1_000.0)
+    snap = mon.evaluate(1_000.0, anchor_to_data=True)
+    src.close()
+    return mon, snap, warnings
+
+
+def _ids(view) -> set[str]:
+    return {f.rule_id for f in view.findings}
+
+
+def test_parse_vllm_v1_line():
+    line = (
+        "INFO 06-02 10:00:20 [metrics.py:96] SpecDecoding metrics: Mean acceptance length: 2.51, "
+        "Accepted throughput: 12.30 tokens/s, Drafted throughput: 24.60 tokens/s, Accepted: 151 tokens, "
+        "Drafted: 300 tokens, Per-position acceptance rate: 0.733, 0.493, 0.279, Avg Draft acceptance rate: 50.3%"
+    )
+    rec = parse_log_line(line)
+    assert rec is not None and rec.kind == "vllm-v1" and rec.t is not None
+    assert rec.fields["accepted"] == 151 and rec.fields["drafted"] == 300
+    assert rec.fields["per_pos"] == [0.733, 0.493, 0.279]
+    assert rec.fields["mean_len"] == 2.51
+
+
+def test_parse_other_engines_and_unrelated():
+    v0 = parse_log_line("INFO 10-16 19:05:47 metrics.py:367] Speculative metrics: Draft acceptance rate: 0.642, System efficiency: 0.598, Number of speculative tokens: 3, Number of accepted tokens: 8547, Number of draft tokens: 13311, Number of emitted tokens: 10616.")
+    assert v0 is not None and v0.fields["k"] == 3 and v0.fields["emitted"] == 10616
+    sgl = parse_log_line("[2025-06-02 10:00:10 TP0] Decode batch. #running-req: 8, #token: 4037, token usage: 0.05, accept len: 2.31, cuda graph: True, gen throughput (token/s): 369.60, #queue-req: 0, ")
+    assert sgl is not None and sgl.fields == {"accept_len": 2.31, "accept_rate": None}
+    sgl2 = parse_log_line("[2025-06-02 10:00:10] Decode batch. #running-req: 1, #token: 20, token usage: 0.00, accept len: 3.00, accept rate: 0.50, gen throughput (token/s): 9.0, #queue-req: 0, ")
+    assert sgl2 is not None and sgl2.fields["accept_rate"] == 0.5
+    lc = parse_log_line("draft acceptance rate = 0.57576 (   57 accepted /    99 generated)")
+    assert lc is not None and lc.fields == {"accepted": 57, "drafted": 99}
+    assert parse_log_line("INFO 06-02 10:00:20 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0 tokens/s") is None
+    with pytest.raises(MalformedLine):
+        parse_log_line("INFO 06-02 10:00:20 [metrics.py:96] SpecDecoding metrics: Mean acceptance length: 3.80, Accepted throughput: 2")
+
+
+def test_vllm_v1_log_drop_fires_sp402_sp403_sp404():
+    mon, snap, warnings = _run(DATA / "vllm_v1.log")
+    (view,) = snap.models
+    assert view.model == "vllm_v1"
+    m = view.metrics
+    assert m["monitor_accept_rate"] == pytest.approx(210 / 600)
+    assert m["monitor_accept_rate_baseline"] == pytest.approx(420 / 600)
+    assert m["monitor_mean_accept_len_tokens"] == pytest.approx(2.4)
+    assert view.now.per_pos_cum == pytest.approx((0.7, 0.4, 0.2, 0.1))
+    assert view.base.per_pos_cum == pytest.approx((0.95, 0.8, 0.65, 0.4))
+    assert _ids(view) == {"SP402", "SP403", "SP404"}
+    (st,) = snap.sources
+    assert st.malformed == 1 and st.engine == "vllm-v1"
+    assert len([w for w in warnings if "malformed" in w]) == 1
+
+
+def test_vllm_v0_log_cumulative_with_restart():
+    mon, snap, _ = _run(DATA / "vllm_v0.log", window=120, baseline=180)
+    (view,) = snap.models
+    assert view.metrics["monitor_accept_rate"] == pytest.approx(0.65)
+    assert view.metrics["monitor_mean_accept_len_tokens"] == pytest.approx(2.8)  # emitted / (draft tokens / K)
+    assert view.metrics["monitor_accept_rate_baseline"] == pytest.approx(0.65)  # the restart in the baseline is a reset, not a negative increase
+    assert mon.store["vllm_v0"].resets(0, 2e10) == 3  # one restart, seen by each of the three counters
+    assert view.findings == ()
+
+
+def test_sglang_log_needs_k_for_a_rate_but_not_for_the_drop():
+    _, snap, _ = _run(DATA / "sglang.log")
+    (view,) = snap.models
+    assert view.metrics["monitor_mean_accept_len_tokens"] == pytest.approx(1.6)
+    assert math.isnan(view.metrics["monitor_accept_rate"])
+    assert view.metrics["monitor_accept_rate_drop_rel"] == pytest.approx(1 - 0.6 / 2.1)
+    assert _ids(view) == {"SP403"}
+
+
+def test_sglang_log_with_num_spec_tokens():
+    src = LogSource(str(DATA / "sglang.log"))
+    mon = Monitor([src], load_table(), window=60, baseline=300, interval=1, num_spec_tokens=4)
+    mon.poll(0.0)
+    (view,) = mon.evaluate(0.0, anchor_to_data=True).models
+    assert view.metrics["monitor_accept_rate"] == pytest.approx(0.15)
+    assert _ids(view) == {"SP402", "SP403"}
+
+
+def test_llamacpp_log_sums_requests_and_example_summary():
+    _, snap, warnings = _run(DATA / "llamacpp.log")
+    (view,) = snap.models
+    assert view.metrics["monitor_accept_rate"] == pytest.approx((57 + 62 + 81) / (99 + 100 + 101))
+    assert snap.sources[0].malformed == 1
+    assert any("line 11" in w for w in warnings)
+
+
+def test_stdin_source(monkeypatch):
+    text = (DATA / "llamacpp.log").read_text()
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    _, snap, _ = _run("-")
+    assert snap.models[0].model == "stdin"
+    assert snap.models[0].metrics["monitor_accept_rate"] == pytest.approx(200 / 300)
+
+
+def test_follow_reads_appended_lines(tmp_path):
+    import time
+
+    p = tmp_path / "serve.log"
+    p.write_text("draft acceptance rate = 0.50000 (   50 accepted /   100 generated)\n")
+    src = LogSource(str(p), follow=True)
+    mon = Monitor([src], load_table(), window=60, baseline=60, interval=1)
+    with p.open("a") as fh:
+        fh.write("draft acceptance rate = 0.10000 (   10 accepted /   100 generated)\n")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the reader thread tails the file every 0.2 s
+        mon.poll(100.0)
+        data = mon.store.get("serve")
+        if data and len(data.events.get("accepted_tokens", [])) == 2:
+            break
+        time.sleep(0.05)
+    (view,) = mon.evaluate(100.0).models
+    assert view.metrics["monitor_accept_rate"] == pytest.approx(0.3)
+
+
+def test_missing_and_directory_log_are_input_errors(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        LogSource(str(tmp_path / "nope.log"))
+    with pytest.raises(InputError, match="directory"):
+        LogSource(str(tmp_path))
