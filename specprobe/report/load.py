@@ -166,3 +166,13 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     except OSError as e:
         raise OutputError(f"cannot write {p}: {e.strerror or e}", "choose a writable path") from None
     return p
+
+
+def gate_exit_code(result: Mapping[str, Any], fail_on: str) -> int:
+    """0 when no finding is at or above fail_on, else 1 (design.md §4 exit codes)."""
+    from specprobe.rules import SEVERITY_RANK
+
+    if fail_on == "never":
+        return 0
+    limit = SEVERITY_RANK[fail_on]
+    return 1 if any(SEVERITY_RANK.get(str(f.get("severity")), 0) >= limit for f in result.get("findings") or []) else 0

@@ -1,0 +1,82 @@
+"""JUnit XML for CI systems (Jenkins, GitLab, GitHub test reporters).
+
+One <testcase> per rule evaluated. The file mirrors the gate: a rule whose finding is
+at or above --fail-on is a <failure> (message = the diagnosis; body = measured values,
+threshold, remedy); a rule that fired below that level passes with its diagnosis in
+<system-out> (an "acceptance is good" info finding is not a failed test); a rule whose
+metrics were not measured is <skipped>. classname groups rules by family so CI UIs
+show "alignment", "acceptance", … as suites.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from typing import Any
+
+from specprobe.catalog import format_value
+from specprobe.report.load import describe
+from specprobe.rules import FAMILIES, SEVERITY_RANK
+
+
+def _gates(severity: str, fail_on: str) -> bool:
+    return fail_on != "never" and SEVERITY_RANK.get(severity, 0) >= SEVERITY_RANK[fail_on]
+
+
+def _details(f: Mapping[str, Any]) -> str:
+    lines = [f"{f.get('rule_id')} {f.get('name')} ({f.get('severity')})", str(f.get("message") or "")]
+    for name, value in (f.get("measured") or {}).items():
+        shown = value if isinstance(value, str) else format_value(name, value)
+        lines.append(f"measured: {name} = {shown}")
+    lines.append(f"threshold: {f.get('threshold')}")
+    lines.append(f"remedy: {f.get('remedy')}")
+    lines.extend(f"evidence: {e}" for e in f.get("evidence") or [])
+    return "\n".join(lines)
+
+
+def render_junit(result: Mapping[str, Any], *, fail_on: str | None = None, suite: str | None = None) -> str:
+    """JUnit XML text for a diagnose/simulate/compare result."""
+    fail_on = fail_on or (result.get("config") or {}).get("fail_on") or "error"
+    findings = {f.get("rule_id"): f for f in result.get("findings") or []}
+    evaluations = list(result.get("evaluations") or [])
+    if not evaluations:  # an older or partial result: at least the findings become cases
+        evaluations = [{"rule_id": k, "name": f.get("name"), "severity": f.get("severity"), "status": "fail"} for k, f in findings.items()]
+    command = result.get("command") or "diagnose"
+    if command == "compare":
+        name = suite or f"specprobe compare: {(result.get('candidate') or {}).get('describe')} vs {(result.get('baseline') or {}).get('describe')}"
+    else:
+        name = suite or f"specprobe {command}: {describe(result)}"
+
+    cases = []
+    failures = skipped = 0
+    for ev in evaluations:
+        rid = str(ev.get("rule_id"))
+        fam = FAMILIES.get(rid[2:3], "other").replace("/", "-")
+        case = ET.Element("testcase", {"classname": f"specprobe.{fam}", "name": f"{rid} {ev.get('name')}", "time": "0"})
+        f = findings.get(rid)
+        status = ev.get("status")
+        if status == "fail" and f is not None and _gates(str(f.get("severity")), fail_on):
+            failures += 1
+            el = ET.SubElement(case, "failure", {"message": str(f.get("message") or ""), "type": str(f.get("severity"))})
+            el.text = _details(f)
+        elif status == "skipped":
+            skipped += 1
+            ET.SubElement(case, "skipped", {"message": "not evaluated: a metric it needs was not measured, or it does not apply to this drafter kind"})
+        elif f is not None:
+            out = ET.SubElement(case, "system-out")
+            out.text = _details(f)
+        cases.append(case)
+
+    suites = ET.Element("testsuites", {"name": "specprobe", "tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped), "time": "0"})
+    ts = ET.SubElement(suites, "testsuite", {
+        "name": name, "tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped), "time": "0",
+        "timestamp": str(result.get("created") or "")[:19],
+    })
+    props = ET.SubElement(ts, "properties")
+    m = result.get("metrics") or {}
+    for key, value in (("verdict", result.get("verdict")), ("fail_on", fail_on), ("command", command), ("accept_prob_mean", m.get("accept_prob_mean")), ("kl_target_draft_nats", m.get("kl_target_draft_nats"))):
+        if value is not None:
+            ET.SubElement(props, "property", {"name": key, "value": str(value)})
+    ts.extend(cases)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
