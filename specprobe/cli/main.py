@@ -34,6 +34,10 @@ def _root(
 from specprobe.cli import rules_cmd  # noqa: E402
 
 rules_cmd.register(app)
+from specprobe.cli import compare_cmd, report_cmd  # noqa: E402
+
+report_cmd.register(app)
+compare_cmd.register(app)
 from specprobe.cli import monitor_cmd  # noqa: E402
 monitor_cmd.register(app)
 
