@@ -358,7 +358,7 @@ def make_finding(rule: Rule, metrics: Mapping[str, Any], evidence: Mapping[str, 
     measured = {n: metrics.get(n) for n in rule.metrics}
     ev: list[str] = []
     for n in rule.metrics:
-        ev.extend((evidence or {}).get(n, ()))
+        ev.extend(e for e in (evidence or {}).get(n, ()) if e not in ev)
     return Finding(
         rule_id=rule.id,
         name=rule.name,

@@ -34,11 +34,18 @@ def _root(
 from specprobe.cli import rules_cmd  # noqa: E402
 
 rules_cmd.register(app)
+from specprobe.cli import diagnose_cmd  # noqa: E402
+
+diagnose_cmd.register(app)
+from specprobe.cli import demo_cmd  # noqa: E402
+
+demo_cmd.register(app)
 from specprobe.cli import compare_cmd, report_cmd  # noqa: E402
 
 report_cmd.register(app)
 compare_cmd.register(app)
 from specprobe.cli import monitor_cmd  # noqa: E402
+
 monitor_cmd.register(app)
 
 
