@@ -112,19 +112,18 @@ def _depth_curve(result: Mapping[str, Any], prefer_measured: bool) -> tuple[list
 
 
 def kl_band_edges(table: RuleTable | None) -> list[float]:
-    """Band boundaries on KL read from the rules that look at KL alone (SP10x).
+    """Band boundaries on KL: the constants KL is compared with in the SP1xx rules.
 
     Taken from the loaded table so that a team that moves the bands with --rules gets
     a regression rule that follows them."""
     edges: set[float] = set()
-    for rule in table.rules if table else ():
-        if rule.metrics != ["kl_target_draft_nats"]:
-            continue
+    for rule in table.family("1") if table else ():
         stack = [rule.condition]
         while stack:
             node = stack.pop()
             if isinstance(node, Chain):
-                if any(isinstance(o, Var) for o in node.operands):
+                names = {o.name for o in node.operands if isinstance(o, Var)}
+                if names == {"kl_target_draft_nats"}:
                     edges.update(o.value for o in node.operands if isinstance(o, Num))
             elif hasattr(node, "args"):
                 stack.extend(node.args)

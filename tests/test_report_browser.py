@@ -1,0 +1,94 @@
+"""The HTML report in a real headless browser (Debian's chromium): it renders with no
+console errors, every chart is in the rendered DOM, nothing is fetched from the
+network, and a screenshot is saved for a human to look at.
+
+Skipped only when chromium is not installed (.ci/run installs it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_report_factory import make_result
+
+from specprobe.compare import compare_results, judge
+from specprobe.report.html import render_compare_html, render_html
+from specprobe.rules import load_table
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium); .ci/run installs it")
+
+# Flags that keep chromium off the network and out of the user's profile.
+BASE_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--no-default-browser-check",
+    "--hide-scrollbars",
+]
+SHOTS = Path(os.environ.get("SPECPROBE_SCREENSHOT_DIR", "")) if os.environ.get("SPECPROBE_SCREENSHOT_DIR") else None
+
+
+def _chromium(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": str(tmp)}  # keep chromium's files in the test's temp dir
+    return subprocess.run([CHROMIUM, *BASE_FLAGS, f"--user-data-dir={tmp / 'profile'}", *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def _console_errors(stderr: str) -> list[str]:
+    # With --enable-logging=stderr chromium logs page console messages as
+    # 'CONSOLE(…)' / '"…", source: file://…'; uncaught exceptions say 'Uncaught'.
+    lines = [ln for ln in stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln or "source: file://" in ln]
+    # Refused loads (a CSP violation, a blocked fetch) would mean the page wanted the network.
+    lines += [ln for ln in stderr.splitlines() if "Refused to" in ln or "net::ERR_" in ln]
+    return lines
+
+
+def _check_page(html: str, name: str, tmp: Path, chart_ids: tuple[str, ...]) -> None:
+    page = tmp / f"{name}.html"
+    page.write_text(html, encoding="utf-8")
+    url = page.resolve().as_uri()
+
+    dom = _chromium(["--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000", "--dump-dom", url], tmp)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert not _console_errors(dom.stderr), _console_errors(dom.stderr)
+    svg_ids = re.findall(r'<svg id="([^"]+)"', dom.stdout)
+    for cid in chart_ids:
+        assert cid in svg_ids, (cid, svg_ids)
+    # the charts were laid out with their marks, not just present as empty tags
+    assert dom.stdout.count("<rect") > 10 and dom.stdout.count("<polyline") >= 2
+
+    shot = tmp / f"{name}.png"
+    res = _chromium(["--window-size=1280,2000", f"--screenshot={shot}", url], tmp)
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a real, non-blank render
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, SHOTS / shot.name)
+
+
+def test_result_report_renders_in_chromium(tmp_path: Path) -> None:
+    result = make_result(command="simulate", alpha=0.78, cost_ratio=0.08, drafter="HuggingFaceTB/SmolLM2-135M-distilled", drafter_kind="independent", with_positions=False)
+    _check_page(
+        render_html(result), "report", tmp_path,
+        ("chart-depth", "chart-speedup", "chart-hist-accept", "chart-hist-kl", "chart-domain", "chart-entropy", "chart-position"),
+    )
+
+
+def test_compare_report_renders_in_chromium(tmp_path: Path) -> None:
+    table = load_table()
+    base = make_result(alpha=0.78, cost_ratio=0.08, with_positions=False)
+    cand = make_result(alpha=0.74, cost_ratio=0.08, seed=3, domain_offset={"code": -0.25}, depth_decay=0.85, drafter="self:layers=26", with_positions=False)
+    comparison = judge(compare_results(base, cand, table=table), table, fail_on="warning")
+    _check_page(render_compare_html(comparison), "compare", tmp_path, ("chart-domain", "chart-depth", "chart-speedup"))
