@@ -331,7 +331,7 @@ def _page(title: str, body: str) -> str:
 
 
 def _bucket_rows(rs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    return [[r.get("group"), f"{int(r.get('positions') or 0):,}", pct(r.get("accept_prob_mean")), pct(r.get("greedy_agree_frac")), fnum(r.get("kl_target_draft_nats")), fnum(r.get("target_entropy_nats"), ".2f")] for r in rs]
+    return [[str(r.get("group")), f"{int(r.get('positions') or 0):,}", pct(r.get("accept_prob_mean")), pct(r.get("greedy_agree_frac")), fnum(r.get("kl_target_draft_nats")), fnum(r.get("target_entropy_nats"), ".2f")] for r in rs]
 
 
 _BUCKET_HEAD = ("group", "positions", "α mean", "greedy agree", "KL nats", "H nats")

@@ -1,0 +1,220 @@
+"""Probe config files (YAML/TOML → ProbeConfig) and serving configs (vLLM, SGLang).
+
+Every file in sample_configs/ is loaded here by what it is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from specprobe.config import (
+    ProbeConfig,
+    load_probe_config,
+    probe_config_from_mapping,
+    probe_sampling,
+    read_serving_config,
+    sampling_conflicts,
+)
+from specprobe.errors import ConfigError
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_configs"
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+# ----------------------------------------------------------------------------- sample configs
+def test_every_sample_config_is_loaded() -> None:
+    """Each file in sample_configs/ is read by the loader for its kind."""
+    seen = set()
+    for path in sorted(SAMPLES.iterdir()):
+        if path.name.startswith("probe-"):
+            cfg = load_probe_config(path)
+            assert cfg.target == "smollm2" and cfg.drafter == "self:layers=28", path
+        elif path.name.startswith(("vllm-", "sglang-")):
+            sc = read_serving_config(path)
+            assert sc.engine == path.name.split("-")[0] and sc.drafter and sc.num_speculative_tokens, path
+        elif path.name.startswith("github-actions-"):
+            _check_workflow(path)
+        else:
+            raise AssertionError(f"no test loads {path.name}; add it to this test")
+        seen.add(path.name)
+    assert {"probe-smollm2.yaml", "probe-smollm2.toml", "vllm-speculative-config.json", "sglang-launch.yaml", "github-actions-drafter-gate.yml"} <= seen
+
+
+def _check_workflow(path: Path) -> None:
+    wf = yaml.safe_load(path.read_text(encoding="utf-8"))
+    # YAML 1.1 reads the bare key `on` as True
+    assert "jobs" in wf and (True in wf or "on" in wf)
+    steps = [s for job in wf["jobs"].values() for s in job["steps"]]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "specprobe diagnose --config sample_configs/probe-smollm2.yaml" in runs
+    assert "specprobe compare" in runs and "--fail-on" in runs and "--junit" in runs and "--markdown" in runs
+    assert "GITHUB_STEP_SUMMARY" in runs
+    # the config it points at exists and loads
+    load_probe_config(SAMPLES / "probe-smollm2.yaml")
+
+
+def test_yaml_probe_config_fields() -> None:
+    cfg = load_probe_config(SAMPLES / "probe-smollm2.yaml")
+    assert cfg.temperature == 0.7 and cfg.draft_temperature == 0.7 and cfg.top_p == 0.95
+    assert cfg.k_values == list(range(1, 9)) and cfg.reference == "on-policy" and cfg.fail_on == "error"
+    assert cfg.domains == ["code", "math", "chat", "summarization", "translation", "qa"]
+    # relative paths resolve against the config file's folder, not the working directory
+    assert cfg.outputs is not None and cfg.outputs.json_path == (SAMPLES.parent / "out" / "candidate.json").resolve()
+    assert cfg.baseline == (SAMPLES.parent / "out" / "baseline.json").resolve()
+    assert cfg.serving_configs == [(SAMPLES / "sglang-launch.yaml").resolve(), (SAMPLES / "vllm-speculative-config.json").resolve()]
+    assert cfg.prompts == "builtin" and cfg.source == SAMPLES / "probe-smollm2.yaml"
+
+
+def test_toml_probe_config_fields() -> None:
+    cfg = load_probe_config(SAMPLES / "probe-smollm2.toml")
+    assert cfg.temperature == 0.0 and cfg.k_max == 6 and cfg.k_values == [1, 2, 3, 4, 5, 6]
+    assert cfg.device == "cpu" and cfg.fail_on == "warning"
+    assert cfg.outputs.junit == (SAMPLES.parent / "out" / "smoke-junit.xml").resolve()
+    assert cfg.outputs.html is None
+
+
+# ----------------------------------------------------------------------------- errors
+def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
+    p = _write(tmp_path, "probe.yaml", "target: smollm2\ntemprature: 0.7\n")
+    with pytest.raises(ConfigError) as e:
+        load_probe_config(p)
+    assert "unknown key 'temprature'" in e.value.message and str(p) in e.value.message
+    assert "did you mean 'temperature'" in e.value.hint
+
+
+def test_unknown_key_in_toml_and_in_outputs(tmp_path: Path) -> None:
+    p = _write(tmp_path, "probe.toml", 'target = "smollm2"\nkmax = 4\n')
+    with pytest.raises(ConfigError, match=r"probe\.toml: unknown key 'kmax'"):
+        load_probe_config(p)
+    p = _write(tmp_path, "out.yaml", "outputs:\n  htm: report.html\n")
+    with pytest.raises(ConfigError, match=r"out\.yaml: unknown key 'outputs\.htm'") as e:
+        load_probe_config(p)
+    assert "did you mean 'html'" in e.value.hint
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("temperature: -1\n", r"temperature: Input should be greater than or equal to 0 \(got -1\)"),
+        ("top_p: 1.5\n", r"top_p: Input should be less than or equal to 1"),
+        ("reference: offline\n", r"reference: Input should be 'on-policy' or 'dataset'"),
+        ("fail_on: sometimes\n", r"fail_on: Input should be 'error', 'warning', 'info' or 'never'"),
+        ("device: tpu\n", r"device: Value error, use auto, cpu, cuda or cuda:N"),
+        ("k: [0, 2]\n", r"k: Value error, K values must be between 1 and 64"),
+        ("k: [2, 9]\nk_max: 4\n", r"k lists 9 but k_max is 4"),
+        ("max_prompts: many\n", r"max_prompts: Input should be a valid integer"),
+        ("- a\n- b\n", r"must be a mapping"),
+        ("target: [unclosed\n", r"is not valid YAML"),
+        ("domains: []\n", r"domains: Value error, list at least one domain"),
+    ],
+)
+def test_bad_values_are_config_errors_naming_the_file(tmp_path: Path, text: str, pattern: str) -> None:
+    p = _write(tmp_path, "bad.yaml", text)
+    with pytest.raises(ConfigError, match=pattern) as e:
+        load_probe_config(p)
+    assert "bad.yaml" in e.value.message and "\n" not in e.value.one_line()
+
+
+def test_missing_file_bad_extension_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_probe_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="extension '.ini'"):
+        load_probe_config(_write(tmp_path, "x.ini", "a=1"))
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_probe_config(_write(tmp_path, "x.toml", "target = \n"))
+
+
+def test_empty_file_is_an_empty_config(tmp_path: Path) -> None:
+    cfg = load_probe_config(_write(tmp_path, "empty.yaml", ""))
+    assert cfg.explicit() == {} and cfg.k_values is None
+
+
+# ----------------------------------------------------------------------------- merging with flags
+def test_hyphenated_keys_single_values_and_explicit(tmp_path: Path) -> None:
+    p = _write(tmp_path, "p.yaml", "max-new-tokens: 48\nk: 4\nrules: team.yaml\nprompts: data/q.jsonl\n")
+    cfg = load_probe_config(p)
+    assert cfg.max_new_tokens == 48 and cfg.k == [4]
+    assert cfg.rules == [(tmp_path / "team.yaml").resolve()]
+    assert cfg.prompts == str((tmp_path / "data" / "q.jsonl").resolve())
+    assert cfg.explicit() == {"max_new_tokens": 48, "k": [4], "rules": cfg.rules, "prompts": cfg.prompts}
+
+
+def test_flags_override_the_file() -> None:
+    cfg = load_probe_config(SAMPLES / "probe-smollm2.yaml")
+    merged = cfg.merged({"temperature": 1.0, "drafter": None, "seed": 7})
+    assert merged["temperature"] == 1.0 and merged["seed"] == 7
+    assert merged["drafter"] == "self:layers=28"  # a flag left unset keeps the file's value
+    assert merged["outputs_html"] == (SAMPLES.parent / "out" / "report.html").resolve()
+
+
+def test_config_is_frozen_and_in_memory_mapping_works() -> None:
+    cfg = probe_config_from_mapping({"target": "smollm2", "temperature": 0.5})
+    assert isinstance(cfg, ProbeConfig)
+    with pytest.raises(ValidationError, match="frozen"):
+        cfg.temperature = 1.0  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------------------- serving configs
+def test_vllm_speculative_config_json() -> None:
+    sc = read_serving_config(SAMPLES / "vllm-speculative-config.json")
+    assert (sc.engine, sc.method, sc.drafter_kind, sc.num_speculative_tokens) == ("vllm", "draft_model", "independent", 4)
+    assert sc.drafter == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert sc.temperature is None  # vLLM takes sampling per request unless the config sets it
+    assert sc.extra == {"draft_tensor_parallel_size": 1}
+
+
+def test_vllm_config_with_sampling_and_eagle3(tmp_path: Path) -> None:
+    p = _write(tmp_path, "spec.json", json.dumps({"method": "eagle3", "model": "org/eagle3-head", "num_speculative_tokens": 3, "temperature": 0.6, "draft_temperature": 0.0}))
+    sc = read_serving_config(p)
+    assert sc.drafter_kind == "eagle3" and sc.temperature == 0.6 and sc.draft_temperature == 0.0
+
+
+def test_vllm_serve_yaml_with_generation_override(tmp_path: Path) -> None:
+    p = _write(tmp_path, "serve.yaml", 'model: org/target\nspeculative-config: \'{"method": "deepseek_mtp", "num_speculative_tokens": 1}\'\noverride-generation-config: \'{"temperature": 0.6, "top_p": 0.95}\'\n')
+    sc = read_serving_config(p)
+    assert (sc.target, sc.drafter_kind, sc.num_speculative_tokens, sc.temperature) == ("org/target", "mtp", 1, 0.6)
+
+
+def test_sglang_launch_config() -> None:
+    sc = read_serving_config(SAMPLES / "sglang-launch.yaml")
+    assert (sc.engine, sc.method, sc.drafter_kind) == ("sglang", "STANDALONE", "independent")
+    assert sc.target == "HuggingFaceTB/SmolLM2-1.7B-Instruct" and sc.drafter == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert sc.num_speculative_tokens == 4 and sc.extra["speculative_num_draft_tokens"] == 5
+    assert sc.sampling == {"temperature": 1.0, "top_p": 0.95}
+
+
+def test_temperature_set_differently_in_two_files_is_caught() -> None:
+    """The sample pair: the probe measures at 0.7, the SGLang server samples at 1.0."""
+    probe = load_probe_config(SAMPLES / "probe-smollm2.yaml")
+    target_side, draft_side = probe_sampling(probe)
+    serving = read_serving_config(SAMPLES / "sglang-launch.yaml")
+    conflicts = sampling_conflicts({"probe-smollm2.yaml": target_side, "sglang-launch.yaml": serving.sampling})
+    assert conflicts == ["temperature differs: probe-smollm2.yaml 0.7, sglang-launch.yaml 1"]
+    # top_p agrees (0.95 in both) and the vLLM config sets no sampling: no other conflict
+    vllm = read_serving_config(SAMPLES / "vllm-speculative-config.json")
+    assert sampling_conflicts({"probe": target_side, "vllm": vllm.sampling}) == []
+    assert draft_side == {"temperature": 0.7, "top_p": 0.95}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "pattern"),
+    [
+        ("x.json", '{"hello": 1}', "neither a vLLM speculative config nor an SGLang launch config"),
+        ("x.yaml", "speculative-algorithm: EAGLE3\npreferred-sampling-params: '{bad'\n", "preferred-sampling-params is not valid JSON"),
+        ("x.json", '{"method": "eagle3",', "not valid JSON"),
+    ],
+)
+def test_bad_serving_configs(tmp_path: Path, name: str, text: str, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        read_serving_config(_write(tmp_path, name, text))
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_serving_config(tmp_path / "missing.json")
