@@ -8,7 +8,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from test_report_factory import make_result
 from typer.testing import CliRunner
 
 from specprobe.catalog import CATALOG
@@ -17,6 +16,7 @@ from specprobe.compare import compare_results, judge, kl_band_edges
 from specprobe.errors import InputError
 from specprobe.report.load import load_result, parse_result, to_json_text
 from specprobe.rules import load_table
+from tests.test_report_factory import make_result
 
 runner = CliRunner()
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_report_factory import EXAMPLE, SIM_EXAMPLE, make_result
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
@@ -22,6 +21,7 @@ from specprobe.report.html import render_html
 from specprobe.report.junit import render_junit
 from specprobe.report.load import load_result, parse_result, to_json_text
 from specprobe.report.markdown import render_markdown
+from tests.test_report_factory import EXAMPLE, SIM_EXAMPLE, make_result
 
 runner = CliRunner()
 

@@ -13,11 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_report_factory import make_result
 
 from specprobe.compare import compare_results, judge
 from specprobe.report.html import render_compare_html, render_html
 from specprobe.rules import load_table
+from tests.test_report_factory import make_result
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium); .ci/run installs it")
