@@ -348,6 +348,8 @@ def render(template: str, metrics: Mapping[str, Any], threshold: str) -> str:
         if name in metrics:
             v = metrics[name]
             return str(v) if isinstance(v, str) else format_value(name, v)
+        if name in CATALOG:
+            return "n/a"  # a catalogue metric this run did not measure
         return m.group(0)
 
     return _FIELD_RE.sub(sub, template).strip()
