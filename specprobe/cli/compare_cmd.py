@@ -33,9 +33,7 @@ def compare(
 ) -> None:
     """Compare a candidate drafter's result against a baseline's; exit 1 on a regression.
 
-    Judged by the SP5xx rules ('specprobe rules list --family 5'): acceptance dropped
-    more than 20% relative; a domain fell below 70% while the overall rate held; the
-    depth curve decays faster; KL rose past a band boundary.
+    Judged by the SP5xx rules ('specprobe rules list --family 5'): acceptance dropped more than 20% relative; a domain fell below 70% while the overall rate held; the depth curve decays faster; KL rose past a band boundary. Results from another target model or prompt set are refused unless allowed.
 
     Examples:
 
