@@ -1,0 +1,107 @@
+"""Tiny real checkpoints on disk: identical, random, vocab-shuffled and hot-sampling twins
+through the real loaders, alignment check and diagnose pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specprobe.alignment import SamplingFlags
+from specprobe.diagnose import DiagnoseConfig, run_diagnose
+from tests.helpers.tiny import prompts_file
+
+
+def _cfg(tiny_pair: dict[str, Path], drafter: str, tmp_path: Path, **kw) -> DiagnoseConfig:
+    pf = prompts_file(tmp_path / "p.jsonl")
+    base = dict(target=str(tiny_pair["target"]), drafter=drafter, prompts=str(pf), max_new_tokens=12, sampling=SamplingFlags(temperature=1.0), batch_size=4)
+    base.update(kw)
+    return DiagnoseConfig(**base)
+
+
+def _ids(result: dict) -> set[str]:
+    return {f["rule_id"] for f in result["findings"]}
+
+
+def test_identical_pair_is_excellent(tiny_pair, tmp_path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path))
+    m = r["metrics"]
+    assert r["scored"] and m["accept_prob_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert m["kl_target_draft_nats"] == pytest.approx(0.0, abs=1e-4)
+    assert "SP206" in _ids(r)  # excellent band
+    assert r["k_table"][3]["tau_tokens"] == pytest.approx(5.0, abs=1e-3)
+    assert r["by_domain"] and r["by_entropy"] and r["by_position"]
+    assert len(r["positions"]["accept_prob"]) == m["num_positions"]
+
+
+def test_random_drafter_is_catastrophic(tiny_pair, tmp_path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["random"]), tmp_path))
+    assert r["metrics"]["accept_prob_mean"] < 0.05
+    assert r["verdict"] == "catastrophic mismatch"
+    assert "SP201" in _ids(r)
+
+
+def test_vocab_shuffled_drafter_is_stopped_before_any_forward_pass(tiny_pair, tmp_path, monkeypatch) -> None:
+    import specprobe.diagnose as d
+
+    calls = []
+    monkeypatch.setattr(d, "score", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(d, "generate_references", lambda *a, **k: calls.append(1))
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["shuffled"]), tmp_path))
+    assert not calls and not r["scored"] and "no forward pass" in r["stopped"]
+    assert "SP003" in _ids(r) and r["verdict"] == "catastrophic mismatch"
+    f = next(f for f in r["findings"] if f["rule_id"] == "SP003")
+    assert f["measured"]["token_id_mismatch_frac"] > 0.9 and f["evidence"]
+
+
+def test_forced_shuffled_drafter_scores_near_zero(tiny_pair, tmp_path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["shuffled"]), tmp_path, force=True))
+    assert r["scored"] and r["metrics"]["accept_prob_mean"] < 0.1
+
+
+def test_temperature_mismatch_is_an_error_finding(tiny_pair, tmp_path) -> None:
+    # the 'hot' drafter's generation_config samples at 1.5; the target at 1.0
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["hot"]), tmp_path))
+    f = next(f for f in r["findings"] if f["rule_id"] == "SP012")
+    assert f["severity"] == "error" and f["measured"]["temperature_abs_diff"] == pytest.approx(0.5)
+    assert r["sampling"]["sources"]["draft.temperature"] == "generation_config"
+    # greedy drafter against a sampling target
+    r2 = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, sampling=SamplingFlags(temperature=0.8, draft_temperature=0.0)))
+    assert "SP013" in _ids(r2)
+
+
+def test_layer_skip_matches_a_real_truncated_model(tiny_pair) -> None:
+    import torch
+
+    from specprobe.models.drafters import TargetPass, build_drafter
+    from specprobe.models.loader import load_model
+
+    target = load_model(str(tiny_pair["target"]))
+    drafter = build_drafter("self:layers=1", target)
+    ids = torch.tensor([[1, 5, 9, 30, 44, 7]])
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        out = target.model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        tp = TargetPass(ids, mask, out.last_hidden_state, {1: out.hidden_states[1]})
+        fast = drafter.logits(drafter.hidden(tp)[1], 1)
+        real = drafter.step_model()(input_ids=ids).logits
+    assert torch.allclose(fast, real, atol=1e-5)
+    # shares memory with the target: no copy
+    assert drafter.step_model().lm_head.weight.data_ptr() == target.model.lm_head.weight.data_ptr()
+
+
+def test_dataset_references_are_labelled_off_policy(tiny_pair, tmp_path) -> None:
+    pf = tmp_path / "ds.jsonl"
+    pf.write_text('{"prompt": "w1 w2 w3", "domain": "qa", "response": "w4 w5 w6 w7"}\n{"prompt": "w8 w9", "domain": "code", "response": "w10 w11"}\n')
+    r = run_diagnose(DiagnoseConfig(target=str(tiny_pair["target"]), drafter=str(tiny_pair["twin"]), prompts=str(pf), reference="dataset"))
+    assert r["reference"] == "off-policy" and "SP210" in _ids(r)
+    assert r["metrics"]["num_positions"] == 6
+
+
+def test_references_are_cached_and_reproducible(tiny_pair, tmp_path) -> None:
+    cfg = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, seed=3)
+    a = run_diagnose(cfg)
+    b = run_diagnose(cfg)
+    assert a["positions"]["position"] == b["positions"]["position"]
+    c = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, seed=3, use_cache=False))
+    assert c["positions"]["position"] == a["positions"]["position"]
