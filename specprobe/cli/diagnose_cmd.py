@@ -21,8 +21,8 @@ from specprobe.cli.common import (
     out,
 )
 
-TargetArg = Annotated[str, typer.Argument(help="Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).")]
-DrafterArg = Annotated[str, typer.Argument(help="Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self' or 'self:layers=N'.")]
+TargetArg = Annotated[str | None, typer.Argument(help="Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).")]
+DrafterArg = Annotated[str | None, typer.Argument(help="Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self' or 'self:layers=N'.")]
 TempOpt = Annotated[float | None, typer.Option("--temperature", help="Target sampling temperature (0 = greedy). Default: generation_config, else 1.")]
 DraftTempOpt = Annotated[float | None, typer.Option("--draft-temperature", help="Drafter temperature. Default: its generation_config, else the target's.")]
 TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Target top-k (0 = off).")]
@@ -63,6 +63,19 @@ def emit(result: dict[str, Any], json_path: Path | None, csv_dir: Path | None) -
         err.print(f"[dim]wrote CSV tables into {csv_dir}[/]")
 
 
+def _conflict_gap(conflicts: list[str]) -> float:
+    """Largest temperature gap named in 'temperature differs: a 0.7, b 1' lines."""
+    import re
+
+    gap = 0.0
+    for line in conflicts:
+        if line.startswith("temperature"):
+            vals = [float(x) for x in re.findall(r"\s(-?\d+(?:\.\d+)?)(?:,|$)", line)]
+            if len(vals) >= 2:
+                gap = max(gap, max(vals) - min(vals))
+    return gap
+
+
 def check_outputs(json_path: Path | None, csv_dir: Path | None) -> None:
     from specprobe.report.files import check_writable_dir, check_writable_file
 
@@ -72,8 +85,8 @@ def check_outputs(json_path: Path | None, csv_dir: Path | None) -> None:
 
 @handle_errors
 def check(
-    target: TargetArg,
-    drafter: DrafterArg,
+    target: TargetArg = None,
+    drafter: DrafterArg = None,
     temperature: TempOpt = None,
     draft_temperature: DraftTempOpt = None,
     top_k: TopKOpt = None,
@@ -84,6 +97,8 @@ def check(
     rules: RulesOpt = None,
     fail_on: FailOnOpt = "error",
     json_path: JsonOpt = None,
+    serving_config: Annotated[list[Path] | None, typer.Option("--serving-config", help="vLLM --speculative-config JSON / vllm serve YAML / SGLang launch config: read the drafter and sampling settings from it and compare temperatures across files.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML/TOML); flags override it.")] = None,
 ) -> None:
     """Alignment only, in seconds, no forward pass: vocab, token ids, special tokens,
     chat template, normalizer, context length, sampling settings.
@@ -99,6 +114,37 @@ def check(
     from specprobe.report.console import render
     from specprobe.rules import load_table
 
+    conflicts: list[str] = []
+    if config or serving_config:
+        from specprobe.config import (
+            load_probe_config,
+            probe_sampling,
+            read_serving_config,
+            sampling_conflicts,
+        )
+
+        pc = load_probe_config(config) if config else None
+        serving = [read_serving_config(p) for p in (serving_config or [])] + ([read_serving_config(p) for p in (pc.serving_configs or [])] if pc else [])
+        file_vals = pc.explicit() if pc else {}
+        target = target or file_vals.get("target") or next((sv.target for sv in serving if sv.target), None)
+        drafter = drafter or file_vals.get("drafter") or next((sv.drafter for sv in serving if sv.drafter), None)
+        temperature = temperature if temperature is not None else file_vals.get("temperature")
+        draft_temperature = draft_temperature if draft_temperature is not None else file_vals.get("draft_temperature")
+        top_k = top_k if top_k is not None else file_vals.get("top_k")
+        top_p = top_p if top_p is not None else file_vals.get("top_p")
+        rules = rules or file_vals.get("rules")
+        json_path = json_path or file_vals.get("outputs_json")
+        sides: dict[str, Any] = {}
+        if pc:
+            sides[Path(pc.source or str(config)).name] = probe_sampling(pc)[0]
+        for sv in serving:
+            if sv.sampling:
+                sides[Path(sv.source).name] = sv.sampling
+        conflicts = sampling_conflicts(sides)
+    if not target or not drafter:
+        from specprobe.errors import ConfigError
+
+        raise ConfigError("check needs a TARGET and a DRAFTER", "give them as arguments, or in --config / --serving-config")
     check_outputs(json_path, None)
     flags = sampling_flags(temperature, draft_temperature, top_k, top_p, min_p, draft_top_k, draft_top_p)
     table = load_table(rules or [])
@@ -107,6 +153,11 @@ def check(
     pair = effective_sampling(flags, tinfo.generation_config, None if dinfo is tinfo else dinfo.generation_config)
     report = compare(tinfo, dinfo, pair)
     kind = drafter_kind_of(drafter)
+    if conflicts:
+        # settings written differently in two files: the serving engine will use one of
+        # them and the drafter may have been validated with the other
+        report.metrics["temperature_abs_diff"] = max(report.metrics["temperature_abs_diff"], _conflict_gap(conflicts))
+        report.evidence["temperature_abs_diff"] = conflicts + report.evidence.get("temperature_abs_diff", [])
     findings, evals = evaluate_rules(table, report.metrics, kind, report.evidence, families=("0",))
     from specprobe.diagnose import _verdict_block
 
@@ -134,8 +185,9 @@ def check(
 
 @handle_errors
 def diagnose(
-    target: TargetArg,
-    drafter: DrafterArg,
+    ctx: typer.Context,
+    target: TargetArg = None,
+    drafter: DrafterArg = None,
     prompts: Annotated[str, typer.Option("--prompts", help="'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).")] = "builtin",
     domains: Annotated[str | None, typer.Option("--domains", help="Comma-separated domains to keep, e.g. code,math.")] = None,
     max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="At most this many prompts, taken round-robin across domains.")] = None,
@@ -163,6 +215,9 @@ def diagnose(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Regenerate on-policy references instead of reusing the disk cache.")] = False,
     brief: Annotated[bool, typer.Option("--brief", help="Verdict and findings only.")] = False,
     config: Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML or TOML); flags given on the command line override it.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report.")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML (one testcase per rule evaluated).")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write a Markdown summary (for a CI job summary).")] = None,
 ) -> None:
     """Teacher-forced diagnosis: acceptance α, KL(target‖draft), depth curves, τ(K),
     speedup per K, best K, adaptive-K threshold; by domain, entropy and context position.
@@ -176,7 +231,47 @@ def diagnose(
     from specprobe.report.console import render
     from specprobe.rules import exit_code_for, load_table
 
+    if config is not None:
+        from specprobe.config import load_probe_config
+
+        file_vals = load_probe_config(config).explicit()
+        rename = {"outputs_json": "json_path", "outputs_csv": "csv_dir", "outputs_html": "html", "outputs_junit": "junit", "outputs_markdown": "markdown"}
+        given = {k: v for k, v in locals().items()}
+        values: dict[str, Any] = {}
+        if file_vals.get("k") and "k_max" not in file_vals:
+            file_vals["k_max"] = max(file_vals["k"])  # τ(K) is tabulated for every K up to the largest
+        for key, value in file_vals.items():
+            name = rename.get(key, key)
+            if name not in given or name in ("ctx", "config"):
+                continue  # keys for other commands (baseline, k list, serving configs)
+            source = ctx.get_parameter_source(name)
+            if source is not None and source.name == "COMMANDLINE":
+                continue  # flags override the file
+            if name == "domains" and isinstance(value, list):
+                value = ",".join(value)
+            if name == "rules":
+                value = [Path(v) for v in value]
+            values[name] = value
+        target, drafter = values.get("target", target), values.get("drafter", drafter)
+        prompts, domains = values.get("prompts", prompts), values.get("domains", domains)
+        max_prompts, max_new_tokens = values.get("max_prompts", max_prompts), values.get("max_new_tokens", max_new_tokens)
+        reference, seed, batch_size = values.get("reference", reference), values.get("seed", seed), values.get("batch_size", batch_size)
+        temperature, draft_temperature = values.get("temperature", temperature), values.get("draft_temperature", draft_temperature)
+        top_k, top_p, min_p = values.get("top_k", top_k), values.get("top_p", top_p), values.get("min_p", min_p)
+        draft_top_k, draft_top_p = values.get("draft_top_k", draft_top_k), values.get("draft_top_p", draft_top_p)
+        k_max, verify_factor = values.get("k_max", k_max), values.get("verify_factor", verify_factor)
+        device, dtype, rules, fail_on = values.get("device", device), values.get("dtype", dtype), values.get("rules", rules), values.get("fail_on", fail_on)
+        json_path, csv_dir = values.get("json_path", json_path), values.get("csv_dir", csv_dir)
+        html, junit, markdown = values.get("html", html), values.get("junit", junit), values.get("markdown", markdown)
+    if not target or not drafter:
+        from specprobe.errors import ConfigError
+
+        raise ConfigError("diagnose needs a TARGET and a DRAFTER", "give them as arguments or in --config")
     check_outputs(json_path, csv_dir)
+    from specprobe.report.files import check_writable_file
+
+    for flag, p in (("--html", html), ("--junit", junit), ("--markdown", markdown)):
+        check_writable_file(p, flag)
     if reference not in ("on-policy", "dataset"):
         from specprobe.errors import ConfigError
 
@@ -206,6 +301,10 @@ def diagnose(
     result = run_diagnose(cfg, RichProgress(err), table=table)
     render(result, out, full=not brief)
     emit(result, json_path, csv_dir)
+    if html or junit or markdown:
+        from specprobe.cli.report_cmd import write_outputs
+
+        write_outputs(result, html=html, csv=None, junit=junit, markdown=markdown, fail_on=fail_on)
     from specprobe.rules import Finding
 
     findings = [Finding(**{**f, "evidence": tuple(f.get("evidence", ()))}) for f in result["findings"]]

@@ -16,11 +16,15 @@ def check_writable_file(path: Path | None, flag: str) -> None:
     if path is None:
         return
     path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise OutputError(f"{flag} {path} is a directory", f"give {flag} a file name")
+    # Missing folders are created when the file is written; the nearest existing
+    # ancestor must be a writable folder.
+    parent = path.parent if str(path.parent) else Path(".")
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
     if not parent.is_dir():
-        raise OutputError(f"cannot write {flag} {path}: folder {parent} does not exist", "create the folder first or choose another path")
+        raise OutputError(f"cannot write {flag} {path}: {parent} is a file, not a folder", "choose another path")
     if not os.access(parent, os.W_OK):
         raise OutputError(f"cannot write {flag} {path}: folder {parent} is not writable", "choose a writable path")
     if path.exists() and not os.access(path, os.W_OK):
@@ -36,6 +40,8 @@ def check_writable_dir(path: Path | None, flag: str) -> None:
     probe = path if path.exists() else path.parent if str(path.parent) else Path(".")
     while not probe.exists():
         probe = probe.parent
+    if not probe.is_dir():
+        raise OutputError(f"cannot write {flag} {path}: {probe} is a file, not a folder", "choose another path")
     if not os.access(probe, os.W_OK):
         raise OutputError(f"cannot write {flag} {path}: {probe} is not writable", "choose a writable folder")
 
@@ -44,6 +50,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
+        parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)

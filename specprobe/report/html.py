@@ -460,7 +460,7 @@ def _histogram_sections(result: Mapping[str, Any]) -> str:
     out = []
     for key, chart_id, title, x_label, fmt in (
         ("accept_prob", "chart-hist-accept", "Distribution of per-position α", "α per position", lambda e: f"{100 * e:.0f}%"),
-        ("kl_target_draft_nats", "chart-hist-kl", "Distribution of per-position KL(target‖draft)", "KL nats per position (last bin: at or above)", lambda e: f"{e:g}"),
+        ("kl_target_draft_nats", "chart-hist-kl", "Distribution of per-position KL(target‖draft)", "KL nats per position (last bin: at or above)", lambda e: "∞" if e is None else f"{e:g}"),
     ):
         h = hs.get(key) or {}
         edges, counts = list(h.get("edges") or []), list(h.get("counts") or [])
