@@ -10,6 +10,8 @@ import math
 import platform
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -206,9 +208,9 @@ def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[i
                     ids[r, : len(s)] = torch.tensor(s)
                     mask[r, : len(s)] = 1
                 ids, mask = ids.to(target.device), mask.to(target.device)
-                with torch.inference_mode():
-                    out = target.model.model(input_ids=ids, attention_mask=mask, output_hidden_states=bool(layers))
-                    tp = TargetPass(ids, mask, out.last_hidden_state, {n: out.hidden_states[n] for n in layers} if layers else {})
+                with torch.inference_mode(), capture_layers(target.model, layers) as captured:
+                    out = target.model.model(input_ids=ids, attention_mask=mask)
+                    tp = TargetPass(ids, mask, out.last_hidden_state, dict(captured))
                     dh = drafter.hidden(tp)[1]
                     # rows to score: position t predicts reference token t+1 (continuation only)
                     b_idx, t_idx, seg = [], [], []
@@ -246,6 +248,23 @@ def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[i
         except KeyboardInterrupt:
             interrupted = True
     return Scored(acc, rows, interrupted)
+
+
+@contextmanager
+def capture_layers(model: Any, layers: tuple[int, ...]) -> Iterator[dict[int, Any]]:
+    """Raw outputs of decoder layers 1..L (1-based, as hidden_states[N]) via forward hooks,
+    so only the layers a drafter needs are kept — not all L+1 hidden states."""
+    captured: dict[int, Any] = {}
+    handles = []
+    for n in layers:
+        def hook(_mod: Any, _inp: Any, output: Any, n: int = n) -> None:
+            captured[n] = output[0] if isinstance(output, tuple) else output
+        handles.append(model.model.layers[n - 1].register_forward_hook(hook))
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def measure_cost_ratio(target: Any, drafter: Any, steps: int = 12, repeats: int = 3, prompt_len: int = 32) -> dict[str, Any]:

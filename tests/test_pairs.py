@@ -80,9 +80,13 @@ def test_layer_skip_matches_a_real_truncated_model(tiny_pair) -> None:
     drafter = build_drafter("self:layers=1", target)
     ids = torch.tensor([[1, 5, 9, 30, 44, 7]])
     mask = torch.ones_like(ids)
+    from specprobe.diagnose import capture_layers
+
     with torch.inference_mode():
-        out = target.model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-        tp = TargetPass(ids, mask, out.last_hidden_state, {1: out.hidden_states[1]})
+        with capture_layers(target.model, (1,)) as captured:
+            out = target.model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        assert torch.equal(captured[1], out.hidden_states[1])  # the hook sees hidden_states[N]
+        tp = TargetPass(ids, mask, out.last_hidden_state, dict(captured))
         fast = drafter.logits(drafter.hidden(tp)[1], 1)
         real = drafter.step_model()(input_ids=ids).logits
     assert torch.allclose(fast, real, atol=1e-5)

@@ -47,15 +47,18 @@ def position_metrics(
 
     Written to touch each [N, V] buffer as few times as possible: log-softmax once per
     side, the exp done in place, the sums fused where torch allows."""
+    padded = draft_logits.shape[-1] < target_logits.shape[-1]
     draft_logits = align_vocab(draft_logits, target_logits.shape[-1])
     logp = log_probs(target_logits, target_sampling)  # [N, V]
     logq = log_probs(draft_logits, draft_sampling)  # [N, V]
     p = logp.exp()
-    # KL(p‖q) = Σ p (log p − log q); entropy H = −Σ p log p. q may hold -inf (missing ids):
-    # clamp so a zero-probability id costs a large but finite penalty instead of inf/nan.
-    logq_c = logq.clamp(min=-1e4)
-    plogp = (p * logp).sum(-1)
-    kl = plogp - (p * logq_c).sum(-1)
+    # KL(p‖q) = Σ p (log p − log q); entropy H = −Σ p log p. Both sums are row-wise dot
+    # products: bmm does them without an [N, V] temporary. q holds -inf only for ids the
+    # drafter lacks: clamp those so they cost a large but finite penalty, not inf/nan.
+    logq_c = logq.clamp(min=-1e4) if padded else logq
+    p3 = p.unsqueeze(1)  # [N, 1, V]
+    plogp = torch.bmm(p3, logp.unsqueeze(2)).view(-1)  # [N]
+    kl = plogp - torch.bmm(p3, logq_c.unsqueeze(2)).view(-1)
     entropy = -plogp
     target_argmax = target_logits.argmax(-1)
     draft_argmax = draft_logits.argmax(-1)
