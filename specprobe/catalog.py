@@ -105,6 +105,20 @@ _METRICS: list[Metric] = [
     _m("monitor_depth_decay_excess", "frac", False, "monitor", "1 − current ÷ baseline monitor_depth_decay_ratio: how much steeper acceptance falls with depth than in the baseline."),
     _m("monitor_draft_tokens", "count", None, "monitor", "Draft tokens proposed in the current window (nan for gauge-only sources)."),
     # --- end monitoring ---
+    # --- simulate (SP6xx calibration): measured by a real draft→verify loop on the same ---
+    # --- prompts as the teacher-forced estimate; compared at the deepest K measured ---
+    _m("calibration_k", "count", None, "simulate", "The draft length K at which estimate and measurement are compared (the deepest K measured)."),
+    _m("tau_measured_tokens", "tokens", True, "simulate", "Measured mean acceptance length τ at calibration_k: 1 + Σ_i per-position rate (bonus token included)."),
+    _m("tau_estimated_tokens", "tokens", True, "simulate", "Teacher-forced estimate of τ at calibration_k, from the same prompts."),
+    _m("tau_gap_rel", "ratio", None, "simulate", "(τ estimated − τ measured) ÷ τ measured at calibration_k; > 0 when the estimate is optimistic."),
+    _m("tau_gap_rel_abs", "ratio", False, "simulate", "|tau_gap_rel|: how far the teacher-forced estimate is from the real loop."),
+    _m("accept_rate_measured", "frac", True, "simulate", "Measured accepted ÷ drafted tokens at calibration_k."),
+    _m("num_drafts_measured", "count", None, "simulate", "Draft→verify steps (per row) measured at calibration_k."),
+    _m("speedup_measured", "x", True, "simulate", "Measured tokens/s of speculative decoding ÷ plain target decoding of the same prompts, at the best measured K."),
+    _m("best_k_measured", "count", None, "simulate", "The measured K with the highest measured speedup."),
+    _m("tokens_per_s_measured", "count", True, "simulate", "Generated tokens per second at best_k_measured (all rows of a batch together)."),
+    _m("speedup_adaptive_measured", "x", True, "simulate", "Measured speedup with --adaptive-threshold (drafting stops at the first depth with max q below it)."),
+    # --- end simulate ---
 ]
 
 CATALOG: dict[str, Metric] = {m.name: m for m in _METRICS}

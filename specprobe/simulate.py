@@ -388,7 +388,7 @@ def _speculate_batch(
                         break
                     ids, valid = x[:, None], feed[:, None]
                     fed += feed.long()
-                for j in range(len(qs), k):  # rows never reach these; keep shapes [B, K, V]
+                for _ in range(len(qs), k):  # rows never reach these; keep shapes [B, K, V]
                     qs.append(qs[-1])
             # ---- verify: the target scores [todo, d_1..d_n] in one pass
             dl = drafted.tolist()
@@ -453,3 +453,218 @@ def _speculate_batch(
         if dft is not None:
             c.draft_calls += dft.calls
             c.draft_s += dft.seconds
+
+
+# ----------------------------------------------------------------------------- the pipeline
+@dataclass
+class SimulateConfig:
+    """`simulate` = `diagnose`'s settings (the estimate on the same prompts) + the loop's."""
+
+    diagnose: Any  # DiagnoseConfig
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4])
+    adaptive_threshold: float | None = None
+    baseline: bool = True  # also time plain target decoding (the speedup's denominator)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.diagnose.to_dict()
+        d.update({"k": list(self.ks), "adaptive_threshold": self.adaptive_threshold})
+        return d
+
+
+def parse_ks(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (sorted, unique); ConfigError on anything else."""
+    from specprobe.errors import ConfigError
+
+    try:
+        ks = sorted({int(x) for x in text.replace(" ", "").split(",") if x})
+    except ValueError:
+        raise ConfigError(f"--k {text!r} is not a comma-separated list of integers", "use e.g. --k 1,2,4") from None
+    if not ks or ks[0] < 1 or ks[-1] > 32:
+        raise ConfigError(f"--k {text!r} must list draft lengths between 1 and 32", "use e.g. --k 1,2,4")
+    return ks
+
+
+def validate(cfg: SimulateConfig) -> None:
+    from specprobe.errors import ConfigError
+
+    if not cfg.ks or min(cfg.ks) < 1 or max(cfg.ks) > 32:
+        raise ConfigError(f"--k {cfg.ks} must list draft lengths between 1 and 32", "use e.g. --k 1,2,4")
+    t = cfg.adaptive_threshold
+    if t is not None and not 0.0 <= t <= 1.0:
+        raise ConfigError(f"--adaptive-threshold {t} is outside [0, 1]", "it is a drafter confidence max q; use e.g. 0.4")
+
+
+def eos_ids(target: Any) -> set[int]:
+    """EOS ids from the target's tokenizer and generation config."""
+    ids: set[int] = set()
+    for src in (getattr(target.info.generation_config, "eos_token_id", None), target.tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(x) for x in src)
+    return ids
+
+
+def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, float]) -> dict[str, Any]:
+    est = estimate.get(c.k, float("nan"))
+    tau = c.tau_tokens
+    return {
+        "k": c.k,
+        "tau_tokens": tau,
+        "tokens_per_verify": c.tokens_per_verify,
+        "accept_rate": c.accept_rate,
+        "speedup": c.tokens_per_s / baseline_tps if baseline_tps and baseline_tps > 0 else float("nan"),
+        "tokens_per_s": c.tokens_per_s,
+        "num_drafts": c.num_drafts,
+        "draft_ms_per_step": 1e3 * c.draft_s / c.draft_calls if c.draft_calls else float("nan"),
+        "target_ms_per_step": 1e3 * c.target_s / c.target_calls if c.target_calls else float("nan"),
+        "tau_estimate": est,
+        "tau_gap": est - tau,
+        "emitted_tokens": c.emitted_tokens,
+        "wall_s": c.wall_s,
+        "prompts": c.prompts,
+    }
+
+
+def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, float]) -> dict[str, Any]:
+    """The result's "measured" block (depth indexed from 1; τ includes the bonus token)."""
+    base_tps = baseline.tokens_per_s if baseline is not None else float("nan")
+    k_rows = [_measured_row(c, base_tps, estimate) for c in runs if c.num_drafts]
+    deepest = max((c for c in runs if c.num_drafts), key=lambda c: c.k, default=None)
+    depth = None
+    if deepest is not None:
+        depth = {
+            "k": deepest.k,
+            "depth": list(range(1, deepest.k + 1)),
+            "cumulative": deepest.cumulative(),
+            "conditional": deepest.conditional(),
+            "accepted_per_position": [int(x) for x in deepest.accepted_at],
+            "drafted_per_position": [int(x) for x in deepest.drafted_at],
+            "num_drafts": deepest.num_drafts,
+            "source": "measured",
+        }
+    adapt = None
+    if adaptive is not None and adaptive.verify_steps:
+        adapt = {
+            "threshold": adaptive.threshold,
+            "k_max": adaptive.k,
+            "tokens_per_verify": adaptive.tokens_per_verify,
+            "mean_k": adaptive.mean_k,
+            "accept_rate": adaptive.accept_rate,
+            "tokens_per_s": adaptive.tokens_per_s,
+            "speedup": adaptive.tokens_per_s / base_tps if base_tps and base_tps > 0 else float("nan"),
+            "num_drafts": adaptive.num_drafts,
+        }
+    return {
+        "k_table": k_rows,
+        "depth": depth,
+        "baseline_tokens_per_s": base_tps,
+        "baseline_wall_s": baseline.wall_s if baseline is not None else None,
+        "baseline_target_ms_per_step": 1e3 * baseline.target_s / baseline.target_calls if baseline is not None and baseline.target_calls else None,
+        "adaptive": adapt,
+        "note": "measured by real speculative decoding (draft→verify with rejection sampling) over the same prompts; τ includes the bonus token",
+    }
+
+
+def measured_metrics(section: dict[str, Any]) -> dict[str, Any]:
+    """Catalogue metrics (source=simulate) from the measured block. Calibration compares
+    estimate and measurement at the deepest K measured, where they drift apart first."""
+    rows = section["k_table"]
+    if not rows:
+        return {}
+    cal = max(rows, key=lambda r: r["k"])
+    best = max(rows, key=lambda r: (r["speedup"] if r["speedup"] == r["speedup"] else -1.0, -r["k"]))
+    tau_m, tau_e = cal["tau_tokens"], cal["tau_estimate"]
+    gap = (tau_e - tau_m) / tau_m if tau_m and tau_m == tau_m and tau_e == tau_e else float("nan")
+    adapt = section.get("adaptive") or {}
+    return {
+        "calibration_k": cal["k"],
+        "tau_measured_tokens": tau_m,
+        "tau_estimated_tokens": tau_e,
+        "tau_gap_rel": gap,
+        "tau_gap_rel_abs": abs(gap) if gap == gap else float("nan"),
+        "accept_rate_measured": cal["accept_rate"],
+        "num_drafts_measured": cal["num_drafts"],
+        "speedup_measured": best["speedup"],
+        "best_k_measured": best["k"],
+        "tokens_per_s_measured": best["tokens_per_s"],
+        "speedup_adaptive_measured": adapt.get("speedup", float("nan")),
+    }
+
+
+def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, pair: Any = None) -> dict[str, Any]:
+    """Estimate (diagnose, teacher-forced) + measurement (this loop) on the same prompts ->
+    a result dict with "command": "simulate" and a "measured" block. Ctrl-C during the
+    measurement keeps what was measured so far (result["interrupted"] = True)."""
+    import dataclasses
+
+    from specprobe.diagnose import (
+        _clean,
+        _verdict_block,
+        encode_prompt,
+        evaluate_rules,
+        load_pair,
+        load_prompt_set,
+        run_diagnose,
+    )
+    from specprobe.progress import Progress
+    from specprobe.rules import load_table
+
+    progress = progress or Progress()
+    validate(cfg)
+    dcfg = dataclasses.replace(cfg.diagnose, k_max=max(cfg.diagnose.k_max, max(cfg.ks)))
+    from pathlib import Path
+
+    table = table or load_table([Path(p) for p in dcfg.rules])
+    pair = pair or load_pair(dcfg, progress)
+    result = run_diagnose(dcfg, progress, table=table, pair=pair)
+    result["command"] = "simulate"
+    result["config"] = {**result["config"], "k": list(cfg.ks), "adaptive_threshold": cfg.adaptive_threshold}
+    result["measured"] = None
+    if result.get("stopped") or result.get("interrupted"):
+        return result  # nothing meaningful (or nothing asked for, after Ctrl-C) to measure
+
+    target, drafter = pair.target, pair.drafter
+    step = drafter.step_model()
+    if step is None:
+        from specprobe.errors import ConfigError
+
+        raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N and independent causal LMs")
+    prompts = list(load_prompt_set(dcfg).prompts)
+    encoded = [encode_prompt(target.tokenizer, p) for p in prompts]
+    eos = eos_ids(target)
+    estimate = {int(r["k"]): float(r["tau_tokens"]) for r in result.get("k_table") or [] if r.get("tau_tokens") is not None}
+    kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos, "seed": dcfg.seed, "batch_size": dcfg.batch_size}
+    runs: list[SimCounters] = []
+    baseline: SimCounters | None = None
+    adaptive: SimCounters | None = None
+    interrupted = False
+    n = len(encoded)
+    try:
+        if cfg.baseline:
+            run = SimRun(SimCounters(0))
+            baseline = run.counters
+            with progress.task(f"plain target decoding (baseline, {n} prompts)", n) as advance:
+                speculate(target.model, None, encoded, k=0, run=run, advance=advance, **kw)
+        for k in cfg.ks:
+            run = SimRun(SimCounters(k))
+            runs.append(run.counters)
+            with progress.task(f"speculative decoding K={k} ({n} prompts)", n) as advance:
+                speculate(target.model, step, encoded, k=k, run=run, advance=advance, **kw)
+        if cfg.adaptive_threshold is not None:
+            run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
+            adaptive = run.counters
+            with progress.task(f"adaptive K≤{max(cfg.ks)}, confidence ≥ {cfg.adaptive_threshold:g} ({n} prompts)", n) as advance:
+                speculate(target.model, step, encoded, k=max(cfg.ks), threshold=cfg.adaptive_threshold, run=run, advance=advance, **kw)
+    except KeyboardInterrupt:
+        interrupted = True
+    section = measured_section(runs, baseline, adaptive, estimate)
+    section["interrupted"] = interrupted
+    result["measured"] = section
+    result["interrupted"] = interrupted
+    metrics = dict(result.get("metrics") or {})
+    metrics.update(measured_metrics(section))
+    result["metrics"] = metrics
+    findings, evals = evaluate_rules(table, metrics, drafter.kind, (result.get("alignment") or {}).get("evidence"), families=("0", "1", "2", "3", "6"))
+    result.update(_verdict_block(findings, evals))
+    return _clean(result)

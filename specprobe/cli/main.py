@@ -37,6 +37,9 @@ rules_cmd.register(app)
 from specprobe.cli import diagnose_cmd  # noqa: E402
 
 diagnose_cmd.register(app)
+from specprobe.cli import simulate_cmd  # noqa: E402
+
+simulate_cmd.register(app)
 from specprobe.cli import demo_cmd  # noqa: E402
 
 demo_cmd.register(app)

@@ -1,0 +1,195 @@
+"""`specprobe simulate TARGET DRAFTER`: real speculative decoding (draft→verify with
+rejection sampling) on the same prompts as `diagnose`, measured next to its
+teacher-forced estimate, with the SP6xx calibration rules on top."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specprobe.cli.common import (
+    CsvOpt,
+    DeviceOpt,
+    DtypeOpt,
+    FailOnOpt,
+    JsonOpt,
+    RulesOpt,
+    err,
+    handle_errors,
+    out,
+)
+from specprobe.cli.diagnose_cmd import (
+    DrafterArg,
+    DraftTempOpt,
+    DraftTopKOpt,
+    DraftTopPOpt,
+    MinPOpt,
+    TargetArg,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    sampling_flags,
+)
+
+
+def _f(x: Any, fmt: str = ".2f") -> str:
+    return "—" if x is None else format(float(x), fmt)
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * float(x):.1f}%"
+
+
+def measured_tables(result: dict[str, Any], console: Console) -> None:
+    """The measured K table (with the estimate and gap beside it) and per-position rates."""
+    m = result.get("measured") or {}
+    rows = m.get("k_table") or []
+    if not rows:
+        if result.get("scored"):
+            console.print("[yellow]nothing was measured (interrupted before the first K finished a batch)[/]")
+        return
+    t = Table(title="measured by real speculative decoding (τ includes the bonus token)")
+    for c in ("K", "τ measured", "τ estimate", "gap est−meas", "accept rate", "tokens/s", "speedup", "drafts", "draft ms/step", "target ms/step"):
+        t.add_column(c, justify="right")
+    best = max(rows, key=lambda r: r.get("speedup") or -1.0)
+    for r in rows:
+        mark = " ◀ best" if r is best else ""
+        t.add_row(
+            str(r["k"]), _f(r.get("tau_tokens")), _f(r.get("tau_estimate")), _f(r.get("tau_gap"), "+.2f"), _pct(r.get("accept_rate")),
+            _f(r.get("tokens_per_s"), ".1f"), f"{_f(r.get('speedup'))}×{mark}", str(r.get("num_drafts")),
+            _f(r.get("draft_ms_per_step"), ".1f"), _f(r.get("target_ms_per_step"), ".1f"),
+        )
+    console.print(t)
+    d = m.get("depth") or {}
+    est = (result.get("depth") or {}).get("cumulative") or []
+    if d.get("depth"):
+        t = Table(title=f"per draft position at K={d['k']} (depth from 1; vLLM counting)")
+        for c in ("position", "accepted", "r_i measured", "a_i measured", "r_i estimate"):
+            t.add_column(c, justify="right")
+        for i, pos in enumerate(d["depth"]):
+            t.add_row(str(pos), str(d["accepted_per_position"][i]), _pct(d["cumulative"][i]), _pct(d["conditional"][i]), _pct(est[i] if i < len(est) else None))
+        console.print(t)
+    console.print(f"plain target decoding (baseline): {_f(m.get('baseline_tokens_per_s'), '.1f')} tokens/s on the same prompts, device and batch size")
+    a = m.get("adaptive")
+    if a:
+        console.print(
+            f"adaptive K≤{a['k_max']}, stop when drafter confidence < {a['threshold']:g}: {_f(a.get('tokens_per_verify'))} tokens per verify, "
+            f"mean K {_f(a.get('mean_k'))}, accept rate {_pct(a.get('accept_rate'))}, {_f(a.get('tokens_per_s'), '.1f')} tokens/s, speedup {_f(a.get('speedup'))}× (measured)"
+        )
+    if m.get("interrupted"):
+        console.print("[yellow]interrupted: the measured numbers cover only what ran before Ctrl-C[/]")
+
+
+@handle_errors
+def simulate(
+    target: TargetArg = None,
+    drafter: DrafterArg = None,
+    k: Annotated[str, typer.Option("--k", help="Draft lengths to measure, comma-separated.")] = "1,2,4",
+    adaptive_threshold: Annotated[float | None, typer.Option("--adaptive-threshold", help="Also measure adaptive K: stop drafting at the first depth whose drafter confidence max q is below this.")] = None,
+    prompts: Annotated[str, typer.Option("--prompts", help="'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).")] = "builtin",
+    domains: Annotated[str | None, typer.Option("--domains", help="Comma-separated domains to keep, e.g. code,math.")] = None,
+    max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="At most this many prompts, taken round-robin across domains.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt (and reference length for the estimate).")] = 64,
+    reference: Annotated[str, typer.Option("--reference", help="References for the estimate: on-policy (default) or dataset (off-policy).")] = "on-policy",
+    temperature: TempOpt = None,
+    draft_temperature: DraftTempOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    draft_top_k: DraftTopKOpt = None,
+    draft_top_p: DraftTopPOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for sampling (references and the loop).")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together; each row advances by its own accepted count.")] = 8,
+    k_max: Annotated[int, typer.Option("--k-max", help="Largest K in the estimate's τ(K) table (raised to the largest --k).")] = 8,
+    verify_factor: Annotated[float, typer.Option("--verify-factor", help="Verify-cost factor v for the estimate.")] = 1.0,
+    cost_ratio: Annotated[float | None, typer.Option("--cost-ratio", help="Drafter/target cost per step for the estimate; default: measured on the device.")] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    rules: RulesOpt = None,
+    fail_on: FailOnOpt = "error",
+    json_path: JsonOpt = None,
+    csv_dir: CsvOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Run even when alignment errors make the numbers meaningless.")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Regenerate on-policy references instead of reusing the disk cache.")] = False,
+) -> None:
+    """Real speculative decoding, measured: τ, acceptance per draft position, tokens/s
+    and speedup against plain target decoding for each K — next to diagnose's
+    teacher-forced estimate on the same prompts, with the gap between them.
+
+    Examples:
+      specprobe simulate smollm2 self:layers=28 --temperature 0.7 --k 1,2,4 --max-prompts 8
+      specprobe simulate ./target ./drafter --k 2,4,6 --adaptive-threshold 0.4 --json sim.json --csv sim/
+    """
+    from specprobe.diagnose import DiagnoseConfig
+    from specprobe.errors import ConfigError
+    from specprobe.progress import RichProgress
+    from specprobe.report.console import render
+    from specprobe.report.files import check_writable_dir, check_writable_file
+    from specprobe.report.load import gate_exit_code
+    from specprobe.rules import load_table
+    from specprobe.simulate import SimulateConfig, parse_ks, run_simulate, validate
+
+    if not target or not drafter:
+        raise ConfigError("simulate needs a TARGET and a DRAFTER", "e.g. specprobe simulate smollm2 self:layers=28")
+    # every bad input fails here, before any model is loaded or file written
+    check_writable_file(json_path, "--json")
+    check_writable_dir(csv_dir, "--csv")
+    if reference not in ("on-policy", "dataset"):
+        raise ConfigError(f"--reference {reference!r} is not known", "use on-policy or dataset")
+    for name, v in (("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
+        if v < 1:
+            raise ConfigError(f"{name} {v} must be at least 1", "use a positive integer")
+    if not 1 <= k_max <= 32:
+        raise ConfigError(f"--k-max {k_max} is out of range", "use 1 ≤ K ≤ 32")
+    dcfg = DiagnoseConfig(
+        target=target,
+        drafter=drafter,
+        prompts=prompts,
+        domains=[d.strip() for d in domains.split(",") if d.strip()] if domains else None,
+        max_prompts=max_prompts,
+        max_new_tokens=max_new_tokens,
+        reference=reference,
+        sampling=sampling_flags(temperature, draft_temperature, top_k, top_p, min_p, draft_top_k, draft_top_p),
+        seed=seed,
+        batch_size=batch_size,
+        k_max=k_max,
+        verify_factor=verify_factor,
+        cost_ratio=cost_ratio,
+        device=device,
+        dtype=dtype,
+        rules=[str(r) for r in rules or []],
+        fail_on=fail_on,
+        force=force,
+        use_cache=not no_cache,
+        keep_positions=False,
+    )
+    cfg = SimulateConfig(dcfg, ks=parse_ks(k), adaptive_threshold=adaptive_threshold)
+    validate(cfg)
+    table = load_table(rules or [])
+    from specprobe.diagnose import load_prompt_set
+
+    load_prompt_set(dcfg)  # a bad prompts file fails before the models load
+    result = run_simulate(cfg, RichProgress(err), table=table)
+    render(result, out)
+    measured_tables(result, out)
+    if json_path:
+        from specprobe.report.files import write_json
+
+        write_json(json_path, result)
+        err.print(f"[dim]wrote {json_path}[/]")
+    if csv_dir:
+        from specprobe.report.csv_out import write_csv
+
+        write_csv(result, csv_dir)
+        err.print(f"[dim]wrote CSV tables into {csv_dir}[/]")
+    if result.get("interrupted"):
+        raise typer.Exit(130)
+    raise typer.Exit(gate_exit_code(result, fail_on))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate)
+
