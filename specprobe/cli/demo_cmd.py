@@ -23,7 +23,8 @@ def demo_table(results: list[dict[str, Any]]) -> Table:
         align_err = [f["rule_id"] for f in r["findings"] if f["rule_id"].startswith("SP0") and f["severity"] == "error"]
         check = Text("✗ " + ", ".join(align_err), style="red") if align_err else Text("✓ aligned", style="green")
         k4 = next((row["tau_tokens"] for row in r.get("k_table", []) if row["k"] == 4), None)
-        top = r["findings"][0] if r["findings"] else None
+        # name the finding that gave the headline
+        top = next((f for f in r["findings"] if f.get("verdict") == r["verdict"]), r["findings"][0] if r["findings"] else None)
         diag = Text(r["verdict"], style=SEV_STYLE.get(r.get("worst_severity"), "green"))
         if top:
             diag.append(f" ({top['rule_id']} {top['name']})", style="default")
