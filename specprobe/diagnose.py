@@ -177,6 +177,7 @@ class Scored:
     acc: Accumulator
     rows: dict[str, list[Any]]
     interrupted: bool = False
+    head_depths: tuple[int, ...] = ()  # depths a head drafter predicted directly (others chain depth 1)
 
 
 def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, progress: Progress) -> Scored:
@@ -196,6 +197,7 @@ def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[i
     layers = drafter.target_layers_needed()
     lm_head = target.model.get_output_embeddings()
     interrupted = False
+    head_depths: tuple[int, ...] = ()
     with progress.task(f"scoring target vs drafter ({sum(len(conts[i]) for i in order)} positions)", len(order)) as advance:
         try:
             for start in range(0, len(order), cfg.batch_size):
@@ -211,32 +213,50 @@ def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[i
                 with torch.inference_mode(), capture_layers(target.model, layers) as captured:
                     out = target.model.model(input_ids=ids, attention_mask=mask)
                     tp = TargetPass(ids, mask, out.last_hidden_state, dict(captured))
-                    dh = drafter.hidden(tp)[1]
+                    feats = drafter.hidden(tp)  # depth -> [B, S, H']
+                    depths = sorted(d for d in feats if 1 <= d <= cfg.k_max)
+                    head_depths = tuple(d for d in depths if d > 1)
                     # rows to score: position t predicts reference token t+1 (continuation only)
                     b_idx, t_idx, seg = [], [], []
                     for r, i in enumerate(idx):
                         p0, n = len(encoded[i]), len(conts[i])
-                        t = torch.arange(p0 - 1, p0 - 1 + n)
                         b_idx.append(torch.full((n,), r))
-                        t_idx.append(t)
+                        t_idx.append(torch.arange(p0 - 1, p0 - 1 + n))
                         seg.append(n)
                     bsel, tsel = torch.cat(b_idx).to(ids.device), torch.cat(t_idx).to(ids.device)
                     parts: dict[str, list[np.ndarray]] = {f: [] for f in ROW_FIELDS}
+                    head_alpha: dict[int, list[np.ndarray]] = {d: [] for d in depths if d > 1}
+                    head_conf: dict[int, list[np.ndarray]] = {d: [] for d in depths if d > 1}
                     for c0 in range(0, bsel.numel(), cfg.chunk_positions):
                         bb, tt = bsel[c0 : c0 + cfg.chunk_positions], tsel[c0 : c0 + cfg.chunk_positions]
                         tl = lm_head(tp.last_hidden[bb, tt])  # [N, V]
-                        dl = drafter.logits(dh[bb, tt], 1)  # [N, V']
-                        pm = position_metrics(tl, dl, pair.target, pair.draft)
-                        for f in ROW_FIELDS:
-                            parts[f].append(getattr(pm, f).float().cpu().numpy())
-                        del tl, dl, pm
+                        for d in depths:
+                            # the depth-d prediction of token t+1 is made at position t+1−d
+                            src = (tt + 1 - d).clamp(min=0)
+                            dl = drafter.logits(feats[d][bb, src], d)  # [N, V']
+                            pm = position_metrics(tl, dl, pair.target, pair.draft)
+                            if d == 1:
+                                for f in ROW_FIELDS:
+                                    parts[f].append(getattr(pm, f).float().cpu().numpy())
+                            else:
+                                ok = (tt + 1 - d >= 0).float()
+                                head_alpha[d].append((pm.accept_prob * ok).cpu().numpy())
+                                head_conf[d].append(pm.draft_confidence.float().cpu().numpy())
+                            del dl, pm
+                        del tl
                 cat = {f: np.concatenate(parts[f]) for f in ROW_FIELDS}
+                cat_alpha = {d: np.concatenate(v) for d, v in head_alpha.items()}
+                cat_conf = {d: np.concatenate(v) for d, v in head_conf.items()}
                 off = 0
                 for r, i in enumerate(idx):
                     n = seg[r]
                     vals = {f: cat[f][off : off + n] for f in ROW_FIELDS}
                     positions = np.arange(len(encoded[i]), len(encoded[i]) + n)
-                    acc.add_sequence(prompts[i].domain, positions, vals)
+                    acc.add_sequence(
+                        prompts[i].domain, positions, vals,
+                        alpha_by_depth={d: a[off : off + n] for d, a in cat_alpha.items()} or None,
+                        confidence_by_depth={d: c[off : off + n] for d, c in cat_conf.items()} or None,
+                    )
                     if cfg.keep_positions:
                         rows["prompt_id"].extend([prompts[i].id] * n)
                         rows["domain"].extend([prompts[i].domain] * n)
@@ -247,7 +267,7 @@ def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[i
                 advance(len(idx))
         except KeyboardInterrupt:
             interrupted = True
-    return Scored(acc, rows, interrupted)
+    return Scored(acc, rows, interrupted, head_depths)
 
 
 @contextmanager
@@ -382,7 +402,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "by_entropy": acc.by_entropy(),
         "by_position": pos,
         "histograms": acc.histograms(),
-        "depth": {"depth": list(range(1, cfg.k_max + 1)), "cumulative": cum, "conditional": cond, "source": "estimate"},
+        "depth": {"depth": list(range(1, cfg.k_max + 1)), "cumulative": cum, "conditional": cond, "source": "estimate", "head_depths": list(scored.head_depths)},
         "k_table": [asdict(r) for r in ktab],
         "best_k": best.k if best else None,
         "adaptive": asdict(adaptive) if adaptive else None,

@@ -109,3 +109,46 @@ def test_references_are_cached_and_reproducible(tiny_pair, tmp_path) -> None:
     assert a["positions"]["position"] == b["positions"]["position"]
     c = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, seed=3, use_cache=False))
     assert c["positions"]["position"] == a["positions"]["position"]
+
+
+def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
+    """A head drafter (reads target hidden states, predicts depth d directly) fits the
+    interface: an oracle head that sees the target's state at the predicted position is
+    accepted at every depth; a head that is right only at depth 1 decays to chance."""
+    from specprobe.diagnose import load_pair
+    from specprobe.models.drafters import Drafter
+    from specprobe.progress import Progress
+
+    class OracleHeads(Drafter):
+        kind = "medusa"
+        head_depths = (1, 2, 3, 4)
+
+        def __init__(self, target, good_depths):
+            super().__init__("oracle-heads", target)
+            self.good = good_depths
+
+        @property
+        def info(self):
+            return self.target.info
+
+        def hidden(self, tp):
+            import torch
+
+            h = tp.last_hidden
+            out = {}
+            for d in self.head_depths:
+                # feature at t for depth d = the target's own state at t+d−1 (an oracle)
+                shifted = torch.cat([h[:, d - 1 :], h[:, -1:].expand(-1, d - 1, -1)], dim=1)
+                out[d] = shifted if d in self.good else torch.flip(h, dims=[-1])
+            return out
+
+        def logits(self, hidden, depth):
+            return self.target.model.get_output_embeddings()(hidden)
+
+    cfg = _cfg(tiny_pair, "self", tmp_path, k_max=4)
+    base = load_pair(cfg, Progress())
+    good = run_diagnose(cfg, pair=type(base)(base.target, OracleHeads(base.target, {1, 2, 3, 4}), base.sampling, base.alignment))
+    assert good["depth"]["cumulative"] == pytest.approx([1.0, 1.0, 1.0, 1.0], abs=1e-4)
+    bad = run_diagnose(cfg, pair=type(base)(base.target, OracleHeads(base.target, {1}), base.sampling, base.alignment))
+    assert bad["metrics"]["accept_prob_mean"] == pytest.approx(1.0, abs=1e-4)  # depth 1 is perfect
+    assert bad["depth"]["cumulative"][1] < 0.5  # depth 2 comes from a broken head, not depth 1 chained
