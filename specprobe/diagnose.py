@@ -342,7 +342,7 @@ def _clean(x: Any) -> Any:
 def environment(device: str, dtype: Any) -> dict[str, Any]:
     from importlib import metadata
 
-    pk = {}
+    pk: dict[str, str | None] = {}
     for name in ("torch", "transformers", "tokenizers", "safetensors", "gguf", "accelerate", "numpy", "scipy", "pandas", "typer", "rich", "pydantic"):
         try:
             pk[name] = metadata.version(name)

@@ -280,7 +280,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
     except Exception as e:
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise ModelLoadError(f"cannot load the weights in {info.path}: {first}", "the safetensors files may be corrupt or incomplete; re-download or re-convert them") from e
-    model.to(dev).eval()
+    model.to(dev).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     return LoadedModel(info, model, dev, torch_dtype)
 

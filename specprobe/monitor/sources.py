@@ -133,6 +133,7 @@ class IngestResult:
     models: set[str]
     malformed: int = 0
     missing: list[str] = field(default_factory=list)
+    detected: str | None = None  # the engine this source settled on so far
 
 
 def detect_engine(names: set[str]) -> str | None:
@@ -151,6 +152,7 @@ def missing_families(engine: str | None, names: set[str], wanted: str) -> list[s
         if wanted == "vllm":
             return ["vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"]
         return ["vllm:spec_decode_* or sglang:spec_accept_*"]
+    required: tuple[str, ...]
     if engine == "vllm-v1":
         required = (*VLLM_V1_REQUIRED, VLLM_PER_POS)
     elif engine == "vllm-v0":

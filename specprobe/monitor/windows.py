@@ -134,10 +134,10 @@ class ModelData:
         """Forget samples older than `before` (the start of the baseline window)."""
         for key, pts in self.counters.items():
             self.counters[key] = [p for p in pts if p[0] >= before]
-        for key, pts in self.events.items():
-            self.events[key] = [p for p in pts if p[0] >= before]
-        for key, pts in self.gauges.items():
-            self.gauges[key] = [p for p in pts if p[0] >= before]
+        for ekey, epts in self.events.items():
+            self.events[ekey] = [p for p in epts if p[0] >= before]
+        for gkey, gpts in self.gauges.items():
+            self.gauges[gkey] = [p for p in gpts if p[0] >= before]
 
     def resets(self, start: float, end: float) -> int:
         return sum(count_resets(pts, start, end) for pts in self.counters.values())
