@@ -114,6 +114,11 @@ class Stream:
 
         self.model = model
         self.kw = cache_kwarg(model)
+        import inspect
+
+        # only the last few positions' logits are ever read: skip the LM head elsewhere
+        # (at prefill that is [B, prompt, V] floats for nothing)
+        self.can_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
         self.cache: Any = None
         self.device = device
         self.dtype = next(model.parameters()).dtype
@@ -125,8 +130,9 @@ class Stream:
     def length(self) -> int:
         return int(self.valid.shape[1])
 
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Append a block ids [B, T] (valid [B, T] marks real tokens) -> logits [B, T, V]."""
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """Append a block ids [B, T] (valid [B, T] marks real tokens) -> logits [B, T', V]
+        for the last T' = keep positions (all T when keep is 0)."""
         from specprobe.models.loader import output_cache
 
         b, t = ids.shape
@@ -145,8 +151,9 @@ class Stream:
         pos = pos.clamp_(min=0)
         _sync(self.device)
         t0 = time.perf_counter()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{self.kw: self.cache})
-        logits = out.logits
+        extra = {"logits_to_keep": keep} if keep and self.can_keep else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{self.kw: self.cache}, **extra)
+        logits = out.logits[:, -keep:] if keep else out.logits
         _sync(self.device)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
@@ -180,7 +187,7 @@ class Stream:
 def right_align(seqs: Sequence[Sequence[int]], device: Any, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> ids [B, T], valid [B, T], each row's tokens at the right end."""
     width = max(1, max(len(s) for s in seqs))
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)  # [B, T]
     valid = torch.zeros((len(seqs), width), dtype=torch.bool)
     for r, s in enumerate(seqs):
         if s:
@@ -374,7 +381,7 @@ def _speculate_batch(
                 d_cut0 = dft.length + ids.shape[1]  # slot of the first draft fed back
                 live = kb > 0  # [B]
                 for j in range(k):
-                    logits = dft.forward(ids, valid)[:, -1]  # [B, V']
+                    logits = dft.forward(ids, valid, keep=1)[:, -1]  # [B, V']
                     q = probs(align_vocab(logits, vocab), dsamp)  # [B, V] over the target's ids
                     if threshold is not None:
                         live &= q.amax(dim=-1) >= threshold  # stop at the first unconfident depth
@@ -395,9 +402,10 @@ def _speculate_batch(
             blocks = [t_todo[r] + drafts[r, : dl[r]].tolist() for r in range(nb)]
             ids, valid = right_align(blocks, device)
             width = ids.shape[1]
-            logits = tgt.forward(ids, valid)  # [B, W, V]
+            keep = min(k + 1, width)
+            logits = tgt.forward(ids, valid, keep=keep)  # [B, K+1, V]: the last K+1 columns
             # p_0 (after the last todo token) … p_n (bonus) sit in the last n+1 columns
-            col = (width - 1 - drafted[:, None] + torch.arange(k + 1, device=device)[None, :]).clamp_(max=width - 1)  # [B, K+1]
+            col = (keep - 1 - drafted[:, None] + torch.arange(k + 1, device=device)[None, :]).clamp_(max=keep - 1)  # [B, K+1]
             tl = logits.gather(1, col[..., None].expand(-1, -1, logits.shape[-1]))  # [B, K+1, V]
             if k == 0:
                 n = torch.zeros(nb, dtype=torch.long, device=device)
