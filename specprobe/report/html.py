@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specprobe.catalog import CATALOG, format_value
-from specprobe.report.load import describe, measured, num, rows
+from specprobe.report.load import describe, effective_temperatures, measured, num, rows
 
 SEV_COLOR = {"error": "#b91c1c", "warning": "#b45309", "info": "#0369a1", None: "#15803d"}
 EST = "#2563eb"  # estimate (teacher forcing)
@@ -353,7 +353,7 @@ def render_html(result: Mapping[str, Any]) -> str:
         '<div class="meta">'
         f"<code>specprobe {esc(result.get('command'))}</code> · {esc(result.get('created'))} · specprobe {esc(result.get('specprobe_version'))}"
         f" · device {esc(env.get('device') or cfg.get('device'))} {esc(env.get('dtype') or cfg.get('dtype'))}"
-        f" · temperature {esc(cfg.get('temperature'))} (drafter {esc(cfg.get('draft_temperature'))})"
+        f" · temperature {esc(effective_temperatures(result)[0])} (drafter {esc(effective_temperatures(result)[1])})"
         f" · prompts {esc(ps.get('name') or cfg.get('prompts'))} ({esc(ps.get('num_prompts') or m.get('num_prompts'))}, sha256 {esc(str(ps.get('sha256') or '')[:12])})"
         f" · references {esc(ref)}</div></header>"
     )

@@ -176,3 +176,14 @@ def gate_exit_code(result: Mapping[str, Any], fail_on: str) -> int:
         return 0
     limit = SEVERITY_RANK[fail_on]
     return 1 if any(SEVERITY_RANK.get(str(f.get("severity")), 0) >= limit for f in result.get("findings") or []) else 0
+
+
+def effective_temperatures(result: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(target, drafter) temperatures the run actually used: the resolved sampling
+    settings when present (flags, generation_config and defaults applied), else the
+    config's flags."""
+    s = result.get("sampling") or {}
+    cfg = result.get("config") or {}
+    t = (s.get("target") or {}).get("temperature", cfg.get("temperature"))
+    d = (s.get("draft") or {}).get("temperature", cfg.get("draft_temperature"))
+    return t, d

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specprobe.catalog import CATALOG, format_value
-from specprobe.report.load import describe, measured, num, rows
+from specprobe.report.load import describe, effective_temperatures, measured, num, rows
 
 ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", None: "✅"}
 
@@ -67,7 +67,7 @@ def render_markdown(result: Mapping[str, Any], *, fail_on: str | None = None) ->
         "",
         _headline(result, fail_on),
         "",
-        f"Temperature {cfg.get('temperature')} (drafter {cfg.get('draft_temperature')}) · prompts {ps.get('name') or cfg.get('prompts')} "
+        f"Temperature {effective_temperatures(result)[0]} (drafter {effective_temperatures(result)[1]}) · prompts {ps.get('name') or cfg.get('prompts')} "
         f"({m.get('num_prompts')} prompts, {m.get('num_positions')} positions) · references {result.get('reference') or cfg.get('reference')} · {result.get('created')}",
         "",
         "#### Findings",
