@@ -402,10 +402,10 @@ def _speculate_batch(
             blocks = [t_todo[r] + drafts[r, : dl[r]].tolist() for r in range(nb)]
             ids, valid = right_align(blocks, device)
             width = ids.shape[1]
-            keep = min(k + 1, width)
-            logits = tgt.forward(ids, valid, keep=keep)  # [B, K+1, V]: the last K+1 columns
+            last = min(k + 1, width)
+            logits = tgt.forward(ids, valid, keep=last)  # [B, K+1, V]: the last K+1 columns
             # p_0 (after the last todo token) … p_n (bonus) sit in the last n+1 columns
-            col = (keep - 1 - drafted[:, None] + torch.arange(k + 1, device=device)[None, :]).clamp_(max=keep - 1)  # [B, K+1]
+            col = (last - 1 - drafted[:, None] + torch.arange(k + 1, device=device)[None, :]).clamp_(max=last - 1)  # [B, K+1]
             tl = logits.gather(1, col[..., None].expand(-1, -1, logits.shape[-1]))  # [B, K+1, V]
             if k == 0:
                 n = torch.zeros(nb, dtype=torch.long, device=device)
