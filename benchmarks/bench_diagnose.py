@@ -41,6 +41,7 @@ def naive_metrics(tl, dl, t: float):
 def overhead(repeats: int) -> None:
     import torch
 
+    from specprobe.diagnose import DEFAULT_CHUNK_POSITIONS as CH
     from specprobe.diagnose import encode_prompt
     from specprobe.metrics.core import position_metrics
     from specprobe.metrics.sampling import Sampling
@@ -71,12 +72,12 @@ def overhead(repeats: int) -> None:
             dl = dm(input_ids=ids, attention_mask=mask).logits[sel]  # [N, V]
             fwd.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            for c in range(0, n, 256):
-                position_metrics(tl[c : c + 256], dl[c : c + 256], s, s)
+            for c in range(0, n, CH):
+                position_metrics(tl[c : c + CH], dl[c : c + CH], s, s)
             ours.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            for c in range(0, n, 256):
-                naive_metrics(tl[c : c + 256], dl[c : c + 256], 0.7)
+            for c in range(0, n, CH):
+                naive_metrics(tl[c : c + CH], dl[c : c + CH], 0.7)
             naive.append(time.perf_counter() - t0)
     f, o, nv = statistics.median(fwd), statistics.median(ours), statistics.median(naive)
     print(f"scoring overhead on SmolLM2 (V=49,152), {n} positions, {torch.get_num_threads()} threads, median of {repeats}:")

@@ -7,11 +7,13 @@ p and q are each side's own sampling distribution over the TARGET vocabulary."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from specprobe.metrics.sampling import Sampling, log_probs, truncate_
+from specprobe.metrics.sampling import Sampling, truncate_
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,45 @@ def align_vocab(draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
     return torch.cat([draft_logits, pad], dim=-1)
 
 
+class _Workspace:
+    """Reusable [N, V] float32 scratch buffers. On a CPU, allocating a fresh 50 MB tensor
+    per op (and faulting its pages in) costs more than the arithmetic; reusing four
+    buffers across chunks keeps the metrics a small fraction of the forward passes."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.bufs: list[torch.Tensor] = []
+
+    def get(self, shape: tuple[int, int], device: torch.device) -> list[torch.Tensor]:
+        key = (shape, device)
+        if key != self.key:
+            self.bufs = [torch.empty(shape, dtype=torch.float32, device=device) for _ in range(4)]
+            self.key = key
+        return self.bufs
+
+
+_WS = threading.local()
+
+
+def _workspace() -> _Workspace:
+    ws = getattr(_WS, "ws", None)
+    if ws is None:
+        ws = _WS.ws = _Workspace()
+    return ws
+
+
+def _log_softmax_into(logits: torch.Tensor, s: Sampling, logp: torch.Tensor, p: torch.Tensor) -> None:
+    """logp <- untruncated tempered log-softmax, p <- its exp; in place, no [N, V] allocations."""
+    logp.copy_(logits)
+    if not s.greedy and s.temperature != 1.0:
+        logp.div_(s.temperature)
+    logp.sub_(logp.amax(dim=-1, keepdim=True))
+    torch.exp(logp, out=p)
+    z = p.sum(dim=-1, keepdim=True)
+    p.div_(z)
+    logp.sub_(z.log_())
+
+
 def position_metrics(
     target_logits: torch.Tensor,
     draft_logits: torch.Tensor,
@@ -45,37 +86,33 @@ def position_metrics(
 ) -> PositionMetrics:
     """[N, V] target and [N, V'] drafter logits -> metrics per position.
 
-    Written to touch each [N, V] buffer as few times as possible: log-softmax once per
-    side, the exp done in place, the sums fused where torch allows."""
+    Written to touch each [N, V] buffer as few times as possible and to allocate none:
+    log-softmax and exp land in reused buffers, the two sums over p are row-wise dot
+    products (bmm), and min(p, q) is written over a buffer no longer needed."""
     padded = draft_logits.shape[-1] < target_logits.shape[-1]
     draft_logits = align_vocab(draft_logits, target_logits.shape[-1])
-    logp = log_probs(target_logits, target_sampling)  # [N, V]
-    logq = log_probs(draft_logits, draft_sampling)  # [N, V]
-    p = logp.exp()
-    # KL(p‖q) = Σ p (log p − log q); entropy H = −Σ p log p. Both sums are row-wise dot
-    # products: bmm does them without an [N, V] temporary. q holds -inf only for ids the
-    # drafter lacks: clamp those so they cost a large but finite penalty, not inf/nan.
-    logq_c = logq.clamp(min=-1e4) if padded else logq
+    n, v = target_logits.shape
+    logp, p, logq, q = _workspace().get((n, v), target_logits.device)
+    _log_softmax_into(target_logits, target_sampling, logp, p)
+    _log_softmax_into(draft_logits, draft_sampling, logq, q)
+    # KL(p‖q) = Σ p (log p − log q); entropy H = −Σ p log p. q holds -inf only for ids
+    # the drafter lacks: clamp those so they cost a large but finite penalty, not inf/nan.
+    if padded:
+        logq.clamp_(min=-1e4)
     p3 = p.unsqueeze(1)  # [N, 1, V]
     plogp = torch.bmm(p3, logp.unsqueeze(2)).view(-1)  # [N]
-    kl = plogp - torch.bmm(p3, logq_c.unsqueeze(2)).view(-1)
+    kl = plogp - torch.bmm(p3, logq.unsqueeze(2)).view(-1)
     entropy = -plogp
     target_argmax = target_logits.argmax(-1)
     draft_argmax = draft_logits.argmax(-1)
     agree = (target_argmax == draft_argmax).float()
 
-    # Acceptance uses each side's actual sampling distribution.
-    if target_sampling.greedy:
-        ps = None
-    elif target_sampling.truncates:
-        ps = truncate_(p.clone(), target_sampling)
-    else:
-        ps = p
+    # Acceptance uses each side's actual sampling distribution (truncated when configured).
+    ps = None if target_sampling.greedy else (truncate_(p.clone(), target_sampling) if target_sampling.truncates else p)
     if draft_sampling.greedy:
         qs = None
         confidence = torch.ones_like(kl)
     else:
-        q = logq.exp_()  # logq no longer needed: reuse its buffer
         qs = truncate_(q, draft_sampling) if draft_sampling.truncates else q
         confidence = qs.amax(-1)
 
@@ -87,7 +124,7 @@ def position_metrics(
     elif qs is None:
         alpha = ps.gather(-1, draft_argmax[:, None]).squeeze(-1)
     else:
-        alpha = torch.minimum(ps, qs).sum(-1)
+        alpha = torch.minimum(ps, qs, out=logp).sum(-1)  # logp is no longer needed
     return PositionMetrics(
         accept_prob=alpha.clamp_(0.0, 1.0),
         greedy_agree=agree,
