@@ -39,6 +39,7 @@ def compare(
 
       specprobe compare baseline.json candidate.json --fail-on warning
 
+
       specprobe compare prod.json new.json --html compare.html --junit compare.xml --markdown "$GITHUB_STEP_SUMMARY"
     """
     from specprobe.catalog import CATALOG, format_value

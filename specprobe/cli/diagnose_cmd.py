@@ -30,6 +30,16 @@ TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Target top-p (1 
 MinPOpt = Annotated[float | None, typer.Option("--min-p", help="Target min-p (0 = off).")]
 DraftTopKOpt = Annotated[int | None, typer.Option("--draft-top-k", help="Drafter top-k (default: the target's).")]
 DraftTopPOpt = Annotated[float | None, typer.Option("--draft-top-p", help="Drafter top-p (default: the target's).")]
+PromptsOpt = Annotated[str, typer.Option("--prompts", help="'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).")]
+DomainsOpt = Annotated[str | None, typer.Option("--domains", help="Comma-separated domains to keep, e.g. code,math.")]
+MaxPromptsOpt = Annotated[int | None, typer.Option("--max-prompts", help="At most this many prompts, taken round-robin across domains.")]
+ReferenceOpt = Annotated[str, typer.Option("--reference", help="on-policy (sampled from the target, default) or dataset (responses in the prompts file; off-policy).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for sampling (on-policy references; the simulate loop).")]
+KMaxOpt = Annotated[int, typer.Option("--k-max", help="Largest draft length K in the estimated τ(K)/speedup table.")]
+VerifyFactorOpt = Annotated[float, typer.Option("--verify-factor", help="Verify-cost factor v (≈1 for a memory-bound target at small batch).")]
+CostRatioOpt = Annotated[float | None, typer.Option("--cost-ratio", help="Drafter/target cost per step for the estimate; default: measured on the device.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Run even when alignment errors make the numbers meaningless.")]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Regenerate on-policy references instead of reusing the disk cache.")]
 
 
 def sampling_flags(temperature: float | None, draft_temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None, draft_top_k: int | None, draft_top_p: float | None) -> Any:
@@ -105,6 +115,7 @@ def check(
 
     Examples:
       specprobe check smollm2 self:layers=24
+
       specprobe check ./llama-3-8b ./llama-3.2-1b --temperature 0.7 --draft-temperature 1.0
     """
     from specprobe.alignment import compare, effective_sampling
@@ -188,11 +199,11 @@ def diagnose(
     ctx: typer.Context,
     target: TargetArg = None,
     drafter: DrafterArg = None,
-    prompts: Annotated[str, typer.Option("--prompts", help="'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).")] = "builtin",
-    domains: Annotated[str | None, typer.Option("--domains", help="Comma-separated domains to keep, e.g. code,math.")] = None,
-    max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="At most this many prompts, taken round-robin across domains.")] = None,
+    prompts: PromptsOpt = "builtin",
+    domains: DomainsOpt = None,
+    max_prompts: MaxPromptsOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Reference continuation length per prompt.")] = 64,
-    reference: Annotated[str, typer.Option("--reference", help="on-policy (sampled from the target, default) or dataset (responses in the prompts file; off-policy).")] = "on-policy",
+    reference: ReferenceOpt = "on-policy",
     temperature: TempOpt = None,
     draft_temperature: DraftTempOpt = None,
     top_k: TopKOpt = None,
@@ -200,19 +211,19 @@ def diagnose(
     min_p: MinPOpt = None,
     draft_top_k: DraftTopKOpt = None,
     draft_top_p: DraftTopPOpt = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for on-policy sampling.")] = 0,
+    seed: SeedOpt = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")] = 8,
-    k_max: Annotated[int, typer.Option("--k-max", help="Largest draft length K in the τ(K)/speedup table.")] = 8,
-    verify_factor: Annotated[float, typer.Option("--verify-factor", help="Verify-cost factor v (≈1 for a memory-bound target at small batch).")] = 1.0,
-    cost_ratio: Annotated[float | None, typer.Option("--cost-ratio", help="Drafter/target cost per step; default: measured on the device.")] = None,
+    k_max: KMaxOpt = 8,
+    verify_factor: VerifyFactorOpt = 1.0,
+    cost_ratio: CostRatioOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     rules: RulesOpt = None,
     fail_on: FailOnOpt = "error",
     json_path: JsonOpt = None,
     csv_dir: CsvOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Score even when alignment errors make the numbers meaningless.")] = False,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Regenerate on-policy references instead of reusing the disk cache.")] = False,
+    force: ForceOpt = False,
+    no_cache: NoCacheOpt = False,
     brief: Annotated[bool, typer.Option("--brief", help="Verdict and findings only.")] = False,
     config: Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML or TOML); flags given on the command line override it.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report.")] = None,
@@ -224,6 +235,7 @@ def diagnose(
 
     Examples:
       specprobe diagnose smollm2 self:layers=28 --temperature 0.7
+
       specprobe diagnose ./target ./drafter --prompts spec_bench.jsonl --json out.json --csv out/
     """
     from specprobe.diagnose import DiagnoseConfig, run_diagnose

@@ -111,6 +111,7 @@ def report(
 
       specprobe report out/result.json --html out/report.html
 
+
       specprobe report out/result.json --junit junit.xml --markdown "$GITHUB_STEP_SUMMARY" --fail-on error
     """
     from specprobe.report.load import gate_exit_code, load_result

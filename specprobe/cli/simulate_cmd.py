@@ -22,15 +22,25 @@ from specprobe.cli.common import (
     out,
 )
 from specprobe.cli.diagnose_cmd import (
+    CostRatioOpt,
+    DomainsOpt,
     DrafterArg,
     DraftTempOpt,
     DraftTopKOpt,
     DraftTopPOpt,
+    ForceOpt,
+    KMaxOpt,
+    MaxPromptsOpt,
     MinPOpt,
+    NoCacheOpt,
+    PromptsOpt,
+    ReferenceOpt,
+    SeedOpt,
     TargetArg,
     TempOpt,
     TopKOpt,
     TopPOpt,
+    VerifyFactorOpt,
     sampling_flags,
 )
 
@@ -89,11 +99,11 @@ def simulate(
     drafter: DrafterArg = None,
     k: Annotated[str, typer.Option("--k", help="Draft lengths to measure, comma-separated.")] = "1,2,4",
     adaptive_threshold: Annotated[float | None, typer.Option("--adaptive-threshold", help="Also measure adaptive K: stop drafting at the first depth whose drafter confidence max q is below this.")] = None,
-    prompts: Annotated[str, typer.Option("--prompts", help="'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).")] = "builtin",
-    domains: Annotated[str | None, typer.Option("--domains", help="Comma-separated domains to keep, e.g. code,math.")] = None,
-    max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="At most this many prompts, taken round-robin across domains.")] = None,
+    prompts: PromptsOpt = "builtin",
+    domains: DomainsOpt = None,
+    max_prompts: MaxPromptsOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt (and reference length for the estimate).")] = 64,
-    reference: Annotated[str, typer.Option("--reference", help="References for the estimate: on-policy (default) or dataset (off-policy).")] = "on-policy",
+    reference: ReferenceOpt = "on-policy",
     temperature: TempOpt = None,
     draft_temperature: DraftTempOpt = None,
     top_k: TopKOpt = None,
@@ -101,19 +111,19 @@ def simulate(
     min_p: MinPOpt = None,
     draft_top_k: DraftTopKOpt = None,
     draft_top_p: DraftTopPOpt = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for sampling (references and the loop).")] = 0,
+    seed: SeedOpt = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together; each row advances by its own accepted count.")] = 8,
-    k_max: Annotated[int, typer.Option("--k-max", help="Largest K in the estimate's τ(K) table (raised to the largest --k).")] = 8,
-    verify_factor: Annotated[float, typer.Option("--verify-factor", help="Verify-cost factor v for the estimate.")] = 1.0,
-    cost_ratio: Annotated[float | None, typer.Option("--cost-ratio", help="Drafter/target cost per step for the estimate; default: measured on the device.")] = None,
+    k_max: KMaxOpt = 8,
+    verify_factor: VerifyFactorOpt = 1.0,
+    cost_ratio: CostRatioOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     rules: RulesOpt = None,
     fail_on: FailOnOpt = "error",
     json_path: JsonOpt = None,
     csv_dir: CsvOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Run even when alignment errors make the numbers meaningless.")] = False,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Regenerate on-policy references instead of reusing the disk cache.")] = False,
+    force: ForceOpt = False,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Real speculative decoding, measured: τ, acceptance per draft position, tokens/s
     and speedup against plain target decoding for each K — next to diagnose's
@@ -121,6 +131,7 @@ def simulate(
 
     Examples:
       specprobe simulate smollm2 self:layers=28 --temperature 0.7 --k 1,2,4 --max-prompts 8
+
       specprobe simulate ./target ./drafter --k 2,4,6 --adaptive-threshold 0.4 --json sim.json --csv sim/
     """
     from specprobe.diagnose import DiagnoseConfig
