@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,8 @@ def make_vocab_shuffled(target: Any, dest: Path, seed: int = 1234) -> Path:
     """Write a copy of `target` whose token ids are permuted (special tokens kept)."""
     import torch
 
+    from specprobe.models.loader import atomic_dir
+
     if (dest / "config.json").is_file() and (dest / "specprobe-demo.json").is_file():
         return dest
     info = target.info
@@ -49,9 +50,7 @@ def make_vocab_shuffled(target: Any, dest: Path, seed: int = 1234) -> Path:
     emb = model.get_input_embeddings().weight.detach()
     new_emb = torch.empty_like(emb)
     new_emb[perm] = emb
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-shuffled-", dir=dest.parent))
-    try:
+    with atomic_dir(dest) as tmp:
         state = {k: v for k, v in model.state_dict().items()}
         state["model.embed_tokens.weight"] = new_emb
         if not model.config.tie_word_embeddings and "lm_head.weight" in state:
@@ -70,12 +69,6 @@ def make_vocab_shuffled(target: Any, dest: Path, seed: int = 1234) -> Path:
                 shutil.copy(f, tmp / f.name)
         (tmp / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False), encoding="utf-8")
         (tmp / "specprobe-demo.json").write_text(json.dumps({"what": "vocab-shuffled twin of the target", "seed": seed}))
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 

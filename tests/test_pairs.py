@@ -152,3 +152,29 @@ def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
     bad = run_diagnose(cfg, pair=type(base)(base.target, OracleHeads(base.target, {1}), base.sampling, base.alignment))
     assert bad["metrics"]["accept_prob_mean"] == pytest.approx(1.0, abs=1e-4)  # depth 1 is perfect
     assert bad["depth"]["cumulative"][1] < 0.5  # depth 2 comes from a broken head, not depth 1 chained
+
+
+def test_make_vocab_shuffled_writes_a_real_permuted_twin(tiny_pair, tmp_path) -> None:
+    """The demo's broken drafter: the same weights in another id space. `check` stops it
+    (SP003); forced scoring collapses acceptance; re-mapping ids recovers the target."""
+    import torch
+
+    from specprobe.demo import make_vocab_shuffled
+    from specprobe.models.loader import load_info, load_model
+
+    target = load_model(str(tiny_pair["target"]))
+    dest = make_vocab_shuffled(target, tmp_path / "shuffled")
+    twin = load_model(str(dest))
+    tv, dv = target.tokenizer.get_vocab(), twin.tokenizer.get_vocab()
+    assert set(tv) == set(dv) and sum(tv[s] != dv[s] for s in tv) > 0.9 * len(tv)
+    text = "w1 w2 w3 w4 w5"
+    t_ids = torch.tensor([target.tokenizer(text)["input_ids"]])
+    d_ids = torch.tensor([twin.tokenizer(text)["input_ids"]])
+    with torch.inference_mode():
+        lt = target.model(input_ids=t_ids).logits[0, -1]
+        ld = twin.model(input_ids=d_ids).logits[0, -1]
+    perm = torch.tensor([dv[s] for s, _ in sorted(tv.items(), key=lambda x: x[1])])
+    assert torch.allclose(lt, ld[perm].to(lt.dtype), atol=0.5, rtol=0.02)  # bf16 weights: same model, ids permuted
+    r = run_diagnose(_cfg(tiny_pair, str(dest), tmp_path))
+    assert not r["scored"] and "SP003" in _ids(r)
+    assert load_info(str(dest)).name == "shuffled"

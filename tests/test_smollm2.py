@@ -45,3 +45,20 @@ def test_diagnose_layer_skip_on_smollm2(tmp_path) -> None:
 def test_check_smollm2_self_draft_aligned() -> None:
     res = CliRunner().invoke(app, ["check", "smollm2", "self:layers=24"])
     assert res.exit_code == 0 and "ALIGNED" in res.output
+
+
+def test_demo_on_smollm2(tmp_path) -> None:
+    out = tmp_path / "demo.json"
+    res = CliRunner().invoke(app, ["demo", "--max-prompts", "3", "--max-new-tokens", "12", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = {r["demo_label"]: r for r in json.loads(out.read_text())["rows"]}
+    assert len(rows) == 5
+    sanity = rows["itself (sanity: α = 1)"]["metrics"]
+    assert sanity["accept_prob_mean"] == pytest.approx(1.0, abs=1e-4) and sanity["kl_target_draft_nats"] == pytest.approx(0.0, abs=1e-3)
+    a28 = rows["self-draft, first 28 of 30 layers"]["metrics"]["accept_prob_mean"]
+    a24 = rows["self-draft, first 24 of 30 layers"]["metrics"]["accept_prob_mean"]
+    assert 1.0 > a28 > a24 > 0.05  # graded quality
+    hot = rows["itself, drafter sampling at T=1.2"]
+    assert "SP012" in {f["rule_id"] for f in hot["findings"]}
+    shuffled = rows["vocab-shuffled twin"]
+    assert shuffled["verdict"] == "catastrophic mismatch" and shuffled["metrics"]["accept_prob_mean"] < 0.1

@@ -11,6 +11,8 @@ import shutil
 import struct
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,20 +154,28 @@ def ensure_gguf_cached(path: Path, progress: Any = None) -> Path:
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict(), strict=False)
     fresh.tie_weights()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
+    with atomic_dir(target) as tmp:
         fresh.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         loaded.generation_config.save_pretrained(tmp)
         (tmp / "specprobe-cache.json").write_text(json.dumps({"source": str(path), "created": time.time()}))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+    return target
+
+
+@contextmanager
+def atomic_dir(dest: Path) -> Iterator[Path]:
+    """Build a folder in a temp sibling and rename it into place only when complete, so
+    an interrupted conversion never leaves a half-written checkpoint in the cache."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent))
+    try:
+        yield tmp
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def checkpoint_dir(resolved: ResolvedSpec, progress: Any = None) -> Path:
