@@ -98,10 +98,16 @@ def _model_identity(loaded: Any) -> str:
     return json.dumps([str(path), stamp])
 
 
+class References(list):  # type: ignore[type-arg]
+    """Continuations, one per prompt ([] where none was made); `interrupted` when Ctrl-C
+    stopped generation part-way (the finished batches are on disk and in here)."""
+
+    interrupted: bool = False
+
+
 def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, progress: Progress) -> list[list[int]]:
     """On-policy continuations: sampled from the target with its own settings, seeded,
     batched (left padding), cached per batch on disk so an interrupted run resumes."""
-    import torch
     from transformers import GenerationConfig
 
     from specprobe.models.loader import cache_root
@@ -121,7 +127,7 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
             except (ValueError, KeyError):
                 continue  # a line cut by an interrupt: that batch is regenerated
     batches = [list(range(i, min(i + cfg.batch_size, len(encoded)))) for i in range(0, len(encoded), cfg.batch_size)]
-    out: list[list[int]] = [[] for _ in encoded]
+    out = References([] for _ in encoded)
     gen_cfg = GenerationConfig(
         max_new_tokens=cfg.max_new_tokens,
         do_sample=not sampling.greedy,
@@ -135,35 +141,45 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
     if cfg.use_cache:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
     with progress.task(f"generating on-policy references ({len(encoded)} prompts × ≤{cfg.max_new_tokens} tokens)", len(encoded)) as advance:
-        for bi, idx in enumerate(batches):
-            if bi in done and len(done[bi]) == len(idx):
-                for j, i in enumerate(idx):
-                    out[i] = done[bi][j]
-                advance(len(idx))
-                continue
-            width = max(len(encoded[i]) for i in idx)
-            ids = torch.full((len(idx), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for r, i in enumerate(idx):
-                ids[r, width - len(encoded[i]) :] = torch.tensor(encoded[i])
-                mask[r, width - len(encoded[i]) :] = 1
-            torch.manual_seed(cfg.seed * 100_003 + bi)
-            with torch.inference_mode():
-                gen = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=gen_cfg)
-            conts = []
-            for r, i in enumerate(idx):
-                c = gen[r, width:].tolist()
-                if eos is not None and eos in c:
-                    c = c[: c.index(eos) + 1]
-                while c and c[-1] == pad and pad != eos:
-                    c.pop()
-                out[i] = c
-                conts.append(c)
-            if cfg.use_cache:
-                with cache_file.open("a") as fh:
-                    fh.write(json.dumps({"batch": bi, "continuations": conts}) + "\n")
-            advance(len(idx))
+        try:
+            _generate_batches(target, encoded, batches, done, out, gen_cfg, pad, eos, cache_file, cfg, advance)
+        except KeyboardInterrupt:
+            out.interrupted = True  # finished batches are kept (and cached); score those
     return out
+
+
+def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[int]], done: dict[int, list[list[int]]], out: list[list[int]], gen_cfg: Any, pad: int, eos: int | None, cache_file: Path, cfg: DiagnoseConfig, advance: Any) -> None:
+    """Generate batch by batch (reusing cached batches), appending each to the cache."""
+    import torch
+
+    for bi, idx in enumerate(batches):
+        if bi in done and len(done[bi]) == len(idx):
+            for j, i in enumerate(idx):
+                out[i] = done[bi][j]
+            advance(len(idx))
+            continue
+        width = max(len(encoded[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, width - len(encoded[i]) :] = torch.tensor(encoded[i])
+            mask[r, width - len(encoded[i]) :] = 1
+        torch.manual_seed(cfg.seed * 100_003 + bi)
+        with torch.inference_mode():
+            gen = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=gen_cfg)
+        conts = []
+        for r, i in enumerate(idx):
+            c = gen[r, width:].tolist()
+            if eos is not None and eos in c:
+                c = c[: c.index(eos) + 1]
+            while c and c[-1] == pad and pad != eos:
+                c.pop()
+            out[i] = c
+            conts.append(c)
+        if cfg.use_cache:
+            with cache_file.open("a") as fh:
+                fh.write(json.dumps({"batch": bi, "continuations": conts}) + "\n")
+        advance(len(idx))
 
 
 def dataset_references(tokenizer: Any, prompts: list[Prompt], max_new_tokens: int) -> list[list[int]]:
@@ -501,7 +517,12 @@ def run_diagnose(cfg: DiagnoseConfig, progress: Progress | None = None, table: R
         conts = dataset_references(target.tokenizer, prompts, cfg.max_new_tokens)
     else:
         conts = generate_references(target, encoded, pair.sampling.target, cfg, progress)
-    scored = score(target, drafter, prompts, encoded, conts, pair.sampling, cfg, progress)
+    if getattr(conts, "interrupted", False):
+        progress.note("interrupted while generating references: scoring the prompts finished so far")
+        scored = score(target, drafter, prompts, encoded, conts, pair.sampling, cfg, progress)
+        scored.interrupted = True
+    else:
+        scored = score(target, drafter, prompts, encoded, conts, pair.sampling, cfg, progress)
     progress.note("measuring the drafter/target cost ratio on the device")
     cost = measure_cost_ratio(target, drafter) if cfg.cost_ratio is None else {"cost_ratio": cfg.cost_ratio, "target_step_ms": None, "draft_step_ms": None, "measured": False}
     summary = summarise(scored, cost, cfg)

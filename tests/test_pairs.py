@@ -178,3 +178,44 @@ def test_make_vocab_shuffled_writes_a_real_permuted_twin(tiny_pair, tmp_path) ->
     r = run_diagnose(_cfg(tiny_pair, str(dest), tmp_path))
     assert not r["scored"] and "SP003" in _ids(r)
     assert load_info(str(dest)).name == "shuffled"
+
+
+def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> None:
+    """Ctrl-C while scoring: the result covers the batches scored so far, marked
+    interrupted. Ctrl-C while generating references: finished batches are scored, and
+    they are cached so the next run does not regenerate them."""
+    import specprobe.diagnose as d
+    import specprobe.metrics.core as core
+
+    real = core.position_metrics
+    calls = {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(core, "position_metrics", flaky)
+    cfg = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, batch_size=2, seed=11)
+    r = run_diagnose(cfg)
+    assert r["interrupted"] and r["scored"] and 0 < r["metrics"]["num_prompts"] < 6
+    monkeypatch.setattr(core, "position_metrics", real)
+
+    gen_calls = {"n": 0}
+    real_gen = d._generate_batches
+
+    def stop_after_first(target, encoded, batches, done, out, *rest):
+        gen_calls["n"] += 1
+        real_gen(target, encoded, batches[:1], done, out, *rest)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(d, "_generate_batches", stop_after_first)
+    cfg2 = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, batch_size=2, seed=12)
+    r2 = run_diagnose(cfg2)
+    assert r2["interrupted"] and r2["metrics"]["num_prompts"] == 2
+    monkeypatch.setattr(d, "_generate_batches", real_gen)
+    r3 = run_diagnose(cfg2)  # resumes: batch 0 from the cache, the rest generated now
+    assert not r3["interrupted"] and r3["metrics"]["num_prompts"] == 6
+    first = [x for x, pid in zip(r3["positions"]["position"], r3["positions"]["prompt_id"], strict=True) if pid in ("p0", "p1")]
+    assert len(first) == r2["metrics"]["num_positions"]
