@@ -29,11 +29,12 @@ def list_rules(
     from specprobe.rules import load_table
 
     table = load_table(rules or [])
-    t = Table(title=f"rules ({len(table.rules)}) from {', '.join(Path(s).name for s in table.sources)} — SP0xx alignment, 1xx divergence, 2xx acceptance, 3xx cost, 4xx monitoring, 5xx regression, 6xx calibration")
-    for col in ("id", "severity", "name"):
-        t.add_column(col, no_wrap=True)
-    t.add_column("when", overflow="fold", ratio=1)
-    t.add_column("kinds", overflow="fold")
+    t = Table(title=f"rules ({len(table.rules)}) from {', '.join(Path(s).name for s in table.sources)} — SP0xx alignment, 1xx divergence, 2xx acceptance, 3xx cost, 4xx monitoring, 5xx regression, 6xx calibration", expand=True)
+    t.add_column("id", no_wrap=True)
+    t.add_column("severity", no_wrap=True)
+    t.add_column("name", overflow="fold", ratio=2)
+    t.add_column("when", overflow="fold", ratio=3)
+    t.add_column("kinds", overflow="fold", ratio=1)
     for r in table.rules:
         if family is not None and r.id[2] != family:
             continue
