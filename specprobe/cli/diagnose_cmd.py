@@ -238,91 +238,100 @@ def diagnose(
 
       specprobe diagnose ./target ./drafter --prompts spec_bench.jsonl --json out.json --csv out/
     """
-    from specprobe.diagnose import DiagnoseConfig, run_diagnose
+    p = {k: v for k, v in locals().items() if k != "ctx"}  # every parameter, by name
+    from specprobe.diagnose import run_diagnose
     from specprobe.progress import RichProgress
     from specprobe.report.console import render
-    from specprobe.rules import exit_code_for, load_table
+    from specprobe.rules import Finding, exit_code_for, load_table
 
     if config is not None:
-        from specprobe.config import load_probe_config
-
-        file_vals = load_probe_config(config).explicit()
-        rename = {"outputs_json": "json_path", "outputs_csv": "csv_dir", "outputs_html": "html", "outputs_junit": "junit", "outputs_markdown": "markdown"}
-        given = {k: v for k, v in locals().items()}
-        values: dict[str, Any] = {}
-        if file_vals.get("k") and "k_max" not in file_vals:
-            file_vals["k_max"] = max(file_vals["k"])  # τ(K) is tabulated for every K up to the largest
-        for key, value in file_vals.items():
-            name = rename.get(key, key)
-            if name not in given or name in ("ctx", "config"):
-                continue  # keys for other commands (baseline, k list, serving configs)
-            source = ctx.get_parameter_source(name)
-            if source is not None and source.name == "COMMANDLINE":
-                continue  # flags override the file
-            if name == "domains" and isinstance(value, list):
-                value = ",".join(value)
-            if name == "rules":
-                value = [Path(v) for v in value]
-            values[name] = value
-        target, drafter = values.get("target", target), values.get("drafter", drafter)
-        prompts, domains = values.get("prompts", prompts), values.get("domains", domains)
-        max_prompts, max_new_tokens = values.get("max_prompts", max_prompts), values.get("max_new_tokens", max_new_tokens)
-        reference, seed, batch_size = values.get("reference", reference), values.get("seed", seed), values.get("batch_size", batch_size)
-        temperature, draft_temperature = values.get("temperature", temperature), values.get("draft_temperature", draft_temperature)
-        top_k, top_p, min_p = values.get("top_k", top_k), values.get("top_p", top_p), values.get("min_p", min_p)
-        draft_top_k, draft_top_p = values.get("draft_top_k", draft_top_k), values.get("draft_top_p", draft_top_p)
-        k_max, verify_factor = values.get("k_max", k_max), values.get("verify_factor", verify_factor)
-        device, dtype, rules, fail_on = values.get("device", device), values.get("dtype", dtype), values.get("rules", rules), values.get("fail_on", fail_on)
-        json_path, csv_dir = values.get("json_path", json_path), values.get("csv_dir", csv_dir)
-        html, junit, markdown = values.get("html", html), values.get("junit", junit), values.get("markdown", markdown)
-    if not target or not drafter:
-        from specprobe.errors import ConfigError
-
-        raise ConfigError("diagnose needs a TARGET and a DRAFTER", "give them as arguments or in --config")
-    check_outputs(json_path, csv_dir)
+        p.update(config_overrides(ctx, config, p))
+    cfg = build_config(p, "diagnose")
     from specprobe.report.files import check_writable_file
 
-    for flag, p in (("--html", html), ("--junit", junit), ("--markdown", markdown)):
-        check_writable_file(p, flag)
-    if reference not in ("on-policy", "dataset"):
-        from specprobe.errors import ConfigError
-
-        raise ConfigError(f"--reference {reference!r} is not known", "use on-policy or dataset")
-    cfg = DiagnoseConfig(
-        target=target,
-        drafter=drafter,
-        prompts=prompts,
-        domains=[d.strip() for d in domains.split(",") if d.strip()] if domains else None,
-        max_prompts=max_prompts,
-        max_new_tokens=max_new_tokens,
-        reference=reference,
-        sampling=sampling_flags(temperature, draft_temperature, top_k, top_p, min_p, draft_top_k, draft_top_p),
-        seed=seed,
-        batch_size=batch_size,
-        k_max=k_max,
-        verify_factor=verify_factor,
-        cost_ratio=cost_ratio,
-        device=device,
-        dtype=dtype,
-        rules=[str(r) for r in rules or []],
-        fail_on=fail_on,
-        force=force,
-        use_cache=not no_cache,
-    )
-    table = load_table(rules or [])
+    for flag in ("html", "junit", "markdown"):
+        check_writable_file(p[flag], f"--{flag}")
+    table = load_table(p["rules"] or [])
     result = run_diagnose(cfg, RichProgress(err), table=table)
     render(result, out, full=not brief)
-    emit(result, json_path, csv_dir)
-    if html or junit or markdown:
+    emit(result, p["json_path"], p["csv_dir"])
+    if p["html"] or p["junit"] or p["markdown"]:
         from specprobe.cli.report_cmd import write_outputs
 
-        write_outputs(result, html=html, csv=None, junit=junit, markdown=markdown, fail_on=fail_on)
-    from specprobe.rules import Finding
-
+        write_outputs(result, html=p["html"], csv=None, junit=p["junit"], markdown=p["markdown"], fail_on=cfg.fail_on)
     findings = [Finding(**{**f, "evidence": tuple(f.get("evidence", ()))}) for f in result["findings"]]
     if result.get("interrupted"):
         raise typer.Exit(130)
-    raise typer.Exit(exit_code_for(findings, fail_on))
+    raise typer.Exit(exit_code_for(findings, cfg.fail_on))
+
+
+_CONFIG_RENAME = {"outputs_json": "json_path", "outputs_csv": "csv_dir", "outputs_html": "html", "outputs_junit": "junit", "outputs_markdown": "markdown"}
+
+
+def config_overrides(ctx: typer.Context, config: Path, params: dict[str, Any]) -> dict[str, Any]:
+    """Values from a probe config file for every parameter NOT given on the command line
+    (flags override the file). Keys for other commands (baseline, serving configs) are
+    ignored here."""
+    from specprobe.config import load_probe_config
+
+    file_vals = load_probe_config(config).explicit()
+    if file_vals.get("k") and "k_max" not in file_vals:
+        file_vals["k_max"] = max(file_vals["k"])  # τ(K) is tabulated for every K up to the largest
+    values: dict[str, Any] = {}
+    for key, value in file_vals.items():
+        name = _CONFIG_RENAME.get(key, key)
+        if name not in params or name == "config":
+            continue
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name == "COMMANDLINE":
+            continue
+        if name == "domains" and isinstance(value, list):
+            value = ",".join(value)
+        if name == "rules":
+            value = [Path(v) for v in value]
+        values[name] = value
+    return values
+
+
+def build_config(p: dict[str, Any], command: str, **extra: Any) -> Any:
+    """Validate the shared diagnose/simulate parameters (before any model loads or file
+    is written) and build the DiagnoseConfig."""
+    from specprobe.diagnose import DiagnoseConfig
+    from specprobe.errors import ConfigError
+
+    if not p["target"] or not p["drafter"]:
+        raise ConfigError(f"{command} needs a TARGET and a DRAFTER", f"e.g. specprobe {command} smollm2 self:layers=28, or a --config file")
+    check_outputs(p["json_path"], p["csv_dir"])
+    if p["reference"] not in ("on-policy", "dataset"):
+        raise ConfigError(f"--reference {p['reference']!r} is not known", "use on-policy or dataset")
+    for name in ("max_new_tokens", "batch_size"):
+        if p[name] < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} {p[name]} must be at least 1", "use a positive integer")
+    if not 1 <= p["k_max"] <= 32:
+        raise ConfigError(f"--k-max {p['k_max']} is out of range", "use 1 ≤ K ≤ 32")
+    domains = p["domains"]
+    return DiagnoseConfig(
+        target=p["target"],
+        drafter=p["drafter"],
+        prompts=p["prompts"],
+        domains=[d.strip() for d in domains.split(",") if d.strip()] if domains else None,
+        max_prompts=p["max_prompts"],
+        max_new_tokens=p["max_new_tokens"],
+        reference=p["reference"],
+        sampling=sampling_flags(p["temperature"], p["draft_temperature"], p["top_k"], p["top_p"], p["min_p"], p["draft_top_k"], p["draft_top_p"]),
+        seed=p["seed"],
+        batch_size=p["batch_size"],
+        k_max=p["k_max"],
+        verify_factor=p["verify_factor"],
+        cost_ratio=p["cost_ratio"],
+        device=p["device"],
+        dtype=p["dtype"],
+        rules=[str(r) for r in p["rules"] or []],
+        fail_on=p["fail_on"],
+        force=p["force"],
+        use_cache=not p["no_cache"],
+        **extra,
+    )
 
 
 def register(app: typer.Typer) -> None:

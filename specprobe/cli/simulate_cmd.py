@@ -41,7 +41,8 @@ from specprobe.cli.diagnose_cmd import (
     TopKOpt,
     TopPOpt,
     VerifyFactorOpt,
-    sampling_flags,
+    build_config,
+    emit,
 )
 
 
@@ -134,49 +135,15 @@ def simulate(
 
       specprobe simulate ./target ./drafter --k 2,4,6 --adaptive-threshold 0.4 --json sim.json --csv sim/
     """
-    from specprobe.diagnose import DiagnoseConfig
-    from specprobe.errors import ConfigError
+    params = dict(locals())  # every parameter, by name
     from specprobe.progress import RichProgress
     from specprobe.report.console import render
-    from specprobe.report.files import check_writable_dir, check_writable_file
     from specprobe.report.load import gate_exit_code
     from specprobe.rules import load_table
     from specprobe.simulate import SimulateConfig, parse_ks, run_simulate, validate
 
-    if not target or not drafter:
-        raise ConfigError("simulate needs a TARGET and a DRAFTER", "e.g. specprobe simulate smollm2 self:layers=28")
     # every bad input fails here, before any model is loaded or file written
-    check_writable_file(json_path, "--json")
-    check_writable_dir(csv_dir, "--csv")
-    if reference not in ("on-policy", "dataset"):
-        raise ConfigError(f"--reference {reference!r} is not known", "use on-policy or dataset")
-    for name, v in (("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
-        if v < 1:
-            raise ConfigError(f"{name} {v} must be at least 1", "use a positive integer")
-    if not 1 <= k_max <= 32:
-        raise ConfigError(f"--k-max {k_max} is out of range", "use 1 ≤ K ≤ 32")
-    dcfg = DiagnoseConfig(
-        target=target,
-        drafter=drafter,
-        prompts=prompts,
-        domains=[d.strip() for d in domains.split(",") if d.strip()] if domains else None,
-        max_prompts=max_prompts,
-        max_new_tokens=max_new_tokens,
-        reference=reference,
-        sampling=sampling_flags(temperature, draft_temperature, top_k, top_p, min_p, draft_top_k, draft_top_p),
-        seed=seed,
-        batch_size=batch_size,
-        k_max=k_max,
-        verify_factor=verify_factor,
-        cost_ratio=cost_ratio,
-        device=device,
-        dtype=dtype,
-        rules=[str(r) for r in rules or []],
-        fail_on=fail_on,
-        force=force,
-        use_cache=not no_cache,
-        keep_positions=False,
-    )
+    dcfg = build_config(params, "simulate", keep_positions=False)
     cfg = SimulateConfig(dcfg, ks=parse_ks(k), adaptive_threshold=adaptive_threshold)
     validate(cfg)
     table = load_table(rules or [])
@@ -186,16 +153,7 @@ def simulate(
     result = run_simulate(cfg, RichProgress(err), table=table)
     render(result, out)
     measured_tables(result, out)
-    if json_path:
-        from specprobe.report.files import write_json
-
-        write_json(json_path, result)
-        err.print(f"[dim]wrote {json_path}[/]")
-    if csv_dir:
-        from specprobe.report.csv_out import write_csv
-
-        write_csv(result, csv_dir)
-        err.print(f"[dim]wrote CSV tables into {csv_dir}[/]")
+    emit(result, json_path, csv_dir)
     if result.get("interrupted"):
         raise typer.Exit(130)
     raise typer.Exit(gate_exit_code(result, fail_on))
