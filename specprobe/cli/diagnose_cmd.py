@@ -300,7 +300,8 @@ def build_config(p: dict[str, Any], command: str, **extra: Any) -> Any:
     from specprobe.errors import ConfigError
 
     if not p["target"] or not p["drafter"]:
-        raise ConfigError(f"{command} needs a TARGET and a DRAFTER", f"e.g. specprobe {command} smollm2 self:layers=28, or a --config file")
+        also = ", or give them in a --config file" if "config" in p else ""
+        raise ConfigError(f"{command} needs a TARGET and a DRAFTER", f"e.g. specprobe {command} smollm2 self:layers=28{also}")
     check_outputs(p["json_path"], p["csv_dir"])
     if p["reference"] not in ("on-policy", "dataset"):
         raise ConfigError(f"--reference {p['reference']!r} is not known", "use on-policy or dataset")
