@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,48 +20,16 @@ from typing import Any
 import numpy as np
 
 from specprobe import __version__
-from specprobe.alignment import BLOCKING_RULES, SamplingFlags, compare, effective_sampling
+from specprobe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.errors import ConfigError, InputError
 from specprobe.metrics.accumulate import THRESHOLDS, Accumulator
+from specprobe.options import DiagnoseConfig  # noqa: F401  (re-exported)
 from specprobe.progress import Progress
 from specprobe.prompts import Prompt, PromptSet, builtin_suite, load_prompts, select
 from specprobe.rules import RuleTable, sort_findings, verdict, worst_severity
 
 SCHEMA_VERSION = 1
-# Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
-# buffers stay warm in cache (measured best at 32–64 on a 2-core CPU with V = 49,152).
-DEFAULT_CHUNK_POSITIONS = 64
 ROW_FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
-
-
-@dataclass
-class DiagnoseConfig:
-    target: str
-    drafter: str
-    prompts: str = "builtin"
-    domains: list[str] | None = None
-    max_prompts: int | None = None
-    max_new_tokens: int = 64
-    reference: str = "on-policy"  # or "dataset"
-    sampling: SamplingFlags = field(default_factory=SamplingFlags)
-    seed: int = 0
-    batch_size: int = 8
-    k_max: int = 8
-    verify_factor: float = 1.0
-    cost_ratio: float | None = None  # None: measure on the device
-    device: str = "auto"
-    dtype: str = "auto"
-    rules: list[str] = field(default_factory=list)
-    fail_on: str = "error"
-    force: bool = False
-    use_cache: bool = True
-    chunk_positions: int = DEFAULT_CHUNK_POSITIONS
-    keep_positions: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(d.pop("sampling"))
-        return d
 
 
 # ----------------------------------------------------------------------------- prompts

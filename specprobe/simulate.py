@@ -41,6 +41,7 @@ import torch
 
 from specprobe.metrics.core import align_vocab
 from specprobe.metrics.sampling import Sampling, probs
+from specprobe.options import SimulateConfig, parse_ks, validate  # noqa: F401  (re-exported)
 
 Advance = Callable[[int], Any]
 
@@ -464,44 +465,6 @@ def _speculate_batch(
 
 
 # ----------------------------------------------------------------------------- the pipeline
-@dataclass
-class SimulateConfig:
-    """`simulate` = `diagnose`'s settings (the estimate on the same prompts) + the loop's."""
-
-    diagnose: Any  # DiagnoseConfig
-    ks: list[int] = field(default_factory=lambda: [1, 2, 4])
-    adaptive_threshold: float | None = None
-    baseline: bool = True  # also time plain target decoding (the speedup's denominator)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = self.diagnose.to_dict()
-        d.update({"k": list(self.ks), "adaptive_threshold": self.adaptive_threshold})
-        return d
-
-
-def parse_ks(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4] (sorted, unique); ConfigError on anything else."""
-    from specprobe.errors import ConfigError
-
-    try:
-        ks = sorted({int(x) for x in text.replace(" ", "").split(",") if x})
-    except ValueError:
-        raise ConfigError(f"--k {text!r} is not a comma-separated list of integers", "use e.g. --k 1,2,4") from None
-    if not ks or ks[0] < 1 or ks[-1] > 32:
-        raise ConfigError(f"--k {text!r} must list draft lengths between 1 and 32", "use e.g. --k 1,2,4")
-    return ks
-
-
-def validate(cfg: SimulateConfig) -> None:
-    from specprobe.errors import ConfigError
-
-    if not cfg.ks or min(cfg.ks) < 1 or max(cfg.ks) > 32:
-        raise ConfigError(f"--k {cfg.ks} must list draft lengths between 1 and 32", "use e.g. --k 1,2,4")
-    t = cfg.adaptive_threshold
-    if t is not None and not 0.0 <= t <= 1.0:
-        raise ConfigError(f"--adaptive-threshold {t} is outside [0, 1]", "it is a drafter confidence max q; use e.g. 0.4")
-
-
 def eos_ids(target: Any) -> set[int]:
     """EOS ids from the target's tokenizer and generation config."""
     ids: set[int] = set()
