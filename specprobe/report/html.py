@@ -1,4 +1,4 @@
-"""Self-contained HTML reports: one file, inline CSS and inline SVG drawn here.
+"""Self-contained HTML reports: one file, inline CSS and inline SVG (drawn by `report.charts`).
 
 Nothing is fetched when the file is opened (no scripts, fonts, CDNs), so it works as an
 offline CI artifact and prints cleanly. The reader sees the verdict and the findings
@@ -10,13 +10,11 @@ Every function here is pure: a result dict in, a string out.
 
 from __future__ import annotations
 
-import html
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from specprobe.catalog import CATALOG, format_value
+from specprobe.report.charts import Series, bar_chart, esc, histogram_chart, line_chart, pct_axis
 from specprobe.report.load import describe, effective_temperatures, measured, num, rows
 
 SEV_COLOR = {"error": "#b91c1c", "warning": "#b45309", "info": "#0369a1", None: "#15803d"}
@@ -24,10 +22,6 @@ EST = "#2563eb"  # estimate (teacher forcing)
 MEAS = "#ea580c"  # measured (real draft→verify loop)
 BASE = "#6b7280"  # compare: baseline
 CAND = "#2563eb"  # compare: candidate
-
-
-def esc(x: Any) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
 
 
 def pct(x: Any, digits: int = 1) -> str:
@@ -43,177 +37,6 @@ def fnum(x: Any, fmt: str = ".3f") -> str:
 def metric(name: str, value: Any) -> str:
     v = num(value)
     return "–" if v is None else format_value(name, int(v) if CATALOG.get(name) and CATALOG[name].unit in ("count", "bool") else v)
-
-
-# ----------------------------------------------------------------------------- SVG charts
-W, H = 560, 280
-ML, MR, MT, MB = 56, 16, 40, 46  # margins: room for axis labels and a legend
-
-
-@dataclass(frozen=True)
-class Series:
-    label: str
-    values: Sequence[float | None]
-    color: str
-    dash: str = ""  # SVG stroke-dasharray; conditional curves and measurements are dashed
-
-
-def _nice_max(v: float) -> float:
-    if v <= 0 or math.isnan(v):
-        return 1.0
-    exp = 10 ** math.floor(math.log10(v))
-    for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
-        if v <= m * exp:
-            return m * exp
-    return 10 * exp
-
-
-def _ticks(top: float, n: int = 5) -> list[float]:
-    return [top * i / n for i in range(n + 1)]
-
-
-def _svg_open(chart_id: str, title: str) -> list[str]:
-    return [
-        f'<svg id="{esc(chart_id)}" class="chart" viewBox="0 0 {W} {H}" role="img" aria-labelledby="{esc(chart_id)}-t" xmlns="http://www.w3.org/2000/svg">',
-        f'<title id="{esc(chart_id)}-t">{esc(title)}</title>',
-    ]
-
-
-def _axes(parts: list[str], y_top: float, y_fmt: Callable[[float], str], y_label: str, x_label: str) -> None:
-    pw, ph = W - ML - MR, H - MT - MB
-    for t in _ticks(y_top):
-        y = MT + ph - ph * t / y_top
-        parts.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{ML + pw}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text x="{ML - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{esc(y_fmt(t))}</text>')
-    parts.append(f'<line x1="{ML}" y1="{MT + ph}" x2="{ML + pw}" y2="{MT + ph}" class="axis"/>')
-    parts.append(f'<line x1="{ML}" y1="{MT}" x2="{ML}" y2="{MT + ph}" class="axis"/>')
-    parts.append(f'<text x="{ML + pw / 2:.1f}" y="{H - 6}" class="label" text-anchor="middle">{esc(x_label)}</text>')
-    parts.append(f'<text x="14" y="{MT + ph / 2:.1f}" class="label" text-anchor="middle" transform="rotate(-90 14 {MT + ph / 2:.1f})">{esc(y_label)}</text>')
-
-
-def _legend(parts: list[str], items: Sequence[tuple[str, str, str]]) -> None:
-    # Wraps onto a second row inside the top margin rather than running off the chart.
-    x, y = float(ML), 12.0
-    for label, color, dash in items:
-        width = 30 + 6.0 * len(label)
-        if x + width > W - MR and x > ML:
-            x, y = float(ML), y + 14
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        parts.append(f'<line x1="{x:.0f}" y1="{y:.0f}" x2="{x + 18:.0f}" y2="{y:.0f}" stroke="{color}" stroke-width="2.5"{dash_attr}/>')
-        parts.append(f'<text x="{x + 22:.0f}" y="{y + 4:.0f}" class="legend">{esc(label)}</text>')
-        x += width
-
-
-def line_chart(
-    chart_id: str,
-    title: str,
-    x: Sequence[Any],
-    series: Sequence[Series],
-    *,
-    y_label: str,
-    x_label: str,
-    y_fmt: Callable[[float], str] = lambda v: f"{v:g}",
-    y_max: float | None = None,
-    hline: tuple[float, str] | None = None,
-    mark_x: tuple[Any, str] | None = None,
-) -> str:
-    """Lines over categorical x positions; None values break a line."""
-    vals = [v for s in series for v in s.values if v is not None]
-    top = y_max if y_max is not None else _nice_max(max(vals + [hline[0] if hline else 0.0], default=1.0) * 1.05)
-    pw, ph = W - ML - MR, H - MT - MB
-    n = max(len(x), 1)
-
-    def px(i: int) -> float:
-        return ML + pw * (i + 0.5) / n
-
-    def py(v: float) -> float:
-        return MT + ph - ph * min(max(v, 0.0), top) / top
-
-    parts = _svg_open(chart_id, title)
-    _axes(parts, top, y_fmt, y_label, x_label)
-    for i, xv in enumerate(x):
-        parts.append(f'<text x="{px(i):.1f}" y="{MT + ph + 16}" class="tick" text-anchor="middle">{esc(xv)}</text>')
-    if hline is not None and hline[0] <= top:
-        parts.append(f'<line x1="{ML}" y1="{py(hline[0]):.1f}" x2="{ML + pw}" y2="{py(hline[0]):.1f}" class="ref"/>')
-        parts.append(f'<text x="{ML + pw - 4}" y="{py(hline[0]) - 4:.1f}" class="tick" text-anchor="end">{esc(hline[1])}</text>')
-    if mark_x is not None and mark_x[0] in list(x):
-        i = list(x).index(mark_x[0])
-        parts.append(f'<line x1="{px(i):.1f}" y1="{MT}" x2="{px(i):.1f}" y2="{MT + ph}" class="mark" data-mark="{esc(mark_x[0])}"/>')
-        parts.append(f'<text x="{px(i) + 4:.1f}" y="{MT + 12}" class="marktext">{esc(mark_x[1])}</text>')
-    for s in series:
-        segs: list[list[tuple[float, float]]] = [[]]
-        for i, v in enumerate(s.values):
-            if v is None:
-                segs.append([])
-            else:
-                segs[-1].append((px(i), py(v)))
-        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-        for seg in segs:
-            if len(seg) > 1:
-                pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in seg)
-                parts.append(f'<polyline points="{pts}" fill="none" stroke="{s.color}" stroke-width="2.2"{dash}/>')
-            for a, b in seg:
-                parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{s.color}"><title>{esc(s.label)}</title></circle>')
-    _legend(parts, [(s.label, s.color, s.dash) for s in series])
-    parts.append("</svg>")
-    return "\n".join(parts)
-
-
-def bar_chart(
-    chart_id: str,
-    title: str,
-    categories: Sequence[Any],
-    series: Sequence[Series],
-    *,
-    y_label: str,
-    x_label: str,
-    y_fmt: Callable[[float], str] = lambda v: f"{v:g}",
-    y_max: float | None = None,
-    hline: tuple[float, str] | None = None,
-    tick_every: int = 1,
-) -> str:
-    """Vertical bars, grouped when there are several series."""
-    vals = [v for s in series for v in s.values if v is not None]
-    top = y_max if y_max is not None else _nice_max(max(vals, default=1.0) * 1.05)
-    pw, ph = W - ML - MR, H - MT - MB
-    n = max(len(categories), 1)
-    slot = pw / n
-    bw = slot * 0.8 / max(len(series), 1)
-    stagger = any(len(str(c)) * 6.0 > slot * tick_every for c in categories)
-    parts = _svg_open(chart_id, title)
-    _axes(parts, top, y_fmt, y_label, x_label)
-    for i, c in enumerate(categories):
-        cx = ML + slot * (i + 0.5)
-        if i % tick_every == 0:
-            label = _fit(str(c), slot * tick_every)
-            # Alternate rows when labels are long, so neighbours never overlap.
-            dy = 16 + (11 if stagger and i % 2 else 0)
-            parts.append(f'<text x="{cx:.1f}" y="{MT + ph + dy}" class="tick" text-anchor="middle">{esc(label)}<title>{esc(c)}</title></text>')
-        for k, s in enumerate(series):
-            v = s.values[i] if i < len(s.values) else None
-            if v is None:
-                continue
-            h = ph * min(max(v, 0.0), top) / top
-            x0 = ML + slot * i + slot * 0.1 + k * bw
-            parts.append(f'<rect x="{x0:.1f}" y="{MT + ph - h:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" fill="{s.color}"><title>{esc(c)} · {esc(s.label)}: {esc(y_fmt(v))}</title></rect>')
-    if hline is not None and hline[0] <= top:
-        y = MT + ph - ph * hline[0] / top
-        parts.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{ML + pw}" y2="{y:.1f}" class="ref"/>')
-        parts.append(f'<text x="{ML + pw - 4}" y="{y - 4:.1f}" class="tick" text-anchor="end">{esc(hline[1])}</text>')
-    if len(series) > 1:
-        _legend(parts, [(s.label, s.color, "") for s in series])
-    parts.append("</svg>")
-    return "\n".join(parts)
-
-
-def _fit(label: str, room: float) -> str:
-    """Shorten a tick label to what fits its slot (≈6 px a character at 10.5 px)."""
-    limit = max(int(room * 2 / 6.0) - 1, 4)  # staggered rows give each label two slots
-    return label if len(label) <= limit else label[: limit - 1] + "…"
-
-
-def _pct_axis(v: float) -> str:
-    return f"{100 * v:.0f}%"
 
 
 # ----------------------------------------------------------------------------- HTML pieces
@@ -409,7 +232,7 @@ def _depth_section(result: Mapping[str, Any]) -> str:
             Series("cumulative (measured)", align(mdepth, md.get("cumulative") or []), MEAS),
             Series("conditional (measured)", align(mdepth, md.get("conditional") or []), MEAS, "6 4"),
         ]
-    chart = line_chart("chart-depth", "Acceptance by draft depth", xs, series, y_label="acceptance", x_label="draft depth j (from 1)", y_fmt=_pct_axis, y_max=1.0)
+    chart = line_chart("chart-depth", "Acceptance by draft depth", xs, series, y_label="acceptance", x_label="draft depth j (from 1)", y_fmt=pct_axis, y_max=1.0)
     head = ["depth", "r_j est.", "a_j est."] + (["r_j meas.", "a_j meas."] if md.get("cumulative") else [])
     body = [[x] + [pct(s.values[i]) for s in series] for i, x in enumerate(xs)]
     caption = "r_j: probability that drafts 1..j are all accepted (vLLM's per-position acceptance); a_j = r_j / r_(j−1). Solid: cumulative; dashed: conditional."
@@ -468,7 +291,7 @@ def _histogram_sections(result: Mapping[str, Any]) -> str:
             continue
         total = sum(c or 0 for c in counts) or 1
         labels = [fmt(e) for e in edges[:-1]]
-        chart = bar_chart(chart_id, title, labels, [Series("", [c / total for c in counts], EST if key == "accept_prob" else "#7c3aed")], y_label="share of positions", x_label=x_label, y_fmt=_pct_axis, tick_every=4)
+        chart = histogram_chart(chart_id, title, labels, counts, color=EST if key == "accept_prob" else "#7c3aed", x_label=x_label)
         # The table merges neighbouring bins two by two: exact counts at half the length.
         step = 2 if len(counts) > 10 else 1
         body = []
@@ -485,7 +308,7 @@ def _bucket_section(result: Mapping[str, Any], key: str, chart_id: str, title: s
         return ""
     chart = bar_chart(
         chart_id, title, [r.get("group") for r in rs], [Series("α mean", [num(r.get("accept_prob_mean")) for r in rs], EST)],
-        y_label="mean α", x_label=x_label, y_fmt=_pct_axis, y_max=1.0, hline=(0.7, "70% (good)"),
+        y_label="mean α", x_label=x_label, y_fmt=pct_axis, y_max=1.0, hline=(0.7, "70% (good)"),
     )
     return _row(chart, "Bars: mean α over the positions in each group; dashed line: the 70% 'good' band.", _table(_BUCKET_HEAD, _bucket_rows(rs)), title)
 
@@ -539,7 +362,7 @@ def render_compare_html(comparison: Mapping[str, Any]) -> str:
         chart = bar_chart(
             "chart-domain", "α by domain: baseline and candidate", [d["group"] for d in dom],
             [Series("baseline", [num(d.get("baseline")) for d in dom], BASE), Series("candidate", [num(d.get("candidate")) for d in dom], CAND)],
-            y_label="mean α", x_label="domain", y_fmt=_pct_axis, y_max=1.0, hline=(0.7, "70%"),
+            y_label="mean α", x_label="domain", y_fmt=pct_axis, y_max=1.0, hline=(0.7, "70%"),
         )
         tbody = [[d["group"], pct(d.get("baseline")), pct(d.get("candidate")), _signed(d.get("delta"), "accept_prob_mean"), _signed_pct(d.get("rel_change"))] for d in dom]
         parts.append(_row(chart, "Grey: baseline; blue: candidate.", _table(("domain", "baseline", "candidate", "Δ (points)", "relative"), tbody, cell_class=lambda i, j: "worse" if j == 4 and (num(dom[i].get("rel_change")) or 0) < -0.05 else ""), "α by domain"))
@@ -552,7 +375,7 @@ def render_compare_html(comparison: Mapping[str, Any]) -> str:
             Series("candidate r_j", [num(d.get("cumulative_candidate")) for d in dep], CAND),
             Series("candidate a_j", [num(d.get("conditional_candidate")) for d in dep], CAND, "6 4"),
         ]
-        chart = line_chart("chart-depth", "Acceptance by draft depth: baseline and candidate", xs, series, y_label="acceptance", x_label="draft depth j (from 1)", y_fmt=_pct_axis, y_max=1.0)
+        chart = line_chart("chart-depth", "Acceptance by draft depth: baseline and candidate", xs, series, y_label="acceptance", x_label="draft depth j (from 1)", y_fmt=pct_axis, y_max=1.0)
         tbody = [[d["depth"], pct(d.get("cumulative_baseline")), pct(d.get("cumulative_candidate")), pct(d.get("conditional_baseline")), pct(d.get("conditional_candidate")), pct(d.get("delta_conditional"))] for d in dep]
         parts.append(_row(chart, f"Depth curves ({esc(comparison.get('depth_source'))}). Solid: cumulative r_j; dashed: conditional a_j.", _table(("depth", "r_j base", "r_j cand", "a_j base", "a_j cand", "Δ a_j"), tbody), "Acceptance by draft depth"))
     kt = comparison.get("k_table") or []
