@@ -1,0 +1,86 @@
+"""An engine's /metrics endpoint scraped over HTTP, and the HTTP helpers (URL check,
+GET with a timeout, retries with doubling waits) the Prometheus source shares.
+
+Network trouble becomes `SourceError` (the runner retries and marks the source stale);
+a malformed URL is the user's input and raises `ConfigError` at construction.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from specprobe.errors import ConfigError
+from specprobe.monitor.base import IngestResult, SourceError, Store, Warn
+from specprobe.monitor.exposition import ingest_samples, parse_exposition
+
+
+def check_http_url(url: str, what: str) -> str:
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"bad {what} URL {url!r}", "write e.g. http://127.0.0.1:8000/metrics")
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as e:
+        raise ConfigError(f"bad {what} URL {url!r}: {e}", "write e.g. http://127.0.0.1:8000/metrics") from e
+    return url
+
+
+def http_get(url: str, timeout: float) -> str:
+    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4, application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) checked above
+            return resp.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as e:
+        raise SourceError(f"HTTP {e.code} {e.reason}") from e
+    except urllib.error.URLError as e:
+        raise SourceError(f"unreachable ({e.reason})") from e
+    except TimeoutError as e:
+        raise SourceError(f"timed out after {timeout:g}s") from e
+    except OSError as e:  # connection reset mid-body, etc.
+        raise SourceError(str(e) or type(e).__name__) from e
+
+
+def with_retries(fn: Callable[[], Any], retries: int, backoff: float, sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Call fn, retrying a SourceError `retries` times with doubling waits."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except SourceError:
+            if attempt == retries:
+                raise
+            sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class ScrapeSource:
+    """One engine /metrics endpoint, scraped each interval."""
+
+    url: str
+    engine: str = "auto"
+    timeout: float = 5.0
+    retries: int = 2
+    backoff: float = 0.5
+    kind: str = "scrape"
+    detected: str | None = None
+
+    def __post_init__(self) -> None:
+        check_http_url(self.url, "--url")
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def poll(self, t: float, store: Store, warn: Warn, **_: Any) -> IngestResult:
+        text = with_retries(lambda: http_get(self.url, self.timeout), self.retries, self.backoff)
+        samples, bad = parse_exposition(text)
+        res = ingest_samples(samples, self.engine, t, store, self.name)
+        res.malformed += bad
+        self.detected = res.detected = res.engine or self.detected
+        return res

@@ -1,0 +1,284 @@
+"""Acceptance numbers from engine log lines (vLLM V1 "SpecDecoding metrics", vLLM V0
+"Speculative metrics", SGLang "Decode batch … accept len", llama.cpp's server and
+speculative example), read from a file once, followed like `tail -f`, or from stdin.
+
+`parse_log_line` and `apply_record` are pure; `LogSource` owns the file handle and, when
+following, a reader thread feeding a queue so a poll never blocks.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from specprobe.errors import InputError
+from specprobe.monitor.base import IngestResult, Store, Warn
+from specprobe.monitor.windows import (
+    ACCEPTED,
+    DRAFT_TOKENS,
+    DRAFTS,
+    EMITTED,
+    GAUGE_ACCEPT_LEN,
+    GAUGE_ACCEPT_RATE,
+    ModelData,
+    pos_key,
+)
+
+
+class MalformedLine(ValueError):
+    """A line that carries an engine's marker but not the fields that go with it."""
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    kind: str  # vllm-v1 | vllm-v0 | sglang | llamacpp | llamacpp-n_draft | llamacpp-n_drafted | llamacpp-n_accept
+    fields: dict[str, Any]
+    t: float | None = None
+
+
+_NUM = r"(-?\d+(?:\.\d+)?|nan)"
+_ISO_TS = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d+))?")
+_VLLM_TS = re.compile(r"\b(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})\b")
+_V1 = {
+    "mean_len": re.compile(r"Mean acceptance length: " + _NUM),
+    "accepted": re.compile(r"Accepted: (\d+) tokens"),
+    "drafted": re.compile(r"Drafted: (\d+) tokens"),
+    "rate_pct": re.compile(r"Draft acceptance rate: " + _NUM + "%"),
+    "per_pos": re.compile(r"Per-position acceptance rate: (" + _NUM + r"(?:,\s*" + _NUM + r")*)"),
+}
+_V0 = {
+    "rate": re.compile(r"Draft acceptance rate: " + _NUM),
+    "efficiency": re.compile(r"System efficiency: " + _NUM),
+    "k": re.compile(r"Number of speculative tokens: (\d+)"),
+    "accepted": re.compile(r"Number of accepted tokens: (\d+)"),
+    "drafted": re.compile(r"Number of draft tokens: (\d+)"),
+    "emitted": re.compile(r"Number of emitted tokens: (\d+)"),
+}
+_SGL_LEN = re.compile(r"accept len: " + _NUM)
+_SGL_RATE = re.compile(r"accept rate: " + _NUM)
+_LLAMA = re.compile(r"draft acceptance rate = " + _NUM + r"\s*\(\s*(\d+) accepted\s*/\s*(\d+) generated\)")
+_LLAMA_EX = re.compile(r"\b(n_draft|n_drafted|n_accept)\s*=\s*(\d+)\s*$")
+
+
+def line_time(prefix: str, year: int | None = None) -> float | None:
+    """The timestamp at the start of a log line, as epoch seconds (local time)."""
+    m = _ISO_TS.search(prefix)
+    if m:
+        frac = float("0." + m.group(3)) if m.group(3) else 0.0
+        try:
+            return datetime.strptime(f"{m.group(1)} {m.group(2)}", "%Y-%m-%d %H:%M:%S").timestamp() + frac
+        except ValueError:
+            return None
+    m = _VLLM_TS.search(prefix)
+    if m:  # vLLM writes "MM-DD HH:MM:SS" without a year
+        mo, day, hh, mi, ss = (int(g) for g in m.groups())
+        try:
+            return datetime(year or datetime.now().year, mo, day, hh, mi, ss).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _need(rx: re.Pattern[str], text: str, what: str) -> str:
+    m = rx.search(text)
+    if not m:
+        raise MalformedLine(f"no {what}")
+    return m.group(1)
+
+
+def parse_log_line(line: str) -> LogRecord | None:
+    """One log line → a record, None for unrelated lines, MalformedLine for broken ones."""
+    if "SpecDecoding metrics:" in line:
+        head, body = line.split("SpecDecoding metrics:", 1)
+        f: dict[str, Any] = {
+            "accepted": int(_need(_V1["accepted"], body, "'Accepted: N tokens'")),
+            "drafted": int(_need(_V1["drafted"], body, "'Drafted: N tokens'")),
+        }
+        m = _V1["mean_len"].search(body)
+        f["mean_len"] = float(m.group(1)) if m else None
+        m = _V1["per_pos"].search(body)
+        f["per_pos"] = [float(x) for x in re.split(r",\s*", m.group(1))] if m else []
+        return LogRecord("vllm-v1", f, line_time(head))
+    if "Speculative metrics:" in line:
+        head, body = line.split("Speculative metrics:", 1)
+        f = {key: _need(rx, body, key) for key, rx in _V0.items()}
+        return LogRecord(
+            "vllm-v0",
+            {"rate": float(f["rate"]), "efficiency": float(f["efficiency"]), "k": int(f["k"]),
+             "accepted": int(f["accepted"]), "drafted": int(f["drafted"]), "emitted": int(f["emitted"])},
+            line_time(head),
+        )
+    if "Decode batch" in line and "accept len" in line:
+        head = line.split("Decode batch", 1)[0]
+        length = float(_need(_SGL_LEN, line, "'accept len: X'"))
+        m = _SGL_RATE.search(line)
+        return LogRecord("sglang", {"accept_len": length, "accept_rate": float(m.group(1)) if m else None}, line_time(head))
+    if "draft acceptance rate =" in line:
+        m = _LLAMA.search(line)
+        if not m:
+            raise MalformedLine("no '(N accepted / M generated)'")
+        return LogRecord("llamacpp", {"accepted": int(m.group(2)), "drafted": int(m.group(3))}, line_time(line.split("draft acceptance", 1)[0]))
+    m = _LLAMA_EX.search(line)
+    if m:
+        return LogRecord(f"llamacpp-{m.group(1)}", {"value": int(m.group(2))}, None)
+    return None
+
+
+@dataclass
+class LogState:
+    """Per-source parsing state: llama.cpp's example prints drafted and accepted on
+    separate lines; vLLM V0 prints cumulative totals that are counters."""
+
+    pending_drafted: int | None = None
+    k: int | None = None
+
+
+def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, series: str) -> None:
+    f = rec.fields
+    if rec.kind == "vllm-v1":
+        # Interval deltas. Every draft proposes K tokens, so drafts = drafted / K with K
+        # the number of positions listed; without the list, from the mean length.
+        k = len(f["per_pos"]) or state.k
+        drafts: float | None = None
+        if k:
+            drafts = f["drafted"] / k
+            state.k = k
+            data.num_spec_tokens = data.num_spec_tokens or k
+        elif f["mean_len"] and f["mean_len"] > 1:
+            drafts = f["accepted"] / (f["mean_len"] - 1)
+        data.add_event(ACCEPTED, t, f["accepted"])
+        data.add_event(DRAFT_TOKENS, t, f["drafted"])
+        if drafts is not None:
+            data.add_event(DRAFTS, t, drafts)
+            for i, r in enumerate(f["per_pos"]):
+                data.add_event(pos_key(i), t, r * drafts)
+    elif rec.kind == "vllm-v0":
+        # V0 logs cumulative totals since start: counters (a restart shows as a reset).
+        data.num_spec_tokens = f["k"]
+        data.add_counter(ACCEPTED, series, t, f["accepted"])
+        data.add_counter(DRAFT_TOKENS, series, t, f["drafted"])
+        data.add_counter(EMITTED, series, t, f["emitted"])
+    elif rec.kind == "sglang":
+        data.add_gauge(GAUGE_ACCEPT_LEN, series, t, f["accept_len"])
+        if f["accept_rate"] is not None:
+            data.add_gauge(GAUGE_ACCEPT_RATE, series, t, f["accept_rate"])
+    elif rec.kind == "llamacpp":
+        data.add_event(ACCEPTED, t, f["accepted"])
+        data.add_event(DRAFT_TOKENS, t, f["drafted"])
+    elif rec.kind == "llamacpp-n_draft":
+        state.k = f["value"]
+    elif rec.kind == "llamacpp-n_drafted":
+        state.pending_drafted = f["value"]
+    elif rec.kind == "llamacpp-n_accept" and state.pending_drafted is not None:
+        data.add_event(ACCEPTED, t, f["value"])
+        data.add_event(DRAFT_TOKENS, t, state.pending_drafted)
+        state.pending_drafted = None
+
+
+@dataclass
+class LogSource:
+    """A log file (read once, or followed) or '-' for stdin. The model label is the
+    file's stem (engines do not log the model name next to these lines) unless given."""
+
+    path: str
+    follow: bool = False
+    model: str | None = None
+    kind: str = "log"
+    detected: str | None = None
+    lines_read: int = 0
+    _fh: IO[str] | None = None
+    _queue: queue.Queue[str | None] | None = None
+    _thread: threading.Thread | None = None
+    _eof: bool = False
+    _state: LogState = field(default_factory=LogState)
+
+    def __post_init__(self) -> None:
+        if self.path == "-":
+            self._fh = sys.stdin
+            self.model = self.model or "stdin"
+        else:
+            p = Path(self.path)
+            if not p.exists():
+                raise InputError(f"log file {self.path} does not exist", "pass an existing file to --log, or '-' for stdin")
+            if p.is_dir():
+                raise InputError(f"log file {self.path} is a directory", "pass a file to --log")
+            try:
+                self._fh = p.open("r", encoding="utf-8", errors="replace")
+            except OSError as e:
+                raise InputError(f"cannot read log file {self.path}: {e.strerror}", "check the path and its permissions") from e
+            self.model = self.model or p.stem
+        if self.follow:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._reader, name=f"log:{self.path}", daemon=True)
+            self._thread.start()
+
+    @property
+    def name(self) -> str:
+        return "stdin" if self.path == "-" else self.path
+
+    def _reader(self) -> None:
+        assert self._fh is not None and self._queue is not None
+        while True:
+            line = self._fh.readline()
+            if line:
+                self._queue.put(line)
+            elif self.path == "-":
+                self._queue.put(None)  # stdin closed
+                return
+            else:
+                time.sleep(0.2)  # tail -f: wait for the writer
+
+    def _new_lines(self) -> list[str]:
+        if self._queue is not None:
+            lines = []
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._eof = True
+                    break
+                lines.append(item)
+            return lines
+        if self._eof or self._fh is None:
+            return []
+        lines = self._fh.readlines()
+        self._eof = True
+        return lines
+
+    def poll(self, t: float, store: Store, warn: Warn, **_: Any) -> IngestResult:
+        res = IngestResult(None, set())
+        data: ModelData | None = None
+        kinds: set[str] = set()
+        for line in self._new_lines():
+            self.lines_read += 1
+            try:
+                rec = parse_log_line(line.rstrip("\n"))
+            except (MalformedLine, ValueError) as e:
+                res.malformed += 1
+                warn(f"malformed-line:{self.name}", f"{self.name}: skipping malformed line {self.lines_read} ({e}): {line.strip()[:120]}")
+                continue
+            if rec is None:
+                continue
+            if data is None:  # a model appears with its first record, not with the file
+                data = store.setdefault(self.model or "log", ModelData())
+                data.sources.add(self.name)
+            apply_record(rec, rec.t if rec.t is not None else t, data, self._state, f"{self.name}|log")
+            kinds.add(rec.kind.split("-n_")[0])
+        if kinds:
+            self.detected = ",".join(sorted(kinds))
+            res.models.add(self.model or "log")
+        res.engine = self.detected
+        return res
+
+    def close(self) -> None:
+        if self._fh is not None and self._fh is not sys.stdin and self._thread is None:
+            self._fh.close()

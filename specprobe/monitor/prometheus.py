@@ -1,0 +1,139 @@
+"""A Prometheus server as a source: windows are computed server-side with
+increase()/avg_over_time() and summed per model_name across every engine instance it
+scrapes, so one source covers a whole fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from specprobe.monitor.base import MODEL_LABEL, UNLABELLED, IngestResult, SourceError, Store, Warn
+from specprobe.monitor.exposition import (
+    SGLANG_GAUGES,
+    VLLM_COUNTERS,
+    VLLM_PER_POS,
+    missing_families,
+)
+from specprobe.monitor.http_source import check_http_url, http_get, with_retries
+from specprobe.monitor.windows import (
+    ACCEPTED,
+    DRAFT_TOKENS,
+    DRAFTS,
+    EMITTED,
+    GAUGE_ACCEPT_LEN,
+    GAUGE_ACCEPT_RATE,
+    ModelData,
+    WindowCounts,
+    prom_duration,
+)
+
+
+@dataclass
+class PrometheusSource:
+    """A Prometheus server: windows are computed server-side with increase()/avg_over_time()
+    and summed per model_name across every engine instance it scrapes."""
+
+    url: str
+    engine: str = "auto"
+    timeout: float = 5.0
+    retries: int = 2
+    backoff: float = 0.5
+    kind: str = "prometheus"
+    detected: str | None = None
+
+    def __post_init__(self) -> None:
+        check_http_url(self.url, "--prometheus")
+        self.url = self.url.rstrip("/")
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def query(self, promql: str, t: float | None = None) -> list[tuple[dict[str, str], float]]:
+        params = {"query": promql}
+        if t is not None:
+            params["time"] = f"{t:.3f}"
+        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}"
+        body = with_retries(lambda: http_get(url, self.timeout), self.retries, self.backoff)
+        try:
+            doc = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise SourceError(f"Prometheus answered non-JSON ({e.msg})") from e
+        if doc.get("status") != "success":
+            raise SourceError(f"Prometheus query failed: {doc.get('error', 'unknown error')}")
+        out = []
+        for item in doc.get("data", {}).get("result", []):
+            try:
+                value = float(item["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            if not math.isnan(value):
+                out.append((dict(item.get("metric", {})), value))
+        return out
+
+    def _window(self, rng: str, offset: str, t: float | None) -> dict[str, dict[str, Any]]:
+        off = f" offset {offset}" if offset else ""
+        per_model: dict[str, dict[str, Any]] = {}
+
+        def put(model: str, key: str, value: Any) -> None:
+            per_model.setdefault(model, {})[key] = value
+
+        want_vllm = self.engine in ("auto", "vllm")
+        want_sglang = self.engine in ("auto", "sglang")
+        if want_vllm:
+            for base, quantity in VLLM_COUNTERS.items():
+                q = f"sum by ({MODEL_LABEL}) (increase({base}_total[{rng}]{off}))"
+                for labels, v in self.query(q, t):
+                    put(labels.get(MODEL_LABEL, UNLABELLED), quantity, v)
+            q = f"sum by ({MODEL_LABEL}, position) (increase({VLLM_PER_POS}_total[{rng}]{off}))"
+            for labels, v in self.query(q, t):
+                pos = labels.get("position", "")
+                if pos.isdigit():
+                    per_model.setdefault(labels.get(MODEL_LABEL, UNLABELLED), {}).setdefault("pos", {})[int(pos)] = v
+        gauges = {**(SGLANG_GAUGES if want_sglang else {})}
+        if want_vllm:
+            gauges["vllm:spec_decode_draft_acceptance_rate"] = GAUGE_ACCEPT_RATE
+        for name, quantity in gauges.items():
+            q = f"avg by ({MODEL_LABEL}) (avg_over_time({name}[{rng}]{off}))"
+            for labels, v in self.query(q, t):
+                model = labels.get(MODEL_LABEL, UNLABELLED)
+                if quantity not in per_model.get(model, {}):
+                    put(model, quantity, v)
+        return per_model
+
+    def poll(self, t: float, store: Store, warn: Warn, *, window: float, baseline: float, num_spec_tokens: int | None = None, **_: Any) -> IngestResult:
+        now = self._window(prom_duration(window), "", t)
+        base = self._window(prom_duration(baseline), prom_duration(window), t)
+        res = IngestResult(None, set())
+        if not now and not base:
+            res.missing = missing_families(None, set(), self.engine)
+            return res
+        for model in set(now) | set(base):
+            data = store.setdefault(model, ModelData())
+            data.sources.add(self.name)
+            data.last_time = t
+            k = data.num_spec_tokens or num_spec_tokens
+            data.precomputed = (_counts(now.get(model, {}), k), _counts(base.get(model, {}), k))
+            res.models.add(model)
+        kinds = {k for d in now.values() for k in d}
+        res.engine = self.detected = "vllm" if DRAFT_TOKENS in kinds else ("sglang" if kinds else self.detected)
+        return res
+
+
+def _counts(d: dict[str, Any], k: int | None) -> WindowCounts:
+    pos = d.get("pos", {})
+    per_pos = tuple(pos.get(i) for i in range(max(pos) + 1)) if pos else ()
+    return WindowCounts(
+        accepted=d.get(ACCEPTED),
+        draft_tokens=d.get(DRAFT_TOKENS),
+        drafts=d.get(DRAFTS),
+        emitted=d.get(EMITTED),
+        accepted_per_pos=per_pos,
+        accept_len_gauge=d.get(GAUGE_ACCEPT_LEN),
+        accept_rate_gauge=d.get(GAUGE_ACCEPT_RATE),
+        num_spec_tokens=k,
+    )
