@@ -1,8 +1,11 @@
-"""What a drafter buys (design.md §2), from teacher-forced depth curves. Pure functions.
+"""What a drafter buys, from teacher-forced acceptance probabilities. Pure functions.
 
-τ(K) = 1 + Σ_{j≤K} r_j (bonus token included, the vLLM/SGLang "mean acceptance length");
+Window estimate: τ(K) = 1 + Σ_{j≤K} r_j with r_j the mean over every start position
+(bonus token included, the vLLM/SGLang "mean acceptance length"). Renewal estimate: the
+same counts taken only over the positions where a real draft→verify loop starts a round
+(where the previous round ended), by dynamic programming along each reference.
 acceptance rate = (τ(K) − 1)/K; speedup(K) = τ(K) / (1 + K·c) / v with c the drafter/target
-cost ratio per step and v the verify-cost factor."""
+cost ratio per step and v the verify-cost factor. Derivations: docs/maths.md."""
 
 from __future__ import annotations
 
@@ -45,18 +48,36 @@ def speedup(tau_k: float, k: int, cost_ratio: float, verify_factor: float = 1.0)
 
 @dataclass(frozen=True)
 class KRow:
+    """One K. tau_tokens, accept_rate, speedup_window: the window estimate (every start
+    position); tau_renewal_tokens, accept_rate_renewal: the renewal estimate (rounds start
+    where the previous one ended). speedup uses the renewal τ when it is known, else the
+    window τ."""
+
     k: int
     tau_tokens: float
     accept_rate: float
     iid_tau_tokens: float
     speedup: float
+    tau_renewal_tokens: float = math.nan
+    accept_rate_renewal: float = math.nan
+    speedup_window: float = math.nan
 
 
-def k_table(cumulative: Sequence[float], alpha_mean: float, cost_ratio: float, verify_factor: float = 1.0) -> list[KRow]:
+def k_table(
+    cumulative: Sequence[float],
+    alpha_mean: float,
+    cost_ratio: float,
+    verify_factor: float = 1.0,
+    renewal: Sequence[float] | None = None,
+) -> list[KRow]:
+    """One row per K = 1..len(cumulative); renewal[K−1] is the renewal τ(K) (`renewal_tau`)."""
     rows = []
     for k in range(1, len(cumulative) + 1):
         t = tau(cumulative, k)
-        rows.append(KRow(k, t, accept_rate(t, k), iid_tau(alpha_mean, k), speedup(t, k, cost_ratio, verify_factor)))
+        sw = speedup(t, k, cost_ratio, verify_factor)
+        tr = float(renewal[k - 1]) if renewal is not None and k <= len(renewal) else math.nan
+        head = sw if math.isnan(tr) else speedup(tr, k, cost_ratio, verify_factor)
+        rows.append(KRow(k, t, accept_rate(t, k), iid_tau(alpha_mean, k), head, tr, accept_rate(tr, k), sw))
     return rows
 
 
@@ -85,3 +106,97 @@ def adaptive_threshold(thresholds: Sequence[float], table: np.ndarray, cost_rati
         if best is None or cand.speedup > best.speedup + 1e-12:
             best = cand
     return best
+
+
+# ----------------------------------------------------------------------------- renewal estimate
+@dataclass(frozen=True)
+class RenewalCounts:
+    """Expected counts of one reference sequence of n tokens under the real loop's schedule,
+    for every K = 1..k_max (row K−1). Sums of these over sequences stay exact expectations,
+    so shards merge by adding.
+
+    tokens: n (every token is emitted by exactly one round); rounds[K−1]: expected verify
+    rounds; drafted[K−1, i−1]: expected rounds that drafted depth i; accepted[K−1, i−1]:
+    expected rounds whose depths 1..i were all accepted (vLLM's per-position counters)."""
+
+    tokens: float
+    rounds: np.ndarray  # [K]
+    accepted: np.ndarray  # [K, K]
+    drafted: np.ndarray  # [K, K]
+
+
+def survival(depth_alpha: np.ndarray) -> np.ndarray:
+    """[D, n] acceptance probabilities α^{(d)}_t (row d−1: the depth-d prediction of token t)
+    -> r [D+2, n], r[j, t] = Π_{i<j} α^{(i+1)}_{t+i}: the probability that a round starting at
+    t accepts depths 1..j. r[0] = 1; entries whose window runs past the end are 0 (never
+    read: a round's draft length is capped inside the sequence), as is row D+1."""
+    a = np.clip(np.nan_to_num(np.asarray(depth_alpha, dtype=np.float64), nan=0.0), 0.0, 1.0)
+    d, n = a.shape
+    r = np.zeros((d + 2, n))
+    r[0] = 1.0
+    for j in range(1, d + 1):
+        m = n - j + 1  # starts whose depth-j draft is still inside the sequence
+        if m <= 0:
+            break
+        r[j, :m] = r[j - 1, :m] * a[j - 1, j - 1 : j - 1 + m]
+    return r
+
+
+def renewal_counts(depth_alpha: np.ndarray) -> RenewalCounts:
+    """Expected rounds and per-depth counters along one reference, rounds starting only
+    where the previous round ended, for every K = 1..D at once ([D, n] input as in
+    `survival`; an autoregressive drafter repeats its per-position α on every row).
+
+    Boundary (as the loop in `simulate` and transformers' assisted generation): a round
+    starting at t, with m = n − t tokens still to come, drafts c = min(K, m − 1) tokens, so
+    the target always emits the last token and no round overshoots. It accepts exactly j
+    with probability r_j(t) − r_{j+1}(t) for j < c and r_c(t) for j = c, and emits j + 1
+    tokens. Forward recursion over start probabilities π: π(0) = 1,
+    π(t + j + 1) += π(t)·P(j | t); expected rounds = Σ_{t<n} π(t) (the same number as the
+    backward R(0) with R(t) = 1 + Σ_j P(j | t)·R(t + j + 1), R(n) = 0)."""
+    r = survival(depth_alpha)
+    kmax, n = r.shape[0] - 2, r.shape[1]
+    ks = np.arange(1, kmax + 1)  # [K]
+    if n == 0 or kmax == 0:
+        z = np.zeros((kmax, kmax))
+        return RenewalCounts(0.0, np.zeros(kmax), z, z.copy())
+    t = np.arange(n)
+    cap = np.minimum(ks[None, :], (n - 1 - t)[:, None])  # [n, K] draft length of a round at t
+    j = np.arange(kmax + 1)  # accepted count
+    rt = r[: kmax + 1].T  # [n, K+1] r_j(t)
+    exact = rt - r[1 : kmax + 2].T  # [n, K+1] P(accept exactly j) when the draft is longer than j
+    lt = j[None, None, :] < cap[:, :, None]  # [n, K, K+1]
+    eq = j[None, None, :] == cap[:, :, None]
+    step = np.where(lt, exact[:, None, :], np.where(eq, rt[:, None, :], 0.0))  # [n, K, K+1]
+    pi = np.zeros((kmax, n + 1))  # [K, n+1] probability that a round starts at t
+    pi[:, 0] = 1.0
+    for s in range(n):
+        w = min(kmax + 1, n - s)  # step[s, :, j] = 0 for j ≥ n − s: nothing lands past n
+        pi[:, s + 1 : s + 1 + w] += pi[:, s : s + 1] * step[s, :, :w]
+    start = pi[:, :n].T  # [n, K]
+    i = np.arange(1, kmax + 1)
+    reach = i[None, None, :] <= cap[:, :, None]  # [n, K, K(depth i)] round at t drafts depth i
+    drafted = np.einsum("tk,tki->ki", start, reach.astype(np.float64))
+    accepted = np.einsum("tk,tki,ti->ki", start, reach.astype(np.float64), r[1 : kmax + 1].T)
+    return RenewalCounts(float(n), start.sum(axis=0), accepted, drafted)
+
+
+def renewal_tau(accepted: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+    """[K, K] summed expected counters -> [K] τ_renewal(K) = 1 + Σ_{i≤K} A_i / D_i, the mean
+    acceptance length exactly as `simulate` (and vLLM) count it, in expectation. Summed over
+    sequences, rounds weigh every sequence by its own number of rounds. A depth no round
+    drafted adds nothing; nan when no round drafted at all."""
+    k = accepted.shape[0]
+    out = np.full(k, math.nan)
+    for kk in range(k):
+        d, a = drafted[kk, : kk + 1], accepted[kk, : kk + 1]
+        if d[0] > 0:
+            out[kk] = 1.0 + float(np.sum(np.where(d > 0, a / np.where(d > 0, d, 1.0), 0.0)))
+    return out
+
+
+def renewal_tokens_per_verify(tokens: float, rounds: np.ndarray) -> np.ndarray:
+    """[K] Σ tokens ÷ Σ expected rounds, the final short rounds included: `simulate`'s
+    tokens_per_verify, in expectation."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(rounds > 0, tokens / np.where(rounds > 0, rounds, 1.0), math.nan)

@@ -1,5 +1,9 @@
 """Mergeable accumulators for per-position metrics: sums, counts and histograms only, so
-memory does not grow with the number of prompts and shards of a run can be merged."""
+memory does not grow with the number of prompts and shards of a run can be merged.
+
+Two estimates of the depth curves live here side by side: the window sums (every start
+position) and the renewal sums (expected counters of the rounds a real loop would run,
+`estimate.renewal_counts`)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from specprobe.estimate import renewal_counts, renewal_tau, renewal_tokens_per_verify
 
 # Fields summed per group; index order is fixed.
 FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
@@ -45,11 +51,21 @@ class Accumulator:
     adaptive: np.ndarray = field(default_factory=lambda: np.zeros((len(THRESHOLDS), 4)))
     high_entropy: np.ndarray = field(default_factory=lambda: np.zeros(2))
     num_prompts: int = 0
+    # renewal estimate, per K = 1..k_max (row K−1): Σ tokens, Σ expected rounds, and the
+    # expected vLLM counters Σ accepted / Σ drafted at depth i (column i−1)
+    renewal_tokens: float = 0.0
+    renewal_rounds: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    renewal_accepted: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    renewal_drafted: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     def __post_init__(self) -> None:
         if len(self.depth_sum) != self.k_max:
             self.depth_sum = np.zeros(self.k_max)
             self.depth_count = np.zeros(self.k_max)
+        if len(self.renewal_rounds) != self.k_max:
+            self.renewal_rounds = np.zeros(self.k_max)
+            self.renewal_accepted = np.zeros((self.k_max, self.k_max))
+            self.renewal_drafted = np.zeros((self.k_max, self.k_max))
 
     # ------------------------------------------------------------------ adding
     @staticmethod
@@ -115,6 +131,12 @@ class Accumulator:
                 drafted = keep.sum(axis=1)
                 passes = np.minimum(drafted + 1, self.k_max)
                 self.adaptive[i] += ((R * keep).sum(), passes.sum(), drafted.sum(), w)
+        # Renewal: rounds start only where the previous round ended.
+        ren = renewal_counts(np.stack(depth_alpha))  # [K, n] -> counts for every K
+        self.renewal_tokens += ren.tokens
+        self.renewal_rounds += ren.rounds
+        self.renewal_accepted += ren.accepted
+        self.renewal_drafted += ren.drafted
 
     # ------------------------------------------------------------------ merging
     def merge(self, other: Accumulator) -> Accumulator:
@@ -133,6 +155,10 @@ class Accumulator:
         self.adaptive += other.adaptive
         self.high_entropy += other.high_entropy
         self.num_prompts += other.num_prompts
+        self.renewal_tokens += other.renewal_tokens
+        self.renewal_rounds += other.renewal_rounds
+        self.renewal_accepted += other.renewal_accepted
+        self.renewal_drafted += other.renewal_drafted
         return self
 
     def to_state(self) -> dict[str, Any]:
@@ -149,6 +175,10 @@ class Accumulator:
             "adaptive": self.adaptive.tolist(),
             "high_entropy": self.high_entropy.tolist(),
             "num_prompts": self.num_prompts,
+            "renewal_tokens": self.renewal_tokens,
+            "renewal_rounds": self.renewal_rounds.tolist(),
+            "renewal_accepted": self.renewal_accepted.tolist(),
+            "renewal_drafted": self.renewal_drafted.tolist(),
         }
 
     @classmethod
@@ -165,6 +195,13 @@ class Accumulator:
         acc.adaptive = np.asarray(s["adaptive"], dtype=float)
         acc.high_entropy = np.asarray(s["high_entropy"], dtype=float)
         acc.num_prompts = int(s["num_prompts"])
+        # states saved before the renewal estimate existed load with zero renewal sums;
+        # renewal_tau() then reports nan instead of an estimate over part of the data
+        if "renewal_rounds" in s:
+            acc.renewal_tokens = float(s["renewal_tokens"])
+            acc.renewal_rounds = np.asarray(s["renewal_rounds"], dtype=float)
+            acc.renewal_accepted = np.asarray(s["renewal_accepted"], dtype=float).reshape(acc.k_max, acc.k_max)
+            acc.renewal_drafted = np.asarray(s["renewal_drafted"], dtype=float).reshape(acc.k_max, acc.k_max)
         return acc
 
     # ------------------------------------------------------------------ reading
@@ -225,6 +262,25 @@ class Accumulator:
         """r_j for j = 1..k_max (nan where no window of that length existed)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.depth_count > 0, self.depth_sum / np.maximum(self.depth_count, 1), np.nan)
+
+    def _renewal_complete(self) -> bool:
+        """Every scored position went through the renewal sums (false after merging in a
+        state saved before they existed)."""
+        return self.num_positions > 0 and self.renewal_tokens == self.num_positions
+
+    def renewal_tau(self) -> np.ndarray:
+        """[K] renewal τ(K), K = 1..k_max: 1 + Σ_{i≤K} (expected rounds accepting depths
+        1..i) ÷ (expected rounds drafting depth i), summed over sequences; nan when
+        unavailable."""
+        if not self._renewal_complete():
+            return np.full(self.k_max, math.nan)
+        return renewal_tau(self.renewal_accepted, self.renewal_drafted)
+
+    def renewal_tokens_per_verify(self) -> np.ndarray:
+        """[K] Σ tokens ÷ Σ expected rounds, final short rounds included; nan when unavailable."""
+        if not self._renewal_complete():
+            return np.full(self.k_max, math.nan)
+        return renewal_tokens_per_verify(self.renewal_tokens, self.renewal_rounds)
 
     @property
     def high_entropy_accept(self) -> float:
