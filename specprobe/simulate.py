@@ -2,7 +2,7 @@
 
 The drafter proposes up to K tokens autoregressively with its own KV cache; the target
 scores them all in one forward pass with its own KV cache; tokens are accepted by
-rejection sampling exactly as the engines do it (Leviathan et al. 2023, design.md §2):
+rejection sampling exactly as the engines do it (Leviathan et al. 2023; docs/maths.md):
 
     accept draft x ~ q with probability min(1, p(x)/q(x))
     on the first rejection, emit a token from norm(max(0, p − q)) and stop
