@@ -1,4 +1,4 @@
-"""Closed-form maths on synthetic tensors (design.md §2)."""
+"""Closed-form maths on synthetic tensors (docs/maths.md)."""
 
 from __future__ import annotations
 
