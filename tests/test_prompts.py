@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -11,12 +12,16 @@ import pytest
 from specprobe.errors import InputError
 from specprobe.prompts import (
     DOMAINS,
+    MT_BENCH_CATEGORIES,
+    SPEC_BENCH_CATEGORIES,
+    SPEC_BENCH_TASKS,
     Prompt,
     PromptSet,
     builtin_suite,
     domain_for,
     load_prompts,
     select,
+    spec_bench_task,
 )
 
 DATA = Path(__file__).parent / "data" / "prompts"
@@ -59,23 +64,134 @@ def test_builtin_ships_as_package_data():
 # ---------------------------------------------------------------------------- loading
 
 
-def test_spec_bench_fixture_loads_and_maps_categories():
-    ps = load_prompts(DATA / "spec_bench_questions.jsonl")
-    assert ps.name == "spec_bench_questions.jsonl"
+def test_spec_bench_fixture_loads_every_line_shape():
+    ps = load_prompts(DATA / "spec_bench_question.jsonl")
+    assert ps.name == "spec_bench_question.jsonl"
     assert Path(ps.source).is_absolute()
+    assert len(ps) == 16
+    # The file's own 13 categories are kept, beside the six folded domains.
+    assert set(ps.categories) == set(SPEC_BENCH_CATEGORIES) and len(SPEC_BENCH_CATEGORIES) == 13
+    assert set(ps.domains) == set(DOMAINS)
     by_id = {p.id: p for p in ps.prompts}
-    assert by_id["81"].domain == "chat" and by_id["81"].category == "writing"
-    assert len(by_id["81"].turns) == 2
-    assert by_id["101"].domain == "math"
-    assert by_id["121"].domain == "code"
-    assert by_id["131"].domain == "qa"
-    assert by_id["161"].domain == "translation"
-    assert by_id["171"].domain == "summarization"
-    assert by_id["181"].domain == "math"
-    assert by_id["191"].domain == "qa"
-    # MT-Bench gives one reference per turn; the first is the dataset response.
-    assert by_id["101"].reference == "You are in second place."
+    # MT-Bench's questions keep both turns.
+    for p in ps.prompts:
+        assert len(p.turns) == (2 if p.category in MT_BENCH_CATEGORIES else 1), p.id
+    assert ps.num_turns == 8 * 2 + 8
+    assert (by_id["1"].category, by_id["1"].domain) == ("writing", "chat")
+    assert (by_id["401"].category, by_id["401"].domain) == ("rag", "qa")
+    assert (by_id["321"].category, by_id["321"].domain) == ("math_reasoning", "math")
+    # Text references are kept (the first of a list answers the first turn) ...
+    assert by_id["21"].reference == "Four books."
+    assert by_id["81"].reference.startswith("The train to Hamburg")
+    assert by_id["241"].reference == "Mars"
+    # ... lists of answer-span lists, an empty list and a missing key are not, and load.
+    assert by_id["401"].reference is None and by_id["401"].reference_shape == "`reference` as a list of lists"
+    assert by_id["402"].reference is None and by_id["402"].reference_shape == "`reference` as a list of lists"
+    assert by_id["403"].reference is None and by_id["403"].reference_shape is None
+    assert by_id["404"].reference is None and by_id["404"].reference_shape is None
+    assert by_id["11"].reference is None and by_id["11"].reference_shape is None
+
+
+def test_spec_bench_whole_file_size_loads(tmp_path):
+    # A file the size of Spec-Bench's (480 questions, 13 categories, 80 per task),
+    # built from the fixture's shapes: nothing stops part-way.
+    shapes = [json.loads(line) for line in (DATA / "spec_bench_question.jsonl").read_text("utf-8").splitlines()]
+    rows = []
+    for i in range(480):
+        row = dict(shapes[i % len(shapes)])
+        row["question_id"] = i + 1
+        rows.append(row)
+    ps = load_prompts(write_jsonl(tmp_path / "question.jsonl", rows))
+    assert len(ps) == 480
+    assert len(ps.by_category()) == 13
+    assert {spec_bench_task(c) for c in ps.categories} == set(SPEC_BENCH_TASKS)
+
+
+def test_mt_bench_fixture_keeps_both_turns():
+    ps = load_prompts(DATA / "mt_bench_question.jsonl")
+    assert len(ps) == 8
+    assert ps.categories == list(MT_BENCH_CATEGORIES)
+    assert all(len(p.turns) == 2 for p in ps.prompts)
+    assert {spec_bench_task(c) for c in ps.categories} == {"mt_bench"}
+    by_id = {p.id: p for p in ps.prompts}
+    assert by_id["101"].turns[1] == "What if you overtake the runner in last place?"
+    assert by_id["101"].reference == "Second place."
     assert by_id["81"].reference is None
+    assert [p.domain for p in ps.prompts] == ["chat", "chat", "math", "math", "code", "qa", "qa", "chat"]
+
+
+def test_messages_for_a_later_turn_carry_the_earlier_answers():
+    p = load_prompts(DATA / "mt_bench_question.jsonl").prompts[2]
+    assert p.num_turns == 2
+    assert p.messages(0) == [{"role": "user", "content": p.turns[0]}]
+    # The same answers list serves every turn; answers past the turn are ignored.
+    assert p.messages(0, ["own answer"]) == p.messages(0)
+    assert p.messages(1, ["own answer", "ignored"]) == [
+        {"role": "user", "content": p.turns[0]},
+        {"role": "assistant", "content": "own answer"},
+        {"role": "user", "content": p.turns[1]},
+    ]
+    with pytest.raises(ValueError, match="needs the answers"):
+        p.messages(1)
+    with pytest.raises(IndexError, match="no turn 2"):
+        p.messages(2, ["a", "b"])
+
+
+def test_require_references_explains_non_text_shapes():
+    ps = load_prompts(DATA / "spec_bench_question.jsonl")
+    with pytest.raises(InputError, match=r"9 of 16 have none \(first: 1;.*list of lists instead of text") as info:
+        ps.require_references()
+    assert "\n" not in info.value.message and info.value.hint
+    # Tasks whose references are text pass.
+    select(ps, categories=["translation", "summarization", "QA"]).require_references()
+
+
+def test_reference_shapes_are_never_an_error(tmp_path):
+    f = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"id": "num", "prompt": "x", "reference": 3},
+            {"id": "obj", "prompt": "x", "reference": {"text": "r"}},
+            {"id": "nums", "prompt": "x", "reference": [1, 2]},
+            {"id": "blank", "prompt": "x", "reference": ["  "]},
+            {"id": "next-key", "prompt": "x", "reference": [["span"]], "answer": "text answer"},
+            {"question_id": "t", "turns": ["x", "y"], "reference": [["a"], ["b"]]},
+        ],
+    )
+    got = {p.id: (p.reference, p.reference_shape) for p in load_prompts(f).prompts}
+    assert got == {
+        "num": (None, "`reference` as a number"),
+        "obj": (None, "`reference` as an object"),
+        "nums": (None, "`reference` as a list of numbers"),
+        "blank": (None, None),
+        "next-key": ("text answer", None),
+        "t": (None, "`reference` as a list of lists"),
+    }
+
+
+def test_category_kept_beside_domain(tmp_path):
+    f = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"id": "a", "prompt": "x", "domain": "qa", "category": "rag"},
+            {"question_id": 2, "turns": ["x"], "category": "mt_bench_writing"},
+            {"question_id": 3, "turns": ["x"], "category": "Legal"},
+        ],
+    )
+    a, b, c = load_prompts(f).prompts
+    assert (a.category, a.domain) == ("rag", "qa")
+    assert (b.category, b.domain) == ("mt_bench_writing", "chat")
+    assert spec_bench_task(b.category) == "mt_bench" and spec_bench_task(c.category) is None
+    assert (c.category, c.domain) == ("Legal", "legal")
+
+
+def test_select_by_category():
+    ps = load_prompts(DATA / "spec_bench_question.jsonl")
+    out = select(ps, categories=["RAG"])
+    assert [p.id for p in out.prompts] == ["401", "402", "403", "404"]
+    assert select(ps, categories=["rag", "qa"], max_prompts=2).categories == ["qa", "rag"]
+    with pytest.raises(InputError, match=r"unknown category legal .*available: writing, roleplay"):
+        select(ps, categories=["legal"])
 
 
 def test_prompt_format_fixture_loads():
@@ -165,8 +281,8 @@ def test_blank_lines_crlf_and_bom_are_tolerated(tmp_path):
             r":3: duplicate id '1' \(first on line 1\)",
         ),
         (['{"prompt": "a", "domain": 3}'], r":1: category/domain must be a string"),
-        (['{"prompt": "a", "reference": 3}'], r":1: `reference` must be a string"),
         (['{"prompt": "a", "id": true}'], r":1: id must be"),
+        (['{"question_id": 1, "turns": ["a"]}', '{"question_id": "1", "turns": ["b"]}'], r":2: duplicate id '1'"),
     ],
 )
 def test_bad_lines_name_file_and_line(tmp_path, lines, match):
@@ -176,7 +292,7 @@ def test_bad_lines_name_file_and_line(tmp_path, lines, match):
         load_prompts(f)
     assert "bad.jsonl" in info.value.message
     assert info.value.hint
-    assert "\n" not in info.value.one_line()
+    assert "\n" not in info.value.message
 
 
 def test_missing_file(tmp_path):
@@ -195,6 +311,25 @@ def test_not_utf8_names_the_line(tmp_path):
     f.write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
     with pytest.raises(InputError, match=r"latin1\.jsonl:2: not UTF-8"):
         load_prompts(f)
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (gzip.compress(b'{"prompt": "a"}\n'), r"is a gzip-compressed file, not JSON lines"),
+        (b"PAR1\x15\x04", r"is a Parquet file"),
+        ('{"prompt": "a"}\n'.encode("utf-16"), r"is UTF-16 text, not UTF-8"),
+        (b'{"prompt": "a"}\n\x00\x01\x02', r":2: binary data \(NUL byte at offset 16\)"),
+        (b'[{"prompt": "a"},\n {"prompt": "b"}]\n', r"is one JSON array, not JSON lines"),
+    ],
+)
+def test_binary_and_near_miss_files(tmp_path, data, match):
+    f = tmp_path / "odd.jsonl"
+    f.write_bytes(data)
+    with pytest.raises(InputError, match=match) as info:
+        load_prompts(f)
+    assert "odd.jsonl" in info.value.message and "\n" not in info.value.message
+    assert info.value.hint
 
 
 @pytest.mark.parametrize("content", ["", "\n\n   \n"])

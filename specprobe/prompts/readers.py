@@ -1,0 +1,265 @@
+"""Reading prompt files: the built-in suite shipped in the wheel, and JSONL files in
+Spec-Bench/MT-Bench question format (`question_id`, `category`, `turns`, optional
+`reference`) or `{"prompt", "domain"}` lines — the two may be mixed.
+
+Real question files load as they are: every turn is kept, the file's category is kept
+beside the folded domain, and a `reference` of any shape (Spec-Bench's RAG lines give
+lists of answer-span lists) is kept only when it is text and otherwise just described,
+because on-policy runs never read it. Anything that is not a readable JSONL prompt file
+raises a one-line `InputError` naming the file (and the line, where there is one).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from specprobe.errors import InputError
+from specprobe.prompts.categories import DEFAULT_DOMAIN, DOMAINS, domain_for
+from specprobe.prompts.sets import Prompt, PromptSet
+
+# Keys that may carry a dataset response, in priority order.
+_REFERENCE_KEYS = ("reference", "response", "answer")
+
+_BUILTIN_RESOURCE = "builtin.jsonl"
+
+# Leading bytes of files people pass by mistake (a compressed or columnar copy).
+_MAGIC = (
+    (b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
+    (b"PK\x03\x04", "zip archive", "extract the .jsonl file from the archive"),
+    (b"BZh", "bzip2-compressed", "decompress it first (bunzip2)"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz)"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first (unzstd)"),
+    (b"PAR1", "Parquet", "convert it to JSON lines, one object per line"),
+    (b"ARROW1", "Arrow", "convert it to JSON lines, one object per line"),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def builtin_suite() -> PromptSet:
+    """The suite shipped inside the package: 10 single-turn prompts in each of DOMAINS."""
+    text = resources.files("specprobe.prompts").joinpath(_BUILTIN_RESOURCE).read_text("utf-8")
+    prompts = _parse_lines(text, display=f"<builtin {_BUILTIN_RESOURCE}>")
+    return PromptSet.from_prompts("builtin", "builtin", prompts)
+
+
+def load_prompts(path: str | Path) -> PromptSet:
+    """Read a JSONL prompts file. Raises InputError naming the file and line."""
+    p = Path(path).expanduser()
+    display = str(path)
+    if not p.exists():
+        raise InputError(
+            f"prompts file {display} does not exist",
+            "check the path, or leave out --prompts to use the built-in suite",
+        )
+    if p.is_dir():
+        raise InputError(
+            f"prompts file {display} is a directory",
+            "pass a .jsonl file with one prompt per line (Spec-Bench keeps it in data/spec_bench/question.jsonl)",
+        )
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(
+            f"prompts file {display} cannot be read: {e.strerror or e}",
+            "check the file's permissions",
+        ) from e
+    text = _decode(raw, display)
+    _refuse_json_array(text, display)
+    prompts = _parse_lines(text, display=display)
+    return PromptSet.from_prompts(p.name, str(p.resolve()), prompts)
+
+
+# ---------------------------------------------------------------------------- bytes → text
+
+
+def _decode(raw: bytes, display: str) -> str:
+    for magic, kind, hint in _MAGIC:
+        if raw.startswith(magic):
+            raise InputError(f"prompts file {display} is a {kind} file, not JSON lines", hint)
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise InputError(f"prompts file {display} is UTF-16 text, not UTF-8", "save the file as UTF-8")
+    # A BOM is common in files saved by Windows editors; it is not part of line 1's JSON.
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        # JSON text never holds a raw NUL byte: this is a binary file, not a text file
+        # with one bad line.
+        line = raw[:nul].count(b"\n") + 1
+        raise InputError(
+            f"{display}:{line}: binary data (NUL byte at offset {nul}), not JSON lines",
+            "pass a UTF-8 .jsonl text file with one JSON object per line",
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise InputError(
+            f"{display}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})",
+            "save the file as UTF-8",
+        ) from e
+
+
+def _refuse_json_array(text: str, display: str) -> None:
+    # A .json array of question objects is a common near-miss; name it rather than
+    # reporting "not a JSON object" on line 1.
+    if not text.lstrip().startswith("["):
+        return
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return
+    if isinstance(doc, list):
+        raise InputError(
+            f"prompts file {display} is one JSON array, not JSON lines",
+            "write one object per line, e.g. jq -c '.[]' questions.json > questions.jsonl",
+        )
+
+
+# ---------------------------------------------------------------------------- text → prompts
+
+
+def _parse_lines(text: str, display: str) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    # Split on "\n" only: str.splitlines() would also split on U+2028 and friends, which
+    # JSON allows unescaped inside strings, and would then report the wrong line.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        prompt = _parse_record(line, lineno, display)
+        if prompt.id in seen:
+            raise InputError(
+                f"{display}:{lineno}: duplicate id {prompt.id!r} (first on line {seen[prompt.id]})",
+                "give every prompt a unique id / question_id",
+            )
+        seen[prompt.id] = lineno
+        prompts.append(prompt)
+    if not prompts:
+        raise InputError(
+            f"{display}: empty prompt set (no prompt lines in the file)",
+            'add JSONL lines such as {"prompt": "...", "domain": "chat"}',
+        )
+    return prompts
+
+
+def _parse_record(line: str, lineno: int, display: str) -> Prompt:
+    where = f"{display}:{lineno}"
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{where}: not valid JSON ({e.msg} at column {e.colno})",
+            "each line must be one JSON object",
+        ) from e
+    if not isinstance(obj, dict):
+        raise InputError(
+            f"{where}: not a JSON object (got {type(obj).__name__})",
+            'each line must be an object such as {"prompt": "...", "domain": "chat"}',
+        )
+
+    if "turns" in obj:
+        turns = _turns(obj["turns"], where)
+        raw_id = obj.get("question_id", obj.get("id"))
+    elif "prompt" in obj:
+        text = obj["prompt"]
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(
+                f"{where}: `prompt` must be a non-empty string",
+                "put the user's message text under `prompt`",
+            )
+        turns = (text,)
+        raw_id = obj.get("id", obj.get("question_id"))
+    else:
+        raise InputError(
+            f"{where}: no prompt text (neither `turns` nor `prompt`)",
+            'use {"question_id": 1, "category": "writing", "turns": ["..."]} '
+            'or {"prompt": "...", "domain": "chat"}',
+        )
+
+    # The file's own label is the category; an explicit `domain` decides the folded
+    # domain, otherwise the category is folded.
+    category_label = _label(obj.get("category"), where)
+    domain_label = _label(obj.get("domain"), where)
+    category = category_label or domain_label
+    domain_source = domain_label or category_label
+    reference, shape = _reference(obj)
+    return Prompt(
+        id=_prompt_id(raw_id, lineno, where),
+        domain=domain_for(domain_source) if domain_source else DEFAULT_DOMAIN,
+        category=category or DEFAULT_DOMAIN,
+        turns=turns,
+        reference=reference,
+        reference_shape=shape,
+    )
+
+
+def _turns(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(t, str) and t.strip() for t in value):
+        raise InputError(
+            f"{where}: `turns` must be a list of non-empty strings",
+            'write the user turns as ["first message", "follow-up"]',
+        )
+    return tuple(value)
+
+
+def _label(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(
+            f"{where}: category/domain must be a string, got {type(value).__name__}",
+            f"use one of: {', '.join(DOMAINS)}",
+        )
+    return value.strip()
+
+
+def _reference(obj: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(text, None) for the first key holding text — a string, or a list whose first
+    element is a string (MT-Bench's one reference per turn: the first answers the first
+    turn, which off-policy scoring continues). (None, shape) when references are present
+    only in other shapes, e.g. Spec-Bench's lists of answer spans; never an error,
+    because only `--reference dataset` reads them."""
+    shape: str | None = None
+    for key in _REFERENCE_KEYS:
+        value = obj.get(key)
+        if value is None:
+            continue
+        first = value[0] if isinstance(value, list) and value else value
+        if isinstance(first, str):
+            if first.strip():
+                return first, None
+            continue
+        if shape is None and value != []:
+            shape = f"`{key}` as {_shape(value)}"
+    return None, shape
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, list):
+        return f"a list of {_plural(value[0])}"
+    return _plural(value, single=True)
+
+
+def _plural(value: Any, single: bool = False) -> str:
+    kind = {list: "list", dict: "object", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+    if single:
+        return ("an " if kind[0] in "aeiou" else "a ") + kind
+    return kind + "s"
+
+
+def _prompt_id(value: Any, lineno: int, where: str) -> str:
+    if value is None:
+        # Line numbers are unique within a file, so a file without ids still loads.
+        return f"line-{lineno}"
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip():
+        raise InputError(
+            f"{where}: id must be a non-empty string or an integer, got {value!r}",
+            "give every prompt a unique id / question_id",
+        )
+    return str(value).strip()
