@@ -14,13 +14,13 @@ Specs:  self                 the target itself (sanity check: α = 1)
 
 from __future__ import annotations
 
-import copy
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from specprobe.errors import ConfigError, ModelLoadError
+from specprobe.errors import ConfigError
+from specprobe.models.anatomy import decoder_layers, final_norm, layer_view
 from specprobe.models.loader import LoadedModel, ModelInfo, load_info, load_model
 
 
@@ -103,7 +103,7 @@ class SelfDrafter(Drafter):
         return {1: tp.last_hidden}
 
     def logits(self, hidden: Any, depth: int) -> Any:
-        return self.target.model.get_output_embeddings()(hidden)
+        return self.target.head(hidden)
 
     def step_model(self) -> Any:
         return self.target.model
@@ -123,9 +123,9 @@ class LayerSkipDrafter(Drafter):
                 f"self:layers={n_layers} is out of range for {target.name}, which has {total} decoder layers",
                 f"use 1 ≤ N < {total} (or 'self' for the full target)",
             )
-        base = getattr(target.model, "model", None)
-        if base is None or not hasattr(base, "layers") or not hasattr(base, "norm"):
-            raise ModelLoadError(f"layer-skip drafting needs a decoder with .model.layers and .model.norm; {type(target.model).__name__} has none", "use an independent drafter for this architecture")
+        # where the decoder layers and the final norm live (ModelLoadError when not found)
+        decoder_layers(target.model)
+        self._norm = final_norm(target.model)
         self.n_layers = n_layers
         self._step: Any = None
 
@@ -150,35 +150,15 @@ class LayerSkipDrafter(Drafter):
 
     def hidden(self, tp: TargetPass) -> dict[int, Any]:
         # hidden_states[N] is the raw output of layer N; the self-draft normalises it.
-        return {1: self.target.model.model.norm(tp.layer_hidden[self.n_layers])}
+        return {1: self._norm(tp.layer_hidden[self.n_layers])}
 
     def logits(self, hidden: Any, depth: int) -> Any:
-        return self.target.model.get_output_embeddings()(hidden)
+        return self.target.head(hidden)
 
     def step_model(self) -> Any:
         """A real transformers causal LM of N layers whose modules are the target's own."""
         if self._step is None:
-            import torch
-
-            tm = self.target.model
-            cfg = copy.deepcopy(tm.config)
-            cfg.num_hidden_layers = self.n_layers
-            if getattr(cfg, "layer_types", None):
-                cfg.layer_types = list(cfg.layer_types[: self.n_layers])
-            with torch.device("meta"):
-                shell = type(tm)(cfg)
-            shell.model.embed_tokens = tm.model.embed_tokens
-            shell.model.layers = torch.nn.ModuleList(list(tm.model.layers[: self.n_layers]))
-            shell.model.norm = tm.model.norm
-            if hasattr(tm.model, "rotary_emb"):
-                shell.model.rotary_emb = tm.model.rotary_emb
-            shell.lm_head = tm.lm_head
-            shell.generation_config = copy.deepcopy(tm.generation_config)
-            left = [n for n, p in list(shell.named_parameters()) + list(shell.named_buffers()) if p.device.type == "meta"]
-            if left:
-                raise ModelLoadError(f"layer-skip view of {type(tm).__name__} left {left[0]} unshared", "use an independent drafter for this architecture")
-            shell.eval()
-            self._step = shell
+            self._step = layer_view(self.target.model, self.n_layers)
         return self._step
 
 
@@ -209,14 +189,10 @@ class IndependentDrafter(Drafter):
         return self.loaded.params
 
     def hidden(self, tp: TargetPass) -> dict[int, Any]:
-        import torch
-
-        with torch.inference_mode():
-            out = self.loaded.model.model(input_ids=tp.input_ids, attention_mask=tp.attention_mask)
-        return {1: out.last_hidden_state}
+        return {1: self.loaded.last_hidden(tp.input_ids, tp.attention_mask)}
 
     def logits(self, hidden: Any, depth: int) -> Any:
-        return self.loaded.model.get_output_embeddings()(hidden.to(self.loaded.model.dtype))
+        return self.loaded.head(hidden)
 
     def step_model(self) -> Any:
         return self.loaded.model

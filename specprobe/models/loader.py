@@ -246,6 +246,24 @@ class LoadedModel:
     model: Any  # a transformers causal LM in eval mode
     device: str
     dtype: Any
+    _head: Any = field(default=None, repr=False)
+
+    @property
+    def head(self) -> Any:
+        """hidden [N, H] -> the logits the model's own forward returns (post-head transform
+        included), proved against the forward once at first use."""
+        if self._head is None:
+            from specprobe.models.anatomy import output_head
+
+            self._head = output_head(self.model, self.name)
+        return self._head
+
+    def last_hidden(self, input_ids: Any, attention_mask: Any) -> Any:
+        """The model's own forward over a batch -> the LM head's input [B, S, H]; the
+        forward's last-position logits re-prove the head on every call."""
+        from specprobe.models.anatomy import forward_last_hidden
+
+        return forward_last_hidden(self.model, input_ids, attention_mask, self.head)
 
     @property
     def spec(self) -> str:
