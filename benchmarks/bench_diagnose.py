@@ -41,13 +41,13 @@ def naive_metrics(tl, dl, t: float):
 def overhead(repeats: int) -> None:
     import torch
 
-    from specprobe.diagnose import DEFAULT_CHUNK_POSITIONS as CH
-    from specprobe.diagnose import encode_prompt
     from specprobe.metrics.core import position_metrics
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import build_drafter
     from specprobe.models.loader import load_model
+    from specprobe.options import DEFAULT_CHUNK_POSITIONS as CH
     from specprobe.prompts import builtin_suite, select
+    from specprobe.references import encode_prompt
 
     torch.manual_seed(0)
     target = load_model("smollm2", "cpu", "float32")

@@ -24,8 +24,8 @@ import torch
 
 
 def encode_prompts(tok: Any, n: int) -> list[list[int]]:
-    from specprobe.diagnose import encode_prompt
     from specprobe.prompts import builtin_suite, select
+    from specprobe.references import encode_prompt
 
     ps = select(builtin_suite(), max_prompts=n)
     return [encode_prompt(tok, p) for p in ps.prompts]

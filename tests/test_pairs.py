@@ -80,7 +80,7 @@ def test_layer_skip_matches_a_real_truncated_model(tiny_pair) -> None:
     drafter = build_drafter("self:layers=1", target)
     ids = torch.tensor([[1, 5, 9, 30, 44, 7]])
     mask = torch.ones_like(ids)
-    from specprobe.diagnose import capture_layers
+    from specprobe.scoring import capture_layers
 
     with torch.inference_mode():
         with capture_layers(target.model, (1,)) as captured:
@@ -184,8 +184,8 @@ def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> Non
     """Ctrl-C while scoring: the result covers the batches scored so far, marked
     interrupted. Ctrl-C while generating references: finished batches are scored, and
     they are cached so the next run does not regenerate them."""
-    import specprobe.diagnose as d
     import specprobe.metrics.core as core
+    import specprobe.references as refs
 
     real = core.position_metrics
     calls = {"n": 0}
@@ -203,18 +203,18 @@ def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(core, "position_metrics", real)
 
     gen_calls = {"n": 0}
-    real_gen = d._generate_batches
+    real_gen = refs._generate_batches
 
     def stop_after_first(target, encoded, batches, done, out, *rest):
         gen_calls["n"] += 1
         real_gen(target, encoded, batches[:1], done, out, *rest)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(d, "_generate_batches", stop_after_first)
+    monkeypatch.setattr(refs, "_generate_batches", stop_after_first)
     cfg2 = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, batch_size=2, seed=12)
     r2 = run_diagnose(cfg2)
     assert r2["interrupted"] and r2["metrics"]["num_prompts"] == 2
-    monkeypatch.setattr(d, "_generate_batches", real_gen)
+    monkeypatch.setattr(refs, "_generate_batches", real_gen)
     r3 = run_diagnose(cfg2)  # resumes: batch 0 from the cache, the rest generated now
     assert not r3["interrupted"] and r3["metrics"]["num_prompts"] == 6
     first = [x for x, pid in zip(r3["positions"]["position"], r3["positions"]["prompt_id"], strict=True) if pid in ("p0", "p1")]

@@ -1,0 +1,170 @@
+"""The text every drafter is scored on: prompts loaded and encoded for the target, and the
+reference continuations after them — on-policy (sampled from the target with its own
+settings, seeded, cached per batch on disk so an interrupted run resumes) or the
+dataset's own responses (off-policy)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from specprobe.errors import InputError
+from specprobe.options import DiagnoseConfig
+from specprobe.progress import Progress
+from specprobe.prompts import Prompt, PromptSet, builtin_suite, load_prompts, select
+
+
+# ----------------------------------------------------------------------------- prompts
+def load_prompt_set(cfg: DiagnoseConfig) -> PromptSet:
+    ps = builtin_suite() if cfg.prompts == "builtin" else load_prompts(cfg.prompts)
+    ps = select(ps, domains=cfg.domains, max_prompts=cfg.max_prompts)
+    if cfg.reference == "dataset":
+        missing = [p.id for p in ps.prompts if not p.reference]
+        if missing:
+            raise InputError(
+                f"--reference dataset needs a response for every prompt; {len(missing)} have none (first: {missing[0]})",
+                "give 'reference'/'response'/'answer' in the prompts file, or use the default on-policy references",
+            )
+    return ps
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """The first user turn, through the chat template when the model has one."""
+    text = prompt.turns[0]
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(x) for x in ids]
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return [int(x) for x in ids]
+
+
+def encode_prompts(target: Any, prompts: list[Prompt], max_new_tokens: int) -> list[list[int]]:
+    """Every prompt encoded; InputError when one plus its continuation would not fit the
+    target's context (found before any forward pass)."""
+    encoded = [encode_prompt(target.tokenizer, p) for p in prompts]
+    ctx = getattr(target.config, "max_position_embeddings", None)
+    for p, e in zip(prompts, encoded, strict=True):
+        if ctx and len(e) + max_new_tokens > ctx:
+            raise InputError(f"prompt {p.id} is {len(e)} tokens; with --max-new-tokens {max_new_tokens} it exceeds the target's context of {ctx}", "shorten the prompt or lower --max-new-tokens")
+    return encoded
+
+
+# ----------------------------------------------------------------------------- on-policy references
+class References(list):  # type: ignore[type-arg]
+    """Continuations, one per prompt ([] where none was made); `interrupted` when Ctrl-C
+    stopped generation part-way (the finished batches are on disk and in here)."""
+
+    interrupted: bool = False
+
+
+def _model_identity(loaded: Any) -> str:
+    path = Path(loaded.info.path)
+    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+    stamp = [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files]
+    return json.dumps([str(path), stamp])
+
+
+def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig) -> Path:
+    """One file per (weights, dtype, device, sampling, budget, seed, batching, prompts):
+    anything that changes what generation would produce changes the key."""
+    from specprobe.models.loader import cache_root
+
+    key_src = json.dumps([_model_identity(target), str(target.dtype), target.device, sampling.to_dict(), cfg.max_new_tokens, cfg.seed, cfg.batch_size, encoded])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
+    return cache_root() / "references" / f"{key}.jsonl"
+
+
+def _read_cache(cache_file: Path) -> dict[int, list[list[int]]]:
+    """Batch index -> continuations, for every batch written in full."""
+    done: dict[int, list[list[int]]] = {}
+    for line in cache_file.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            done[int(rec["batch"])] = rec["continuations"]
+        except (ValueError, KeyError):
+            continue  # a line cut by an interrupt: that batch is regenerated
+    return done
+
+
+def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, progress: Progress) -> list[list[int]]:
+    """On-policy continuations: sampled from the target with its own settings, seeded,
+    batched (left padding), cached per batch on disk so an interrupted run resumes."""
+    from transformers import GenerationConfig
+
+    tok = target.tokenizer
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    cache_file = _cache_file(target, encoded, sampling, cfg)
+    done = _read_cache(cache_file) if cfg.use_cache and cache_file.is_file() else {}
+    batches = [list(range(i, min(i + cfg.batch_size, len(encoded)))) for i in range(0, len(encoded), cfg.batch_size)]
+    out = References([] for _ in encoded)
+    gen_cfg = GenerationConfig(
+        max_new_tokens=cfg.max_new_tokens,
+        do_sample=not sampling.greedy,
+        temperature=sampling.temperature if not sampling.greedy else 1.0,
+        top_k=sampling.top_k or 0,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p or None,
+        pad_token_id=pad,
+        eos_token_id=eos,
+    )
+    if cfg.use_cache:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+    with progress.task(f"generating on-policy references ({len(encoded)} prompts × ≤{cfg.max_new_tokens} tokens)", len(encoded)) as advance:
+        try:
+            _generate_batches(target, encoded, batches, done, out, gen_cfg, pad, eos, cache_file, cfg, advance)
+        except KeyboardInterrupt:
+            out.interrupted = True  # finished batches are kept (and cached); score those
+    return out
+
+
+def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[int]], done: dict[int, list[list[int]]], out: list[list[int]], gen_cfg: Any, pad: int, eos: int | None, cache_file: Path, cfg: DiagnoseConfig, advance: Any) -> None:
+    """Generate batch by batch (reusing cached batches), appending each to the cache."""
+    import torch
+
+    for bi, idx in enumerate(batches):
+        if bi in done and len(done[bi]) == len(idx):
+            for j, i in enumerate(idx):
+                out[i] = done[bi][j]
+            advance(len(idx))
+            continue
+        width = max(len(encoded[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)  # [B, S] left-padded
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, width - len(encoded[i]) :] = torch.tensor(encoded[i])
+            mask[r, width - len(encoded[i]) :] = 1
+        # seeded per batch, so a resumed run regenerates exactly the batches it lacks
+        torch.manual_seed(cfg.seed * 100_003 + bi)
+        with torch.inference_mode():
+            gen = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=gen_cfg)
+        conts = [_trim(gen[r, width:].tolist(), pad, eos) for r in range(len(idx))]
+        for r, i in enumerate(idx):
+            out[i] = conts[r]
+        if cfg.use_cache:
+            with cache_file.open("a") as fh:
+                fh.write(json.dumps({"batch": bi, "continuations": conts}) + "\n")
+        advance(len(idx))
+
+
+def _trim(c: list[int], pad: int, eos: int | None) -> list[int]:
+    """Cut after the first EOS (kept) and drop trailing padding."""
+    if eos is not None and eos in c:
+        c = c[: c.index(eos) + 1]
+    while c and c[-1] == pad and pad != eos:
+        c.pop()
+    return c
+
+
+# ----------------------------------------------------------------------------- off-policy references
+def dataset_references(tokenizer: Any, prompts: list[Prompt], max_new_tokens: int) -> list[list[int]]:
+    """The dataset's responses, tokenised and cut to the token budget."""
+    out = []
+    for p in prompts:
+        ids = tokenizer(p.reference or "", add_special_tokens=False)["input_ids"]
+        out.append([int(x) for x in ids[:max_new_tokens]])
+    return out

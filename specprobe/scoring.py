@@ -1,0 +1,225 @@
+"""Teacher-forced scoring of target against drafter over prompt + reference continuation.
+
+One target forward pass per batch (hidden states of the layers the drafter reads are
+caught by hooks), then the scored positions in chunks: position t predicts reference
+token t+1, so every chunk is a [N, V] slice of target logits and, per drafter depth d,
+[N, V'] drafter logits made at position t+1−d. `score_chunk` turns one chunk into
+per-position metrics — a pure function of those logits; everything else here is
+batching and bookkeeping. Memory stays bounded by batch_size × chunk_positions × vocab,
+whatever the number of prompts.
+
+Collectors receive every chunk's scores: `SequenceCollector` feeds the accumulator and
+the per-position rows; token-level drill-down or a distributed reduction plug in as
+further collectors (`score(..., collectors=[...])`) without touching the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from specprobe.metrics.accumulate import Accumulator
+from specprobe.options import DiagnoseConfig
+from specprobe.progress import Progress
+from specprobe.prompts import Prompt
+
+ROW_FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
+
+
+# ----------------------------------------------------------------------------- one chunk
+@dataclass(frozen=True)
+class Chunk:
+    """Which positions a chunk scored, in batch order (a prompt's positions are contiguous)."""
+
+    prompt: np.ndarray  # [N] index into the prompt list
+    token_pos: np.ndarray  # [N] index of the predicted reference token in prompt + continuation
+
+
+@dataclass
+class ChunkScores:
+    """Per-position metrics of one chunk, as numpy arrays [N]."""
+
+    values: dict[str, np.ndarray]  # ROW_FIELDS of the depth-1 prediction
+    # head drafters only (depths d > 1 predicted directly): acceptance probability (0 where
+    # position t+1−d lies before the sequence) and drafter confidence max q
+    alpha_by_depth: dict[int, np.ndarray] = field(default_factory=dict)
+    confidence_by_depth: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], token_pos: Any, sampling: Any) -> ChunkScores:
+    """target_logits [N, V]; draft_logits yields (depth d, [N, V'] logits of the depth-d
+    prediction of each position's token), lazily so one [N, V'] block is alive at a time;
+    token_pos [N] (tensor) the predicted token's index; sampling the (target, draft) pair."""
+    from specprobe.metrics import core  # looked up per call: tests swap position_metrics
+
+    out = ChunkScores({})
+    for d, dl in draft_logits:
+        pm = core.position_metrics(target_logits, dl, sampling.target, sampling.draft)
+        if d == 1:
+            out.values = {f: getattr(pm, f).float().cpu().numpy() for f in ROW_FIELDS}
+        else:
+            ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
+            out.alpha_by_depth[d] = (pm.accept_prob * ok).cpu().numpy()
+            out.confidence_by_depth[d] = pm.draft_confidence.float().cpu().numpy()
+        del dl, pm
+    return out
+
+
+# ----------------------------------------------------------------------------- collectors
+class Collector(Protocol):
+    """Receives every chunk of a batch, then `batch_done()`; a batch cut by Ctrl-C never
+    gets `batch_done()`, so a collector that commits per batch keeps only whole ones."""
+
+    def chunk(self, chunk: Chunk, scores: ChunkScores) -> None: ...
+
+    def batch_done(self) -> None: ...
+
+
+class SequenceCollector:
+    """Feeds the accumulator one prompt's continuation at a time, and keeps the
+    per-position rows (rounded to 6 digits) when asked."""
+
+    def __init__(self, acc: Accumulator, prompts: Sequence[Prompt], keep_positions: bool) -> None:
+        self.acc = acc
+        self.prompts = prompts
+        self.keep_positions = keep_positions
+        self.rows: dict[str, list[Any]] = {k: [] for k in ("prompt_id", "domain", "position", *ROW_FIELDS)}
+        self._pending: list[tuple[Chunk, ChunkScores]] = []
+
+    def chunk(self, chunk: Chunk, scores: ChunkScores) -> None:
+        self._pending.append((chunk, scores))
+
+    def batch_done(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        prompt = np.concatenate([c.prompt for c, _ in pending])
+        positions = np.concatenate([c.token_pos for c, _ in pending])
+        vals = {f: np.concatenate([s.values[f] for _, s in pending]) for f in ROW_FIELDS}
+        alpha = {d: np.concatenate([s.alpha_by_depth[d] for _, s in pending]) for d in pending[0][1].alpha_by_depth}
+        conf = {d: np.concatenate([s.confidence_by_depth[d] for _, s in pending]) for d in pending[0][1].confidence_by_depth}
+        for sl in _runs(prompt):
+            p = self.prompts[int(prompt[sl.start])]
+            seq = {f: v[sl] for f, v in vals.items()}
+            self.acc.add_sequence(
+                p.domain, positions[sl], seq,
+                alpha_by_depth={d: a[sl] for d, a in alpha.items()} or None,
+                confidence_by_depth={d: c[sl] for d, c in conf.items()} or None,
+            )
+            if self.keep_positions:
+                n = sl.stop - sl.start
+                self.rows["prompt_id"].extend([p.id] * n)
+                self.rows["domain"].extend([p.domain] * n)
+                self.rows["position"].extend(positions[sl].tolist())
+                for f in ROW_FIELDS:
+                    self.rows[f].extend(np.round(seq[f], 6).tolist())
+
+
+def _runs(labels: np.ndarray) -> list[slice]:
+    """Slices of equal consecutive labels: [3, 3, 5, 5, 5] -> [0:2, 2:5]."""
+    cuts = [0, *(np.flatnonzero(np.diff(labels)) + 1).tolist(), len(labels)]
+    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+# ----------------------------------------------------------------------------- the batch loop
+@dataclass
+class Scored:
+    acc: Accumulator
+    rows: dict[str, list[Any]]
+    interrupted: bool = False
+    head_depths: tuple[int, ...] = ()  # depths a head drafter predicted directly (others chain depth 1)
+
+
+def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
+    """Teacher-forced scoring in batches of similar length (prompts without a continuation
+    are skipped). Ctrl-C keeps the batches finished so far (`Scored.interrupted`)."""
+    acc = Accumulator(k_max=cfg.k_max)
+    sequences = SequenceCollector(acc, prompts, cfg.keep_positions)
+    sinks: list[Collector] = [sequences, *collectors]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]) + len(conts[i]))
+    order = [i for i in order if conts[i]]
+    interrupted = False
+    head_depths: tuple[int, ...] = ()
+    with progress.task(f"scoring target vs drafter ({sum(len(conts[i]) for i in order)} positions)", len(order)) as advance:
+        try:
+            for start in range(0, len(order), cfg.batch_size):
+                idx = order[start : start + cfg.batch_size]
+                head_depths = score_batch(target, drafter, idx, encoded, conts, pair, cfg, sinks)
+                for s in sinks:
+                    s.batch_done()
+                advance(len(idx))
+        except KeyboardInterrupt:
+            interrupted = True
+    return Scored(acc, sequences.rows, interrupted, head_depths)
+
+
+def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, sinks: Sequence[Collector]) -> tuple[int, ...]:
+    """One target pass over prompts `idx` (prompt + continuation, right-padded), then
+    chunk by chunk: logits -> `score_chunk` -> every collector. -> the head depths seen."""
+    import torch
+
+    from specprobe.models.drafters import TargetPass
+
+    ids, mask = _right_padded([encoded[i] + conts[i] for i in idx], _pad_id(target.tokenizer), target.device)
+    # position t = p0−1+j predicts continuation token j (at p0+j), for j < len(continuation)
+    lengths = [len(conts[i]) for i in idx]
+    t_np = np.concatenate([np.arange(len(encoded[i]) - 1, len(encoded[i]) - 1 + len(conts[i])) for i in idx])  # [P]
+    prompt_of = np.repeat(np.asarray(idx), lengths)  # [P]
+    rows = torch.from_numpy(np.repeat(np.arange(len(idx)), lengths)).to(ids.device)  # [P] batch row
+    t = torch.from_numpy(t_np).to(ids.device)  # [P]
+    lm_head = target.model.get_output_embeddings()
+    step = cfg.chunk_positions
+    with torch.inference_mode(), capture_layers(target.model, drafter.target_layers_needed()) as captured:
+        out = target.model.model(input_ids=ids, attention_mask=mask)
+        tp = TargetPass(ids, mask, out.last_hidden_state, dict(captured))
+        feats = drafter.hidden(tp)  # depth -> [B, S, H']
+        depths = sorted(d for d in feats if 1 <= d <= cfg.k_max)
+        for c0 in range(0, rows.numel(), step):
+            bb, tt = rows[c0 : c0 + step], t[c0 : c0 + step]  # [N]
+            tl = lm_head(tp.last_hidden[bb, tt])  # [N, V]
+            # the depth-d prediction of token t+1 is made at position t+1−d
+            drafts = ((d, drafter.logits(feats[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in depths)  # [N, V'] each
+            scores = score_chunk(tl, drafts, tt + 1, pair)
+            chunk = Chunk(prompt_of[c0 : c0 + step], t_np[c0 : c0 + step] + 1)
+            for s in sinks:
+                s.chunk(chunk, scores)
+            del tl
+    return tuple(d for d in depths if d > 1)
+
+
+def _pad_id(tok: Any) -> int:
+    return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+
+
+def _right_padded(seqs: list[list[int]], pad: int, device: Any) -> tuple[Any, Any]:
+    """Token lists -> ids [B, S], attention mask [B, S], tokens at the left end."""
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s)
+        mask[r, : len(s)] = 1
+    return ids.to(device), mask.to(device)
+
+
+@contextmanager
+def capture_layers(model: Any, layers: tuple[int, ...]) -> Iterator[dict[int, Any]]:
+    """Raw outputs of decoder layers 1..L (1-based, as hidden_states[N]) via forward hooks,
+    so only the layers a drafter needs are kept — not all L+1 hidden states."""
+    captured: dict[int, Any] = {}
+    handles = []
+    for n in layers:
+        def hook(_mod: Any, _inp: Any, output: Any, n: int = n) -> None:
+            captured[n] = output[0] if isinstance(output, tuple) else output
+        handles.append(model.model.layers[n - 1].register_forward_hook(hook))
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
