@@ -7,19 +7,28 @@ them into findings, so every finding carries a rule id and the measured values."
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specprobe.metrics.sampling import Sampling
+from specprobe.errors import ConfigError
+from specprobe.metrics.sampling import SEMANTICS, Sampling
 
 MAX_EXAMPLES = 5
 # Alignment errors after which scoring is meaningless (ids mean other tokens).
 BLOCKING_RULES = ("SP001", "SP003", "SP005", "SP015", "SP016")
+# transformers' generate() fills these in when neither the call nor the checkpoint sets
+# them; vLLM and SGLang do not (temperature 1, no truncation, do_sample ignored).
+_TRANSFORMERS_TOP_K = 50
+_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
+_PENALTIES = (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
 
 
 @dataclass(frozen=True)
 class SamplingFlags:
-    """Sampling settings from the command line; None means 'not given'."""
+    """Sampling settings from the command line or a serving config; None means 'not
+    given'. The draft_* fields set the drafter apart from the target (engines share one
+    set of sampling parameters otherwise)."""
 
     temperature: float | None = None
     draft_temperature: float | None = None
@@ -28,6 +37,13 @@ class SamplingFlags:
     min_p: float | None = None
     draft_top_k: int | None = None
     draft_top_p: float | None = None
+    sampling_semantics: str = "vllm"  # vllm | sglang | transformers: whose transform
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -35,6 +51,11 @@ class SamplingPair:
     target: Sampling
     draft: Sampling
     sources: dict[str, str] = field(default_factory=dict)
+    # the drafter's own generation_config sampling (None: the drafter is the target):
+    # reported only, since engines sample both models with one set of parameters
+    draft_own: dict[str, float] | None = None
+    # sampling written in config files (probe config, serving configs), by file name
+    declared: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _explicit(gen: Any) -> dict[str, Any]:
@@ -47,46 +68,86 @@ def _explicit(gen: Any) -> dict[str, Any]:
         return {}
 
 
-def effective_sampling(flags: SamplingFlags, target_gen: Any, draft_gen: Any | None) -> SamplingPair:
-    """Resolve each side's sampling the way serving engines do: an explicit setting wins,
-    then the checkpoint's generation_config.json, then defaults (temperature 1, no
-    truncation). The drafter falls back to the target's settings, as engines share one
-    SamplingParams — unless its own generation_config or a --draft-* flag says otherwise."""
-    tg = _explicit(target_gen)
-    dg = _explicit(draft_gen) if draft_gen is not None else {}
-    src: dict[str, str] = {}
+def own_sampling(gen: Any) -> dict[str, float]:
+    """What a checkpoint's generation_config.json asks for, with transformers' defaults
+    where it is silent (temperature 1.0; 0 when it turns sampling off)."""
+    g = _explicit(gen)
+    out = {k: float(g[k]) for k in _SAMPLING_KEYS if g.get(k) is not None}
+    out.setdefault("temperature", 1.0)
+    if g.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
 
-    def pick(flag: Any, gen: dict[str, Any], key: str, default: Any, side: str) -> Any:
+
+def declared_gaps(declared: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Largest minus smallest value of each sampling key that two or more config files
+    set: {"temperature": 0.3} when one says 0.7 and another 1.0. Keys set once or
+    everywhere alike give 0."""
+    out: dict[str, float] = {}
+    for key in _SAMPLING_KEYS:
+        vals = [float(v[key]) for v in declared.values() if v.get(key) is not None]
+        out[key] = max(vals) - min(vals) if len(vals) > 1 else 0.0
+    return out
+
+
+def effective_sampling(
+    flags: SamplingFlags,
+    target_gen: Any,
+    draft_gen: Any | None,
+    declared: Mapping[str, Mapping[str, float]] | None = None,
+) -> SamplingPair:
+    """The sampling the serving engine will apply: a flag (or serving config, passed as
+    flags) wins, then the TARGET's generation_config.json, then the engine's defaults.
+
+    vLLM, SGLang and transformers' assisted generation all sample the drafter with the
+    request's one set of parameters, so the drafter gets the target's settings unless a
+    --draft-* flag (or a serving config's draft settings) says otherwise. The drafter's
+    own generation_config (draft_gen; None when the drafter is the target) is only
+    recorded in `draft_own`, for an info-level finding."""
+    sem = flags.sampling_semantics
+    if sem not in SEMANTICS:
+        raise ConfigError(f"sampling semantics {sem!r} is not one of {', '.join(SEMANTICS)}", "use --sampling-semantics vllm, sglang or transformers")
+    tg = _explicit(target_gen)
+    src: dict[str, str] = {"semantics": "flag" if sem != "vllm" else "default"}
+
+    def pick(flag: Any, key: str, default: Any, default_src: str = "default") -> Any:
         if flag is not None:
-            src[f"{side}.{key}"] = "flag"
+            src[f"target.{key}"] = "flag"
             return flag
-        if key in gen and gen[key] is not None:
-            src[f"{side}.{key}"] = "generation_config"
-            return gen[key]
-        src[f"{side}.{key}"] = "default"
+        if tg.get(key) is not None:
+            src[f"target.{key}"] = "generation_config"
+            return tg[key]
+        src[f"target.{key}"] = default_src
         return default
 
-    t_temp = float(pick(flags.temperature, tg, "temperature", 1.0, "target"))
-    if flags.temperature is None and tg.get("do_sample") is False:
-        t_temp, src["target.temperature"] = 0.0, "generation_config (do_sample=false)"
+    t_temp = float(pick(flags.temperature, "temperature", 1.0))
+    # do_sample only matters to transformers: vLLM and SGLang read temperature/top-k/
+    # top-p/min-p from generation_config.json and ignore do_sample
+    if sem == "transformers" and flags.temperature is None and tg.get("do_sample") is not True:
+        t_temp = 0.0
+        src["target.temperature"] = "generation_config (do_sample=false)" if "do_sample" in tg else "transformers default (do_sample unset)"
+    top_k_default = (_TRANSFORMERS_TOP_K, "transformers default") if sem == "transformers" else (0, "default")
+    penalties = {k: float(pick(getattr(flags, k), k, d)) for k, d in _PENALTIES}
     target = Sampling(
         temperature=t_temp,
-        top_k=int(pick(flags.top_k, tg, "top_k", 0, "target") or 0),
-        top_p=float(pick(flags.top_p, tg, "top_p", 1.0, "target")),
-        min_p=float(pick(flags.min_p, tg, "min_p", 0.0, "target")),
+        top_k=int(pick(flags.top_k, "top_k", *top_k_default) or 0),
+        top_p=float(pick(flags.top_p, "top_p", 1.0)),
+        min_p=float(pick(flags.min_p, "min_p", 0.0)),
+        semantics=sem,  # type: ignore[arg-type]
+        **penalties,
     )
-    d_temp = float(pick(flags.draft_temperature, dg, "temperature", target.temperature, "draft"))
-    if flags.draft_temperature is None and dg.get("do_sample") is False:
-        d_temp, src["draft.temperature"] = 0.0, "generation_config (do_sample=false)"
-    if src["draft.temperature"] == "default":
-        src["draft.temperature"] = "target's"
+    for key, flag in (("temperature", flags.draft_temperature), ("top_k", flags.draft_top_k), ("top_p", flags.draft_top_p)):
+        src[f"draft.{key}"] = "flag" if flag is not None else "target's"
     draft = Sampling(
-        temperature=d_temp,
-        top_k=int(pick(flags.draft_top_k, dg, "top_k", target.top_k, "draft") or 0),
-        top_p=float(pick(flags.draft_top_p, dg, "top_p", target.top_p, "draft")),
+        temperature=float(flags.draft_temperature) if flags.draft_temperature is not None else target.temperature,
+        top_k=int(flags.draft_top_k or 0) if flags.draft_top_k is not None else target.top_k,
+        top_p=float(flags.draft_top_p) if flags.draft_top_p is not None else target.top_p,
         min_p=target.min_p,
+        semantics=target.semantics,
+        **penalties,
     )
-    return SamplingPair(target, draft, src)
+    own = None if draft_gen is None else own_sampling(draft_gen)
+    return SamplingPair(target, draft, src, own, {k: dict(v) for k, v in (declared or {}).items()})
 
 
 @dataclass
@@ -196,10 +257,37 @@ def compare(target_info: Any, draft_info: Any, sampling: SamplingPair) -> Alignm
     m["top_p_mismatch"] = int(abs(t.top_p - d.top_p) > 1e-9)
     ev["temperature_abs_diff"] = [f"target temperature from {sampling.sources.get('target.temperature')}, drafter from {sampling.sources.get('draft.temperature')}"]
     ev["draft_greedy_target_sampling"] = ev["temperature_abs_diff"]
+    # the drafter's own generation_config: what it would ask for, reported against what
+    # the engine will actually give it (absent file = transformers' temperature 1.0)
+    own = sampling.draft_own
+    m["draft_own_temperature_diff"] = None if own is None else abs(own["temperature"] - d.temperature)
+    if own is not None:
+        ev["draft_own_temperature_diff"] = [
+            f"drafter's generation_config asks for temperature {own['temperature']:g}"
+            + ("" if _explicit(draft_info.generation_config).get("temperature") is not None else " (none set: transformers default)")
+            + f"; the engine samples it at {d.temperature:g} ({sampling.sources.get('draft.temperature')})"
+        ]
+    gaps = declared_gaps(sampling.declared)
+    m["temperature_config_gap"] = gaps["temperature"]
+    if any(gaps.values()):
+        ev["temperature_config_gap"] = [
+            f"{key} differs: " + ", ".join(f"{name} {vals[key]:g}" for name, vals in sampling.declared.items() if vals.get(key) is not None)
+            for key, gap in gaps.items()
+            if gap > 0
+        ]
+    m["sampling_penalties_set"] = int(t.penalised)
+    if t.penalised:
+        ev["sampling_penalties_set"] = [
+            f"repetition_penalty {t.repetition_penalty:g} ({sampling.sources.get('target.repetition_penalty')}), "
+            f"frequency_penalty {t.frequency_penalty:g} ({sampling.sources.get('target.frequency_penalty')}), "
+            f"presence_penalty {t.presence_penalty:g} ({sampling.sources.get('target.presence_penalty')})"
+        ]
 
     facts = {
         "target": {"name": target_info.name, "vocab": vt, "tokenizer": len(tt), "context": ct, "sampling": t.describe()},
         "drafter": {"name": draft_info.name, "vocab": vd, "tokenizer": len(dt), "context": cd, "sampling": d.describe()},
         "sampling_sources": sampling.sources,
+        "sampling_semantics": t.semantics,
+        "drafter_own_sampling": sampling.draft_own,
     }
     return AlignmentReport(m, ev, facts)

@@ -42,7 +42,9 @@ def test_check_exit_codes(tiny_pair, tmp_path) -> None:
     assert data["command"] == "check" and data["verdict"] == "aligned"
     bad = run("check", t, str(tiny_pair["shuffled"]))
     assert bad.exit_code == 1 and "SP003" in bad.output
-    hot = run("check", t, str(tiny_pair["hot"]), "--temperature", "1.0")
+    # the 'hot' drafter's own generation_config (T=1.5) is not what the engine uses: info only
+    assert run("check", t, str(tiny_pair["hot"]), "--temperature", "1.0").exit_code == 0
+    hot = run("check", t, str(tiny_pair["twin"]), "--temperature", "1.0", "--draft-temperature", "1.5")
     assert hot.exit_code == 1 and "SP012" in hot.output
     assert run("check", t, str(tiny_pair["hot"]), "--fail-on", "never").exit_code == 0
 

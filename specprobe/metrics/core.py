@@ -1,9 +1,11 @@
-"""Per-position metrics from target and drafter logits (design.md §2), vectorised.
+"""Per-position metrics from target and drafter logits, vectorised.
 
-For each position: acceptance probability α = Σ_v min(p, q) = 1 − TV(p, q), greedy
+For each position: acceptance probability α = Σ_v min(p, q) = 1 − TV(p, q) (the chance
+that rejection sampling accepts the drafter's token, Leviathan et al. 2023), greedy
 agreement 1[argmax q = argmax p], KL(p ‖ q) in nats on the untruncated tempered softmax
 (T=1 when greedy, so it stays finite), target entropy, drafter confidence max q.
-p and q are each side's own sampling distribution over the TARGET vocabulary."""
+p and q are each side's own sampling distribution over the TARGET vocabulary, after the
+engine's truncation (`metrics.sampling`: the order of top-k/top-p/min-p is the engine's)."""
 
 from __future__ import annotations
 
@@ -108,12 +110,13 @@ def position_metrics(
     agree = (target_argmax == draft_argmax).float()
 
     # Acceptance uses each side's actual sampling distribution (truncated when configured).
-    ps = None if target_sampling.greedy else (truncate_(p.clone(), target_sampling) if target_sampling.truncates else p)
+    # KL and entropy are done with p, so it is truncated in place (no [N, V] copy).
+    ps = None if target_sampling.greedy else truncate_(p, target_sampling)
     if draft_sampling.greedy:
         qs = None
         confidence = torch.ones_like(kl)
     else:
-        qs = truncate_(q, draft_sampling) if draft_sampling.truncates else q
+        qs = truncate_(q, draft_sampling)
         confidence = qs.amax(-1)
 
     if ps is None and qs is None:

@@ -1,12 +1,48 @@
-"""The sampling transform S(logits; temperature, top_k, top_p, min_p), shared by the
-teacher-forced metrics and the real speculative loop, so both see the same distributions."""
+"""The sampling transform S(logits; temperature, top-k, top-p, min-p) each serving engine
+applies, shared by the teacher-forced metrics and the real speculative loop, so both see
+the distribution the engine samples from.
+
+The engines agree on temperature (logits / T, greedy below a small T) and disagree on
+how the three truncations compose. Read from each engine's sampler:
+
+vllm (V1 `Sampler.sample`, `MinPLogitsProcessor`, `apply_top_k_top_p`)
+    temperature → min-p → top-k → top-p, each on the distribution the previous step left
+    (renormalised). min-p drops p < min_p · max p; top-k drops logits below the k-th
+    largest (ties with it are kept, so more than k can survive); top-p sorts ascending,
+    drops tokens whose ascending cumulative mass is ≤ 1 − top_p and always keeps the most
+    likely one. Greedy when T < 1e-5.
+transformers (`generate`'s warper list: `TemperatureLogitsWarper`, `TopKLogitsWarper`,
+`TopPLogitsWarper`, `MinPLogitsWarper`, min_tokens_to_keep = 1)
+    temperature → top-k → top-p → min-p, each on the renormalised distribution, with the
+    same top-k and top-p tests as vLLM. Greedy only when do_sample is off (T = 0 here).
+sglang (`top_k_top_p_min_p_sampling_from_probs_torch`, and flashinfer's
+`top_k_top_p_sampling_from_probs(filter_apply_order="joint")`, its default CUDA path)
+    temperature, then all three filters on the SAME untruncated distribution (a joint
+    mask): sort descending, keep the first k positions (exactly k: ties are cut by sort
+    order), keep tokens whose mass before them is ≤ top_p, keep p ≥ min_p · max p.
+    Greedy when T < 1e-6. (With min-p set, SGLang's flashinfer path renormalises after
+    top-k before top-p; the torch path modelled here does not. They differ only when
+    top-k, top-p and min-p are all set.)
+
+So with p = [.5, .3, .2], top_k 2, top_p .6: vLLM and transformers keep one token (top-p
+sees [.625, .375]); SGLang keeps two (top-p sees the untruncated .5 + .3).
+
+Repetition, frequency and presence penalties are carried for reporting only: they make p
+depend on the text generated so far, which a teacher-forced estimate does not model.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
+
+Semantics = Literal["vllm", "sglang", "transformers"]
+SEMANTICS: tuple[str, ...] = get_args(Semantics)
+# Temperatures below these sample greedily (vLLM _SAMPLING_EPS 1e-5, SGLang 1e-6;
+# transformers has no such threshold: a temperature of 0 needs do_sample=False).
+_GREEDY_BELOW = {"vllm": 1e-5, "sglang": 1e-6, "transformers": 0.0}
 
 
 @dataclass(frozen=True)
@@ -17,14 +53,23 @@ class Sampling:
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
     min_p: float = 0.0  # 0.0: off
+    semantics: Semantics = "vllm"  # whose transform: see the module docstring
+    # reported, not applied (they depend on the generated text)
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature <= 0.0 or self.temperature < _GREEDY_BELOW.get(self.semantics, 0.0)
 
     @property
     def truncates(self) -> bool:
         return (self.top_k or 0) > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -39,6 +84,8 @@ class Sampling:
             parts.append(f"top_p={self.top_p:g}")
         if self.min_p > 0:
             parts.append(f"min_p={self.min_p:g}")
+        if self.truncates:
+            parts.append(f"({self.semantics} order)")
         return " ".join(parts)
 
 
@@ -51,23 +98,71 @@ def log_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return torch.log_softmax(x, dim=-1)
 
 
+# ----------------------------------------------------------------------------- filters
+# Each works in place on probabilities [N, V] (zeros = already dropped) and drops tokens
+# by zeroing them; none renormalises except where the engine's next step would see a
+# renormalised distribution. Probabilities are a monotone image of the logits, so
+# "logit below the k-th logit" is "probability below the k-th probability".
+
+
+def _min_p_(p: torch.Tensor, min_p: float) -> None:
+    cut = p.amax(dim=-1, keepdim=True).mul_(min_p)  # [N, 1]
+    p.masked_fill_(p < cut, 0.0)
+
+
+def _top_k_(p: torch.Tensor, k: int) -> None:
+    """Drop tokens below the k-th largest; ties with it stay (vLLM, transformers)."""
+    kth = torch.topk(p, k, dim=-1).values[..., -1:]  # [N, 1]
+    p.masked_fill_(p < kth, 0.0)
+
+
+def _top_p_(p: torch.Tensor, top_p: float) -> None:
+    """vLLM's and transformers' top-p on the renormalised distribution: sort ascending,
+    drop tokens whose cumulative mass is ≤ 1 − top_p, always keep the most likely."""
+    sorted_p, idx = torch.sort(p, dim=-1, descending=False)  # [N, V]
+    sorted_p.div_(sorted_p.sum(dim=-1, keepdim=True))
+    drop = sorted_p.cumsum_(dim=-1) <= 1.0 - top_p
+    drop[..., -1] = False
+    p.masked_fill_(drop.scatter(-1, idx, drop), 0.0)
+
+
+def _joint_(p: torch.Tensor, s: Sampling) -> None:
+    """SGLang: top-k, top-p and min-p masks all computed on the untruncated p."""
+    sorted_p, idx = torch.sort(p, dim=-1, descending=True)  # [N, V]
+    drop = torch.zeros_like(sorted_p, dtype=torch.bool)
+    if s.top_k and s.top_k < p.shape[-1]:
+        drop[..., s.top_k :] = True
+    if s.top_p < 1.0:
+        before = sorted_p.cumsum(dim=-1).sub_(sorted_p)  # mass ahead of each token
+        drop |= before > s.top_p
+    if s.min_p > 0.0:
+        drop |= sorted_p < sorted_p[..., :1] * s.min_p
+    p.masked_fill_(drop.scatter(-1, idx, drop), 0.0)
+
+
 def truncate_(probs: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """Apply top-k, top-p, min-p in place to probabilities [N, V] and renormalise."""
+    """The engine's top-k / top-p / min-p on untruncated tempered probabilities [N, V],
+    in place, renormalised. Allocates nothing when nothing truncates."""
     if not s.truncates:
         return probs
-    if s.min_p > 0.0:
-        cut = probs.amax(dim=-1, keepdim=True) * s.min_p
-        probs.masked_fill_(probs < cut, 0.0)
-    if s.top_k and s.top_k < probs.shape[-1]:
-        kth = torch.topk(probs, s.top_k, dim=-1).values[..., -1:]
-        probs.masked_fill_(probs < kth, 0.0)
-    if s.top_p < 1.0:
-        sorted_p, idx = torch.sort(probs, dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the token crossing it stays)
-        before = sorted_p.cumsum(dim=-1) - sorted_p
-        drop_sorted = before >= s.top_p
-        drop = torch.zeros_like(drop_sorted).scatter_(-1, idx, drop_sorted)
-        probs.masked_fill_(drop, 0.0)
+    v = probs.shape[-1]
+    k = s.top_k if s.top_k and s.top_k < v else 0
+    if s.semantics == "sglang":
+        _joint_(probs, s)
+    elif s.semantics == "transformers":
+        if k:
+            _top_k_(probs, k)
+        if s.top_p < 1.0:
+            _top_p_(probs, s.top_p)
+        if s.min_p > 0.0:
+            _min_p_(probs, s.min_p)
+    else:  # vllm
+        if s.min_p > 0.0:
+            _min_p_(probs, s.min_p)
+        if k:
+            _top_k_(probs, k)
+        if s.top_p < 1.0:
+            _top_p_(probs, s.top_p)
     probs.div_(probs.sum(dim=-1, keepdim=True))
     return probs
 
