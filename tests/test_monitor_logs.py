@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from specprobe.errors import InputError
+from specprobe.monitor.logs import fit_llamacpp_drafts
 from specprobe.monitor.runner import Monitor
 from specprobe.monitor.sources import LogSource, MalformedLine, parse_log_line
 from specprobe.rules import load_table
@@ -144,3 +145,84 @@ def test_missing_and_directory_log_are_input_errors(tmp_path):
         LogSource(str(tmp_path / "nope.log"))
     with pytest.raises(InputError, match="directory"):
         LogSource(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- llama.cpp, newer format
+NEW_SUMMARY = "slot print_timing: id  0 | task 7 | draft acceptance = 0.48571 (   17 accepted /    35 generated), mean len =  2.89"
+PER_POS = "slot print_timing: id  0 | task 7 |      acc per pos = (0.667, 0.556, 0.444, 0.222)"
+
+
+def test_parse_llamacpp_newer_lines():
+    rec = parse_log_line(NEW_SUMMARY)
+    assert rec is not None and rec.kind == "llamacpp"
+    assert rec.fields == {"accepted": 17, "drafted": 35, "mean_len": 2.89}
+    pos = parse_log_line(PER_POS)
+    assert pos is not None and pos.kind == "llamacpp-per_pos" and pos.fields["per_pos"] == [0.667, 0.556, 0.444, 0.222]
+    for bad in ("draft acceptance = 0.5 (lots accepted / 3 generated)", "     acc per pos = (0.5, x)", "acc per pos = (1.5)"):
+        with pytest.raises(MalformedLine):
+            parse_log_line(bad)
+
+
+def _llama_request(accepted_per_step: list[int], k: int) -> tuple[int, int, float, list[float]]:
+    """What llama.cpp prints for one request whose verify steps accepted these counts:
+    accepted, drafted (K per step), mean len to 2 decimals, per-position rates to 3."""
+    s = len(accepted_per_step)
+    a = sum(accepted_per_step)
+    mean_len = float(f"{1 + a / s:.2f}")
+    rates = [float(f"{sum(1 for x in accepted_per_step if x > i) / s:.3f}") for i in range(k)]
+    return a, s * k, mean_len, rates
+
+
+def test_fit_llamacpp_drafts_exact_cases():
+    a, d, ml, rates = _llama_request([4, 0, 1, 3, 4, 2, 0, 4, 1], k=4)  # 9 steps
+    assert fit_llamacpp_drafts(a, d, ml, rates) == 9
+    assert fit_llamacpp_drafts(a, d, ml, k=4) == 9  # drafted/K pins it without the rates
+    assert fit_llamacpp_drafts(0, 20, 1.0, [0.0] * 4) == 5  # nothing accepted: drafted/K
+    assert fit_llamacpp_drafts(0, 20, 1.0) is None  # … and without K, unknown
+    assert fit_llamacpp_drafts(5, 20, None) is None  # the older format has no mean length
+    assert fit_llamacpp_drafts(0, 0, None) == 0
+
+
+def test_fit_llamacpp_drafts_on_random_requests():
+    """Requests of the lengths the tests serve (≤ 60 verify steps, K ≤ 8, last steps
+    drafting fewer): the fit is exact except in rare ties, and then one or two low."""
+    import random
+
+    wrong = 0
+    for seed in range(400):
+        r = random.Random(seed)
+        k, steps, alpha = r.randint(1, 8), r.randint(1, 60), r.random()
+        acc, drafted = [], 0
+        for i in range(steps):
+            size = k if i < steps - 2 else r.randint(1, k)
+            n = 0
+            while n < size and r.random() < alpha:
+                n += 1
+            acc.append(n)
+            drafted += size
+        a, _, ml, rates = _llama_request(acc, k)
+        got = fit_llamacpp_drafts(a, drafted, ml, rates)
+        if got != steps:
+            wrong += 1
+            assert got is not None and steps - 2 <= got < steps
+    assert wrong <= 16  # about 2 % in a large sample
+
+
+def test_llamacpp_newer_log_counts_drafts_and_positions(tmp_path):
+    p = tmp_path / "llama.log"
+    a1, d1, ml1, r1 = _llama_request([4, 0, 1, 3, 4, 2, 0, 4, 1], k=4)
+    a2, d2, ml2, _ = _llama_request([1, 1, 0, 2], k=4)
+    p.write_text(
+        "srv  update_slots: all slots are idle\n"
+        f"slot print_timing: id  0 | task 0 | draft acceptance = {a1 / d1:0.5f} ({a1:5d} accepted / {d1:5d} generated), mean len = {ml1:5.2f}\n"
+        f"slot print_timing: id  0 | task 0 |      acc per pos = ({', '.join(f'{x:.3f}' for x in r1)})\n"
+        # a request at default verbosity: no per-position line, drafts from mean len and K
+        f"slot print_timing: id  0 | task 9 | draft acceptance = {a2 / d2:0.5f} ({a2:5d} accepted / {d2:5d} generated), mean len = {ml2:5.2f}\n"
+    )
+    _, snap, warnings = _run(p)
+    (view,) = snap.models
+    assert (view.now.accepted, view.now.draft_tokens, view.now.drafts) == (a1 + a2, d1 + d2, 9 + 4)
+    assert view.metrics["monitor_mean_accept_len_tokens"] == pytest.approx(1 + (a1 + a2) / 13)
+    # positions only from the request that printed them, over all drafts: r_1 = 7/13
+    assert view.now.per_pos_cum[0] == pytest.approx(7 / 13)
+    assert snap.sources[0].engine == "llamacpp" and not warnings

@@ -17,6 +17,7 @@ EPILOG = (
     "  specprobe monitor --url http://127.0.0.1:8000/metrics\n\n"
     "  specprobe monitor --prometheus http://prometheus:9090 --window 5m --baseline-window 1h --alerts alerts.jsonl\n\n"
     "  specprobe monitor --log vllm.log --once            (cron/CI: exit 0 healthy, 1 alert, 2 bad input)\n\n"
+    "  specprobe monitor --url http://127.0.0.1:8080/metrics --once --json window.json   (llama-server --metrics)\n\n"
     "  kubectl logs -f deploy/sglang | specprobe monitor --log - --follow --num-spec-tokens 4"
 )
 
@@ -35,15 +36,16 @@ def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], eng
 
 @handle_errors
 def monitor(
-    url: Annotated[list[str] | None, typer.Option("--url", help="An engine's /metrics endpoint (vLLM V1/V0 or SGLang); repeatable.")] = None,
+    url: Annotated[list[str] | None, typer.Option("--url", help="An engine's /metrics endpoint (vLLM V1/V0, SGLang or llama.cpp's server); repeatable.")] = None,
     prometheus: Annotated[str | None, typer.Option("--prometheus", help="A Prometheus server (http://host:9090) scraping the engines: the whole fleet, per model_name.")] = None,
     log: Annotated[list[str] | None, typer.Option("--log", help="A log file with the engines' spec-decode lines, or '-' for stdin; repeatable.")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="auto | vllm | sglang: which engine's metric names to read.")] = "auto",
+    engine: Annotated[str, typer.Option("--engine", help="auto | vllm | sglang | llamacpp: which engine's metric names to read.")] = "auto",
     window: Annotated[str, typer.Option("--window", help="Sliding window for the current rates (300s, 5m, 1h).")] = "5m",
     baseline_window: Annotated[str, typer.Option("--baseline-window", help="Trailing baseline window, just before the current one.")] = "1h",
     interval: Annotated[str | None, typer.Option("--interval", help="Time between polls (default 15s; 2s with --once).")] = None,
     once: Annotated[bool, typer.Option("--once", help="Evaluate one window and exit: 0 healthy, 1 alert (cron/CI). Counters need two scrapes, --interval apart.")] = False,
     alerts: Annotated[Path | None, typer.Option("--alerts", help="Append alerts as JSON lines to this file (default: stdout).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="With --once (or log files read to the end): write the evaluated window as JSON — per model accepted and drafted tokens, drafts, rates.", metavar="FILE", show_default=False)] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading --log files (and stdin) as they grow.")] = False,
     num_spec_tokens: Annotated[int | None, typer.Option("--num-spec-tokens", min=1, help="Draft length K, to turn a mean acceptance length into a rate where the source has no draft-token count (SGLang without accept rate).")] = None,
     timeout: Annotated[str, typer.Option("--timeout", help="Per-request HTTP timeout.")] = "5s",
@@ -57,12 +59,13 @@ def monitor(
     Per model_name: acceptance rate (accepted ÷ drafted tokens), mean acceptance length
     (1 + accepted ÷ drafts, bonus token included), per-position rates — over a sliding
     window against the trailing baseline. Alerts go out as JSON lines."""
+    from specprobe.monitor.base import ENGINES
     from specprobe.monitor.runner import Monitor
     from specprobe.monitor.windows import parse_duration
     from specprobe.rules import load_table
 
-    if engine not in ("auto", "vllm", "sglang"):
-        raise ConfigError(f"unknown --engine {engine!r}", "use auto, vllm or sglang")
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown --engine {engine!r}", "use " + ", ".join(ENGINES))
     win = parse_duration(window, "--window")
     base = parse_duration(baseline_window, "--baseline-window")
     tmo = parse_duration(timeout, "--timeout")
@@ -76,6 +79,11 @@ def monitor(
     sources = _build_sources(urls, prometheus, logs, engine, tmo, retries, follow)
     # Finite inputs (log files read to the end) are evaluated once, at their last line.
     finite = all(s.kind == "log" for s in sources) and not follow
+    if json_out is not None and not (once or finite):
+        raise ConfigError("--json needs --once (or log files read to the end)", "add --once, or drop --json and use --alerts")
+    from specprobe.report.files import check_writable_file
+
+    check_writable_file(json_out, "--json")
     mon = Monitor(
         sources, table, window=win, baseline=base, interval=ivl, num_spec_tokens=num_spec_tokens,
         warn=lambda msg: err.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True),
@@ -85,7 +93,7 @@ def monitor(
     sink = AlertSink(alerts)
     try:
         if once or finite:
-            raise typer.Exit(_run_once(mon, sink, ivl, fail_on))
+            raise typer.Exit(_run_once(mon, sink, ivl, fail_on, json_out))
         _run_loop(mon, sink, ivl, live and err.is_terminal)
     finally:
         sink.close()
@@ -94,8 +102,11 @@ def monitor(
                 s.close()
 
 
-def _run_once(mon: Any, sink: Any, interval: float, fail_on: str) -> int:
+def _run_once(mon: Any, sink: Any, interval: float, fail_on: str, json_out: Path | None = None) -> int:
+    import json
+
     from specprobe.monitor.live import render
+    from specprobe.report.files import write_text_atomic
     from specprobe.rules import exit_code_for
 
     mon.poll(time.time())
@@ -107,6 +118,8 @@ def _run_once(mon: Any, sink: Any, interval: float, fail_on: str) -> int:
         detail = "; ".join(f"{st.name}: {st.last_error or st.state}" + (f" (missing {', '.join(st.missing)})" if st.missing else "") for st in snap.sources)
         raise InputError(f"no acceptance data from any source ({detail})", "check the URL/file and that speculative decoding is enabled and serving traffic")
     err.print(render(snap, title="specprobe monitor --once"))
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(snap.to_dict(), indent=2) + "\n")
     sink.write(list(snap.alerts))
     return exit_code_for([f for m in snap.models for f in m.findings], fail_on)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from specprobe.monitor.windows import ModelData
 
-ENGINES = ("auto", "vllm", "sglang")
+ENGINES = ("auto", "vllm", "sglang", "llamacpp")
 MODEL_LABEL = "model_name"
 UNLABELLED = "(no model_name)"
 
@@ -27,7 +27,7 @@ class SourceError(Exception):
 
 @dataclass
 class IngestResult:
-    engine: str | None  # "vllm-v1" | "vllm-v0" | "sglang" | None
+    engine: str | None  # "vllm-v1" | "vllm-v0" | "sglang" | "llamacpp" | None
     models: set[str]
     malformed: int = 0
     missing: list[str] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """Prometheus text exposition from a serving engine's /metrics: parsing, and the map
-from each engine's metric names (vLLM V1 and V0, SGLang) onto the canonical quantities
-the windows module counts.
+from each engine's metric names (vLLM V1 and V0, SGLang, llama.cpp's server) onto the
+canonical quantities the windows module counts.
 
 `ingest_samples` is pure bookkeeping: one scrape's samples in, counters and gauges per
 `model_name` label added to the store. The same name maps drive the Prometheus source's
@@ -39,11 +39,33 @@ VLLM_GAUGES = {
     "vllm:spec_decode_efficiency": GAUGE_EFFICIENCY,  # V0
 }
 SGLANG_GAUGES = {
-    "sglang:spec_accept_length": GAUGE_ACCEPT_LEN,
+    "sglang:spec_accept_length": GAUGE_ACCEPT_LEN,  # bonus token included
     "sglang:spec_accept_rate": GAUGE_ACCEPT_RATE,
 }
+# Newer SGLang: verify steps as a counter (one per draft, added when a request finishes)
+# and the active draft shape as gauges (adaptive speculation changes them at run time).
+SGLANG_COUNTERS = {"sglang:spec_verify_calls": DRAFTS}
+SGLANG_NUM_STEPS = "sglang:spec_num_steps"  # draft depth K of a chain
+SGLANG_NUM_DRAFT_TOKENS = "sglang:spec_num_draft_tokens"  # tokens per verify, root included: K + 1 for a chain
+# llama.cpp's server (`--metrics`, builds from 2025 on): the vLLM V1 set under its own prefix.
+LLAMACPP_COUNTERS = {
+    "llamacpp:spec_decode_num_drafts": DRAFTS,
+    "llamacpp:spec_decode_num_draft_tokens": DRAFT_TOKENS,
+    "llamacpp:spec_decode_num_accepted_tokens": ACCEPTED,
+}
+LLAMACPP_PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos"
+LLAMACPP_REQUIRED = tuple(LLAMACPP_COUNTERS)
 VLLM_V1_REQUIRED = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
 VLLM_V0_REQUIRED = ("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_emitted_tokens")
+
+
+# family → (counters, per-position counter, gauges)
+_NAME_MAPS: dict[str, tuple[dict[str, str], str | None, dict[str, str]]] = {
+    "vllm": (VLLM_COUNTERS, VLLM_PER_POS, VLLM_GAUGES),
+    "sglang": (SGLANG_COUNTERS, None, SGLANG_GAUGES),
+    "llamacpp": (LLAMACPP_COUNTERS, LLAMACPP_PER_POS, {}),
+    "": ({}, None, {}),
+}
 
 
 def _base_name(name: str) -> str:
@@ -102,9 +124,16 @@ def _series_id(labels: dict[str, str], prefix: str) -> str:
 def detect_engine(names: set[str]) -> str | None:
     if any(n.startswith("vllm:spec_decode") for n in names):
         return "vllm-v1" if "vllm:spec_decode_num_drafts" in names else "vllm-v0"
-    if any(n.startswith("sglang:spec_accept") for n in names):
+    if any(n.startswith("sglang:spec_accept") or n == "sglang:spec_verify_calls" for n in names):
         return "sglang"
+    if any(n.startswith("llamacpp:spec_decode") for n in names):
+        return "llamacpp"
     return None
+
+
+def _family(detected: str | None) -> str | None:
+    """vllm-v1/vllm-v0 → vllm; the others are their own family."""
+    return detected.split("-")[0] if detected else None
 
 
 def missing_families(engine: str | None, names: set[str], wanted: str) -> list[str]:
@@ -114,12 +143,18 @@ def missing_families(engine: str | None, names: set[str], wanted: str) -> list[s
             return ["sglang:spec_accept_length"]
         if wanted == "vllm":
             return ["vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"]
-        return ["vllm:spec_decode_* or sglang:spec_accept_*"]
+        if wanted == "llamacpp" or any(n.startswith("llamacpp:") for n in names):
+            # A llama.cpp server without a draft model, or a build older than its
+            # spec_decode counters, still exports llamacpp:* names.
+            return list(LLAMACPP_REQUIRED)
+        return ["vllm:spec_decode_*, sglang:spec_accept_* or llamacpp:spec_decode_*"]
     required: tuple[str, ...]
     if engine == "vllm-v1":
         required = (*VLLM_V1_REQUIRED, VLLM_PER_POS)
     elif engine == "vllm-v0":
         required = VLLM_V0_REQUIRED
+    elif engine == "llamacpp":
+        required = LLAMACPP_REQUIRED
     else:
         required = ("sglang:spec_accept_length",)
     return [n for n in required if n not in names]
@@ -129,12 +164,13 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
     """Map one scrape onto the canonical quantities, per model_name."""
     names = {_base_name(s.name) for s in samples if not s.name.endswith("_created")}
     detected = detect_engine(names)
-    if engine == "vllm" and detected == "sglang" or engine == "sglang" and detected and detected.startswith("vllm"):
-        detected = None  # the user said which engine; the other one's names do not count
+    if engine not in ("auto", None) and _family(detected) != engine:
+        detected = None  # the user said which engine; another one's names do not count
     result = IngestResult(detected, set(), missing=missing_families(detected, names, engine))
     if detected is None:
         return result
     totals: dict[str, dict[str, float]] = {}  # model → quantity → cumulative sum (for V0's K)
+    shapes: dict[str, dict[str, float]] = {}  # model → SGLang draft-shape gauge → value
     for s in samples:
         if s.name.endswith("_created"):
             continue
@@ -142,23 +178,26 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
         model = s.labels.get(MODEL_LABEL, UNLABELLED)
         quantity: str | None = None
         kind = ""
-        if detected.startswith("vllm"):
-            if base in VLLM_COUNTERS:
-                quantity, kind = VLLM_COUNTERS[base], "counter"
-            elif base == VLLM_PER_POS:
-                pos = s.labels.get("position", "")
-                if not pos.isdigit():
-                    result.malformed += 1
-                    continue
-                quantity, kind = pos_key(int(pos)), "counter"
-            elif base in VLLM_GAUGES:
-                quantity, kind = VLLM_GAUGES[base], "gauge"
-        elif base in SGLANG_GAUGES:
-            quantity, kind = SGLANG_GAUGES[base], "gauge"
+        counters, per_pos, gauges = _NAME_MAPS[_family(detected) or ""]
+        if base in counters:
+            quantity, kind = counters[base], "counter"
+        elif base == per_pos:
+            pos = s.labels.get("position", "")
+            if not pos.isdigit():
+                result.malformed += 1
+                continue
+            quantity, kind = pos_key(int(pos)), "counter"
+        elif base in gauges:
+            quantity, kind = gauges[base], "gauge"
+        elif detected == "sglang" and base in (SGLANG_NUM_STEPS, SGLANG_NUM_DRAFT_TOKENS):
+            quantity, kind = base, "shape"
         if quantity is None:
             continue
         if math.isnan(s.value) or math.isinf(s.value) or (kind == "counter" and s.value < 0):
             result.malformed += 1
+            continue
+        if kind == "shape":
+            shapes.setdefault(model, {})[quantity] = s.value
             continue
         data = store.setdefault(model, ModelData())
         data.sources.add(source)
@@ -176,7 +215,21 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
             k = v0_num_spec_tokens(tot.get(DRAFT_TOKENS), tot.get(EMITTED), tot.get(GAUGE_EFFICIENCY))
             if k:
                 store[model].num_spec_tokens = store[model].num_spec_tokens or k
+    for model, shape in shapes.items():
+        k = sglang_num_spec_tokens(shape.get(SGLANG_NUM_STEPS), shape.get(SGLANG_NUM_DRAFT_TOKENS))
+        if k and model in store:
+            store[model].num_spec_tokens = k  # the active tier: adaptive K moves, latest wins
     return result
+
+
+def sglang_num_spec_tokens(num_steps: float | None, num_draft_tokens: float | None) -> int | None:
+    """K, the drafted tokens per verify of a chain, from SGLang's draft-shape gauges:
+    the step count, else the tokens per verify less the root token (0 = not speculating)."""
+    if num_steps and num_steps >= 1:
+        return int(num_steps)
+    if num_draft_tokens and num_draft_tokens >= 2:
+        return int(num_draft_tokens) - 1
+    return None
 
 
 def v0_num_spec_tokens(draft_tokens: float | None, emitted: float | None, efficiency: float | None) -> int | None:

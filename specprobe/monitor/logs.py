@@ -2,12 +2,21 @@
 "Speculative metrics", SGLang "Decode batch … accept len", llama.cpp's server and
 speculative example), read from a file once, followed like `tail -f`, or from stdin.
 
+llama.cpp's server logs one summary per finished request. Older builds write
+`draft acceptance rate = 0.57576 (   57 accepted /    99 generated)`; newer ones write
+`draft acceptance = 0.57576 (   57 accepted /    99 generated), mean len =  1.71` and, at
+trace verbosity (`-lv 4`), `acc per pos = (0.700, 0.450, …)` — accepted at each draft
+position ÷ verify steps, one entry per position up to K. Accepted and drafted tokens are
+exact; the verify-step count (drafts) is recovered from the rounded mean length and the
+per-position rates (`fit_llamacpp_drafts`).
+
 `parse_log_line` and `apply_record` are pure; `LogSource` owns the file handle and, when
 following, a reader thread feeding a queue so a poll never blocks.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import re
 import sys
@@ -38,7 +47,7 @@ class MalformedLine(ValueError):
 
 @dataclass(frozen=True)
 class LogRecord:
-    kind: str  # vllm-v1 | vllm-v0 | sglang | llamacpp | llamacpp-n_draft | llamacpp-n_drafted | llamacpp-n_accept
+    kind: str  # vllm-v1 | vllm-v0 | sglang | llamacpp | llamacpp-per_pos | llamacpp-n_draft | llamacpp-n_drafted | llamacpp-n_accept
     fields: dict[str, Any]
     t: float | None = None
 
@@ -64,6 +73,10 @@ _V0 = {
 _SGL_LEN = re.compile(r"accept len: " + _NUM)
 _SGL_RATE = re.compile(r"accept rate: " + _NUM)
 _LLAMA = re.compile(r"draft acceptance rate = " + _NUM + r"\s*\(\s*(\d+) accepted\s*/\s*(\d+) generated\)")
+_LLAMA_NEW = re.compile(
+    r"draft acceptance = " + _NUM + r"\s*\(\s*(\d+) accepted\s*/\s*(\d+) generated\)(?:,\s*mean len =\s*" + _NUM + ")?"
+)
+_LLAMA_POS = re.compile(r"acc per pos = \(([^)]*)\)")
 _LLAMA_EX = re.compile(r"\b(n_draft|n_drafted|n_accept)\s*=\s*(\d+)\s*$")
 
 
@@ -125,6 +138,26 @@ def parse_log_line(line: str) -> LogRecord | None:
         if not m:
             raise MalformedLine("no '(N accepted / M generated)'")
         return LogRecord("llamacpp", {"accepted": int(m.group(2)), "drafted": int(m.group(3))}, line_time(line.split("draft acceptance", 1)[0]))
+    if "draft acceptance =" in line:
+        m = _LLAMA_NEW.search(line)
+        if not m:
+            raise MalformedLine("no '(N accepted / M generated)'")
+        f = {"accepted": int(m.group(2)), "drafted": int(m.group(3))}
+        if m.group(4) is not None:
+            f["mean_len"] = float(m.group(4))
+        return LogRecord("llamacpp", f, line_time(line.split("draft acceptance", 1)[0]))
+    if "acc per pos =" in line:
+        m = _LLAMA_POS.search(line)
+        if not m:
+            raise MalformedLine("no '(r1, r2, …)'")
+        body = m.group(1).strip()
+        try:
+            rates = [float(x) for x in body.split(",")] if body else []
+        except ValueError as e:
+            raise MalformedLine(f"bad per-position rate in ({body[:40]})") from e
+        if any(not 0.0 <= r <= 1.0 for r in rates):
+            raise MalformedLine("per-position rate outside [0, 1]")
+        return LogRecord("llamacpp-per_pos", {"per_pos": rates}, None)
     m = _LLAMA_EX.search(line)
     if m:
         return LogRecord(f"llamacpp-{m.group(1)}", {"value": int(m.group(2))}, None)
@@ -134,10 +167,70 @@ def parse_log_line(line: str) -> LogRecord | None:
 @dataclass
 class LogState:
     """Per-source parsing state: llama.cpp's example prints drafted and accepted on
-    separate lines; vLLM V0 prints cumulative totals that are counters."""
+    separate lines, and its server the per-position rates on the line after a request's
+    summary; vLLM V0 prints cumulative totals that are counters."""
 
     pending_drafted: int | None = None
     k: int | None = None
+    # llama.cpp server: the last request summary (t, accepted, drafted, mean_len), waiting
+    # for its per-position line, and the drafts already counted for it (None = not yet).
+    llama_last: tuple[float, int, int, float | None] | None = None
+    llama_drafts: int | None = None
+    llama_pos_done: bool = True
+
+
+def fit_llamacpp_drafts(accepted: int, drafted: int, mean_len: float | None, per_pos: list[float] | None = None, k: int | None = None) -> int | None:
+    """The verify-step count S of one llama.cpp request, from what its log prints.
+
+    Each step drafts 1..K tokens — K except in a request's last few steps — so
+    drafted/K ≤ S ≤ drafted. The server prints mean len = 1 + accepted/S to two
+    decimals and each per-position rate count_i/S to three, where count_i (steps that
+    accepted more than i tokens) are integers summing to accepted. Of the S in range
+    that reproduce the printed numbers, the smallest is taken when K is known (most steps
+    draft K), else the one nearest accepted/(mean len − 1). None when nothing pins S
+    down (the old format, or no K and nothing accepted)."""
+    if drafted <= 0:
+        return 0
+    k = len(per_pos) if per_pos else k
+    lo, hi = (math.ceil(drafted / k), drafted) if k else (1, drafted)
+    if mean_len is None or (accepted == 0 and not k):
+        return None
+    if accepted == 0:
+        return lo  # nothing accepted: the printed numbers say nothing about S
+
+    def printed_len(s: int) -> bool:
+        return f"{1.0 + accepted / s:.2f}" == f"{mean_len:.2f}"
+
+    def printed_rates(s: int) -> bool:
+        if not per_pos:
+            return True
+        cmin = [max(0, math.ceil((r - 0.0005) * s - 1e-9)) for r in per_pos]
+        cmax = [min(s, math.floor((r + 0.0005) * s + 1e-9)) for r in per_pos]
+        return all(a <= b for a, b in zip(cmin, cmax, strict=True)) and sum(cmin) <= accepted <= sum(cmax)
+
+    # mean len bounds S to accepted/(excess ± 0.005): search only there.
+    excess = mean_len - 1.0
+    lo = max(lo, math.floor(accepted / (excess + 0.0051)))
+    if excess > 0.0051:
+        hi = min(hi, math.ceil(accepted / (excess - 0.0051)))
+    fits = [s for s in range(max(lo, 1), hi + 1) if printed_len(s) and printed_rates(s)]
+    if not fits:
+        return None
+    if k:
+        return fits[0]
+    centre = accepted / excess if excess > 0 else float(fits[0])
+    return min(fits, key=lambda s: abs(s - centre))
+
+
+def _llama_flush(data: ModelData, state: LogState) -> None:
+    """Count the drafts of the last llama.cpp request from its mean length alone."""
+    if state.llama_last is None or state.llama_drafts is not None:
+        return
+    t, accepted, drafted, mean_len = state.llama_last
+    s = fit_llamacpp_drafts(accepted, drafted, mean_len, k=state.k)
+    state.llama_drafts = s if s is not None else -1
+    if s is not None:
+        data.add_event(DRAFTS, t, s)
 
 
 def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, series: str) -> None:
@@ -170,8 +263,29 @@ def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, ser
         if f["accept_rate"] is not None:
             data.add_gauge(GAUGE_ACCEPT_RATE, series, t, f["accept_rate"])
     elif rec.kind == "llamacpp":
+        _llama_flush(data, state)  # the previous request had no per-position line
         data.add_event(ACCEPTED, t, f["accepted"])
         data.add_event(DRAFT_TOKENS, t, f["drafted"])
+        state.llama_last = (t, f["accepted"], f["drafted"], f.get("mean_len"))
+        state.llama_drafts = None
+        state.llama_pos_done = False
+    elif rec.kind == "llamacpp-per_pos":
+        if state.llama_last is None or state.llama_pos_done or not f["per_pos"]:
+            return
+        t0, accepted, drafted, mean_len = state.llama_last
+        per_pos = f["per_pos"]
+        state.k = len(per_pos)
+        data.num_spec_tokens = data.num_spec_tokens or len(per_pos)
+        s = state.llama_drafts
+        if s is None:  # not counted yet: the per-position rates sharpen the fit
+            s = fit_llamacpp_drafts(accepted, drafted, mean_len, per_pos)
+            state.llama_drafts = s if s is not None else -1
+            if s is not None:
+                data.add_event(DRAFTS, t0, s)
+        if s is not None and s > 0:
+            for i, r in enumerate(per_pos):
+                data.add_event(pos_key(i), t0, round(r * s))
+        state.llama_pos_done = True
     elif rec.kind == "llamacpp-n_draft":
         state.k = f["value"]
     elif rec.kind == "llamacpp-n_drafted":
@@ -272,7 +386,12 @@ class LogSource:
                 data = store.setdefault(self.model or "log", ModelData())
                 data.sources.add(self.name)
             apply_record(rec, rec.t if rec.t is not None else t, data, self._state, f"{self.name}|log")
-            kinds.add(rec.kind.split("-n_")[0])
+            kinds.add(rec.kind.split("-n_")[0].split("-per_pos")[0])
+        if data is not None:
+            # Every line read so far is in: a summary without its per-position line yet
+            # counts its drafts from the mean length (a late per-position line still adds
+            # its positions).
+            _llama_flush(data, self._state)
         if kinds:
             self.detected = ",".join(sorted(kinds))
             res.models.add(self.model or "log")

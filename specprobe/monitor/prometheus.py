@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import math
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.monitor.base import MODEL_LABEL, UNLABELLED, IngestResult, SourceError, Store, Warn
 from specprobe.monitor.exposition import (
+    LLAMACPP_COUNTERS,
+    LLAMACPP_PER_POS,
+    SGLANG_COUNTERS,
     SGLANG_GAUGES,
     VLLM_COUNTERS,
     VLLM_PER_POS,
@@ -44,6 +47,7 @@ class PrometheusSource:
     backoff: float = 0.5
     kind: str = "prometheus"
     detected: str | None = None
+    _seen: set[str] = field(default_factory=set)  # engine families answering in this poll
 
     def __post_init__(self) -> None:
         check_http_url(self.url, "--prometheus")
@@ -84,12 +88,22 @@ class PrometheusSource:
 
         want_vllm = self.engine in ("auto", "vllm")
         want_sglang = self.engine in ("auto", "sglang")
+        counter_sets: list[tuple[str, dict[str, str], str | None]] = []
         if want_vllm:
-            for base, quantity in VLLM_COUNTERS.items():
+            counter_sets.append(("vllm", VLLM_COUNTERS, VLLM_PER_POS))
+        if self.engine in ("auto", "llamacpp"):
+            counter_sets.append(("llamacpp", LLAMACPP_COUNTERS, LLAMACPP_PER_POS))
+        if want_sglang:
+            counter_sets.append(("sglang", SGLANG_COUNTERS, None))
+        for family, counters, per_pos in counter_sets:
+            for base, quantity in counters.items():
                 q = f"sum by ({MODEL_LABEL}) (increase({base}_total[{rng}]{off}))"
                 for labels, v in self.query(q, t):
                     put(labels.get(MODEL_LABEL, UNLABELLED), quantity, v)
-            q = f"sum by ({MODEL_LABEL}, position) (increase({VLLM_PER_POS}_total[{rng}]{off}))"
+                    self._seen.add(family)
+            if per_pos is None:
+                continue
+            q = f"sum by ({MODEL_LABEL}, position) (increase({per_pos}_total[{rng}]{off}))"
             for labels, v in self.query(q, t):
                 pos = labels.get("position", "")
                 if pos.isdigit():
@@ -103,9 +117,11 @@ class PrometheusSource:
                 model = labels.get(MODEL_LABEL, UNLABELLED)
                 if quantity not in per_model.get(model, {}):
                     put(model, quantity, v)
+                    self._seen.add(name.split(":")[0])
         return per_model
 
     def poll(self, t: float, store: Store, warn: Warn, *, window: float, baseline: float, num_spec_tokens: int | None = None, **_: Any) -> IngestResult:
+        self._seen = set()
         now = self._window(prom_duration(window), "", t)
         base = self._window(prom_duration(baseline), prom_duration(window), t)
         res = IngestResult(None, set())
@@ -119,8 +135,7 @@ class PrometheusSource:
             k = data.num_spec_tokens or num_spec_tokens
             data.precomputed = (_counts(now.get(model, {}), k), _counts(base.get(model, {}), k))
             res.models.add(model)
-        kinds = {k for d in now.values() for k in d}
-        res.engine = self.detected = "vllm" if DRAFT_TOKENS in kinds else ("sglang" if kinds else self.detected)
+        res.engine = self.detected = ",".join(sorted(self._seen)) or self.detected
         return res
 
 

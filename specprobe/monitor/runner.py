@@ -68,6 +68,39 @@ class Snapshot:
     def has_data(self) -> bool:
         return any(not m.now.empty for m in self.models)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The snapshot as plain JSON data (nan → null): per model the window's counts
+        (accepted and drafted tokens, drafts) and rates, per source its state."""
+        from specprobe.monitor.alerts import iso
+
+        def num(v: float) -> float | None:
+            return None if v is None or math.isnan(v) else (int(v) if float(v).is_integer() else v)
+
+        def stats(a: AcceptanceStats) -> dict[str, Any]:
+            return {
+                "accepted_tokens": num(a.accepted),
+                "draft_tokens": num(a.draft_tokens),
+                "drafts": num(a.drafts),
+                "accept_rate": num(a.accept_rate),
+                "mean_accept_len_tokens": num(a.mean_accept_len),
+                "per_pos_cum": [num(r) for r in a.per_pos_cum],
+            }
+
+        return {
+            "ts": iso(self.t),
+            "window_s": self.window,
+            "baseline_s": self.baseline,
+            "models": [
+                {"model": m.model, "sources": list(m.sources), "stale": m.stale, "now": stats(m.now), "baseline": stats(m.base),
+                 "findings": [f.rule_id for f in m.findings], "counter_resets": m.resets}
+                for m in self.models
+            ],
+            "sources": [
+                {"name": st.name, "kind": st.kind, "state": st.state, "engine": st.engine, "malformed": st.malformed, "missing": list(st.missing)}
+                for st in self.sources
+            ],
+        }
+
 
 class Monitor:
     def __init__(

@@ -199,6 +199,7 @@ class AcceptanceStats:
     per_pos_cond: tuple[float, ...] = ()  # a_i = r_i / r_{i-1}
     draft_tokens: float = NAN
     drafts: float = NAN
+    accepted: float = NAN  # accepted draft tokens in the window (bonus tokens not included)
 
     @property
     def empty(self) -> bool:
@@ -267,6 +268,7 @@ def window_stats(c: WindowCounts) -> AcceptanceStats:
         per_pos_cond=conditional_rates(cum),
         draft_tokens=c.draft_tokens if c.draft_tokens is not None else NAN,
         drafts=drafts if drafts is not None else NAN,
+        accepted=c.accepted if c.accepted is not None else NAN,
     )
 
 

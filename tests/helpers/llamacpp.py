@@ -1,0 +1,198 @@
+"""llama.cpp's `llama-server` as a real serving engine for the tests and the peer
+benchmark: where the built binary lies, a layer-cut self-draft GGUF for it, and a server
+process on loopback with helpers for its HTTP API.
+
+The binary is built by benchmarks/build_llama_server.sh into
+`$SPECPROBE_LLAMA_SERVER_DIR` (default ~/.cache/specprobe/llama.cpp)/<version>/bin/;
+`SPECPROBE_LLAMA_SERVER` may name a binary directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
+
+
+def server_root() -> Path:
+    env = os.environ.get("SPECPROBE_LLAMA_SERVER_DIR")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "specprobe" / "llama.cpp"
+
+
+def _version_key(name: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in name.split("."))
+
+
+def find_llama_server() -> Path | None:
+    """The built llama-server (newest version in the cache), or None."""
+    explicit = os.environ.get("SPECPROBE_LLAMA_SERVER")
+    if explicit:
+        p = Path(explicit).expanduser()
+        return p if p.is_file() and os.access(p, os.X_OK) else None
+    root = server_root()
+    if not root.is_dir():
+        return None
+    found = [d for d in root.iterdir() if not d.name.startswith(".") and (d / "bin" / "llama-server").is_file()]
+    if not found:
+        return None
+    return max(found, key=lambda d: _version_key(d.name)) / "bin" / "llama-server"
+
+
+# ----------------------------------------------------------------------------- GGUF
+def write_self_draft_gguf(src: Path, dst: Path, n_layers: int) -> Path:
+    """A copy of a llama-architecture GGUF cut to its first `n_layers` blocks: the same
+    embedding, final norm and head, `llama.block_count` = n_layers. Tensor data is copied
+    byte for byte (quantised as in the source), so the drafter computes exactly the
+    target's first n_layers blocks — a layer-skip self-draft that llama.cpp loads as an
+    ordinary `--model-draft`."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    count_key = f"{arch}.block_count"
+    total = int(reader.fields[count_key].contents())
+    if not 1 <= n_layers < total:
+        raise ValueError(f"n_layers must be in 1..{total - 1}, got {n_layers}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".part")
+    writer = gguf.GGUFWriter(str(tmp), arch=arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        value = n_layers if field.name == count_key else field.contents()
+        writer.add_key_value(field.name, value, vtype, sub_type=sub)
+
+    def keep(name: str) -> bool:
+        if not name.startswith("blk."):
+            return True
+        return int(name.split(".")[1]) < n_layers
+
+    tensors = [t for t in reader.tensors if keep(t.name)]
+    for t in tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in tensors:
+        writer.write_tensor_data(t.data)
+    writer.close()
+    tmp.replace(dst)
+    return dst
+
+
+# ----------------------------------------------------------------------------- server
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback only
+        return json.loads(resp.read().decode())
+
+
+def http_text(url: str, timeout: float = 30.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback only
+        return str(resp.read().decode())
+
+
+@dataclass
+class LlamaServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def complete(self, prompt: Sequence[int] | str, n_predict: int) -> dict[str, Any]:
+        """One greedy /completion; the response carries `timings` with the server's own
+        draft_n / draft_n_accepted for this request."""
+        body = {
+            "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
+            "n_predict": n_predict,
+            "temperature": 0.0,
+            "top_k": 1,
+            "seed": 0,
+            "cache_prompt": False,  # every request drafts from a cold start, as simulate does
+            "return_tokens": True,
+        }
+        out: dict[str, Any] = http_json(self.base + "/completion", body)
+        return out
+
+
+def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *, threads: int = 2, ctx: int = 2048) -> list[str]:
+    """Greedy speculative decoding with a fixed draft length K: no minimum draft length
+    and no confidence cut-off (p_min 0), one slot so requests never share a batch.
+    Verbosity 4 (trace) adds the per-position acceptance line to the log."""
+    return [
+        str(binary),
+        "-m", str(target),
+        "--spec-draft-model", str(draft),
+        "--spec-draft-n-max", str(k),
+        "--spec-draft-n-min", "0",
+        "--spec-draft-p-min", "0",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--metrics",
+        "-np", "1",
+        "-c", str(ctx),
+        "-t", str(threads),
+        "-tb", str(threads),
+        "--spec-draft-threads", str(threads),
+        "--no-warmup",
+        "-lv", "4",
+        "--log-colors", "off",
+    ]
+
+
+@contextmanager
+def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, startup_timeout: float = 300.0) -> Iterator[LlamaServer]:
+    """Start llama-server on a free loopback port, wait for /health, stop it on exit."""
+    port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(server_command(binary, target, draft, port, k), stdout=fh, stderr=subprocess.STDOUT)  # noqa: S603
+    server = LlamaServer(proc, port, log)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"llama-server exited with {proc.returncode} during startup:\n{tail}")
+            try:
+                if http_json(server.base + "/health", timeout=5).get("status") == "ok":
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server not healthy after {startup_timeout:.0f}s; log: {log}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
