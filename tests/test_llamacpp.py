@@ -40,12 +40,19 @@ from tests.helpers.llamacpp import (
 )
 
 BINARY = find_llama_server()
-pytestmark = [
+# Every test but the GGUF one needs the built server and the real model.
+needs_server = [
     pytest.mark.slow,
     pytest.mark.engine,
     requires_smollm2,
     pytest.mark.skipif(BINARY is None, reason=f"llama-server is not built (run {BUILD_SCRIPT}; .ci/run does)"),
 ]
+
+
+def engine_test(fn: Any) -> Any:
+    for mark in needs_server:
+        fn = mark(fn)
+    return fn
 
 K = 4
 LAYERS = 28
@@ -156,6 +163,7 @@ def _sum(timings: list[dict[str, Any]], key: str) -> int:
     return sum(int(t.get(key, 0)) for t in timings)
 
 
+@engine_test
 def test_server_speculates(traffic: Traffic):
     """The setup itself: every request drafted, and the server's counters moved by
     exactly what its responses report."""
@@ -167,6 +175,7 @@ def test_server_speculates(traffic: Traffic):
     assert d["llamacpp:spec_decode_num_accepted_tokens_total"] == accepted
 
 
+@engine_test
 def test_monitor_url_reports_the_servers_acceptance_to_the_token(traffic: Traffic):
     assert traffic.monitor_rc in (0, 1), traffic.monitor_err
     (model,) = traffic.window["models"]
@@ -183,6 +192,7 @@ def test_monitor_url_reports_the_servers_acceptance_to_the_token(traffic: Traffi
     assert src["engine"] == "llamacpp" and src["missing"] == [] and src["malformed"] == 0
 
 
+@engine_test
 def test_monitor_log_reports_the_same_tokens(traffic: Traffic, tmp_path: Path):
     """The server's own log (trace verbosity): one summary per request, newer format,
     read by `monitor --log`. Every request this server answered is in it."""
@@ -203,8 +213,48 @@ def test_monitor_log_reports_the_same_tokens(traffic: Traffic, tmp_path: Path):
     assert drafts - len(PROMPTS) <= now["drafts"] <= drafts
 
 
+@engine_test
 def test_log_lines_match_each_requests_timings(traffic: Traffic):
     from specprobe.monitor.logs import parse_log_line
 
     recs = [r for r in (parse_log_line(line) for line in traffic.server.log.read_text(errors="replace").splitlines()) if r is not None and r.kind == "llamacpp"]
     assert [(r.fields["accepted"], r.fields["drafted"]) for r in recs] == [(t["draft_n_accepted"], t["draft_n"]) for t in traffic.timings]
+
+
+def test_self_draft_gguf_keeps_the_first_blocks(tmp_path: Path):
+    """The cut on a small synthetic GGUF: metadata copied, block_count lowered, blocks
+    beyond N gone, every kept tensor byte-identical (quantised ones included)."""
+    import gguf
+    import numpy as np
+
+    src = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(src), arch="llama")
+    w.add_block_count(3)
+    w.add_context_length(64)
+    w.add_token_list(["<a>", "<b>", "c"])
+    rng = np.random.default_rng(0)
+    tensors = {"token_embd.weight": rng.standard_normal((3, 32), dtype=np.float32), "output_norm.weight": np.ones(32, np.float32)}
+    for b in range(3):
+        tensors[f"blk.{b}.attn_norm.weight"] = rng.standard_normal(32, dtype=np.float32)
+    q8 = gguf.quants.quantize(rng.standard_normal((4, 32), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+    for name, arr in tensors.items():
+        w.add_tensor(name, arr)
+    w.add_tensor("blk.1.ffn_up.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    out = write_self_draft_gguf(src, tmp_path / "cut.gguf", 2)
+    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))
+    assert b.fields["llama.block_count"].contents() == 2
+    assert b.fields["llama.context_length"].contents() == 64
+    assert b.fields["tokenizer.ggml.tokens"].contents() == ["<a>", "<b>", "c"]
+    kept = {t.name: t for t in b.tensors}
+    assert set(kept) == {t.name for t in a.tensors} - {"blk.2.attn_norm.weight"}
+    for t in a.tensors:
+        if t.name in kept:
+            assert kept[t.name].tensor_type == t.tensor_type
+            assert bytes(kept[t.name].data.tobytes()) == bytes(t.data.tobytes())
+    with pytest.raises(ValueError, match="n_layers"):
+        write_self_draft_gguf(src, tmp_path / "bad.gguf", 3)

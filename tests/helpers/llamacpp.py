@@ -69,29 +69,33 @@ def write_self_draft_gguf(src: Path, dst: Path, n_layers: int) -> Path:
         raise ValueError(f"n_layers must be in 1..{total - 1}, got {n_layers}")
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + ".part")
-    writer = gguf.GGUFWriter(str(tmp), arch=arch)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        value = n_layers if field.name == count_key else field.contents()
-        writer.add_key_value(field.name, value, vtype, sub_type=sub)
+    try:
+        writer = gguf.GGUFWriter(str(tmp), arch=arch)
+        for field in reader.fields.values():
+            if field.name == "general.architecture" or field.name.startswith("GGUF."):
+                continue
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            value = n_layers if field.name == count_key else field.contents()
+            writer.add_key_value(field.name, value, vtype, sub_type=sub)
 
-    def keep(name: str) -> bool:
-        if not name.startswith("blk."):
-            return True
-        return int(name.split(".")[1]) < n_layers
+        def keep(name: str) -> bool:
+            if not name.startswith("blk."):
+                return True
+            return int(name.split(".")[1]) < n_layers
 
-    tensors = [t for t in reader.tensors if keep(t.name)]
-    for t in tensors:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in tensors:
-        writer.write_tensor_data(t.data)
-    writer.close()
+        tensors = [t for t in reader.tensors if keep(t.name)]
+        for t in tensors:
+            writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for t in tensors:
+            writer.write_tensor_data(t.data)
+        writer.close()
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave half a GGUF next to the destination
+        raise
     tmp.replace(dst)
     return dst
 
@@ -167,12 +171,12 @@ def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *
 
 
 @contextmanager
-def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, startup_timeout: float = 300.0) -> Iterator[LlamaServer]:
+def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, threads: int = 2, startup_timeout: float = 300.0) -> Iterator[LlamaServer]:
     """Start llama-server on a free loopback port, wait for /health, stop it on exit."""
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as fh:
-        proc = subprocess.Popen(server_command(binary, target, draft, port, k), stdout=fh, stderr=subprocess.STDOUT)  # noqa: S603
+        proc = subprocess.Popen(server_command(binary, target, draft, port, k, threads=threads), stdout=fh, stderr=subprocess.STDOUT)  # noqa: S603
     server = LlamaServer(proc, port, log)
     try:
         deadline = time.monotonic() + startup_timeout
