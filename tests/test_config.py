@@ -11,15 +11,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from specprobe.config import (
-    ProbeConfig,
-    load_probe_config,
-    probe_config_from_mapping,
-    probe_sampling,
-    read_serving_config,
-    sampling_conflicts,
-)
+from specprobe.config import ProbeConfig, load_probe_config, probe_config_from_mapping
 from specprobe.errors import ConfigError
+from specprobe.serving import Setting, describe_serving, read_serving_config, resolve_sampling
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_configs"
 
@@ -109,7 +103,10 @@ def test_unknown_key_in_toml_and_in_outputs(tmp_path: Path) -> None:
         ("reference: offline\n", r"reference: Input should be 'on-policy' or 'dataset'"),
         ("fail_on: sometimes\n", r"fail_on: Input should be 'error', 'warning', 'info' or 'never'"),
         ("device: tpu\n", r"device: Value error, use auto, cpu, cuda or cuda:N"),
-        ("k: [0, 2]\n", r"k: Value error, K values must be between 1 and 64"),
+        ("k: [0, 2]\n", r"k: Value error, K values must be between 1 and 32"),
+        ("k_max: 64\n", r"k_max: Input should be less than or equal to 32"),
+        ("outputs:\n  markdown: ''\n", r"outputs\.markdown is an empty path"),
+        ("sampling_semantics: tgi\n", r"sampling_semantics: Input should be 'vllm', 'sglang' or 'transformers'"),
         ("k: [2, 9]\nk_max: 4\n", r"k lists 9 but k_max is 4"),
         ("max_prompts: many\n", r"max_prompts: Input should be a valid integer"),
         ("- a\n- b\n", r"must be a mapping"),
@@ -148,12 +145,11 @@ def test_hyphenated_keys_single_values_and_explicit(tmp_path: Path) -> None:
     assert cfg.explicit() == {"max_new_tokens": 48, "k": [4], "rules": cfg.rules, "prompts": cfg.prompts}
 
 
-def test_flags_override_the_file() -> None:
+def test_explicit_is_keyed_as_written() -> None:
     cfg = load_probe_config(SAMPLES / "probe-smollm2.yaml")
-    merged = cfg.merged({"temperature": 1.0, "drafter": None, "seed": 7})
-    assert merged["temperature"] == 1.0 and merged["seed"] == 7
-    assert merged["drafter"] == "self:layers=28"  # a flag left unset keeps the file's value
-    assert merged["outputs_html"] == (SAMPLES.parent / "out" / "report.html").resolve()
+    vals = cfg.explicit()
+    assert vals["drafter"] == "self:layers=28" and "seed" in vals and "min_p" not in vals
+    assert vals["outputs.html"] == (SAMPLES.parent / "out" / "report.html").resolve()
 
 
 def test_config_is_frozen_and_in_memory_mapping_works() -> None:
@@ -192,17 +188,26 @@ def test_sglang_launch_config() -> None:
     assert sc.sampling == {"temperature": 1.0, "top_p": 0.95}
 
 
-def test_temperature_set_differently_in_two_files_is_caught() -> None:
+def test_sampling_from_flags_files_and_serving_configs(tmp_path: Path) -> None:
     """The sample pair: the probe measures at 0.7, the SGLang server samples at 1.0."""
-    probe = load_probe_config(SAMPLES / "probe-smollm2.yaml")
-    target_side, draft_side = probe_sampling(probe)
     serving = read_serving_config(SAMPLES / "sglang-launch.yaml")
-    conflicts = sampling_conflicts({"probe-smollm2.yaml": target_side, "sglang-launch.yaml": serving.sampling})
-    assert conflicts == ["temperature differs: probe-smollm2.yaml 0.7, sglang-launch.yaml 1"]
-    # top_p agrees (0.95 in both) and the vLLM config sets no sampling: no other conflict
     vllm = read_serving_config(SAMPLES / "vllm-speculative-config.json")
-    assert sampling_conflicts({"probe": target_side, "vllm": vllm.sampling}) == []
-    assert draft_side == {"temperature": 0.7, "top_p": 0.95}
+    probe = {"temperature": Setting(0.7, "probe-smollm2.yaml"), "draft_temperature": Setting(0.7, "probe-smollm2.yaml")}
+    chosen, declared = resolve_sampling(probe, [serving, vllm])
+    # a probe file beats a serving config; the server's top_p fills what the file leaves out
+    assert chosen["temperature"] == Setting(0.7, "probe-smollm2.yaml") and chosen["top_p"] == Setting(0.95, "sglang-launch.yaml")
+    assert chosen["draft_temperature"].source == "probe-smollm2.yaml" and "draft_top_p" not in chosen
+    # what each place said, for the conflict rule; the vLLM config sets no sampling
+    assert declared == {"probe-smollm2.yaml": {"temperature": 0.7}, "sglang-launch.yaml": {"temperature": 1.0, "top_p": 0.95}}
+    # a flag typed on the command line wins over everything and is named as such
+    chosen, declared = resolve_sampling({"temperature": Setting(0.6, "--temperature", from_flag=True)}, [serving])
+    assert chosen["temperature"].source == "--temperature" and declared["command line"] == {"temperature": 0.6}
+    # a serving config's own draft settings go to the drafter side
+    spec = _write(tmp_path, "spec.json", json.dumps({"method": "eagle3", "model": "h", "temperature": 0.6, "draft_temperature": 0.0}))
+    chosen, _ = resolve_sampling({}, [read_serving_config(spec)])
+    assert chosen["temperature"] == Setting(0.6, "spec.json") and chosen["draft_temperature"] == Setting(0.0, "spec.json")
+    line = describe_serving(serving)
+    assert "drafter HuggingFaceTB/SmolLM2-135M-Instruct" in line and "K = 4" in line and "temperature 1" in line
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""What every command shares: option aliases, the error boundary, consoles."""
+"""What every command shares: option aliases, the one options merge, the one place
+outputs are written, the error boundary, consoles."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from specprobe.errors import SpecprobeError
+
+if TYPE_CHECKING:
+    from specprobe.options import RunOptions
+    from specprobe.result import Comparison, Result
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,19 +61,100 @@ def check_fail_on(value: str) -> str:
     return value
 
 
+def is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+# ----------------------------------------------------------------------------- shared options
+# Each option is one key of a probe config (specprobe.options.KEYS); the help says so once.
+# Output paths are parsed as text so an empty one ("$GITHUB_STEP_SUMMARY" outside CI) is
+# caught by name instead of turning into the current folder.
+TargetArg = Annotated[str | None, typer.Argument(help="Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", metavar="TARGET", show_default=False)]
+DrafterArg = Annotated[str | None, typer.Argument(help="Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self' or 'self:layers=N'.", metavar="DRAFTER", show_default=False)]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML or TOML); flags given on the command line override it.", metavar="FILE")]
+TempOpt = Annotated[float | None, typer.Option("--temperature", help="Target sampling temperature (0 = greedy). Default: generation_config, else 1.")]
+DraftTempOpt = Annotated[float | None, typer.Option("--draft-temperature", help="Drafter temperature. Default: its generation_config, else the target's.")]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Target top-k (0 = off).")]
+TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Target top-p (1 = off).")]
+MinPOpt = Annotated[float | None, typer.Option("--min-p", help="Target min-p (0 = off).")]
+DraftTopKOpt = Annotated[int | None, typer.Option("--draft-top-k", help="Drafter top-k (default: the target's).")]
+DraftTopPOpt = Annotated[float | None, typer.Option("--draft-top-p", help="Drafter top-p (default: the target's).")]
+SemanticsOpt = Annotated[
+    str,
+    typer.Option("--sampling-semantics", help="Whose sampling to reproduce: vllm | sglang | transformers (order of the transforms, defaults such as transformers' top-k 50 and do_sample)."),
+]
+PromptsOpt = Annotated[str, typer.Option("--prompts", help="'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).")]
+DomainsOpt = Annotated[str | None, typer.Option("--domains", help="Comma-separated domains to keep, e.g. code,math.")]
+MaxPromptsOpt = Annotated[int | None, typer.Option("--max-prompts", help="At most this many prompts, taken round-robin across domains.")]
+ReferenceOpt = Annotated[str, typer.Option("--reference", help="on-policy (sampled from the target, default) or dataset (responses in the prompts file; off-policy).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for sampling (on-policy references; the simulate loop).")]
+BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
+KMaxOpt = Annotated[int, typer.Option("--k-max", help="Largest draft length K in the estimated τ(K)/speedup table (at most 32).")]
+VerifyFactorOpt = Annotated[float, typer.Option("--verify-factor", help="Verify-cost factor v (≈1 for a memory-bound target at small batch).")]
+CostRatioOpt = Annotated[float | None, typer.Option("--cost-ratio", help="Drafter/target cost per step for the estimate; default: measured on the device.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Run even when alignment errors make the numbers meaningless.")]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Regenerate on-policy references instead of reusing the disk cache.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto: cuda when available).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
 RulesOpt = Annotated[
     list[Path] | None,
-    typer.Option("--rules", help="Extra rules YAML file(s): add rules or override/disable default ones by id."),
+    typer.Option("--rules", help="Extra rules YAML file(s): add rules or override/disable default ones by id.", metavar="FILE"),
 ]
 FailOnOpt = Annotated[
     str,
     typer.Option("--fail-on", help="Exit 1 when a finding at or above this severity: error | warning | info | never.", callback=check_fail_on),
 ]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the full result as JSON to this file.")]
-CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Write CSV tables (summary, per-position rows) into this folder.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda (auto: cuda when available).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
+JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the full result as JSON to this file.", metavar="FILE", show_default=False)]
+CsvOpt = Annotated[str | None, typer.Option("--csv", help="Write CSV tables (summary, per-position rows, …) into this folder.", metavar="DIR", show_default=False)]
+HtmlOpt = Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (inline CSS and SVG; opens offline).", metavar="FILE", show_default=False)]
+JunitOpt = Annotated[str | None, typer.Option("--junit", help="Write JUnit XML: one testcase per rule evaluated.", metavar="FILE", show_default=False)]
+MarkdownOpt = Annotated[str | None, typer.Option("--markdown", help="Write a Markdown summary (for $GITHUB_STEP_SUMMARY or a PR comment).", metavar="FILE", show_default=False)]
 
 
-def is_tty() -> bool:
-    return sys.stderr.isatty()
+# ----------------------------------------------------------------------------- the one merge
+def gather(ctx: typer.Context, command: str, only: tuple[str, ...] | None = None) -> RunOptions:
+    """The command's options: flags typed on the command line over the --config file
+    over the defaults, validated (values, device, dtype, every output path) before any
+    model loads or any file is written. `only`: the parameters to take (others are the
+    command's own business)."""
+    from specprobe.options import merge
+
+    params = {k: v for k, v in ctx.params.items() if only is None or k in only}
+    given = set()
+    for name in params:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name == "COMMANDLINE":
+            given.add(name)
+    return merge(command, params, given, ctx.params.get("config"))
+
+
+# ----------------------------------------------------------------------------- the one writer
+def write_outputs(result: Result | Comparison, opts: RunOptions, *, fail_on: str | None) -> None:
+    """Write every output asked for, each saying where it went. The paths were all
+    checked when the options were built: a bad last one never leaves the first written."""
+    from specprobe.report.files import write_text_atomic
+    from specprobe.result import Comparison
+
+    if opts.json_path is not None:
+        write_text_atomic(opts.json_path, result.to_json())
+        err.print(f"wrote {opts.json_path}", highlight=False)
+    if opts.csv_dir is not None:
+        from specprobe.report.csv_out import write_csv
+
+        paths = write_csv(result, opts.csv_dir)
+        err.print(f"wrote {len(paths)} CSV tables into {opts.csv_dir}", highlight=False)
+    if opts.html is not None:
+        from specprobe.report.html import render_compare_html, render_html
+
+        write_text_atomic(opts.html, render_compare_html(result) if isinstance(result, Comparison) else render_html(result))
+        err.print(f"wrote {opts.html}", highlight=False)
+    if opts.junit is not None:
+        from specprobe.report.junit import render_junit
+
+        write_text_atomic(opts.junit, render_junit(result, fail_on=fail_on))
+        err.print(f"wrote {opts.junit}", highlight=False)
+    if opts.markdown is not None:
+        from specprobe.report.markdown import render_markdown
+
+        write_text_atomic(opts.markdown, render_markdown(result, fail_on=fail_on))
+        err.print(f"wrote {opts.markdown}", highlight=False)

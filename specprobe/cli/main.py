@@ -34,8 +34,9 @@ def _root(
 from specprobe.cli import rules_cmd  # noqa: E402
 
 rules_cmd.register(app)
-from specprobe.cli import diagnose_cmd  # noqa: E402
+from specprobe.cli import check_cmd, diagnose_cmd  # noqa: E402
 
+check_cmd.register(app)
 diagnose_cmd.register(app)
 from specprobe.cli import simulate_cmd  # noqa: E402
 

@@ -7,94 +7,44 @@ load only when their output is asked for.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from specprobe.cli.common import check_fail_on, err, handle_errors, out
+from specprobe.cli.common import (
+    CsvOpt,
+    HtmlOpt,
+    JunitOpt,
+    MarkdownOpt,
+    check_fail_on,
+    gather,
+    handle_errors,
+    out,
+    write_outputs,
+)
+from specprobe.result import Result
 
 SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", None: "green"}
-
-HtmlOpt = Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report (inline CSS and SVG; opens offline).")]
-JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML: one testcase per rule evaluated.")]
-MarkdownOpt = Annotated[Path | None, typer.Option("--markdown", help="Write a Markdown summary (for $GITHUB_STEP_SUMMARY or a PR comment).")]
 
 
 def _check_optional_fail_on(value: str | None) -> str | None:
     return None if value is None else check_fail_on(value)
 
 
-def print_summary(result: Mapping[str, Any]) -> None:
+def print_summary(result: Result) -> None:
     """Verdict, findings table and key metrics of a diagnose/simulate result."""
-    from specprobe.catalog import CATALOG, format_value
-    from specprobe.report.load import describe, measured, num
+    from specprobe.report.console import render_summary
 
-    sev = result.get("worst_severity")
-    out.print(f"[bold]{describe(result)}[/]  [dim]({result.get('command')}, {result.get('created')})[/]")
-    out.print(f"verdict: [{SEV_STYLE.get(sev, 'bold')}]{result.get('verdict')}[/]")
-    findings = result.get("findings") or []
-    if findings:
-        t = Table(show_header=True, header_style="bold", expand=False)
-        for col in ("rule", "severity", "diagnosis", "remedy"):
-            t.add_column(col, overflow="fold")
-        for f in findings:
-            s = f.get("severity")
-            t.add_row(f"{f.get('rule_id')} {f.get('name')}", f"[{SEV_STYLE.get(s, '')}]{s}[/]", str(f.get("message")), str(f.get("remedy")))
-        out.print(t)
-    else:
-        out.print("[green]no findings[/]")
-    m = result.get("metrics") or {}
-    names = ["accept_prob_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "num_prompts", "num_positions"]
-    t = Table(title="key metrics (estimates from teacher forcing)", show_header=True, header_style="bold")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    for n in names:
-        if n in m:
-            v = num(m.get(n))
-            unit = CATALOG[n].unit if n in CATALOG else ""
-            t.add_row(n, "n/a" if v is None else format_value(n, int(v) if unit in ("count", "bool") else v))
-    out.print(t)
-    mk = measured(result).get("k_table") or []
-    if mk:
-        best = max(mk, key=lambda r: num(r.get("speedup")) or -1.0)
-        out.print(f"measured (real draft→verify loop): best K={best.get('k')} τ={num(best.get('tau_tokens')) or 0:.2f} speedup {num(best.get('speedup')) or 0:.2f}×")
-
-
-def write_outputs(result: Mapping[str, Any], *, html: Path | None, csv: Path | None, junit: Path | None, markdown: Path | None, fail_on: str | None) -> None:
-    """Render each asked-for format; shared by `report` and `compare`."""
-    from specprobe.report.load import write_text_atomic
-
-    is_compare = result.get("command") == "compare"
-    if html is not None:
-        from specprobe.report.html import render_compare_html, render_html
-
-        write_text_atomic(html, render_compare_html(result) if is_compare else render_html(result))
-        err.print(f"wrote {html}")
-    if csv is not None:
-        from specprobe.report.csv_out import write_csv
-
-        paths = write_csv(result, csv)
-        err.print(f"wrote {len(paths)} CSV tables into {csv}")
-    if junit is not None:
-        from specprobe.report.junit import render_junit
-
-        write_text_atomic(junit, render_junit(result, fail_on=fail_on))
-        err.print(f"wrote {junit}")
-    if markdown is not None:
-        from specprobe.report.markdown import render_markdown
-
-        write_text_atomic(markdown, render_markdown(result, fail_on=fail_on))
-        err.print(f"wrote {markdown}")
+    render_summary(result, out)
 
 
 @handle_errors
 def report(
+    ctx: typer.Context,
     result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json")],
     html: HtmlOpt = None,
-    csv: Annotated[Path | None, typer.Option("--csv", help="Write CSV tables into this folder.")] = None,
+    csv_dir: CsvOpt = None,
     junit: JunitOpt = None,
     markdown: MarkdownOpt = None,
     fail_on: Annotated[
@@ -116,11 +66,12 @@ def report(
     """
     from specprobe.report.load import gate_exit_code, load_result
 
+    opts = gather(ctx, "report", only=("html", "csv_dir", "junit", "markdown"))  # every output checked before any is written
     result = load_result(result_file)
     if not quiet:
         print_summary(result)
-    gate = fail_on or (result.get("config") or {}).get("fail_on") or "error"
-    write_outputs(result, html=html, csv=csv, junit=junit, markdown=markdown, fail_on=gate)
+    gate = fail_on or result.config.fail_on or "error"
+    write_outputs(result, opts, fail_on=gate)
     if fail_on is not None:
         raise typer.Exit(gate_exit_code(result, fail_on))
 

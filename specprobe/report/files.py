@@ -1,15 +1,62 @@
-"""Safe output files: checked before any work starts, written atomically (temp + rename)
-so an interrupted or failed run leaves nothing half-written."""
+"""Safe output files: every output path checked before any work starts (and before any
+other output is written), then written atomically (temp + rename) so an interrupted or
+failed run leaves nothing half-written. New files and folders get the permissions the
+user's umask gives, as every other tool does (a temp file alone would be 0600)."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from specprobe.errors import OutputError
+
+
+@dataclass(frozen=True)
+class OutputPath:
+    """One output a command was asked to write: where the path came from (`--json`, or
+    `probe.yaml: outputs.json`), the path, and whether it is a file or a folder."""
+
+    origin: str
+    path: Path
+    kind: Literal["file", "dir"] = "file"
+
+
+def _umask() -> int:
+    # Read without changing it where the kernel tells (Linux); os.umask is set-and-return.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def _can_create_in(folder: Path) -> str | None:
+    """None when a file can be created in folder, else why not. Tries for real: the
+    permission bits say nothing to root, and /proc or a read-only mount refuse anyway."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".specprobe-probe-", dir=folder)
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+    return None
 
 
 def check_writable_file(path: Path | None, flag: str) -> None:
@@ -17,16 +64,15 @@ def check_writable_file(path: Path | None, flag: str) -> None:
         return
     path = Path(path)
     if path.is_dir():
-        raise OutputError(f"{flag} {path} is a directory", f"give {flag} a file name")
+        raise OutputError(f"{flag} {path} is a folder", f"give {flag} a file name")
     # Missing folders are created when the file is written; the nearest existing
-    # ancestor must be a writable folder.
-    parent = path.parent if str(path.parent) else Path(".")
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
+    # ancestor must be a folder we can create things in.
+    parent = _nearest_existing(path.parent if str(path.parent) else Path("."))
     if not parent.is_dir():
         raise OutputError(f"cannot write {flag} {path}: {parent} is a file, not a folder", "choose another path")
-    if not os.access(parent, os.W_OK):
-        raise OutputError(f"cannot write {flag} {path}: folder {parent} is not writable", "choose a writable path")
+    why = _can_create_in(parent)
+    if why:
+        raise OutputError(f"cannot write {flag} {path}: folder {parent}: {why}", "choose a writable path")
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"cannot write {flag} {path}: the file is read-only", "choose a writable path")
 
@@ -37,27 +83,67 @@ def check_writable_dir(path: Path | None, flag: str) -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise OutputError(f"{flag} {path} exists and is not a folder", f"give {flag} a folder")
-    probe = path if path.exists() else path.parent if str(path.parent) else Path(".")
-    while not probe.exists():
-        probe = probe.parent
+    probe = _nearest_existing(path)
     if not probe.is_dir():
         raise OutputError(f"cannot write {flag} {path}: {probe} is a file, not a folder", "choose another path")
-    if not os.access(probe, os.W_OK):
-        raise OutputError(f"cannot write {flag} {path}: {probe} is not writable", "choose a writable folder")
+    why = _can_create_in(probe)
+    if why:
+        raise OutputError(f"cannot write {flag} {path}: {probe}: {why}", "choose a writable folder")
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
+def check_outputs(outputs: Iterable[OutputPath]) -> None:
+    """Check every output before any is written: a bad last path must not leave the
+    first ones written and the run's work lost."""
+    seen: dict[Path, str] = {}
+    for o in outputs:
+        if o.kind == "dir":
+            check_writable_dir(o.path, o.origin)
+        else:
+            check_writable_file(o.path, o.origin)
+        key = Path(os.path.abspath(o.path))
+        if key in seen:
+            raise OutputError(f"{seen[key]} and {o.origin} both write {o.path}", "give each output its own path")
+        seen[key] = o.origin
+
+
+def new_file_mode(path: Path) -> int:
+    """An existing file keeps its mode; a new one gets 0666 less the umask."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def make_temp_dir(parent: Path, name: str) -> Path:
+    """A fresh folder next to its destination, to be filled then renamed into place;
+    mode 0777 less the umask (mkdtemp alone makes it 0700)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=parent))
+    os.chmod(tmp, 0o777 & ~_umask())
+    return tmp
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write next to the destination, then rename: a reader never sees half a report."""
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(f"{p} is a folder", "pass a file path")
+    parent = p.parent if str(p.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        mode = new_file_mode(p)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+        try:
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     except OSError as e:
-        raise OutputError(f"cannot write {path}: {e.strerror or e}", "choose a writable path") from e
+        raise OutputError(f"cannot write {p}: {e.strerror or e}", "choose a writable path") from None
+    return p
 
 
-def write_json(path: Path, result: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(result, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+def write_json(path: str | Path, result: dict[str, Any]) -> Path:
+    return write_text_atomic(path, json.dumps(result, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
