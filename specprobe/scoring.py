@@ -171,16 +171,16 @@ def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[in
     prompt_of = np.repeat(np.asarray(idx), lengths)  # [P]
     rows = torch.from_numpy(np.repeat(np.arange(len(idx)), lengths)).to(ids.device)  # [P] batch row
     t = torch.from_numpy(t_np).to(ids.device)  # [P]
-    lm_head = target.model.get_output_embeddings()
+    head = target.head  # the LM head + the architecture's post-head transform (soft-capping, scaling)
     step = cfg.chunk_positions
     with torch.inference_mode(), capture_layers(target.model, drafter.target_layers_needed()) as captured:
-        out = target.model.model(input_ids=ids, attention_mask=mask)
-        tp = TargetPass(ids, mask, out.last_hidden_state, dict(captured))
+        # the model's own forward (logits for the last position only: they re-prove `head`)
+        tp = TargetPass(ids, mask, target.last_hidden(ids, mask), dict(captured))
         feats = drafter.hidden(tp)  # depth -> [B, S, H']
         depths = sorted(d for d in feats if 1 <= d <= cfg.k_max)
         for c0 in range(0, rows.numel(), step):
             bb, tt = rows[c0 : c0 + step], t[c0 : c0 + step]  # [N]
-            tl = lm_head(tp.last_hidden[bb, tt])  # [N, V]
+            tl = head(tp.last_hidden[bb, tt])  # [N, V]
             # the depth-d prediction of token t+1 is made at position t+1−d
             drafts = ((d, drafter.logits(feats[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in depths)  # [N, V'] each
             scores = score_chunk(tl, drafts, tt + 1, pair)
@@ -212,12 +212,15 @@ def _right_padded(seqs: list[list[int]], pad: int, device: Any) -> tuple[Any, An
 def capture_layers(model: Any, layers: tuple[int, ...]) -> Iterator[dict[int, Any]]:
     """Raw outputs of decoder layers 1..L (1-based, as hidden_states[N]) via forward hooks,
     so only the layers a drafter needs are kept — not all L+1 hidden states."""
+    from specprobe.models.anatomy import decoder_layers
+
     captured: dict[int, Any] = {}
     handles = []
+    blocks = decoder_layers(model)[0] if layers else []
     for n in layers:
         def hook(_mod: Any, _inp: Any, output: Any, n: int = n) -> None:
             captured[n] = output[0] if isinstance(output, tuple) else output
-        handles.append(model.model.layers[n - 1].register_forward_hook(hook))
+        handles.append(blocks[n - 1].register_forward_hook(hook))
     try:
         yield captured
     finally:

@@ -14,7 +14,19 @@ import torch
 
 from tests.helpers.tiny import _tokenizer, base_vocab, prompts_file
 
-V = len(base_vocab())
+
+def _vocab() -> dict[str, int]:
+    """The tiny word vocabulary plus single characters: transformers 5 swaps in the
+    architecture's own tokenizer class for some model types (Qwen2, GPT-2, …), which
+    rebuilds a byte-level tokenizer from the vocabulary and splits "w12" into characters;
+    with the characters present every class still tokenizes the prompts."""
+    vocab = base_vocab()
+    for ch in ["w", "Ġ", *"0123456789"]:
+        vocab.setdefault(ch, len(vocab))
+    return vocab
+
+
+V = len(_vocab())
 _SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4}
 _SPECIAL = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, "vocab_size": V, "max_position_embeddings": 256}
 
@@ -48,7 +60,7 @@ def arch_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from transformers import AutoModelForCausalLM
 
     root = tmp_path_factory.mktemp("archs")
-    tok = _tokenizer(base_vocab())
+    tok = _tokenizer(_vocab())
     out = {}
     for name, make in _configs().items():
         torch.manual_seed(0)
