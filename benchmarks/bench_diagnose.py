@@ -93,7 +93,7 @@ from specprobe.diagnose import DiagnoseConfig, run_diagnose
 cfg = DiagnoseConfig(target="smollm2", drafter="self:layers=24", max_prompts=int(sys.argv[1]), max_new_tokens=32,
                      sampling=SamplingFlags(temperature=0.7), cost_ratio=0.8, device="cpu")
 r = run_diagnose(cfg)
-print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "positions": r["metrics"]["num_positions"]}))
+print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "positions": r.metrics["num_positions"]}))
 """
 
 

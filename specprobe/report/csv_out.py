@@ -14,68 +14,80 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specprobe.catalog import CATALOG
 from specprobe.errors import OutputError
-from specprobe.report.load import measured, rows
+from specprobe.report.files import make_temp_dir
+from specprobe.result import Comparison, Finding, Part, Result
 
 
-def tables(result: Mapping[str, Any]) -> dict[str, Any]:
+def _frame(rows: Sequence[Part]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([r.model_dump() for r in rows])
+
+
+def _findings(findings: Sequence[Finding]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame(
+        [
+            {
+                "rule_id": f.rule_id, "name": f.name, "severity": f.severity, "message": f.message,
+                "threshold": f.threshold, "remedy": f.remedy,
+                "measured": "; ".join(f"{k}={v}" for k, v in f.measured.items()),
+                "evidence": " | ".join(f.evidence),
+            }
+            for f in findings
+        ],
+        columns=["rule_id", "name", "severity", "message", "threshold", "remedy", "measured", "evidence"],
+    )
+
+
+def tables(result: Result | Comparison) -> dict[str, Any]:
     """name → pandas DataFrame, for every table this result holds."""
     import pandas as pd
 
     out: dict[str, Any] = {}
-    metrics = result.get("metrics") or {}
     out["summary"] = pd.DataFrame(
-        [{"metric": k, "value": v, "unit": CATALOG[k].unit if k in CATALOG else "", "source": CATALOG[k].source if k in CATALOG else ""} for k, v in metrics.items()],
+        [{"metric": k, "value": v, "unit": CATALOG[k].unit if k in CATALOG else "", "source": CATALOG[k].source if k in CATALOG else ""} for k, v in result.metrics.items()],
         columns=["metric", "value", "unit", "source"],
     )
-    out["findings"] = pd.DataFrame(
-        [
-            {
-                "rule_id": f.get("rule_id"), "name": f.get("name"), "severity": f.get("severity"), "message": f.get("message"),
-                "threshold": f.get("threshold"), "remedy": f.get("remedy"),
-                "measured": "; ".join(f"{k}={v}" for k, v in (f.get("measured") or {}).items()),
-                "evidence": " | ".join(f.get("evidence") or []),
-            }
-            for f in result.get("findings") or []
-        ],
-        columns=["rule_id", "name", "severity", "message", "threshold", "remedy", "measured", "evidence"],
-    )
-    if result.get("command") == "compare":
-        for key in ("overall", "by_domain", "by_depth", "k_table"):
-            if rows(result, key):
-                out[key] = pd.DataFrame(rows(result, key))
+    out["findings"] = _findings(result.findings)
+    if isinstance(result, Comparison):
+        compare_tables: dict[str, Sequence[Part]] = {"overall": result.overall, "by_domain": result.by_domain, "by_depth": result.by_depth, "k_table": result.k_table}
+        for key, rows in compare_tables.items():
+            if rows:
+                out[key] = _frame(rows)
         return out
 
-    for key in ("by_domain", "by_entropy", "by_position", "k_table"):
-        if rows(result, key):
-            out[key] = pd.DataFrame(rows(result, key))
-    mk = rows(measured(result), "k_table")
-    if mk and "k_table" in out:
-        m = pd.DataFrame(mk).add_prefix("measured_").rename(columns={"measured_k": "k"})
+    result_tables: dict[str, Sequence[Part]] = {"by_domain": result.by_domain, "by_entropy": result.by_entropy, "by_position": result.by_position, "k_table": result.k_table}
+    for key, rows in result_tables.items():
+        if rows:
+            out[key] = _frame(rows)
+    meas = result.measured
+    if meas and meas.k_table and "k_table" in out:
+        m = _frame(meas.k_table).add_prefix("measured_").rename(columns={"measured_k": "k"})
         out["k_table"] = out["k_table"].merge(m, on="k", how="outer")
-    d = result.get("depth") or {}
-    if d.get("depth"):
-        depth = pd.DataFrame({"depth": d.get("depth"), "cumulative_estimate": d.get("cumulative"), "conditional_estimate": d.get("conditional")})
-        md = measured(result).get("depth") or {}
-        if md.get("depth"):
-            mdf = pd.DataFrame({"depth": md.get("depth"), "cumulative_measured": md.get("cumulative"), "conditional_measured": md.get("conditional")})
+    d = result.depth
+    if d and d.depth:
+        depth = pd.DataFrame({"depth": d.depth, "cumulative_estimate": d.cumulative, "conditional_estimate": d.conditional})
+        md = meas.depth if meas else None
+        if md and md.depth:
+            mdf = pd.DataFrame({"depth": md.depth, "cumulative_measured": md.cumulative, "conditional_measured": md.conditional})
             depth = depth.merge(mdf, on="depth", how="outer")
         out["depth"] = depth
-    pos = result.get("positions")
-    if isinstance(pos, dict) and pos:
-        lengths = {len(v) for v in pos.values() if isinstance(v, list)}
-        if len(lengths) == 1:
-            out["positions"] = pd.DataFrame({k: v for k, v in pos.items() if isinstance(v, list)})
+    if result.positions is not None:
+        cols = result.positions.columns()
+        if len({len(v) for v in cols.values()}) == 1:
+            out["positions"] = pd.DataFrame(cols)
     return out
 
 
-def write_csv(result: Mapping[str, Any], folder: str | Path) -> list[Path]:
+def write_csv(result: Result | Comparison, folder: str | Path) -> list[Path]:
     """Write every table as <folder>/<name>.csv; returns the paths written."""
     dest = Path(folder)
     if dest.exists() and not dest.is_dir():
@@ -84,7 +96,7 @@ def write_csv(result: Mapping[str, Any], folder: str | Path) -> list[Path]:
     parent = dest.parent if str(dest.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
+        tmp = make_temp_dir(parent, dest.name)  # umask-respecting, unlike mkdtemp
     except OSError as e:
         raise OutputError(f"cannot write into {parent}: {e.strerror or e}", "choose a writable folder for --csv") from None
     try:

@@ -11,11 +11,9 @@ show "alignment", "acceptance", … as suites.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
-from typing import Any
 
 from specprobe.catalog import format_value
-from specprobe.report.load import describe
+from specprobe.result import Comparison, Evaluation, Finding, Result
 from specprobe.rules import FAMILIES, SEVERITY_RANK
 
 
@@ -23,43 +21,42 @@ def _gates(severity: str, fail_on: str) -> bool:
     return fail_on != "never" and SEVERITY_RANK.get(severity, 0) >= SEVERITY_RANK[fail_on]
 
 
-def _details(f: Mapping[str, Any]) -> str:
-    lines = [f"{f.get('rule_id')} {f.get('name')} ({f.get('severity')})", str(f.get("message") or "")]
-    for name, value in (f.get("measured") or {}).items():
+def _details(f: Finding) -> str:
+    lines = [f"{f.rule_id} {f.name} ({f.severity})", f.message]
+    for name, value in f.measured.items():
         shown = value if isinstance(value, str) else format_value(name, value)
         lines.append(f"measured: {name} = {shown}")
-    lines.append(f"threshold: {f.get('threshold')}")
-    lines.append(f"remedy: {f.get('remedy')}")
-    lines.extend(f"evidence: {e}" for e in f.get("evidence") or [])
+    lines.append(f"threshold: {f.threshold}")
+    lines.append(f"remedy: {f.remedy}")
+    lines.extend(f"evidence: {e}" for e in f.evidence)
     return "\n".join(lines)
 
 
-def render_junit(result: Mapping[str, Any], *, fail_on: str | None = None, suite: str | None = None) -> str:
+def render_junit(result: Result | Comparison, *, fail_on: str | None = None, suite: str | None = None) -> str:
     """JUnit XML text for a diagnose/simulate/compare result."""
-    fail_on = fail_on or (result.get("config") or {}).get("fail_on") or "error"
-    findings = {f.get("rule_id"): f for f in result.get("findings") or []}
-    evaluations = list(result.get("evaluations") or [])
-    if not evaluations:  # an older or partial result: at least the findings become cases
-        evaluations = [{"rule_id": k, "name": f.get("name"), "severity": f.get("severity"), "status": "fail"} for k, f in findings.items()]
-    command = result.get("command") or "diagnose"
-    if command == "compare":
-        name = suite or f"specprobe compare: {(result.get('candidate') or {}).get('describe')} vs {(result.get('baseline') or {}).get('describe')}"
+    fail_on = fail_on or result.config.fail_on or "error"
+    findings = {f.rule_id: f for f in result.findings}
+    evaluations = list(result.evaluations)
+    if not evaluations:  # a partial result: at least the findings become cases
+        evaluations = [Evaluation(rule_id=k, name=f.name, severity=f.severity, status="fail") for k, f in findings.items()]
+    command = result.command
+    if isinstance(result, Comparison):
+        name = suite or f"specprobe compare: {result.candidate.describe} vs {result.baseline.describe}"
     else:
-        name = suite or f"specprobe {command}: {describe(result)}"
+        name = suite or f"specprobe {command}: {result.describe()}"
 
     cases = []
     failures = skipped = 0
     for ev in evaluations:
-        rid = str(ev.get("rule_id"))
+        rid = ev.rule_id
         fam = FAMILIES.get(rid[2:3], "other").replace("/", "-")
-        case = ET.Element("testcase", {"classname": f"specprobe.{fam}", "name": f"{rid} {ev.get('name')}", "time": "0"})
+        case = ET.Element("testcase", {"classname": f"specprobe.{fam}", "name": f"{rid} {ev.name}", "time": "0"})
         f = findings.get(rid)
-        status = ev.get("status")
-        if status == "fail" and f is not None and _gates(str(f.get("severity")), fail_on):
+        if ev.status == "fail" and f is not None and _gates(f.severity, fail_on):
             failures += 1
-            el = ET.SubElement(case, "failure", {"message": str(f.get("message") or ""), "type": str(f.get("severity"))})
+            el = ET.SubElement(case, "failure", {"message": f.message, "type": f.severity})
             el.text = _details(f)
-        elif status == "skipped":
+        elif ev.status == "skipped":
             skipped += 1
             ET.SubElement(case, "skipped", {"message": "not evaluated: a metric it needs was not measured, or it does not apply to this drafter kind"})
         elif f is not None:
@@ -70,11 +67,11 @@ def render_junit(result: Mapping[str, Any], *, fail_on: str | None = None, suite
     suites = ET.Element("testsuites", {"name": "specprobe", "tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped), "time": "0"})
     ts = ET.SubElement(suites, "testsuite", {
         "name": name, "tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped), "time": "0",
-        "timestamp": str(result.get("created") or "")[:19],
+        "timestamp": result.created[:19],
     })
     props = ET.SubElement(ts, "properties")
-    m = result.get("metrics") or {}
-    for key, value in (("verdict", result.get("verdict")), ("fail_on", fail_on), ("command", command), ("accept_prob_mean", m.get("accept_prob_mean")), ("kl_target_draft_nats", m.get("kl_target_draft_nats"))):
+    m = result.metrics
+    for key, value in (("verdict", result.verdict), ("fail_on", fail_on), ("command", command), ("accept_prob_mean", m.get("accept_prob_mean")), ("kl_target_draft_nats", m.get("kl_target_draft_nats"))):
         if value is not None:
             ET.SubElement(props, "property", {"name": key, "value": str(value)})
     ts.extend(cases)

@@ -1,16 +1,16 @@
 """Markdown reports for CI job summaries ($GITHUB_STEP_SUMMARY) and PR comments.
 
 GitHub-flavoured Markdown only: headings, tables, one emoji per severity so the verdict
-reads at a glance in a list of checks. Pure functions: dict in, text out.
+reads at a glance in a list of checks. Pure functions: result in, text out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from specprobe.catalog import CATALOG, format_value
-from specprobe.report.load import describe, effective_temperatures, measured, num, rows
+from specprobe.report.fmt import fixed, metric, pct, signed_pct
+from specprobe.result import Comparison, Finding, Result
 
 ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", None: "✅"}
 
@@ -25,118 +25,98 @@ def _table(headers: Sequence[str], body: Sequence[Sequence[Any]]) -> list[str]:
     return out + [""]
 
 
-def _pct(x: Any) -> str:
-    v = num(x)
-    return "–" if v is None else f"{100 * v:.1f}%"
-
-
-def _val(name: str, x: Any) -> str:
-    v = num(x)
-    if v is None:
-        return "–"
-    unit = CATALOG[name].unit if name in CATALOG else ""
-    return format_value(name, int(v) if unit in ("count", "bool") else v)
-
-
-def _findings(findings: Sequence[Mapping[str, Any]], empty: str) -> list[str]:
+def _findings(findings: Sequence[Finding], empty: str) -> list[str]:
     if not findings:
         return [empty, ""]
     out = []
     for f in findings:
-        out.append(f"- {ICON.get(f.get('severity'), '')} **{f.get('rule_id')} {f.get('name')}** ({f.get('severity')}): {f.get('message')}  ")
-        out.append(f"  threshold `{f.get('threshold')}` — **remedy:** {f.get('remedy')}")
-        out.extend(f"  - {e}" for e in f.get("evidence") or [])
+        out.append(f"- {ICON.get(f.severity, '')} **{f.rule_id} {f.name}** ({f.severity}): {f.message}  ")
+        out.append(f"  threshold `{f.threshold}` — **remedy:** {f.remedy}")
+        out.extend(f"  - {e}" for e in f.evidence)
     return out + [""]
 
 
-def _headline(result: Mapping[str, Any], fail_on: str | None) -> str:
-    sev = result.get("worst_severity")
-    return f"### {ICON.get(sev, '')} {str(result.get('verdict') or 'no verdict').capitalize()}" + (f"  (gate: fail on {fail_on})" if fail_on else "")
+def _headline(result: Result | Comparison, fail_on: str | None) -> str:
+    return f"### {ICON.get(result.worst_severity, '')} {(result.verdict or 'no verdict').capitalize()}" + (f"  (gate: fail on {fail_on})" if fail_on else "")
 
 
-def render_markdown(result: Mapping[str, Any], *, fail_on: str | None = None) -> str:
+def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) -> str:
     """A CI summary of a diagnose or simulate result."""
-    if result.get("command") == "compare":
+    if isinstance(result, Comparison):
         return render_compare_markdown(result, fail_on=fail_on)
-    cfg = result.get("config") or {}
-    m = result.get("metrics") or {}
-    ps = result.get("prompt_set") or {}
-    fail_on = fail_on or cfg.get("fail_on")
+    cfg = result.config
+    m = result.metrics
+    fail_on = fail_on or cfg.fail_on
+    t_temp, d_temp = result.temperatures()
     lines = [
-        f"## specprobe {result.get('command')}: `{describe(result)}`",
+        f"## specprobe {result.command}: `{result.describe()}`",
         "",
         _headline(result, fail_on),
         "",
-        f"Temperature {effective_temperatures(result)[0]} (drafter {effective_temperatures(result)[1]}) · prompts {ps.get('name') or cfg.get('prompts')} "
-        f"({m.get('num_prompts')} prompts, {m.get('num_positions')} positions) · references {result.get('reference') or cfg.get('reference')} · {result.get('created')}",
+        f"Temperature {t_temp} (drafter {d_temp}) · prompts {result.prompt_set.name if result.prompt_set else cfg.prompts} "
+        f"({m.get('num_prompts')} prompts, {m.get('num_positions')} positions) · references {result.reference or cfg.reference} · {result.created}",
         "",
         "#### Findings",
         "",
     ]
-    lines += _findings(result.get("findings") or [], "No rule fired.")
+    lines += _findings(result.findings, "No rule fired.")
     lines += ["#### Key metrics", ""]
     names = ["accept_prob_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio"]
-    lines += _table(("metric", "value"), [[n, _val(n, m.get(n))] for n in names if n in m])
+    lines += _table(("metric", "value"), [[n, metric(n, m.get(n))] for n in names if n in m])
 
-    dom = rows(result, "by_domain")
-    if dom:
+    if result.by_domain:
         lines += ["#### α by domain", ""]
-        lines += _table(("domain", "positions", "α", "greedy", "KL nats"), [[r.get("group"), r.get("positions"), _pct(r.get("accept_prob_mean")), _pct(r.get("greedy_agree_frac")), _val("kl_target_draft_nats", r.get("kl_target_draft_nats"))] for r in dom])
-    kt = rows(result, "k_table")
-    mk = {r.get("k"): r for r in rows(measured(result), "k_table")}
-    if kt:
-        best = result.get("best_k")
+        lines += _table(("domain", "positions", "α", "greedy", "KL nats"), [[r.group, r.positions, pct(r.accept_prob_mean), pct(r.greedy_agree_frac), metric("kl_target_draft_nats", r.kl_target_draft_nats)] for r in result.by_domain])
+    mk = {r.k: r for r in result.measured.k_table} if result.measured else {}
+    if result.k_table:
+        best = result.best_k
         lines += ["#### τ and speedup by K (estimate" + (", measured" if mk else "") + ")", ""]
         head = ["K", "τ(K)", "accept rate", "speedup"] + (["τ measured", "speedup measured"] if mk else [])
         body = []
-        for r in kt:
-            k = r.get("k")
-            row = [f"**{k}** (best)" if k == best else k, f"{num(r.get('tau_tokens')) or 0:.2f}", _pct(r.get("accept_rate")), f"{num(r.get('speedup')) or 0:.2f}×"]
+        for r in result.k_table:
+            row: list[Any] = [f"**{r.k}** (best)" if r.k == best else r.k, f"{r.tau_tokens or 0:.2f}", pct(r.accept_rate), f"{r.speedup or 0:.2f}×"]
             if mk:
-                mm = mk.get(k) or {}
-                row += [f"{num(mm.get('tau_tokens')):.2f}" if num(mm.get("tau_tokens")) is not None else "–", f"{num(mm.get('speedup')):.2f}×" if num(mm.get("speedup")) is not None else "–"]
+                mm = mk.get(r.k)
+                row += [fixed(mm.tau_tokens if mm else None, ".2f"), fixed(mm.speedup if mm else None, ".2f") + ("×" if mm and mm.speedup is not None else "")]
             body.append(row)
         lines += _table(head, body)
-    d = result.get("depth") or {}
-    if d.get("cumulative"):
+    d = result.depth
+    if d and d.cumulative:
         lines += ["#### Acceptance by draft depth (estimate; depth from 1)", ""]
-        lines += _table(("depth", "cumulative r_j", "conditional a_j"), [[j, _pct(c), _pct(a)] for j, c, a in zip(d.get("depth") or [], d.get("cumulative") or [], d.get("conditional") or [], strict=False)])
+        lines += _table(("depth", "cumulative r_j", "conditional a_j"), [[j, pct(c), pct(a)] for j, c, a in zip(d.depth, d.cumulative, d.conditional, strict=False)])
     lines.append("_Estimates from teacher forcing" + ("; measured values from real speculative decoding._" if mk else "._"))
     return "\n".join(lines) + "\n"
 
 
-def render_compare_markdown(comparison: Mapping[str, Any], *, fail_on: str | None = None) -> str:
+def render_compare_markdown(comparison: Comparison, *, fail_on: str | None = None) -> str:
     """A CI summary of a compare result (the drafter release gate)."""
-    b, c = comparison.get("baseline") or {}, comparison.get("candidate") or {}
-    fail_on = fail_on or (comparison.get("config") or {}).get("fail_on")
+    b, c = comparison.baseline, comparison.candidate
+    fail_on = fail_on or comparison.config.fail_on
     lines = [
-        f"## specprobe compare: `{c.get('drafter')}` against baseline `{b.get('drafter')}`",
+        f"## specprobe compare: `{c.drafter}` against baseline `{b.drafter}`",
         "",
         _headline(comparison, fail_on),
         "",
-        f"Target {c.get('target_name') or c.get('target')} · prompts {c.get('prompt_set')}",
+        f"Target {c.target_name or c.target} · prompts {c.prompt_set}",
         "",
     ]
-    lines += [f"> {n}" for n in comparison.get("notes") or []]
-    if comparison.get("notes"):
+    lines += [f"> {n}" for n in comparison.notes]
+    if comparison.notes:
         lines.append("")
     lines += ["#### Findings", ""]
-    lines += _findings(comparison.get("findings") or [], "No regression rule fired.")
-    ov = comparison.get("overall") or []
-    if ov:
+    lines += _findings(comparison.findings, "No regression rule fired.")
+    if comparison.overall:
         lines += ["#### Overall", ""]
         body = []
-        for r in ov:
-            rel = num(r.get("rel_change"))
-            mark = " 🔻" if r.get("worse") and rel is not None and abs(rel) >= 0.05 else ""
-            body.append([r["metric"], _val(r["metric"], r.get("baseline")), _val(r["metric"], r.get("candidate")), ("–" if rel is None else f"{100 * rel:+.1f}%") + mark])
+        for r in comparison.overall:
+            rel = r.rel_change
+            mark = " 🔻" if r.worse and rel is not None and abs(rel) >= 0.05 else ""
+            body.append([r.metric, metric(r.metric, r.baseline), metric(r.metric, r.candidate), signed_pct(rel) + mark])
         lines += _table(("metric", "baseline", "candidate", "relative"), body)
-    dom = comparison.get("by_domain") or []
-    if dom:
+    if comparison.by_domain:
         lines += ["#### α by domain", ""]
-        lines += _table(("domain", "baseline", "candidate", "relative"), [[d["group"], _pct(d.get("baseline")), _pct(d.get("candidate")), "–" if num(d.get("rel_change")) is None else f"{100 * d['rel_change']:+.1f}%"] for d in dom])
-    dep = comparison.get("by_depth") or []
-    if dep:
-        lines += [f"#### Acceptance by draft depth ({comparison.get('depth_source')}; depth from 1)", ""]
-        lines += _table(("depth", "r_j base", "r_j cand", "a_j base", "a_j cand"), [[d["depth"], _pct(d.get("cumulative_baseline")), _pct(d.get("cumulative_candidate")), _pct(d.get("conditional_baseline")), _pct(d.get("conditional_candidate"))] for d in dep])
+        lines += _table(("domain", "baseline", "candidate", "relative"), [[d.group, pct(d.baseline), pct(d.candidate), signed_pct(d.rel_change)] for d in comparison.by_domain])
+    if comparison.by_depth:
+        lines += [f"#### Acceptance by draft depth ({comparison.depth_source}; depth from 1)", ""]
+        lines += _table(("depth", "r_j base", "r_j cand", "a_j base", "a_j cand"), [[d.depth, pct(d.cumulative_baseline), pct(d.cumulative_candidate), pct(d.conditional_baseline), pct(d.conditional_candidate)] for d in comparison.by_depth])
     return "\n".join(lines) + "\n"

@@ -1,0 +1,226 @@
+"""Result assembly, shared by check, diagnose and simulate: the run's header, the
+estimate's sections from the accumulators, the measured block's catalogue metrics, the
+rules' verdict — and the typed `Result` they make (specprobe/result.py).
+
+The pipelines compute; this module only arranges what they computed. A new section of
+the result (renewal τ, per-category tables, drill-down, head coverage, shard
+provenance) is filled in here, next to the others, and declared once in result.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from specprobe import __version__
+from specprobe.result import Evaluation, Measured, Result
+from specprobe.rules import RuleTable, sort_findings, verdict, worst_severity
+
+if TYPE_CHECKING:
+    from specprobe.options import DiagnoseConfig, SimulateConfig
+    from specprobe.prompts import PromptSet
+    from specprobe.scoring import Scored
+
+# Rule families each command judges: alignment, divergence, acceptance, cost (+ calibration).
+DIAGNOSE_FAMILIES = ("0", "1", "2", "3")
+SIMULATE_FAMILIES = (*DIAGNOSE_FAMILIES, "6")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ----------------------------------------------------------------------------- rules
+def evaluate_rules(table: RuleTable, metrics: dict[str, Any], kind: str, evidence: dict[str, list[str]] | None = None, families: tuple[str, ...] = DIAGNOSE_FAMILIES) -> tuple[list[Any], list[Evaluation]]:
+    """(findings, worst first; one evaluation per rule: pass / fail / skipped)."""
+    evals = table.evaluate(metrics, kind=kind, families=families, evidence=evidence)
+    findings = sort_findings([e.finding for e in evals if e.finding is not None])
+    return findings, [Evaluation(rule_id=e.rule.id, name=e.rule.name, severity=e.rule.severity, status=e.status) for e in evals]  # type: ignore[arg-type]
+
+
+def verdict_fields(findings: list[Any], evaluations: list[Evaluation], default: str = "no findings") -> dict[str, Any]:
+    """verdict, worst_severity, findings, evaluations: the fields every result ends with."""
+    return {
+        "verdict": verdict(findings, default=default),
+        "worst_severity": worst_severity(findings),
+        "findings": [f.to_dict() for f in findings],
+        "evaluations": evaluations,
+    }
+
+
+# ----------------------------------------------------------------------------- check
+def check_result(config: dict[str, Any], target: dict[str, Any], drafter: dict[str, Any], sampling: Any, alignment: Any, table: RuleTable) -> Result:
+    """`check`: the alignment report judged by the SP0xx rules, no forward pass.
+    target/drafter: spec, name (and kind); sampling: the resolved SamplingPair;
+    alignment: the AlignmentReport (metrics, evidence, facts)."""
+    findings, evals = evaluate_rules(table, alignment.metrics, drafter.get("kind") or "", alignment.evidence, families=("0",))
+    fields = verdict_fields(findings, evals)
+    if all(f.severity == "info" for f in findings):
+        fields["verdict"] = "aligned"
+    return Result.model_validate({
+        "command": "check",
+        "specprobe_version": __version__,
+        "created": _now(),
+        "config": config,
+        "target": target,
+        "drafter": drafter,
+        "sampling": _sampling(sampling),
+        "alignment": {"facts": alignment.facts, "evidence": alignment.evidence},
+        "metrics": alignment.metrics,
+        **fields,
+    })
+
+
+def _sampling(pair: Any) -> dict[str, Any]:
+    return {"target": pair.target.to_dict(), "draft": pair.draft.to_dict(), "sources": pair.sources}
+
+
+# ----------------------------------------------------------------------------- diagnose
+def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict[str, Any]:
+    """What was run, on what, where: the fields every diagnose/simulate result starts with."""
+    from specprobe.costs import environment
+
+    target, drafter, align = pair.target, pair.drafter, pair.alignment
+    return {
+        "command": "diagnose",
+        "specprobe_version": __version__,
+        "created": _now(),
+        "config": cfg.to_dict(),
+        "environment": environment(target.device, target.dtype),
+        "target": {"spec": cfg.target, "name": target.name, "num_layers": target.num_layers, "vocab_size": target.vocab_size, "params": target.params},
+        "drafter": {"spec": cfg.drafter, "kind": drafter.kind, "name": drafter.name, "num_layers": drafter.num_layers, "params": drafter.params},
+        "prompt_set": {"name": prompt_set.name, "source": prompt_set.source, "sha256": prompt_set.sha256, "num_prompts": len(prompt_set.prompts), "domains": prompt_set.domains},
+        "reference": "off-policy" if cfg.reference == "dataset" else "on-policy",
+        "sampling": _sampling(pair.sampling),
+        "alignment": {"facts": align.facts, "evidence": align.evidence},
+    }
+
+
+def stopped_result(header: dict[str, Any], metrics: dict[str, Any], table: RuleTable, kind: str, evidence: dict[str, list[str]], blocking: list[str]) -> Result:
+    """A run that alignment errors stopped before any forward pass: the header, the
+    alignment metrics and every rule's verdict on them."""
+    findings, evals = evaluate_rules(table, metrics, kind, evidence)
+    return Result.model_validate({
+        **header,
+        "metrics": metrics,
+        "stopped": f"alignment errors ({', '.join(blocking)}) make scoring meaningless; no forward pass was run (use --force to score anyway)",
+        **verdict_fields(findings, evals),
+    })
+
+
+def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig, table: RuleTable, kind: str, evidence: dict[str, list[str]]) -> Result:
+    """Header + alignment metrics + scores + cost -> the finished diagnose result."""
+    sections = summarise(scored, cost, cfg)
+    metrics = {**metrics, **sections.pop("metrics")}
+    findings, evals = evaluate_rules(table, metrics, kind, evidence)
+    return Result.model_validate({
+        **header,
+        "interrupted": scored.interrupted,
+        "scored": True,
+        "metrics": metrics,
+        **sections,
+        "positions": scored.rows if cfg.keep_positions else None,
+        **verdict_fields(findings, evals),
+    })
+
+
+def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict[str, Any]:
+    """Accumulators + cost -> the estimate's metrics and sections: tables by domain,
+    entropy and position, histograms, depth curves, K table, adaptive K, cost."""
+    from specprobe import estimate
+    from specprobe.metrics.accumulate import THRESHOLDS
+
+    acc = scored.acc
+    s = acc.summary()
+    c = cfg.cost_ratio if cfg.cost_ratio is not None else cost["cost_ratio"]
+    if c is None or (isinstance(c, float) and math.isnan(c)):
+        c = 0.0
+    cum = acc.cumulative_depth().tolist()
+    cond = estimate.conditional(cum)
+    ktab = estimate.k_table(cum, float(s["accept_prob_mean"]), c, cfg.verify_factor) if acc.num_positions else []
+    best = estimate.best_k(ktab) if ktab else None
+    adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor) if acc.num_positions else None
+    dom = acc.by_domain()
+    pos = acc.by_position()
+    dom_alpha = [d["accept_prob_mean"] for d in dom if d["positions"]]
+    metrics: dict[str, Any] = {
+        "accept_prob_mean": s["accept_prob_mean"],
+        "greedy_agree_frac": s["greedy_agree_frac"],
+        "kl_target_draft_nats": s["kl_target_draft_nats"],
+        "kl_target_draft_p90_nats": acc.kl_percentile(0.9),
+        "tv_mean": s["tv_mean"],
+        "target_entropy_nats": s["target_entropy_nats"],
+        "draft_confidence_mean": s["draft_confidence_mean"],
+        "accept_prob_domain_min": min(dom_alpha) if dom_alpha else None,
+        "accept_prob_domain_spread": (max(dom_alpha) - min(dom_alpha)) if len(dom_alpha) > 1 else None,
+        "accept_prob_high_entropy": acc.high_entropy_accept,
+        "accept_prob_long_context_ratio": (pos[-1]["accept_prob_mean"] / pos[0]["accept_prob_mean"]) if len(pos) > 1 and pos[0]["accept_prob_mean"] > 0 and pos[-1]["positions"] >= 32 else None,
+        "cond_accept_depth_decay": (cond[-1] / cond[0]) if cond and cond[0] and not math.isnan(cond[-1]) else None,
+        "tau_tokens": best.tau_tokens if best else None,
+        "accept_rate_best_k": best.accept_rate if best else None,
+        "best_k": best.k if best else None,
+        "speedup_best": best.speedup if best else None,
+        "speedup_adaptive": adaptive.speedup if adaptive else None,
+        "cost_ratio": c,
+        "num_positions": acc.num_positions,
+        "num_prompts": acc.num_prompts,
+        "reference_off_policy": int(cfg.reference == "dataset"),
+    }
+    return {
+        "metrics": metrics,
+        "by_domain": dom,
+        "by_entropy": acc.by_entropy(),
+        "by_position": pos,
+        "histograms": acc.histograms(),
+        "depth": {"depth": list(range(1, cfg.k_max + 1)), "cumulative": cum, "conditional": cond, "source": "estimate", "head_depths": list(scored.head_depths)},
+        "k_table": [asdict(r) for r in ktab],
+        "adaptive": asdict(adaptive) if adaptive else None,
+        "cost": {**cost, "cost_ratio": c, "verify_factor": cfg.verify_factor, "measured": cost.get("measured", False) and cfg.cost_ratio is None},
+    }
+
+
+# ----------------------------------------------------------------------------- simulate
+def simulate_result(estimate: Result, cfg: SimulateConfig, measured: dict[str, Any] | None, table: RuleTable, *, interrupted: bool = False) -> Result:
+    """The diagnose estimate on the same prompts + what the real loop measured -> the
+    simulate result: its own command and settings, the measured block, the calibration
+    metrics, and every rule (SP6xx included) judged again on all the metrics.
+
+    measured None: nothing was measured (the estimate was stopped or interrupted)."""
+    fields: dict[str, Any] = {
+        **estimate.model_dump(),
+        "command": "simulate",
+        "config": {**estimate.config.model_dump(), "k": list(cfg.ks), "adaptive_threshold": cfg.adaptive_threshold},
+    }
+    if measured is None:
+        return Result.model_validate(fields)
+    block = Measured.model_validate({**measured, "interrupted": interrupted})
+    metrics = {**estimate.metrics, **measured_metrics(block)}
+    evidence = estimate.alignment.evidence if estimate.alignment else None
+    findings, evals = evaluate_rules(table, metrics, estimate.drafter.kind or "", evidence, families=SIMULATE_FAMILIES)
+    return Result.model_validate({**fields, "measured": block, "interrupted": interrupted, "metrics": metrics, **verdict_fields(findings, evals)})
+
+
+def measured_metrics(m: Measured) -> dict[str, Any]:
+    """Catalogue metrics (source=simulate) from the measured block. Calibration compares
+    estimate and measurement at the deepest K measured, where they drift apart first."""
+    if not m.k_table:
+        return {}
+    cal = max(m.k_table, key=lambda r: r.k)
+    best = max(m.k_table, key=lambda r: (r.speedup if r.speedup is not None else -1.0, -r.k))
+    tau_m, tau_e = cal.tau_tokens, cal.tau_estimate
+    gap = (tau_e - tau_m) / tau_m if tau_m and tau_e is not None else None
+    return {
+        "calibration_k": cal.k,
+        "tau_measured_tokens": tau_m,
+        "tau_estimated_tokens": tau_e,
+        "tau_gap_rel": gap,
+        "tau_gap_rel_abs": abs(gap) if gap is not None else None,
+        "accept_rate_measured": cal.accept_rate,
+        "num_drafts_measured": cal.num_drafts,
+        "speedup_measured": best.speedup,
+        "best_k_measured": best.k,
+        "tokens_per_s_measured": best.tokens_per_s,
+        "speedup_adaptive_measured": m.adaptive.speedup if m.adaptive else None,
+    }
