@@ -17,7 +17,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from specprobe.errors import InputError
-from specprobe.report.files import write_text_atomic  # noqa: F401  (re-exported: the one atomic writer)
 from specprobe.result import READABLE_VERSIONS, SCHEMA_VERSION, Comparison, Result, upgrade
 
 RESULT_COMMANDS = ("diagnose", "simulate")
