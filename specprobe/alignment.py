@@ -16,7 +16,7 @@ from specprobe.metrics.sampling import SEMANTICS, Sampling
 
 MAX_EXAMPLES = 5
 # Alignment errors after which scoring is meaningless (ids mean other tokens).
-BLOCKING_RULES = ("SP001", "SP003", "SP005", "SP015", "SP016")
+BLOCKING_RULES = ("SP001", "SP003", "SP005", "SP015", "SP016", "SP020", "SP022", "SP027", "SP028")
 # transformers' generate() fills these in when neither the call nor the checkpoint sets
 # them; vLLM and SGLang do not (temperature 1, no truncation, do_sample ignored).
 _TRANSFORMERS_TOP_K = 50
@@ -290,4 +290,12 @@ def compare(target_info: Any, draft_info: Any, sampling: SamplingPair) -> Alignm
         "sampling_semantics": t.semantics,
         "drafter_own_sampling": sampling.draft_own,
     }
+    head = (getattr(draft_info, "extra", None) or {}).get("head")
+    if head is not None:  # a head drafter: its shapes, vocabulary map and layers too
+        from specprobe.models.heads.checks import head_checks
+
+        hr = head_checks(head, target_info, draft_info.extra.get("serving_k"))
+        m.update(hr.metrics)
+        ev.update(hr.evidence)
+        facts["head"] = hr.facts
     return AlignmentReport(m, ev, facts)

@@ -31,7 +31,7 @@ from specprobe.errors import ConfigError
 SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {"error": 3, "warning": 2, "info": 1, "never": 99}
 FAMILIES = {"0": "alignment", "1": "divergence", "2": "acceptance", "3": "cost/speedup", "4": "monitoring", "5": "regression", "6": "calibration"}
-DRAFTER_KINDS = ("independent", "layer_skip", "medusa", "mtp", "eagle3")
+DRAFTER_KINDS = ("independent", "layer_skip", "medusa", "mtp", "eagle3", "eagle")
 _ID_RE = re.compile(r"^SP\d{3}$")
 _ALLOWED_KEYS = {"id", "name", "severity", "when", "diagnosis", "remedy", "verdict", "kinds", "doc", "example", "disable"}
 

@@ -91,7 +91,9 @@ def position_metrics(
     Written to touch each [N, V] buffer as few times as possible and to allocate none:
     log-softmax and exp land in reused buffers, the two sums over p are row-wise dot
     products (bmm), and min(p, q) is written over a buffer no longer needed."""
-    padded = draft_logits.shape[-1] < target_logits.shape[-1]
+    # a smaller vocabulary, or a head's draft vocabulary mapped into the target's (−inf
+    # on the ids it cannot propose): either way some q are exactly 0
+    padded = draft_logits.shape[-1] < target_logits.shape[-1] or bool(torch.isneginf(draft_logits).any())
     draft_logits = align_vocab(draft_logits, target_logits.shape[-1])
     n, v = target_logits.shape
     logp, p, logq, q = _workspace().get((n, v), target_logits.device)

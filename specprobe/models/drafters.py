@@ -10,12 +10,15 @@ target hidden states and answer each depth they were trained for.
 Specs:  self                 the target itself (sanity check: α = 1)
         self:layers=N        first N decoder layers + final norm + LM head, shared weights
         PATH | smollm2       an independent causal LM (checkpoint folder or GGUF)
+        eagle3:PATH | eagle:PATH | medusa:PATH | mtp | a head's folder
+                             a head drafter (specprobe.models.heads)
 """
 
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +69,7 @@ class Drafter(ABC):
         return ()
 
     @abstractmethod
-    def hidden(self, tp: TargetPass) -> dict[int, Any]:
+    def hidden(self, tp: TargetPass) -> Mapping[int, Any]:
         """depth -> [B, S, H'] features whose `logits(·, depth)` predict token t+depth at t."""
 
     @abstractmethod
@@ -206,7 +209,9 @@ def drafter_kind_of(spec: str) -> str:
         return "independent"
     if spec.startswith("self:"):
         return "layer_skip"
-    return "independent"
+    from specprobe.models.heads import head_kind
+
+    return head_kind(spec) or "independent"
 
 
 def parse_self_spec(spec: str) -> int | None:
@@ -228,7 +233,9 @@ def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> Mod
             if n is None or not 1 <= n < total:
                 raise ConfigError(f"{spec} is out of range for a target with {total} decoder layers", f"use 1 ≤ N < {total}")
         return target_info
-    return load_info(spec, progress)
+    from specprobe.models.heads import head_info
+
+    return head_info(spec, target_info) or load_info(spec, progress)
 
 
 def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> Drafter:
@@ -238,5 +245,10 @@ def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: s
         n = parse_self_spec(spec)
         assert n is not None
         return LayerSkipDrafter(spec, target, n)
+    from specprobe.models.heads import build_head, head_info
+
+    head = info if info is not None and "head" in info.extra else head_info(spec, target.info)
+    if head is not None:
+        return build_head(spec, target, head)
     loaded = load_model(spec, device=target.device if device == "auto" else device, dtype=dtype, progress=progress, info=info)
     return IndependentDrafter(spec, target, loaded)

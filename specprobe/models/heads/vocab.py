@@ -1,0 +1,83 @@
+"""Draft vocabularies smaller than the target's (EAGLE-3 `d2t`, vLLM Medusa `token_map`):
+the id map, the mapping of draft logits into the target vocabulary, and the coverage
+ceiling. Pure tensor functions.
+
+vLLM maps draft id i to target id i + d2t[i] and fills every other target id with −inf;
+a checkpoint without d2t leaves the offsets at zero, so draft id i is read as target id
+i — the right map only when the draft vocabulary is the target's first Vd ids.
+
+Coverage ceiling c_t = Σ_{v in draft vocab} p_t(v): the target's probability mass (its
+own sampling distribution) that the head can propose at all. The head's q_t is zero
+outside its vocabulary, so α_t = Σ_v min(p_t, q_t) ≤ c_t: no training can lift
+acceptance above it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def target_ids(d2t: Any | None, draft_vocab: int) -> Any:
+    """[Vd] target id of each draft id, exactly as vLLM computes it (offsets 0 when d2t is absent)."""
+    import torch
+
+    base = torch.arange(draft_vocab, dtype=torch.long)
+    return base if d2t is None else base + d2t.to(torch.long).cpu()
+
+
+def vocab_mask(ids: Any, vocab: int) -> Any:
+    """[V] bool: target ids the draft vocabulary can produce (ids out of range dropped)."""
+    import torch
+
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    ok = ids[(ids >= 0) & (ids < vocab)]
+    mask[ok] = True
+    return mask
+
+
+def map_logits(logits: Any, ids: Any, vocab: int) -> Any:
+    """[N, Vd] draft logits -> [N, V] target-vocabulary logits, −inf where no draft id
+    lands. Draft ids mapped outside [0, V) are dropped (an engine would fault on them)."""
+    import torch
+
+    if ids.shape[0] == vocab and bool((ids == torch.arange(vocab, device=ids.device)).all()):
+        return logits
+    ok = (ids >= 0) & (ids < vocab)
+    out = logits.new_full((logits.shape[0], vocab), float("-inf"))
+    out[:, ids[ok].to(logits.device)] = logits[:, ok.to(logits.device)]
+    return out
+
+
+def coverage_ceiling(target_logits: Any, mask: Any, sampling: Any) -> Any:
+    """[N, V] target logits, [V] bool draft-vocabulary mask -> [N] target mass inside the
+    draft vocabulary under the target's sampling (1[argmax inside] when greedy)."""
+    from specprobe.metrics.sampling import probs
+
+    p = probs(target_logits, sampling)  # [N, V] float32
+    return (p * mask.to(p.device, p.dtype)).sum(-1).clamp_(0.0, 1.0)
+
+
+def d2t_problems(d2t: Any, t2d: Any | None, vocab: int) -> dict[str, Any]:
+    """Validity of a d2t (and t2d) pair for a target of `vocab` ids.
+
+    -> invalid: [Vd] bool, entries out of range, not strictly increasing, or whose target
+    id t2d does not mark; all_zero: offsets all 0; t2d_count: t2d.sum() (None without
+    t2d); t2d_extra: target ids t2d marks that no draft id maps to."""
+    import torch
+
+    ids = target_ids(d2t, int(d2t.shape[0]))
+    out_of_range = (ids < 0) | (ids >= vocab)
+    not_increasing = torch.zeros_like(out_of_range)
+    not_increasing[1:] = ids[1:] <= ids[:-1]
+    invalid = out_of_range | not_increasing
+    res: dict[str, Any] = {"ids": ids, "out_of_range": out_of_range, "not_increasing": not_increasing, "all_zero": bool((d2t == 0).all())}
+    if t2d is not None:
+        t2d = t2d.to(torch.bool).cpu()
+        unmarked = torch.zeros_like(out_of_range)
+        inside = ~out_of_range & (ids < t2d.shape[0])
+        unmarked[inside] = ~t2d[ids[inside]]
+        invalid = invalid | unmarked
+        mapped = vocab_mask(ids, int(t2d.shape[0]))
+        res.update(unmarked=unmarked, t2d_count=int(t2d.sum()), t2d_len=int(t2d.shape[0]), t2d_extra=int((t2d & ~mapped).sum()))
+    res["invalid"] = invalid
+    return res
