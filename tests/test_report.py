@@ -133,7 +133,7 @@ def test_nan_and_inf_are_null_in_memory_and_on_disk(real_results: RealResults) -
 
 
 def test_committed_json_schema_is_current() -> None:
-    """docs/result.schema.json is what the models say (regenerate: python -m specprobe.result)."""
+    """docs/result.schema.json is what the models say (regenerate: python -m specprobe.result > docs/result.schema.json)."""
     assert json.loads(SCHEMA_FILE.read_text(encoding="utf-8")) == json_schema()
 
 

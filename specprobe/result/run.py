@@ -1,84 +1,24 @@
-"""The result of a run, typed: what `check`, `diagnose` and `simulate` return and write
-as JSON, and what `compare` makes of two of them. Defined once here; every report, the
-compare gate and the docs' JSON Schema (docs/result.schema.json) read these models.
-
-Conventions held by the types themselves:
-- a number that could not be measured is None (JSON null), never NaN or inf: every
-  numeric field goes through `finite`, the one place that turns NaN/inf into None;
-- metric names are the catalogue's (specprobe/catalog.py); an unknown name is refused;
-- per-depth arrays are indexed from depth 1; τ includes the bonus token.
-
-Versioning: SCHEMA_VERSION is written into every file. `upgrade` turns an older
-file's dict into the current layout before validation; add one step per version. A
-new section is one optional field (default None) on `Result` — see the marked place.
-
-Imports nothing heavy: `specprobe report` and `compare` must start without torch.
-"""
+"""The result of a check, diagnose or simulate run and its sections."""
 
 from __future__ import annotations
 
-import json
-import math
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    field_validator,
-    model_serializer,
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+
+from specprobe.result.base import (
+    SCHEMA_VERSION,
+    Document,
+    Evaluation,
+    Finding,
+    Metrics,
+    Num,
+    Part,
+    Record,
+    Severity,
+    Value,
+    catalogue_names,
 )
-
-SCHEMA_VERSION: Literal[2] = 2
-READABLE_VERSIONS = (1, 2)
-
-Severity = Literal["error", "warning", "info"]
-
-
-# ----------------------------------------------------------------------------- numbers
-def finite(x: Any) -> Any:
-    """NaN/inf → None and numpy scalars → Python numbers: the schema's one cleaner."""
-    if x is None or isinstance(x, (bool, str)):
-        return x
-    if not isinstance(x, (int, float)) and hasattr(x, "item"):
-        x = x.item()  # numpy scalar
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return None
-    return x
-
-
-Num = Annotated[float | None, BeforeValidator(finite)]
-# A metric value keeps its int-ness (counts, flags, K) so that JSON shows 3, not 3.0.
-Value = Annotated[int | float | None, BeforeValidator(finite)]
-
-
-class Part(BaseModel):
-    """Every section: immutable, and refuses fields it does not know (a typo in the
-    assembly or a file from a newer specprobe fails loudly instead of vanishing)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Record(Part):
-    """A record of settings or facts (config, environment, sampling, alignment facts):
-    the fields reports read are typed; keys that newer flags or checks add are kept as
-    they are, so adding a setting never breaks reading a result."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-def _catalogue_names(v: dict[str, Any]) -> dict[str, Any]:
-    from specprobe.catalog import CATALOG
-
-    unknown = sorted(k for k in v if k not in CATALOG)
-    if unknown:
-        raise ValueError(f"metric(s) not in the catalogue: {', '.join(unknown)}")
-    return v
-
-
-Metrics = Annotated[dict[str, Value], Field(description="Catalogue metric name → value (null: not measured).")]
 
 
 # ----------------------------------------------------------------------------- run header
@@ -227,9 +167,6 @@ class BucketRow(Part):
     tv_mean: Num = None
 
 
-GroupRow = DomainRow | BucketRow
-
-
 class Histogram(Part):
     edges: list[Num] = Field(description="len(counts) + 1 bin edges; a null last edge is +∞.")
     counts: list[int]
@@ -346,43 +283,8 @@ class Measured(Part):
     interrupted: bool = False
 
 
-# ----------------------------------------------------------------------------- verdict
-class Finding(Part):
-    rule_id: str
-    name: str
-    severity: Severity
-    message: str
-    remedy: str
-    threshold: str
-    measured: dict[str, Value | str] = Field(default_factory=dict)
-    verdict: str = ""
-    evidence: list[str] = Field(default_factory=list)
-
-
-class Evaluation(Part):
-    rule_id: str
-    name: str
-    severity: Severity
-    status: Literal["pass", "fail", "skipped"]
-
-
-class Verdict(Part):
-    """The rules' judgement; shared by results and comparisons."""
-
-    verdict: str
-    worst_severity: Severity | None = None
-    findings: list[Finding] = Field(default_factory=list)
-    evaluations: list[Evaluation] = Field(default_factory=list)
-
-
-class _Document(Part):
-    def to_json(self) -> str:
-        """The file format: indented UTF-8 JSON, null for what was not measured."""
-        return json.dumps(self.model_dump(mode="json"), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
-
-
 # ----------------------------------------------------------------------------- the result
-class Result(_Document):
+class Result(Document):
     """A check, diagnose or simulate run. Sections a run did not reach stay empty/None:
     `check` and a run stopped by alignment errors have no tables; only `simulate` has
     `measured`."""
@@ -423,7 +325,7 @@ class Result(_Document):
     @field_validator("metrics")
     @classmethod
     def _known_metrics(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _catalogue_names(v)
+        return catalogue_names(v)
 
     @property
     def best_k(self) -> int | None:
@@ -445,139 +347,3 @@ class Result(_Document):
         if self.sampling is not None:
             return self.sampling.target.temperature, self.sampling.draft.temperature
         return self.config.temperature, self.config.draft_temperature
-
-
-# ----------------------------------------------------------------------------- comparison
-class Identity(Part):
-    """Who a compared result is: enough to refuse an unfair comparison and to title it."""
-
-    command: str | None = None
-    created: str | None = None
-    target: str | None = None
-    target_name: str | None = None
-    drafter: str | None = None
-    drafter_kind: str | None = None
-    prompt_set: str | None = None
-    prompt_sha256: str | None = None
-    temperature: float | None = None
-    draft_temperature: float | None = None
-    reference: str | None = None
-    verdict: str | None = None
-    describe: str
-
-
-class OverallDelta(Part):
-    metric: str
-    baseline: Value
-    candidate: Value
-    delta: Num
-    rel_change: Num
-    higher_is_better: bool | None = None
-    worse: bool | None = None
-
-
-class DomainDelta(Part):
-    group: str
-    baseline: Num
-    candidate: Num
-    delta: Num
-    rel_change: Num
-    kl_baseline: Num = None
-    kl_candidate: Num = None
-    positions_baseline: int | None = None
-    positions_candidate: int | None = None
-
-
-class DepthDelta(Part):
-    depth: int
-    cumulative_baseline: Num
-    cumulative_candidate: Num
-    conditional_baseline: Num
-    conditional_candidate: Num
-    delta_conditional: Num
-    rel_change_cumulative: Num
-
-
-class KDelta(Part):
-    k: int
-    tau_baseline: Num
-    tau_candidate: Num
-    speedup_baseline: Num
-    speedup_candidate: Num
-
-
-class CompareConfig(Record):
-    fail_on: str | None = None
-    rules: list[str] = Field(default_factory=list)
-    baseline: str | None = None  # the files compared
-    candidate: str | None = None
-    allow_target_change: bool = False
-    allow_prompt_change: bool = False
-
-
-class Comparison(_Document):
-    """A candidate drafter's result against a baseline's (the regression gate)."""
-
-    schema_version: Literal[2] = SCHEMA_VERSION
-    command: Literal["compare"] = "compare"
-    specprobe_version: str | None = None
-    created: str
-    config: CompareConfig = Field(default_factory=CompareConfig)
-    baseline: Identity
-    candidate: Identity
-    notes: list[str] = Field(default_factory=list)
-    metrics: Metrics = Field(default_factory=dict)
-    overall: list[OverallDelta] = Field(default_factory=list)
-    by_domain: list[DomainDelta] = Field(default_factory=list)
-    by_depth: list[DepthDelta] = Field(default_factory=list)
-    depth_source: Literal["estimate", "measured"] = "estimate"
-    k_table: list[KDelta] = Field(default_factory=list)
-    verdict: str = "not judged"
-    worst_severity: Severity | None = None
-    findings: list[Finding] = Field(default_factory=list)
-    evaluations: list[Evaluation] = Field(default_factory=list)
-
-    @field_validator("metrics")
-    @classmethod
-    def _known_metrics(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _catalogue_names(v)
-
-
-# ----------------------------------------------------------------------------- older files
-def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
-    """v1 → v2: the top-level `best_k` copy of metrics.best_k is gone (read the metric);
-    comparisons carried their config last and only once judged."""
-    out = {k: v for k, v in data.items() if k != "best_k"}
-    if out.get("command") == "compare":
-        out.setdefault("config", {})
-    out["schema_version"] = 2
-    return out
-
-
-_UPGRADES = {1: _v1_to_v2}
-
-
-def upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A parsed result dict of any readable version → the current layout (unvalidated)."""
-    version = data.get("schema_version")
-    while version in _UPGRADES:
-        data = _UPGRADES[version](data)
-        version = data.get("schema_version")
-    return data
-
-
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema of result and comparison files (docs/result.schema.json)."""
-    from pydantic.json_schema import models_json_schema
-
-    _, schema = models_json_schema([(Result, "validation"), (Comparison, "validation")], title="specprobe result files")
-    schema["description"] = (
-        f"Files written by `specprobe check|diagnose|simulate --json` (Result) and `specprobe compare --json` (Comparison), schema_version {SCHEMA_VERSION}. "
-        "Numbers that could not be measured are null; metric names are those of `specprobe rules metrics`; depth arrays start at depth 1."
-    )
-    schema["anyOf"] = [{"$ref": "#/$defs/Result"}, {"$ref": "#/$defs/Comparison"}]
-    return schema
-
-
-if __name__ == "__main__":  # python -m specprobe.result > docs/result.schema.json
-    print(json.dumps(json_schema(), indent=1, ensure_ascii=False))
