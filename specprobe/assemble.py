@@ -1,10 +1,10 @@
 """Result assembly, shared by check, diagnose and simulate: the run's header, the
 estimate's sections from the accumulators, the measured block's catalogue metrics, the
-rules' verdict — and the typed `Result` they make (specprobe/result.py).
+rules' verdict — and the typed `Result` they make (specprobe/result/).
 
 The pipelines compute; this module only arranges what they computed. A new section of
 the result (renewal τ, per-category tables, drill-down, head coverage, shard
-provenance) is filled in here, next to the others, and declared once in result.py.
+provenance) is filled in here, next to the others, and declared once in result/run.py.
 """
 
 from __future__ import annotations
