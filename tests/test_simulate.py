@@ -273,8 +273,7 @@ def test_tau_agrees_with_transformers_assisted_generation(target, prompts) -> No
 
 # ----------------------------------------------------------------------------- pipeline and CLI (tiny checkpoints)
 def _sim_cfg(tiny_pair, tmp_path, drafter: str, **kw):
-    from specprobe.diagnose import DiagnoseConfig
-    from specprobe.simulate import SimulateConfig
+    from specprobe.options import DiagnoseConfig, SimulateConfig
     from tests.helpers.tiny import prompts_file
 
     pf = prompts_file(tmp_path / "p.jsonl")
@@ -287,20 +286,20 @@ def test_run_simulate_result_schema(tiny_pair, tmp_path) -> None:
     from specprobe.simulate import run_simulate
 
     r = run_simulate(_sim_cfg(tiny_pair, tmp_path, "self", sampling=SamplingFlags(temperature=0.7)))
-    assert r["command"] == "simulate" and r["scored"] and not r["interrupted"]
-    m = r["measured"]
-    assert [row["k"] for row in m["k_table"]] == [1, 3]
-    for row in m["k_table"]:
-        assert row["accept_rate"] == pytest.approx(1.0) and row["tau_tokens"] == pytest.approx(row["k"] + 1)
-        assert row["tau_estimate"] == pytest.approx(row["k"] + 1, rel=1e-3) and abs(row["tau_gap"]) < 1e-2
-        assert row["tokens_per_s"] > 0 and row["draft_ms_per_step"] > 0 and row["target_ms_per_step"] > 0
-    assert m["depth"]["k"] == 3 and m["depth"]["cumulative"] == [1.0, 1.0, 1.0] and m["depth"]["depth"] == [1, 2, 3]
-    assert m["baseline_tokens_per_s"] > 0 and m["adaptive"]["threshold"] == 0.5
-    met = r["metrics"]
+    assert r.command == "simulate" and r.scored and not r.interrupted
+    m = r.measured
+    assert [row.k for row in m.k_table] == [1, 3]
+    for row in m.k_table:
+        assert row.accept_rate == pytest.approx(1.0) and row.tau_tokens == pytest.approx(row.k + 1)
+        assert row.tau_estimate == pytest.approx(row.k + 1, rel=1e-3) and abs(row.tau_gap) < 1e-2
+        assert row.tokens_per_s > 0 and row.draft_ms_per_step > 0 and row.target_ms_per_step > 0
+    assert m.depth.k == 3 and m.depth.cumulative == [1.0, 1.0, 1.0] and m.depth.depth == [1, 2, 3]
+    assert m.baseline_tokens_per_s > 0 and m.adaptive.threshold == 0.5
+    met = r.metrics
     assert met["calibration_k"] == 3 and met["tau_gap_rel_abs"] < 0.01
-    assert "SP601" not in [f["rule_id"] for f in r["findings"]]
-    assert any(e["rule_id"] == "SP601" for e in r["evaluations"])
-    json.dumps(r, allow_nan=False)
+    assert "SP601" not in [f.rule_id for f in r.findings]
+    assert any(e.rule_id == "SP601" for e in r.evaluations)
+    json.loads(r.to_json())  # plain JSON: no NaN
 
 
 def test_calibration_rule_fires_on_a_gap() -> None:
@@ -315,7 +314,7 @@ def test_calibration_rule_fires_on_a_gap() -> None:
 
 
 def test_interrupt_keeps_what_was_measured(tiny_pair, tmp_path, monkeypatch) -> None:
-    import specprobe.simulate as sim
+    import specprobe.simulate.pipeline as sim
 
     real = sim.speculate
     calls = {"n": 0}
@@ -328,8 +327,8 @@ def test_interrupt_keeps_what_was_measured(tiny_pair, tmp_path, monkeypatch) -> 
 
     monkeypatch.setattr(sim, "speculate", flaky)
     r = sim.run_simulate(_sim_cfg(tiny_pair, tmp_path, "self:layers=1"))
-    assert r["interrupted"] and r["measured"]["interrupted"]
-    assert [row["k"] for row in r["measured"]["k_table"]] == [1]
+    assert r.interrupted and r.measured.interrupted
+    assert [row.k for row in r.measured.k_table] == [1]
 
 
 def test_cli_simulate_writes_json_and_csv(tiny_pair, tmp_path) -> None:
@@ -372,7 +371,7 @@ def test_cli_json_path_is_a_folder(tiny_pair, tmp_path) -> None:
     from specprobe.cli.main import app
 
     res = CliRunner().invoke(app, ["simulate", str(tiny_pair["target"]), "self", "--json", str(tmp_path)])
-    assert res.exit_code == 2 and "directory" in res.output
+    assert res.exit_code == 2 and "is a folder" in res.output
 
 
 # ----------------------------------------------------------------------------- the real model

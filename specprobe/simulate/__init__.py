@@ -1,0 +1,35 @@
+"""Real speculative decoding: the draft→verify loop that measures what `diagnose` estimates.
+
+    rejection  the verify step: accept draft x ~ q with probability min(1, p(x)/q(x)),
+               resample from norm(max(0, p − q)) on the first rejection (pure maths)
+    kvcache    one KV cache per model over a batch whose rows advance at their own pace
+               (slots may be holes; roll back = flip slots to holes)
+    counters   vLLM's counters of a run and the rates read off them
+    loop       `speculate`: draft → verify → roll back → count → emit, batch by batch
+    pipeline   `run_simulate`: diagnose's estimate and this measurement on the same
+               prompts, and the result's "measured" block
+"""
+
+from specprobe.options import SimulateConfig, parse_ks, validate
+from specprobe.simulate.counters import SimCounters, SimRun
+from specprobe.simulate.kvcache import Stream, right_align
+from specprobe.simulate.loop import speculate
+from specprobe.simulate.pipeline import eos_ids, measured_section, run_simulate
+from specprobe.simulate.rejection import leading_accepts, verify_greedy, verify_sampled
+
+__all__ = [
+    "SimCounters",
+    "SimRun",
+    "SimulateConfig",
+    "Stream",
+    "eos_ids",
+    "leading_accepts",
+    "measured_section",
+    "parse_ks",
+    "right_align",
+    "run_simulate",
+    "speculate",
+    "validate",
+    "verify_greedy",
+    "verify_sampled",
+]

@@ -1,0 +1,139 @@
+"""`simulate`: the estimate (diagnose, teacher-forced) and the measurement (the real
+draft → verify loop) on the same prompts, and the result's "measured" block."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from specprobe.assemble import simulate_result
+from specprobe.diagnose import load_pair, run_diagnose
+from specprobe.errors import ConfigError
+from specprobe.options import SimulateConfig, validate
+from specprobe.progress import Progress
+from specprobe.references import encode_prompt, load_prompt_set
+from specprobe.result import Result
+from specprobe.rules import load_table
+from specprobe.simulate.counters import SimCounters, SimRun
+from specprobe.simulate.loop import speculate
+
+
+def eos_ids(target: Any) -> set[int]:
+    """EOS ids from the target's tokenizer and generation config."""
+    ids: set[int] = set()
+    for src in (getattr(target.info.generation_config, "eos_token_id", None), target.tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(x) for x in src)
+    return ids
+
+
+def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, float]) -> dict[str, Any]:
+    est = estimate.get(c.k, float("nan"))
+    tau = c.tau_tokens
+    return {
+        "k": c.k,
+        "tau_tokens": tau,
+        "tokens_per_verify": c.tokens_per_verify,
+        "accept_rate": c.accept_rate,
+        "speedup": c.tokens_per_s / baseline_tps if baseline_tps and baseline_tps > 0 else float("nan"),
+        "tokens_per_s": c.tokens_per_s,
+        "num_drafts": c.num_drafts,
+        "draft_ms_per_step": 1e3 * c.draft_s / c.draft_calls if c.draft_calls else float("nan"),
+        "target_ms_per_step": 1e3 * c.target_s / c.target_calls if c.target_calls else float("nan"),
+        "tau_estimate": est,
+        "tau_gap": est - tau,
+        "emitted_tokens": c.emitted_tokens,
+        "wall_s": c.wall_s,
+        "prompts": c.prompts,
+    }
+
+
+def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, float]) -> dict[str, Any]:
+    """The result's "measured" block (depth indexed from 1; τ includes the bonus token)."""
+    base_tps = baseline.tokens_per_s if baseline is not None else float("nan")
+    k_rows = [_measured_row(c, base_tps, estimate) for c in runs if c.num_drafts]
+    deepest = max((c for c in runs if c.num_drafts), key=lambda c: c.k, default=None)
+    depth = None
+    if deepest is not None:
+        depth = {
+            "k": deepest.k,
+            "depth": list(range(1, deepest.k + 1)),
+            "cumulative": deepest.cumulative(),
+            "conditional": deepest.conditional(),
+            "accepted_per_position": [int(x) for x in deepest.accepted_at],
+            "drafted_per_position": [int(x) for x in deepest.drafted_at],
+            "num_drafts": deepest.num_drafts,
+            "source": "measured",
+        }
+    adapt = None
+    if adaptive is not None and adaptive.verify_steps:
+        adapt = {
+            "threshold": adaptive.threshold,
+            "k_max": adaptive.k,
+            "tokens_per_verify": adaptive.tokens_per_verify,
+            "mean_k": adaptive.mean_k,
+            "accept_rate": adaptive.accept_rate,
+            "tokens_per_s": adaptive.tokens_per_s,
+            "speedup": adaptive.tokens_per_s / base_tps if base_tps and base_tps > 0 else float("nan"),
+            "num_drafts": adaptive.num_drafts,
+        }
+    return {
+        "k_table": k_rows,
+        "depth": depth,
+        "baseline_tokens_per_s": base_tps,
+        "baseline_wall_s": baseline.wall_s if baseline is not None else None,
+        "baseline_target_ms_per_step": 1e3 * baseline.target_s / baseline.target_calls if baseline is not None and baseline.target_calls else None,
+        "adaptive": adapt,
+        "note": "measured by real speculative decoding (draft→verify with rejection sampling) over the same prompts; τ includes the bonus token",
+    }
+
+
+def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, pair: Any = None) -> Result:
+    """Estimate (diagnose, teacher-forced) + measurement (this loop) on the same prompts ->
+    a simulate result with a "measured" block. Ctrl-C during the measurement keeps what
+    was measured so far (result.interrupted)."""
+    progress = progress or Progress()
+    validate(cfg)
+    dcfg = dataclasses.replace(cfg.diagnose, k_max=max(cfg.diagnose.k_max, max(cfg.ks)))
+    table = table or load_table([Path(p) for p in dcfg.rules])
+    pair = pair or load_pair(dcfg, progress)
+    estimate = run_diagnose(dcfg, progress, table=table, pair=pair)
+    if estimate.stopped or estimate.interrupted:
+        return simulate_result(estimate, cfg, None, table)  # nothing meaningful (or nothing asked for, after Ctrl-C) to measure
+
+    target, drafter = pair.target, pair.drafter
+    step = drafter.step_model()
+    if step is None:
+        raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N and independent causal LMs")
+    prompts = list(load_prompt_set(dcfg).prompts)
+    encoded = [encode_prompt(target.tokenizer, p) for p in prompts]
+    tau_estimate = {r.k: r.tau_tokens for r in estimate.k_table if r.tau_tokens is not None}
+    kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size}
+    runs: list[SimCounters] = []
+    baseline: SimCounters | None = None
+    adaptive: SimCounters | None = None
+    interrupted = False
+    n = len(encoded)
+    try:
+        if cfg.baseline:
+            run = SimRun(SimCounters(0))
+            baseline = run.counters
+            with progress.task(f"plain target decoding (baseline, {n} prompts)", n) as advance:
+                speculate(target.model, None, encoded, k=0, run=run, advance=advance, **kw)
+        for k in cfg.ks:
+            run = SimRun(SimCounters(k))
+            runs.append(run.counters)
+            with progress.task(f"speculative decoding K={k} ({n} prompts)", n) as advance:
+                speculate(target.model, step, encoded, k=k, run=run, advance=advance, **kw)
+        if cfg.adaptive_threshold is not None:
+            run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
+            adaptive = run.counters
+            with progress.task(f"adaptive K≤{max(cfg.ks)}, confidence ≥ {cfg.adaptive_threshold:g} ({n} prompts)", n) as advance:
+                speculate(target.model, step, encoded, k=max(cfg.ks), threshold=cfg.adaptive_threshold, run=run, advance=advance, **kw)
+    except KeyboardInterrupt:
+        interrupted = True
+    section = measured_section(runs, baseline, adaptive, tau_estimate)
+    return simulate_result(estimate, cfg, section, table, interrupted=interrupted)

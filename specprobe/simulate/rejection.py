@@ -1,0 +1,62 @@
+"""The verify step of speculative decoding: which drafted tokens the target accepts, and
+the token it emits after them (Leviathan et al. 2023; docs/maths.md).
+
+    accept draft x ~ q with probability min(1, p(x)/q(x))
+    on the first rejection, emit a token from norm(max(0, p − q)) and stop
+    after all drafts are accepted, emit a bonus token from p
+
+so the emitted tokens follow the target's distribution p exactly, whatever the drafter.
+p and q are each side's own sampling distribution (temperature, top-k, top-p, min-p;
+one-hot argmax when greedy) from `metrics.sampling`. Pure functions of tensors."""
+
+from __future__ import annotations
+
+import torch
+
+
+def leading_accepts(accept: torch.Tensor) -> torch.Tensor:
+    """[B, K] bool -> [B] length of the leading run of True (the accepted prefix)."""
+    return accept.long().cumprod(dim=1).sum(dim=1)
+
+
+def verify_greedy(drafts: torch.Tensor, drafted: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy target: p is one-hot at argmax, so p(x)/q(x) is 0 or ≥ 1 — accept x iff it is
+    the target's argmax; the residual max(0, p − q) is that same one-hot.
+
+    drafts [B, K], drafted [B], target_logits [B, K+1, V] -> (accepted [B], next token [B])."""
+    k = drafts.shape[1]
+    tgt = target_logits.argmax(dim=-1)  # [B, K+1]
+    in_draft = torch.arange(k, device=drafts.device)[None, :] < drafted[:, None]  # [B, K]
+    n = leading_accepts((drafts == tgt[:, :k]) & in_draft)  # [B]
+    return n, tgt.gather(1, n[:, None]).squeeze(1)
+
+
+def verify_sampled(
+    drafts: torch.Tensor,
+    drafted: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling. drafts [B, K] (x_i ~ q_i), drafted [B] (row b proposed the first
+    drafted[b]), q [B, K, V] drafter probs, p [B, K+1, V] target probs (p_K: the bonus
+    position) -> (accepted count n [B], next token [B])."""
+    b, k = drafts.shape
+    rows = torch.arange(b, device=drafts.device)
+    px = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, K]
+    qx = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, K]
+    # accept with probability min(1, p/q): u·q ≤ p with u ~ U(0, 1]. q >= p is then a coin
+    # flip, q <= p always accepts, and p(x) = 0 never does (u > 0, q(x) > 0 as x ~ q).
+    u = 1.0 - torch.rand((b, k), generator=generator, device=drafts.device)  # [B, K] in (0, 1]
+    in_draft = torch.arange(k, device=drafts.device)[None, :] < drafted[:, None]
+    n = leading_accepts((u * qx <= px) & in_draft)  # [B]
+    p_n = p[rows, n]  # [B, V] target at the first rejected position (or the bonus one)
+    rejected = n < drafted  # [B]
+    q_n = q[rows, n.clamp(max=k - 1)] * rejected[:, None]  # [B, V]; 0 where all were accepted
+    # on rejection sample from norm(max(0, p − q)); after K accepts from p itself
+    resid = (p_n - q_n).clamp_(min=0.0)
+    mass = resid.sum(dim=-1, keepdim=True)
+    # mass 0 only by round-off (a rejection implies p ≠ q); fall back to p then
+    resid = torch.where(mass > 0, resid / mass.clamp(min=1e-30), p_n)
+    nxt = torch.multinomial(resid, 1, generator=generator).squeeze(1)
+    return n, nxt
