@@ -99,6 +99,8 @@ def check(
 
     tinfo = load_info(target_spec, err.print)
     dinfo = drafter_info(drafter_spec, tinfo, err.print)
+    if "head" in dinfo.extra:  # a head: the serving K is checked against its heads / MTP layers
+        dinfo.extra["serving_k"] = next((sv.num_speculative_tokens for sv in servings if sv.num_speculative_tokens), None)
     pair = effective_sampling(flags, tinfo.generation_config, None if dinfo is tinfo else dinfo.generation_config, declared=declared)
     pair.sources = relabel_sources(pair.sources, {SAMPLING_SLOT[k]: s.source for k, s in chosen.items()})
     report = compare(tinfo, dinfo, pair)

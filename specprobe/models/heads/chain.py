@@ -85,9 +85,9 @@ class ChainedFeatures(Mapping[int, Any]):
 
 
 class HeadDrafter(Drafter):
-    """A head over a loaded target: subclasses build their modules and implement
-    `features(tp)`, `head_logits(features, depth)` ([N, V_draft]) and, for a draft
-    vocabulary, set `self.ids` (target id of each draft id)."""
+    """A head over a loaded target: subclasses load their modules in `_build()` (run on
+    first use), implement `features(tp)`, `head_logits(features, depth)` ([N, V_draft])
+    and, for a draft vocabulary, set `self.ids` (target id of each draft id)."""
 
     def __init__(self, spec: str, target: Any, info: ModelInfo, layout: Any) -> None:
         super().__init__(spec, target)
@@ -97,6 +97,7 @@ class HeadDrafter(Drafter):
         self.ids: Any = None  # [Vd] target ids, None when draft id = target id
         self._mask: Any = None
         self._params = 0
+        self._built = False
         # Medusa answers one depth per head; chained heads (EAGLE, MTP) any depth
         limit = layout.depths if layout.kind == "medusa" and layout.depths else MAX_CHAIN
         self.head_depths = tuple(range(1, limit + 1))
@@ -115,7 +116,10 @@ class HeadDrafter(Drafter):
 
     @property
     def params(self) -> int:
-        return self._params
+        """The head's own parameters (from the tensor headers until the weights are loaded)."""
+        from specprobe.models.heads.layout import header_params
+
+        return self._params if self._built else header_params(self.layout)
 
     @property
     def vocab(self) -> int:
@@ -124,6 +128,7 @@ class HeadDrafter(Drafter):
     @property
     def target_vocab_mask(self) -> Any:
         """[V] bool of the target ids the head can propose; None when it covers them all."""
+        self.ensure_built()
         if self.ids is None:
             return None
         if self._mask is None:
@@ -133,7 +138,18 @@ class HeadDrafter(Drafter):
             self._mask = None if bool(m.all()) else m
         return self._mask
 
+    def ensure_built(self) -> None:
+        """Load the weights (once). Deferred to the first forward use so that `diagnose`
+        reports the head checks' findings before a broken checkpoint fails to load."""
+        if not self._built:
+            self._build()
+            self._built = True
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
     def hidden(self, tp: TargetPass) -> Mapping[int, Any]:
+        self.ensure_built()
         return self.features(tp)
 
     def features(self, tp: TargetPass) -> Mapping[int, Any]:

@@ -166,16 +166,19 @@ class Eagle3Drafter(_EagleBase):
     """EAGLE-3 head over a loaded target (layout from `describe_eagle3`)."""
 
     def __init__(self, spec: str, target: Any, info: Any, layout: HeadLayout) -> None:
+        super().__init__(spec, target, info, layout)
+        self.aux = scored_aux_layers(layout, target.num_layers)
+
+    def _build(self) -> None:
         import torch
         from torch import nn
 
         from specprobe.models.heads.layers import DecoderLayer, RMSNorm
         from specprobe.models.heads.vocab import target_ids
 
-        super().__init__(spec, target, info, layout)
+        target, layout = self.target, self.layout
         d, h = layout.details, layout.hidden_size
         cfg = d["layer_config"]
-        self.aux = scored_aux_layers(layout, target.num_layers)
         pre = d["prefix"]
         names = [n for n in layout.files.tensors if n.startswith(pre)] + [d["root"] + "fc.weight", d["root"] + "norm.weight"]
         names += [n for n in (d["root"] + "fc.bias", d["lm_head"], d["d2t"], d["embed"]) if n and layout.files.has(n)]
@@ -246,12 +249,12 @@ class Eagle1Drafter(_EagleBase):
     """EAGLE-1/2 head: fc([embed; hidden]) -> L Llama layers (the first without its input
     norm) -> the target's own LM head; the first hidden is the target's final (normed) state."""
 
-    def __init__(self, spec: str, target: Any, info: Any, layout: HeadLayout) -> None:
+    def _build(self) -> None:
         from torch import nn
 
         from specprobe.models.heads.layers import DecoderLayer
 
-        super().__init__(spec, target, info, layout)
+        target, layout = self.target, self.layout
         d, h = layout.details, layout.hidden_size
         cfg, root = d["layer_config"], d["root"]
         names = [n for n in layout.files.tensors if n.startswith(root + "layers.") or n.startswith(root + "fc.")]

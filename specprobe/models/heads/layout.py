@@ -85,3 +85,18 @@ def int_tuple(v: Any) -> tuple[int, ...] | None:
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         return tuple(int(x) for x in v)
     return None
+
+
+_BUFFERS = ("d2t", "t2d", "token_map")
+
+
+def header_params(layout: HeadLayout) -> int:
+    """Parameters of the head's own tensors, from the headers (MTP: its layers only)."""
+    import math
+
+    if layout.kind == "mtp":
+        pres = tuple(layout.details["prefixes"]) + (("mtp.",) if layout.details["format"] == "qwen3_next" else ())
+        names = [n for n in layout.files.tensors if n.startswith(pres)]
+    else:
+        names = [n for n in layout.files.tensors if n.rsplit(".", 1)[-1] not in _BUFFERS]
+    return sum(math.prod(layout.files.tensors[n].shape) for n in names)

@@ -125,11 +125,11 @@ def block_names(layout: HeadLayout, h: int, layer: int) -> tuple[str, str | None
 class MedusaDrafter(HeadDrafter):
     """Independent heads: depth d = head d−1 on the target's final hidden state."""
 
-    def __init__(self, spec: str, target: Any, info: Any, layout: HeadLayout) -> None:
+    def _build(self) -> None:
         import torch
         from torch import nn
 
-        super().__init__(spec, target, info, layout)
+        target, layout = self.target, self.layout
         d = layout.details
         n, L = d["num_heads"], d["num_layers"]
         names: list[str] = []

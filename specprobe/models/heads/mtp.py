@@ -102,13 +102,13 @@ def _block_kwargs(layer: Any) -> str:
 class MTPDrafter(HeadDrafter):
     """The target's MTP layers, chained (layer j mod n at step j)."""
 
-    def __init__(self, spec: str, target: Any, info: Any, layout: HeadLayout) -> None:
+    def _build(self) -> None:
         from torch import nn
 
         from specprobe.models.anatomy import base_model, decoder_layers
         from specprobe.models.heads.layers import MTPLayer
 
-        super().__init__(spec, target, info, layout)
+        target, layout = self.target, self.layout
         d = layout.details
         if d["missing"]:
             k, names = next(iter(d["missing"].items()))
