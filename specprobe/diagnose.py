@@ -16,11 +16,9 @@ from specprobe.errors import ConfigError
 from specprobe.options import DiagnoseConfig, relabel_sources  # noqa: F401  (DiagnoseConfig re-exported)
 from specprobe.progress import Progress
 from specprobe.references import (  # noqa: F401  (encode_prompt, load_prompt_set re-exported)
-    dataset_references,
     encode_prompt,
-    encode_prompts,
-    generate_references,
     load_prompt_set,
+    references_by_turn,
 )
 from specprobe.result import Result
 from specprobe.rules import RuleTable
@@ -77,19 +75,14 @@ def run_diagnose(cfg: DiagnoseConfig, progress: Progress | None = None, table: R
         return stopped_result(header, metrics, table, drafter.kind, align.evidence, [f.rule_id for f in blocking])
 
     # 2. references: what the target would write (or the dataset's responses)
-    prompts = list(prompt_set.prompts)
-    encoded = encode_prompts(target, prompts, cfg.max_new_tokens)
-    if cfg.reference == "dataset":
-        conts = dataset_references(target.tokenizer, prompts, cfg.max_new_tokens)
-    else:
-        conts = generate_references(target, encoded, pair.sampling.target, cfg, progress)
-    references_cut = bool(getattr(conts, "interrupted", False))
-    if references_cut:
+    #    (every turn: a later turn follows the target's own answers to the earlier ones)
+    refs = references_by_turn(target, list(prompt_set.prompts), cfg, pair.sampling.target, progress)
+    if refs.interrupted:
         progress.note("interrupted while generating references: scoring the prompts finished so far")
 
     # 3. scoring: target vs drafter, teacher-forced over those references
-    scored = score(target, drafter, prompts, encoded, conts, pair.sampling, cfg, progress)
-    scored.interrupted = scored.interrupted or references_cut
+    scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress)
+    scored.interrupted = scored.interrupted or refs.interrupted
 
     # 4. cost: the drafter's price per step, then estimates and rules
     progress.note("measuring the drafter/target cost ratio on the device")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +32,22 @@ def load_prompt_set(cfg: DiagnoseConfig) -> PromptSet:
     return ps
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
-    """The first user turn, through the chat template when the model has one."""
-    text = prompt.turns[0]
+def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation ending with a user turn, through the chat template when the model
+    has one (generation prompt added); without one, the turns as plain text."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(x) for x in ids]
-    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
-    return [int(x) for x in ids]
+    text = "\n\n".join(m["content"] for m in messages)
+    return [int(x) for x in tokenizer(text, add_special_tokens=True)["input_ids"]]
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, turn: int = 0, answers: Sequence[str] = ()) -> list[int]:
+    """User turn `turn` of a prompt after the earlier turns and the model's own `answers`
+    to them (the first turn alone by default)."""
+    return encode_messages(tokenizer, prompt.messages(turn, answers))
 
 
 def encode_prompts(target: Any, prompts: list[Prompt], max_new_tokens: int) -> list[list[int]]:
@@ -167,4 +175,58 @@ def dataset_references(tokenizer: Any, prompts: list[Prompt], max_new_tokens: in
     for p in prompts:
         ids = tokenizer(p.reference or "", add_special_tokens=False)["input_ids"]
         out.append([int(x) for x in ids[:max_new_tokens]])
+    return out
+
+
+# ----------------------------------------------------------------------------- every turn
+@dataclass
+class TurnReferences:
+    """What gets scored: one item per (prompt, turn) — turn 1 keeps the prompt's id, a
+    later turn i is "<id>#i" — with its encoded conversation and its continuation."""
+
+    items: list[Prompt]
+    encoded: list[list[int]]
+    conts: list[list[int]]
+    interrupted: bool = False
+    skipped: int = 0  # later turns left out: they would not fit the target's context
+
+
+def references_by_turn(target: Any, prompts: list[Prompt], cfg: DiagnoseConfig, sampling: Any, progress: Progress) -> TurnReferences:
+    """References for every turn. A multi-turn question (MT-Bench, Spec-Bench's first 80)
+    has its second turn asked after the target's own on-policy answer to the first, as
+    Spec-Bench's evaluation does; dataset references exist for the first turn only."""
+    encoded = encode_prompts(target, prompts, cfg.max_new_tokens)
+    if cfg.reference == "dataset":
+        return TurnReferences(list(prompts), encoded, dataset_references(target.tokenizer, prompts, cfg.max_new_tokens))
+    conts = generate_references(target, encoded, sampling, cfg, progress)
+    out = TurnReferences(list(prompts), list(encoded), list(conts), bool(getattr(conts, "interrupted", False)))
+    tok = target.tokenizer
+    answers = {p.id: [tok.decode(c, skip_special_tokens=True)] for p, c in zip(prompts, conts, strict=True) if c}
+    ctx = getattr(target.config, "max_position_embeddings", None)
+    turn = 1
+    while not out.interrupted:
+        later, enc = [], []
+        for p in prompts:
+            if p.num_turns > turn and len(answers.get(p.id, ())) == turn:
+                e = encode_prompt(tok, p, turn, answers[p.id])
+                if ctx and len(e) + cfg.max_new_tokens > ctx:
+                    out.skipped += 1
+                    continue
+                later.append(p)
+                enc.append(e)
+        if not later:
+            break
+        progress.note(f"turn {turn + 1}: {len(later)} prompts continue after the target's own answers")
+        conts = generate_references(target, enc, sampling, cfg, progress)
+        out.interrupted = bool(getattr(conts, "interrupted", False))
+        for p, e, c in zip(later, enc, conts, strict=True):
+            if not c:
+                continue
+            out.items.append(replace(p, id=f"{p.id}#{turn + 1}"))
+            out.encoded.append(e)
+            out.conts.append(c)
+            answers[p.id].append(tok.decode(c, skip_special_tokens=True))
+        turn += 1
+    if out.skipped:
+        progress.note(f"{out.skipped} later turn(s) left out: with --max-new-tokens {cfg.max_new_tokens} they exceed the target's context of {ctx}")
     return out

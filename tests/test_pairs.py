@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from specprobe.alignment import SamplingFlags
 from specprobe.diagnose import DiagnoseConfig, run_diagnose
@@ -43,10 +44,11 @@ def test_random_drafter_is_catastrophic(tiny_pair, tmp_path) -> None:
 
 def test_vocab_shuffled_drafter_is_stopped_before_any_forward_pass(tiny_pair, tmp_path, monkeypatch) -> None:
     import specprobe.diagnose as d
+    import specprobe.references as refs
 
     calls = []
     monkeypatch.setattr(d, "score", lambda *a, **k: calls.append(1))
-    monkeypatch.setattr(d, "generate_references", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(refs, "generate_references", lambda *a, **k: calls.append(1))
     r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["shuffled"]), tmp_path))
     assert not calls and not r.scored and "no forward pass" in r.stopped
     assert "SP003" in _ids(r) and r.verdict == "catastrophic mismatch"
@@ -224,3 +226,65 @@ def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> Non
     assert not r3.interrupted and r3.metrics["num_prompts"] == 6
     first = [x for x, pid in zip(r3.positions.position, r3.positions.prompt_id, strict=True) if pid in ("p0", "p1")]
     assert len(first) == r2.metrics["num_positions"]
+
+
+def _two_turn_file(path: Path) -> Path:
+    """MT-Bench's shape: two user turns per question, categories, a list reference."""
+    import json
+
+    from tests.helpers.tiny import WORDS
+
+    lines = []
+    for i in range(3):
+        t1 = " ".join(WORDS[(i * 9 + j) % len(WORDS)] for j in range(5))
+        t2 = " ".join(WORDS[(i * 13 + 2 * j) % len(WORDS)] for j in range(4))
+        lines.append(json.dumps({"question_id": 81 + i, "category": "writing", "turns": [t1, t2], "reference": [t1]}))
+    lines.append(json.dumps({"question_id": 90, "category": "math", "turns": [" ".join(WORDS[40:46])]}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_second_turns_are_scored_after_the_targets_own_first_answers(tiny_pair, tmp_path) -> None:
+    """MT-Bench: every second turn is scored, in a conversation holding the target's own
+    on-policy answer to the first turn (greedy here, so the answer is reproducible)."""
+    from specprobe.alignment import SamplingFlags
+    from specprobe.models.loader import load_model
+    from specprobe.prompts import load_prompts
+    from specprobe.references import encode_prompt
+
+    pf = _two_turn_file(tmp_path / "mt.jsonl")
+    cfg = _cfg(tiny_pair, "self", tmp_path, prompts=str(pf), sampling=SamplingFlags(temperature=0.0), max_new_tokens=5)
+    r = run_diagnose(cfg)
+    ids = list(dict.fromkeys(r.positions.prompt_id))
+    assert sorted(ids) == sorted(["81", "82", "83", "90", "81#2", "82#2", "83#2"])
+    assert r.metrics["num_prompts"] == 7
+    # the turn-2 context is [turn 1, the target's greedy answer, turn 2]
+    target = load_model(str(tiny_pair["target"]))
+    q = next(p for p in load_prompts(str(pf)).prompts if p.id == "81")
+    first = encode_prompt(target.tokenizer, q)
+    with torch.inference_mode():
+        ans = target.model.generate(torch.tensor([first]), max_new_tokens=5, do_sample=False, pad_token_id=3)[0, len(first) :].tolist()
+    if 2 in ans:
+        ans = ans[: ans.index(2) + 1]
+    conv = encode_prompt(target.tokenizer, q, 1, [target.tokenizer.decode(ans, skip_special_tokens=True)])
+    pos = [p for p, pid in zip(r.positions.position, r.positions.prompt_id, strict=True) if pid == "81#2"]
+    assert pos[0] == len(conv)  # the first scored token of turn 2 sits right after that conversation
+
+
+def test_dataset_references_score_first_turns_only(tiny_pair, tmp_path) -> None:
+    pf = _two_turn_file(tmp_path / "mt.jsonl")
+    lines = [ln for ln in pf.read_text().splitlines() if '"reference"' in ln]
+    pf.write_text("\n".join(lines) + "\n")
+    r = run_diagnose(_cfg(tiny_pair, "self", tmp_path, prompts=str(pf), reference="dataset"))
+    assert set(r.positions.prompt_id) == {"81", "82", "83"}
+
+
+def test_simulate_runs_the_same_turns_diagnose_scored(tiny_pair, tmp_path) -> None:
+    from specprobe.options import SimulateConfig
+    from specprobe.simulate import run_simulate
+
+    pf = _two_turn_file(tmp_path / "mt.jsonl")
+    d = _cfg(tiny_pair, "self", tmp_path, prompts=str(pf), sampling=SamplingFlags(temperature=0.0), max_new_tokens=4, keep_positions=False)
+    r = run_simulate(SimulateConfig(d, ks=[2], baseline=False))
+    assert r.metrics["num_prompts"] == 7
+    assert r.measured is not None and r.measured.k_table[0].prompts == 7

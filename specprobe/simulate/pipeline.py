@@ -12,7 +12,7 @@ from specprobe.diagnose import load_pair, run_diagnose
 from specprobe.errors import ConfigError
 from specprobe.options import SimulateConfig, validate
 from specprobe.progress import Progress
-from specprobe.references import encode_prompt, load_prompt_set
+from specprobe.references import load_prompt_set, references_by_turn
 from specprobe.result import Result
 from specprobe.rules import load_table
 from specprobe.simulate.counters import SimCounters, SimRun
@@ -108,8 +108,9 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     step = drafter.step_model()
     if step is None:
         raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N and independent causal LMs")
-    prompts = list(load_prompt_set(dcfg).prompts)
-    encoded = [encode_prompt(target.tokenizer, p) for p in prompts]
+    # the same items diagnose scored: every turn, later ones after the target's own earlier
+    # answers (its references, read back from the on-disk cache)
+    encoded = references_by_turn(target, list(load_prompt_set(dcfg).prompts), dcfg, pair.sampling.target, progress).encoded
     tau_estimate = {r.k: r.tau_tokens for r in estimate.k_table if r.tau_tokens is not None}
     kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size}
     runs: list[SimCounters] = []
