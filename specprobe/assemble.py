@@ -156,7 +156,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "accept_prob_domain_min": min(dom_alpha) if dom_alpha else None,
         "accept_prob_domain_spread": (max(dom_alpha) - min(dom_alpha)) if len(dom_alpha) > 1 else None,
         "accept_prob_high_entropy": acc.high_entropy_accept,
-        "accept_prob_long_context_ratio": (pos[-1]["accept_prob_mean"] / pos[0]["accept_prob_mean"]) if len(pos) > 1 and pos[0]["accept_prob_mean"] > 0 and pos[-1]["positions"] >= 32 else None,
+        "accept_prob_long_context_ratio": acc.long_context_ratio(),
         "cond_accept_depth_decay": (cond[-1] / cond[0]) if cond and cond[0] and not math.isnan(cond[-1]) else None,
         "tau_tokens": best.tau_tokens if best else None,
         "accept_rate_best_k": best.accept_rate if best else None,
@@ -171,6 +171,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     return {
         "metrics": metrics,
         "by_domain": dom,
+        "by_category": acc.by_category(),
         "by_entropy": acc.by_entropy(),
         "by_position": pos,
         "histograms": acc.histograms(),

@@ -78,7 +78,7 @@ _METRICS: list[Metric] = [
     _m("accept_prob_domain_spread", "frac", False, "diagnose", "Highest minus lowest per-domain mean α."),
     _m("draft_vocab_coverage_mean", "frac", True, "diagnose", "Mean target probability mass inside a head's draft vocabulary (d2t / token_map): an upper bound on α (1 without a reduced vocabulary)."),
     _m("accept_prob_high_entropy", "frac", True, "diagnose", "Mean α over positions where the target entropy is ≥ 2 nats."),
-    _m("accept_prob_long_context_ratio", "ratio", True, "diagnose", "α in the last context-position bucket ÷ α in the first."),
+    _m("accept_prob_long_context_ratio", "ratio", True, "diagnose", "α at the longest contexts ÷ α at the shortest, within each domain (weighted mean over domains)."),
     _m("cond_accept_depth_decay", "ratio", True, "diagnose", "Conditional acceptance at depth 8 ÷ at depth 1 (a_8 / a_1)."),
     _m("tau_tokens", "tokens", True, "diagnose", "Expected tokens per verify step τ(K) at the best K (bonus token included)."),
     _m("accept_rate_best_k", "frac", True, "diagnose", "(τ(K) − 1) / K at the best K: accepted ÷ drafted."),

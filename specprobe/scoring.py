@@ -109,6 +109,7 @@ class SequenceCollector:
                 p.domain, positions[sl], seq,
                 alpha_by_depth={d: a[sl] for d, a in alpha.items()} or None,
                 confidence_by_depth={d: c[sl] for d, c in conf.items()} or None,
+                category=p.category,
             )
             if self.keep_positions:
                 n = sl.stop - sl.start

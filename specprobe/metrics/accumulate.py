@@ -41,6 +41,11 @@ class Accumulator:
     k_max: int = 8
     overall: np.ndarray = field(default_factory=lambda: np.zeros(_NF + 1))
     domains: dict[str, np.ndarray] = field(default_factory=dict)
+    # the prompt file's own categories (Spec-Bench's 13, MT-Bench's 8) beside the folded domains
+    categories: dict[str, np.ndarray] = field(default_factory=dict)
+    # context-position buckets within each domain: long-context decay is read inside a
+    # domain, so a suite whose long prompts are all summarisation does not fake it
+    domain_position: dict[str, np.ndarray] = field(default_factory=dict)
     entropy: np.ndarray = field(default_factory=lambda: np.zeros((len(ENTROPY_EDGES) - 1, _NF + 1)))
     position: np.ndarray = field(default_factory=lambda: np.zeros((len(POSITION_EDGES) - 1, _NF + 1)))
     alpha_hist: np.ndarray = field(default_factory=lambda: np.zeros(len(ALPHA_EDGES) - 1, dtype=np.int64))
@@ -85,6 +90,7 @@ class Accumulator:
         values: dict[str, np.ndarray],
         alpha_by_depth: dict[int, np.ndarray] | None = None,
         confidence_by_depth: dict[int, np.ndarray] | None = None,
+        category: str | None = None,
     ) -> None:
         """One reference sequence: per-position metric arrays in token order.
 
@@ -98,9 +104,14 @@ class Accumulator:
         self.overall += self._rows(mat)
         row = self.domains.setdefault(domain, np.zeros(_NF + 1))
         row += self._rows(mat)
+        cat = self.categories.setdefault(category or domain, np.zeros(_NF + 1))
+        cat += self._rows(mat)
         ent = mat[:, 3]
         self._add_grouped(self.entropy, np.digitize(ent, ENTROPY_EDGES[1:-1]), mat)
-        self._add_grouped(self.position, np.digitize(positions, POSITION_EDGES[1:-1]), mat)
+        pos_bucket = np.digitize(positions, POSITION_EDGES[1:-1])
+        self._add_grouped(self.position, pos_bucket, mat)
+        dpos = self.domain_position.setdefault(domain, np.zeros((len(POSITION_EDGES) - 1, _NF + 1)))
+        self._add_grouped(dpos, pos_bucket, mat)
         self.alpha_hist += np.histogram(np.clip(mat[:, 0], 0, 1), bins=ALPHA_EDGES)[0]
         self.kl_hist += np.histogram(mat[:, 2], bins=KL_FINE_EDGES)[0]
         hi = ent >= HIGH_ENTROPY_NATS
@@ -146,6 +157,12 @@ class Accumulator:
         for k, v in other.domains.items():
             self.domains.setdefault(k, np.zeros(_NF + 1))
             self.domains[k] += v
+        for k, v in other.categories.items():
+            self.categories.setdefault(k, np.zeros(_NF + 1))
+            self.categories[k] += v
+        for k, v in other.domain_position.items():
+            self.domain_position.setdefault(k, np.zeros_like(v))
+            self.domain_position[k] += v
         self.entropy += other.entropy
         self.position += other.position
         self.alpha_hist += other.alpha_hist
@@ -166,6 +183,8 @@ class Accumulator:
             "k_max": self.k_max,
             "overall": self.overall.tolist(),
             "domains": {k: v.tolist() for k, v in self.domains.items()},
+            "categories": {k: v.tolist() for k, v in self.categories.items()},
+            "domain_position": {k: v.tolist() for k, v in self.domain_position.items()},
             "entropy": self.entropy.tolist(),
             "position": self.position.tolist(),
             "alpha_hist": self.alpha_hist.tolist(),
@@ -186,6 +205,8 @@ class Accumulator:
         acc = cls(k_max=int(s["k_max"]))
         acc.overall = np.asarray(s["overall"], dtype=float)
         acc.domains = {k: np.asarray(v, dtype=float) for k, v in s["domains"].items()}
+        acc.categories = {k: np.asarray(v, dtype=float) for k, v in s.get("categories", {}).items()}
+        acc.domain_position = {k: np.asarray(v, dtype=float) for k, v in s.get("domain_position", {}).items()}
         acc.entropy = np.asarray(s["entropy"], dtype=float)
         acc.position = np.asarray(s["position"], dtype=float)
         acc.alpha_hist = np.asarray(s["alpha_hist"], dtype=np.int64)
@@ -223,6 +244,29 @@ class Accumulator:
 
     def by_domain(self) -> list[dict[str, Any]]:
         return [{"group": k, **self._means(v)} for k, v in self.domains.items()]
+
+    def by_category(self) -> list[dict[str, Any]]:
+        """The prompt file's own categories (equal to the domains for files without any)."""
+        return [{"group": k, **self._means(v)} for k, v in self.categories.items()]
+
+    def long_context_ratio(self, min_positions: int = 32) -> float:
+        """α at the longest contexts ÷ α at the shortest, read within each domain and
+        averaged over domains weighted by the positions compared: a decay with context,
+        not a difference between domains whose prompts happen to be long or short. nan
+        when no domain spans two position buckets with ≥ min_positions each."""
+        num = den = 0.0
+        for table in self.domain_position.values():
+            rows = [i for i in range(table.shape[0]) if table[i, 0] >= min_positions]
+            if len(rows) < 2:
+                continue
+            first, last = table[rows[0]], table[rows[-1]]
+            a0, a1 = first[1] / first[0], last[1] / last[0]
+            if a0 <= 0:
+                continue
+            w = min(first[0], last[0])
+            num += w * a1 / a0
+            den += w
+        return num / den if den else float("nan")
 
     def _buckets(self, table: np.ndarray, edges: tuple[float, ...], unit: str) -> list[dict[str, Any]]:
         rows = []

@@ -114,6 +114,8 @@ def render(result: Result, console: Console, full: bool = True) -> None:
         return
     if result.by_domain:
         console.print(_group_table("by domain", result.by_domain))
+    if result.categories:
+        console.print(_group_table("by the prompt file's category", result.categories))
     if result.by_entropy:
         console.print(_group_table("by target entropy", result.by_entropy))
     if result.by_position:

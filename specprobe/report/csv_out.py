@@ -64,7 +64,7 @@ def tables(result: Result | Comparison) -> dict[str, Any]:
                 out[key] = _frame(rows)
         return out
 
-    result_tables: dict[str, Sequence[Part]] = {"by_domain": result.by_domain, "by_entropy": result.by_entropy, "by_position": result.by_position, "k_table": result.k_table}
+    result_tables: dict[str, Sequence[Part]] = {"by_domain": result.by_domain, "by_category": result.categories, "by_entropy": result.by_entropy, "by_position": result.by_position, "k_table": result.k_table}
     for key, rows in result_tables.items():
         if rows:
             out[key] = _frame(rows)

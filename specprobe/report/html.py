@@ -197,6 +197,8 @@ def render_html(result: Result) -> str:
     parts.append(_speedup_section(result))
     parts.append(_histogram_sections(result))
     parts.append(_bucket_section(result.by_domain, "chart-domain", "α by domain", "domain"))
+    if result.categories:
+        parts.append(_bucket_section(result.categories, "chart-category", "α by the prompt file's category", "category"))
     parts.append(_bucket_section(result.by_entropy, "chart-entropy", "α by target-entropy bucket", "target entropy"))
     parts.append(_bucket_section(result.by_position, "chart-position", "α by context-position bucket", "position in the response (tokens)"))
     parts.append("</section>")

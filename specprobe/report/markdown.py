@@ -67,6 +67,9 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
     if result.by_domain:
         lines += ["#### α by domain", ""]
         lines += _table(("domain", "positions", "α", "greedy", "KL nats"), [[r.group, r.positions, pct(r.accept_prob_mean), pct(r.greedy_agree_frac), metric("kl_target_draft_nats", r.kl_target_draft_nats)] for r in result.by_domain])
+    if result.categories:
+        lines += ["#### α by the prompt file's category", ""]
+        lines += _table(("category", "positions", "α", "greedy", "KL nats"), [[r.group, r.positions, pct(r.accept_prob_mean), pct(r.greedy_agree_frac), metric("kl_target_draft_nats", r.kl_target_draft_nats)] for r in result.categories])
     mk = {r.k: r for r in result.measured.k_table} if result.measured else {}
     if result.k_table:
         best = result.best_k

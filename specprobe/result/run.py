@@ -306,6 +306,7 @@ class Result(Document):
     stopped: str | None = Field(default=None, description="Why scoring did not run (alignment errors); null when it ran.")
     metrics: Metrics = Field(default_factory=dict)
     by_domain: list[DomainRow] = Field(default_factory=list)
+    by_category: list[DomainRow] = Field(default_factory=list)  # the prompt file's own categories
     by_entropy: list[BucketRow] = Field(default_factory=list)
     by_position: list[BucketRow] = Field(default_factory=list)
     histograms: Histograms | None = None
@@ -326,6 +327,14 @@ class Result(Document):
     @classmethod
     def _known_metrics(cls, v: dict[str, Any]) -> dict[str, Any]:
         return catalogue_names(v)
+
+    @property
+    def categories(self) -> list[DomainRow]:
+        """The by-category table when the prompt file's categories say more than the
+        domains they fold into (Spec-Bench's 13 tasks onto 6 domains); else empty."""
+        if [r.group for r in self.by_category] == [r.group for r in self.by_domain]:
+            return []
+        return list(self.by_category)
 
     @property
     def best_k(self) -> int | None:
