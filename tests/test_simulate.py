@@ -143,15 +143,37 @@ def test_rejection_sampling_reproduces_target_distribution() -> None:
 
 
 def test_counters_follow_vllm_conventions() -> None:
+    """10 drafts of K = 3, two of them cut to one token at the end of a budget: the rate of
+    positions proposed (÷ drafts that proposed it) and vLLM's per-position rate (÷ all
+    drafts) differ at depths 2 and 3 — the two denominators must not be confused."""
     c = SimCounters(3)
-    c.num_drafts, c.drafted_tokens, c.accepted_tokens, c.verify_steps = 10, 30, 12, 10
+    c.num_drafts, c.drafted_tokens, c.accepted_tokens, c.verify_steps = 10, 26, 12, 10
+    c.emitted_tokens = 20  # two tokens were cut at an EOS: not emitted, not counted
     c.accepted_at[:] = [6, 4, 2]
-    c.drafted_at[:] = [10, 10, 10]
-    assert c.cumulative() == pytest.approx([0.6, 0.4, 0.2])
-    assert c.conditional() == pytest.approx([0.6, 4 / 6, 0.5])
-    assert c.tau_tokens == pytest.approx(2.2) and c.tokens_per_verify == pytest.approx(2.2)
-    assert c.accept_rate == pytest.approx(0.4)
+    c.drafted_at[:] = [10, 8, 8]
+    assert c.cumulative() == pytest.approx([0.6, 0.5, 0.25])
+    assert c.cumulative_vllm() == pytest.approx([0.6, 0.4, 0.2])
+    assert c.conditional() == pytest.approx([0.6, 0.5 / 0.6, 0.5])
+    assert c.tau_tokens == pytest.approx(2.35)  # 1 + Σ r_i
+    assert c.mean_acceptance_length == pytest.approx(2.2)  # vLLM: 1 + 12 / 10
+    assert c.tokens_per_verify == pytest.approx(2.0)  # emitted ÷ verify steps
+    assert c.accept_rate == pytest.approx(12 / 26)
     assert np.isnan(SimCounters(2).tau_tokens)  # nothing drafted: nan, not 1
+
+
+def test_monitor_and_simulate_share_one_per_position_definition() -> None:
+    """The same counts read by monitor (an engine's counters) and by simulate give the
+    same vLLM per-position rate and mean acceptance length."""
+    from specprobe.monitor.windows import WindowCounts, window_stats
+
+    c = SimCounters(3)
+    c.num_drafts, c.drafted_tokens, c.accepted_tokens = 10, 26, 12
+    c.accepted_at[:] = [6, 4, 2]
+    c.drafted_at[:] = [10, 8, 8]
+    w = window_stats(WindowCounts(drafts=10, draft_tokens=26, accepted=12, accepted_per_pos=(6, 4, 2)))
+    assert list(w.per_pos_cum) == pytest.approx(c.cumulative_vllm())
+    assert w.mean_accept_len == pytest.approx(c.mean_acceptance_length)
+    assert w.accept_rate == pytest.approx(c.accept_rate)
 
 
 # ----------------------------------------------------------------------------- exactness on tiny models

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from specprobe.errors import ConfigError
+from specprobe.metrics import spec_counts
 
 NAN = float("nan")
 
@@ -219,11 +220,11 @@ def safe_div(a: float | None, b: float | None) -> float:
 
 def conditional_rates(cum: Sequence[float]) -> tuple[float, ...]:
     """a_1 = r_1, a_i = r_i / r_{i-1}."""
-    out, prev = [], 1.0
-    for r in cum:
-        out.append(safe_div(r, prev))
-        prev = r
-    return tuple(out)
+    return tuple(spec_counts.conditional_rates(cum))
+
+
+def _nums(a: float | None, b: float | None) -> tuple[float, float]:
+    return (NAN if a is None else a, NAN if b is None else b)
 
 
 def decay_ratio(cum: Sequence[float]) -> float:
@@ -243,7 +244,7 @@ def derive_drafts(c: WindowCounts) -> float | None:
 
 def window_stats(c: WindowCounts) -> AcceptanceStats:
     drafts = derive_drafts(c)
-    rate = safe_div(c.accepted, c.draft_tokens)
+    rate = spec_counts.acceptance_rate(*_nums(c.accepted, c.draft_tokens))
     if math.isnan(rate) and c.accept_rate_gauge is not None:
         rate = c.accept_rate_gauge
     if c.emitted is not None and c.drafts is None:
@@ -251,15 +252,14 @@ def window_stats(c: WindowCounts) -> AcceptanceStats:
         # emitted tokens are what users got (bonus included), so the length uses them.
         mal = safe_div(c.emitted, drafts)
     else:
-        per = safe_div(c.accepted, drafts)
-        mal = 1.0 + per if not math.isnan(per) else NAN
+        mal = spec_counts.mean_acceptance_length(*_nums(c.accepted, drafts))
     if math.isnan(mal) and c.accept_len_gauge is not None and c.accept_len_gauge > 0:
         mal = c.accept_len_gauge
     if math.isnan(rate) and not math.isnan(mal) and c.num_spec_tokens:
         rate = (mal - 1.0) / c.num_spec_tokens
     cum: tuple[float, ...] = ()
     if c.accepted_per_pos and drafts:
-        cum = tuple(safe_div(a, drafts) for a in c.accepted_per_pos)
+        cum = tuple(spec_counts.per_position_rate_vllm([NAN if a is None else a for a in c.accepted_per_pos], drafts))
     return AcceptanceStats(
         accept_rate=rate,
         mean_accept_len=mal,

@@ -1,17 +1,19 @@
 """What a speculative run counted, and the rates read off those counts.
 
 Counting follows vLLM (`v1/spec_decode/metrics.py`): one *draft* is one verify step of
-one row that proposed ≥ 1 token; the cumulative per-position rate at position i is
-drafts whose first i tokens were all accepted ÷ drafts that proposed position i; the
-conditional rate is that ÷ the previous; τ (mean acceptance length) includes the bonus
-token. Counts only, so runs (and shards of a run) add up."""
+one row that proposed ≥ 1 token. The rates come from `metrics.spec_counts`, the
+definitions `monitor` reads the engines' counters with: `cumulative()` is the rate of
+positions proposed (r_i, what the estimate predicts), `cumulative_vllm()` vLLM's
+per-position rate (÷ all drafts); they differ only when drafts are shorter than K. τ
+includes the bonus token. Counts only, so runs (and shards of a run) add up."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from specprobe.metrics import spec_counts
 
 
 @dataclass
@@ -40,16 +42,15 @@ class SimCounters:
             self.drafted_at = np.zeros(self.k)
 
     def cumulative(self) -> list[float]:
-        """vLLM's per-position rate r_i (depth from 1); nan where nothing was drafted."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return [float(a / d) if d > 0 else float("nan") for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
+        """r_i: accepted at position i ÷ drafts that proposed position i (depth from 1)."""
+        return spec_counts.per_position_rate_of_proposed(self.accepted_at.tolist(), self.drafted_at.tolist())
+
+    def cumulative_vllm(self) -> list[float]:
+        """vLLM's per-position acceptance rate: accepted at position i ÷ all drafts."""
+        return spec_counts.per_position_rate_vllm(self.accepted_at.tolist(), self.num_drafts)
 
     def conditional(self) -> list[float]:
-        out, prev = [], 1.0
-        for r in self.cumulative():
-            out.append(float(r / prev) if prev > 0 and not math.isnan(prev) and not math.isnan(r) else float("nan"))
-            prev = r
-        return out
+        return spec_counts.conditional_rates(self.cumulative())
 
     @property
     def tau_tokens(self) -> float:
@@ -59,17 +60,23 @@ class SimCounters:
             return 1.0
         if self.num_drafts == 0:
             return float("nan")
-        return 1.0 + float(np.nansum(self.cumulative()))
+        return spec_counts.expected_length(self.cumulative())
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's mean acceptance length 1 + accepted ÷ drafts (short drafts included)."""
+        return spec_counts.mean_acceptance_length(self.accepted_tokens, self.num_drafts)
 
     @property
     def tokens_per_verify(self) -> float:
         """Emitted tokens ÷ row verify steps, end-of-budget steps included: what assisted
-        generation's generated tokens ÷ target forward calls measures."""
-        return (self.accepted_tokens + self.verify_steps) / self.verify_steps if self.verify_steps else float("nan")
+        generation's generated tokens ÷ target forward calls measures. Tokens past an EOS
+        or the budget were never emitted, so they do not count."""
+        return self.emitted_tokens / self.verify_steps if self.verify_steps else float("nan")
 
     @property
     def accept_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else float("nan")
+        return spec_counts.acceptance_rate(self.accepted_tokens, self.drafted_tokens)
 
     @property
     def tokens_per_s(self) -> float:
