@@ -109,13 +109,26 @@ def test_dataset_references_are_labelled_off_policy(tiny_pair, tmp_path) -> None
     assert r.metrics["num_positions"] == 6
 
 
-def test_references_are_cached_and_reproducible(tiny_pair, tmp_path) -> None:
-    cfg = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, seed=3)
+def test_references_are_cached_and_reproducible(tiny_pair, tmp_path, monkeypatch) -> None:
+    """The second run reads the references from the cache (generate is never called); a
+    run without the cache regenerates the same tokens from the seed; another seed gives
+    other tokens — so the comparison below can tell them apart."""
+    from transformers import GenerationMixin
+
+    cfg = _cfg(tiny_pair, "self:layers=1", tmp_path, seed=3)
     a = run_diagnose(cfg)
-    b = run_diagnose(cfg)
-    assert a.positions.position == b.positions.position
-    c = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, seed=3, use_cache=False))
-    assert c.positions.position == a.positions.position
+
+    def no_generate(*_a, **_k):
+        raise AssertionError("references should have come from the cache")
+
+    with monkeypatch.context() as m:
+        m.setattr(GenerationMixin, "generate", no_generate)
+        b = run_diagnose(cfg)
+    assert (b.positions.position, b.positions.accept_prob) == (a.positions.position, a.positions.accept_prob)
+    c = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, seed=3, use_cache=False))
+    assert (c.positions.position, c.positions.accept_prob) == (a.positions.position, a.positions.accept_prob)
+    d = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, seed=4))
+    assert (d.positions.position, d.positions.accept_prob) != (a.positions.position, a.positions.accept_prob)
 
 
 def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
