@@ -171,78 +171,55 @@ class Eagle3Drafter(_EagleBase):
 
     def _build(self) -> None:
         import torch
-        from torch import nn
 
-        from specprobe.models.heads.layers import DecoderLayer, RMSNorm
+        from specprobe.models.heads.layers import Eagle3Head
         from specprobe.models.heads.vocab import target_ids
 
         target, layout = self.target, self.layout
         d, h = layout.details, layout.hidden_size
-        cfg = d["layer_config"]
-        pre = d["prefix"]
-        names = [n for n in layout.files.tensors if n.startswith(pre)] + [d["root"] + "fc.weight", d["root"] + "norm.weight"]
-        names += [n for n in (d["root"] + "fc.bias", d["lm_head"], d["d2t"], d["embed"]) if n and layout.files.has(n)]
+        pre, root, where = d["prefix"], d["root"], str(layout.path)
+        names = [n for n in layout.files.tensors if n.startswith(pre)] + [root + "fc.weight", root + "norm.weight"]
+        names += [n for n in (root + "fc.bias", d["lm_head"], d["d2t"], d["embed"]) if n and layout.files.has(n)]
         t = layout.files.load(names, device=target.device, dtype=target.dtype)
-        fc = t[d["root"] + "fc.weight"]
-        self.fc = nn.Linear(fc.shape[1], fc.shape[0], bias=d["root"] + "fc.bias" in t)
-        _load(self.fc, t, d["root"] + "fc.", str(layout.path))
+        fc = t[root + "fc.weight"]
         if fc.shape[1] != len(self.aux) * target.config.hidden_size:
             raise ModelLoadError(
-                f"{layout.path}: fc reads {fc.shape[1]} features but {len(self.aux)} target states of {target.config.hidden_size} give {len(self.aux) * target.config.hidden_size}",
+                f"{where}: fc reads {fc.shape[1]} features but {len(self.aux)} target states of {target.config.hidden_size} give {len(self.aux) * target.config.hidden_size}",
                 "this head was trained for another target (see `specprobe check`)",
             )
-        self.layer = DecoderLayer(cfg, h, 2 * h, input_norm=True, hidden_norm=True, qk_norm=layout.files.has(pre + "self_attn.q_norm.weight"))
-        _load(self.layer, t, pre, str(layout.path))
-        self.norm = RMSNorm(h, float(cfg.get("rms_norm_eps") or 1e-6))
-        _load(self.norm, t, d["root"] + "norm.", str(layout.path))
         if d["lm_head"] is None:
-            raise ModelLoadError(f"{layout.path}: the EAGLE-3 head has no lm_head.weight", "the checkpoint is incomplete")
+            raise ModelLoadError(f"{where}: the EAGLE-3 head has no lm_head.weight", "the checkpoint is incomplete")
         lm = t[d["lm_head"]]
-        self.lm_head = nn.Linear(lm.shape[1], lm.shape[0], bias=False)
-        self.lm_head.weight.data = lm
+        self.head = Eagle3Head(
+            d["layer_config"], h, int(fc.shape[1]), int(lm.shape[0]),
+            norm_before_residual=bool(d["norm_before_residual"]), qk_norm=layout.files.has(pre + "self_attn.q_norm.weight"), fc_bias=root + "fc.bias" in t,
+        )
+        _load(self.head.fc, t, root + "fc.", where)
+        _load(self.head.layer, t, pre, where)
+        _load(self.head.norm, t, root + "norm.", where)
+        self.head.lm_head.weight.data = lm
+        self.head.to(device=target.device, dtype=target.dtype).eval()
         self.embed = self._embedding(d["embed"], t)
-        self.nbr = bool(d["norm_before_residual"])
-        self.rotary = self._rotary(cfg)
-        for m in (self.fc, self.layer, self.norm, self.lm_head):
-            m.to(device=target.device, dtype=target.dtype).eval()
         vd, v = int(lm.shape[0]), self.vocab
         # vLLM reads draft id i as target id i + d2t[i]; offsets stay 0 without d2t
         ids = target_ids(t.get(d["d2t"]) if d["d2t"] else None, vd)
         self.ids = None if vd == v and bool((ids == torch.arange(v)).all()) else ids
-        self._count(self.fc, self.layer, self.norm, self.lm_head)
+        self._count(self.head)
 
     def target_layers_needed(self) -> tuple[int, ...]:
         return tuple(sorted({k for k in self.aux if k >= 1}))
-
-    def _step(self, ids: Any, cache: list[Any], j: int, hidden: Any) -> tuple[Any, Any]:
-        import torch
-
-        b, s = ids.shape
-        e = self.embed(shifted_tokens(ids, j)).to(hidden.dtype)
-        cos, sin = self.rotary(e, positions(b, s, j, e.device))
-        mask = chain_mask(s, j, torch.float32, e.device)
-        lay = self.layer
-        assert lay.input_layernorm is not None and lay.hidden_norm is not None  # built with both
-        en = lay.input_layernorm(e)
-        if self.nbr:
-            hn = lay.hidden_norm(hidden)
-            residual = hn
-        else:
-            residual, hn = hidden, lay.hidden_norm(hidden)
-        x = residual + lay.self_attn(torch.cat([en, hn], dim=-1), cos, sin, mask, cache)
-        x = x + lay.mlp(lay.post_attention_layernorm(x))
-        return x, self.norm(x)
 
     def features(self, tp: Any) -> ChainedFeatures:
         import torch
 
         states = [tp.layer_hidden[k] if k >= 1 else self.target.model.get_input_embeddings()(tp.input_ids) for k in self.aux]
-        first = self.fc(torch.cat(states, dim=-1).to(self.fc.weight.dtype))  # [B, S, H]
+        first = self.head.fc(torch.cat(states, dim=-1).to(self.head.fc.weight.dtype))  # [B, S, H]
         cache: list[Any] = []
-        return ChainedFeatures(lambda j, h: self._step(tp.input_ids, cache, j, h), first, MAX_CHAIN)
+        ids = tp.input_ids
+        return ChainedFeatures(lambda j, h: self.head.step(self.embed(shifted_tokens(ids, j)).to(h.dtype), h, j, cache), first, MAX_CHAIN)
 
     def head_logits(self, features: Any, depth: int) -> Any:
-        return self.lm_head(features.to(self.lm_head.weight.dtype))
+        return self.head.lm_head(features.to(self.head.lm_head.weight.dtype))
 
 
 class Eagle1Drafter(_EagleBase):

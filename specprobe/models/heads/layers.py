@@ -105,6 +105,44 @@ class DecoderLayer(nn.Module):
         self.hidden_norm = RMSNorm(hidden, eps) if hidden_norm else None
 
 
+class Eagle3Head(nn.Module):
+    """EAGLE-3's modules and one chained step, shared by scoring and training (so a head
+    trained here is run exactly as it is scored).
+
+    step: [input_layernorm(embed); hidden_norm(hidden)] (2·H) -> attention; residual =
+    the raw hidden (or its hidden_norm with norm_before_residual); + MLP. Returns the
+    pre-norm output (the next step's hidden) and norm(output) (the LM head's input)."""
+
+    def __init__(self, cfg: dict[str, Any], hidden: int, fc_in: int, draft_vocab: int, *, norm_before_residual: bool, qk_norm: bool = False, fc_bias: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(fc_in, hidden, bias=fc_bias)
+        self.layer = DecoderLayer(cfg, hidden, 2 * hidden, input_norm=True, hidden_norm=True, qk_norm=qk_norm)
+        self.norm = RMSNorm(hidden, float(cfg.get("rms_norm_eps") or 1e-6))
+        self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
+        self.rotary = Rotary(llama_config(cfg, hidden_size=hidden))
+        self.norm_before_residual = norm_before_residual
+
+    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, step: int, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """embeds [B, S, H] of the tokens fed on this step, hidden [B, S, H] from the last
+        one (fc(aux) on step 0); `cache` holds this chain's earlier keys/values."""
+        from specprobe.models.heads.chain import chain_mask, positions
+
+        b, s, _ = embeds.shape
+        cos, sin = self.rotary(embeds, positions(b, s, step, embeds.device))
+        mask = chain_mask(s, step, torch.float32, embeds.device)
+        lay = self.layer
+        assert lay.input_layernorm is not None and lay.hidden_norm is not None  # built with both
+        en = lay.input_layernorm(embeds)
+        if self.norm_before_residual:
+            hn = lay.hidden_norm(hidden)
+            residual = hn
+        else:
+            residual, hn = hidden, lay.hidden_norm(hidden)
+        x = residual + lay.self_attn(torch.cat([en, hn], dim=-1), cos, sin, mask, cache)
+        x = x + lay.mlp(lay.post_attention_layernorm(x))
+        return x, self.norm(x)
+
+
 class MTPLayer(nn.Module):
     """One MTP layer: enorm/hnorm, a projection of their concatenation, the target's own
     decoder block, out_norm (shared_head.norm / final_layernorm / mtp.norm)."""
