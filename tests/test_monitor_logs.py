@@ -226,3 +226,16 @@ def test_llamacpp_newer_log_counts_drafts_and_positions(tmp_path):
     # positions only from the request that printed them, over all drafts: r_1 = 7/13
     assert view.now.per_pos_cum[0] == pytest.approx(7 / 13)
     assert snap.sources[0].engine == "llamacpp" and not warnings
+
+
+def test_real_llama_server_log():
+    """The log of the llama-server built by benchmarks/build_llama_server.sh (trace
+    verbosity, model dump lines dropped): two greedy requests, K = 4, 28-block self-draft.
+    Its own counters after them (tests/data/monitor/llamacpp_metrics.prom): 43 accepted,
+    137 drafted, 35 verify steps, per position 20, 13, 6, 4."""
+    _, snap, warnings = _run(DATA / "llamacpp_server.log")
+    (view,) = snap.models
+    assert (view.now.accepted, view.now.draft_tokens, view.now.drafts) == (43, 137, 35)
+    assert view.now.per_pos_cum == pytest.approx((20 / 35, 13 / 35, 6 / 35, 4 / 35))
+    assert view.metrics["monitor_mean_accept_len_tokens"] == pytest.approx(1 + 43 / 35)
+    assert snap.sources[0].engine == "llamacpp" and snap.sources[0].malformed == 0 and not warnings

@@ -152,6 +152,7 @@ def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *
     return [
         str(binary),
         "-m", str(target),
+        "--spec-type", "draft-simple",  # this build infers no type from a plain draft GGUF
         "--spec-draft-model", str(draft),
         "--spec-draft-n-max", str(k),
         "--spec-draft-n-min", "0",
@@ -164,6 +165,8 @@ def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *
         "-t", str(threads),
         "-tb", str(threads),
         "--spec-draft-threads", str(threads),
+        "--poll", "0",
+        "--spec-draft-poll", "0",
         "--no-warmup",
         "-lv", "4",
         "--log-colors", "off",
@@ -176,7 +179,10 @@ def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, 
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as fh:
-        proc = subprocess.Popen(server_command(binary, target, draft, port, k, threads=threads), stdout=fh, stderr=subprocess.STDOUT)  # noqa: S603
+        # Passive OpenMP waits: on a shared, oversubscribed CPU the default spin-waiting of
+        # two thread pools (target and draft) makes every step many times slower.
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        proc = subprocess.Popen(server_command(binary, target, draft, port, k, threads=threads), stdout=fh, stderr=subprocess.STDOUT, env=env)  # noqa: S603
     server = LlamaServer(proc, port, log)
     try:
         deadline = time.monotonic() + startup_timeout
