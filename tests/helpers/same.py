@@ -1,0 +1,27 @@
+"""Recursive equality of two results' dumps within float tolerance (sums added in
+another order differ in the last digits)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+SKIP = frozenset({"created"})
+
+
+def differences(a: Any, b: Any, path: str = "", rel: float = 1e-9, abs_: float = 1e-9) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}.{k}: only on one side" for k in sorted(set(a) ^ set(b), key=str) if k not in SKIP]
+        for k in a.keys() & b.keys():
+            if k not in SKIP:
+                out += differences(a[k], b[k], f"{path}.{k}", rel, abs_)
+        return out
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} vs {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]", rel, abs_)]
+    if isinstance(a, float) and isinstance(b, float | int) or isinstance(b, float) and isinstance(a, int):
+        if math.isnan(a) and math.isnan(b):
+            return []
+        return [] if math.isclose(a, b, rel_tol=rel, abs_tol=abs_) else [f"{path}: {a!r} vs {b!r}"]
+    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
