@@ -183,6 +183,69 @@ def test_bursty_acceptance_puts_the_window_estimate_above_the_renewal_one() -> N
     assert np.all(acc.renewal_tau() < np.asarray(window))
 
 
+# ----------------------------------------------------------------------------- the real loop
+def _tiny_pair():
+    """A tiny float64 Llama target and a noisy copy that agrees with it about half the time."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0 / target.lm_head.weight.std())  # peaked, not near uniform
+    target = target.to(torch.float64)
+    drafter = LlamaForCausalLM(cfg).eval().to(torch.float64)
+    drafter.load_state_dict(target.state_dict())
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for w in drafter.parameters():
+            w.add_(0.3 * w.std() * torch.randn(w.shape, generator=g, dtype=w.dtype))
+    return target, drafter
+
+
+def test_greedy_renewal_counts_are_exactly_the_real_loops_counters() -> None:
+    # Greedy target and drafter on the target's own greedy reference: every accepted draft
+    # is the reference token, α ∈ {0, 1}, and the renewal schedule is the loop's schedule,
+    # end of budget included — so the expected counters are the measured ones, exactly.
+    import torch
+
+    from specprobe.metrics.sampling import Sampling
+    from specprobe.simulate import speculate
+
+    greedy = Sampling(temperature=0.0)
+    n = 30
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models gain nothing from threads on a shared machine
+    try:
+        target, drafter = _tiny_pair()
+        g = torch.Generator().manual_seed(5)
+        prompts = [torch.randint(0, 300, (int(L),), generator=g).tolist() for L in torch.randint(3, 14, (4,), generator=g)]
+        refs = speculate(target, None, prompts, k=0, target_sampling=greedy, max_new_tokens=n, batch_size=1).outputs
+        alphas = []
+        with torch.inference_mode():
+            for p, y in zip(prompts, refs, strict=True):
+                ids = torch.tensor([p + y[:-1]])
+                tl = target(input_ids=ids).logits[0, len(p) - 1 :]  # [n, V]: predicts y_0 … y_{n−1}
+                dl = drafter(input_ids=ids).logits[0, len(p) - 1 :]
+                assert tl.argmax(-1).tolist() == y  # teacher forcing reproduces the reference
+                alphas.append((dl.argmax(-1) == tl.argmax(-1)).double().numpy())
+        assert 0.2 < np.mean(np.concatenate(alphas)) < 0.9  # a drafter that is neither useless nor perfect
+        for k in (1, 3):
+            c = speculate(target, drafter, prompts, k=k, target_sampling=greedy, draft_sampling=greedy, max_new_tokens=n, batch_size=1).counters
+            counts = [estimate.renewal_counts(np.tile(a, (k, 1))) for a in alphas]
+            assert c.verify_steps == pytest.approx(sum(x.rounds[k - 1] for x in counts), abs=1e-9)
+            assert c.accepted_at == pytest.approx(sum(x.accepted[k - 1] for x in counts), abs=1e-9)
+            assert c.drafted_at == pytest.approx(sum(x.drafted[k - 1] for x in counts), abs=1e-9)
+            acc = sum(x.accepted for x in counts)
+            assert c.tau_tokens == pytest.approx(estimate.renewal_tau(acc, sum(x.drafted for x in counts))[k - 1])
+    finally:
+        torch.set_num_threads(threads)
+
+
 # ----------------------------------------------------------------------------- accumulator
 def test_merge_of_two_accumulators_equals_one_over_both() -> None:
     rng = np.random.default_rng(0)
