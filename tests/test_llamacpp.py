@@ -68,6 +68,13 @@ PROMPTS = [
 CLI = [sys.executable, "-c", "from specprobe.cli.main import run; run()"]
 
 
+def chat(text: str) -> str:
+    """SmolLM2's chat template around one user turn (as its GGUF's template renders it):
+    raw text makes the instruct model stop at once on some prompts."""
+    system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
 class GatedMetricsProxy:
     """Loopback pass-through to the server's /metrics: the first GET is answered at once
     and sets `first`; later GETs wait for `release` before fetching from upstream."""
@@ -147,7 +154,7 @@ def traffic(server: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         assert proxy.first.wait(timeout=300), "monitor never scraped"
         before = metric_values(http_text(server.base + "/metrics"))
-        timings = [server.complete(p, N_PREDICT)["timings"] for p in PROMPTS]
+        timings = [server.complete(chat(p), N_PREDICT)["timings"] for p in PROMPTS]
         after = metric_values(http_text(server.base + "/metrics"))
         proxy.release.set()
         stdout, stderr = mon.communicate(timeout=300)

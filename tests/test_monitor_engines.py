@@ -69,6 +69,24 @@ def test_llamacpp_exposition_counts_and_per_position():
     assert stats.per_pos_cum == pytest.approx((19 / 20, 16 / 20, 12 / 20, 8 / 20))
 
 
+def test_series_born_between_scrapes_count_from_zero():
+    """llama.cpp creates its per-position series at the first verify step: absent from the
+    scrape before the traffic, present after. They count from zero, not from their first
+    sample (which would lose the whole window); so does a model_name seen for the first
+    time. The first scrape of all has no predecessor and sets no zeros."""
+    store: dict[str, ModelData] = {}
+    first = parse_exposition(llamacpp_text(0, 0, 0, []))[0]
+    second = parse_exposition(llamacpp_text(12, 48, 30, [10, 9, 7, 4]))[0]
+    ingest_samples(first, "auto", 10.0, store, "src", prev_t=None)
+    ingest_samples(second, "auto", 20.0, store, "src", prev_t=10.0)
+    stats = window_stats(store["(no model_name)"].counts(0.0, 30.0))
+    assert (stats.accepted, stats.drafts) == (30, 12)
+    assert stats.per_pos_cum == pytest.approx((10 / 12, 9 / 12, 7 / 12, 4 / 12))
+    fresh: dict[str, ModelData] = {}
+    ingest_samples(second, "auto", 20.0, fresh, "src", prev_t=None)
+    assert window_stats(fresh["(no model_name)"].counts(0.0, 30.0)).empty
+
+
 def test_llamacpp_without_draft_model_names_missing_families():
     text = "\n".join(line for line in llamacpp_text(0, 0, 0, []).splitlines() if "spec_decode" not in line) + "\n"
     store, results = _ingest([text])

@@ -160,8 +160,14 @@ def missing_families(engine: str | None, names: set[str], wanted: str) -> list[s
     return [n for n in required if n not in names]
 
 
-def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, source: str) -> IngestResult:
-    """Map one scrape onto the canonical quantities, per model_name."""
+def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, source: str, prev_t: float | None = None) -> IngestResult:
+    """Map one scrape onto the canonical quantities, per model_name.
+
+    `prev_t` is the time of this source's previous good scrape. A counter series first
+    seen now was absent then, so it was created since and counted from zero: it gets a
+    zero at `prev_t`, or its first window would lose everything it counted (llama.cpp
+    creates its per-position series at the first verify step, a new model_name appears
+    with its first request)."""
     names = {_base_name(s.name) for s in samples if not s.name.endswith("_created")}
     detected = detect_engine(names)
     if engine not in ("auto", None) and _family(detected) != engine:
@@ -203,6 +209,8 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
         data.sources.add(source)
         sid = _series_id(s.labels, source + "|")
         if kind == "counter":
+            if prev_t is not None and prev_t < t and (quantity, sid) not in data.counters:
+                data.add_counter(quantity, sid, prev_t, 0.0)
             data.add_counter(quantity, sid, t, s.value)
             totals.setdefault(model, {}).setdefault(quantity, 0.0)
             totals[model][quantity] += s.value

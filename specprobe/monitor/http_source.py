@@ -69,6 +69,7 @@ class ScrapeSource:
     backoff: float = 0.5
     kind: str = "scrape"
     detected: str | None = None
+    last_ok: float | None = None  # time of the previous good scrape
 
     def __post_init__(self) -> None:
         check_http_url(self.url, "--url")
@@ -80,7 +81,8 @@ class ScrapeSource:
     def poll(self, t: float, store: Store, warn: Warn, **_: Any) -> IngestResult:
         text = with_retries(lambda: http_get(self.url, self.timeout), self.retries, self.backoff)
         samples, bad = parse_exposition(text)
-        res = ingest_samples(samples, self.engine, t, store, self.name)
+        res = ingest_samples(samples, self.engine, t, store, self.name, prev_t=self.last_ok)
+        self.last_ok = t
         res.malformed += bad
         self.detected = res.detected = res.engine or self.detected
         return res
