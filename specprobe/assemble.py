@@ -114,6 +114,9 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     """Header + alignment metrics + scores + cost -> the finished diagnose result."""
     sections = summarise(scored, cost, cfg)
     metrics = {**metrics, **sections.pop("metrics")}
+    if scored.drill is not None:  # token-level evidence and what-ifs (specprobe.drilldown)
+        sections["drilldown"], drill_metrics = scored.drill.section(metrics.get("best_k"), sections["by_domain"], metrics.get("accept_prob_mean"))
+        metrics.update(drill_metrics)
     findings, evals = evaluate_rules(table, metrics, kind, evidence)
     return Result.model_validate({
         **header,

@@ -12,6 +12,7 @@ from typing import Any
 from specprobe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.assemble import build_result, evaluate_rules, result_header, stopped_result
 from specprobe.costs import cost_block
+from specprobe.drilldown import DrillCollector
 from specprobe.errors import ConfigError
 from specprobe.options import DiagnoseConfig, relabel_sources  # noqa: F401  (DiagnoseConfig re-exported)
 from specprobe.progress import Progress
@@ -81,7 +82,9 @@ def run_diagnose(cfg: DiagnoseConfig, progress: Progress | None = None, table: R
         progress.note("interrupted while generating references: scoring the prompts finished so far")
 
     # 3. scoring: target vs drafter, teacher-forced over those references
-    scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress)
+    drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max)
+    scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill])
+    scored.drill = drill
     scored.interrupted = scored.interrupted or refs.interrupted
 
     # 4. cost: the drafter's price per step, then estimates and rules

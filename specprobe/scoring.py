@@ -15,7 +15,7 @@ further collectors (`score(..., collectors=[...])`) without touching the loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,19 +48,32 @@ class ChunkScores:
     # position t+1−d lies before the sequence) and drafter confidence max q
     alpha_by_depth: dict[int, np.ndarray] = field(default_factory=dict)
     confidence_by_depth: dict[int, np.ndarray] = field(default_factory=dict)
+    # what collectors asked for beyond the metrics (depth 1): each side's top-k ([N, k],
+    # `Collector.top_k`) and the outputs of their probes ([N], `Collector.probe`)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], token_pos: Any, sampling: Any) -> ChunkScores:
+# A collector's probe sees the raw depth-1 logits of a chunk while they exist
+# (chunk, target [N, V], drafter [N, V']) and returns [N] arrays for ChunkScores.extra.
+Probe = Callable[[Chunk, Any, Any], dict[str, np.ndarray]]
+
+
+def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], token_pos: Any, sampling: Any, top: int = 0, probes: Sequence[Probe] = (), chunk: Chunk | None = None) -> ChunkScores:
     """target_logits [N, V]; draft_logits yields (depth d, [N, V'] logits of the depth-d
     prediction of each position's token), lazily so one [N, V'] block is alive at a time;
-    token_pos [N] (tensor) the predicted token's index; sampling the (target, draft) pair."""
+    token_pos [N] (tensor) the predicted token's index; sampling the (target, draft) pair.
+    top > 0: each side's top-`top` tokens too; probes: run on the depth-1 logits."""
     from specprobe.metrics import core  # looked up per call: tests swap position_metrics
 
     out = ChunkScores({})
     for d, dl in draft_logits:
-        pm = core.position_metrics(target_logits, dl, sampling.target, sampling.draft)
+        pm = core.position_metrics(target_logits, dl, sampling.target, sampling.draft, top=top if d == 1 else 0)
         if d == 1:
             out.values = {f: getattr(pm, f).float().cpu().numpy() for f in ROW_FIELDS}
+            out.extra = {k: v.cpu().numpy() for k, v in (pm.top or {}).items()}
+            for probe in probes:
+                assert chunk is not None
+                out.extra.update(probe(chunk, target_logits, dl))
         else:
             ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
             out.alpha_by_depth[d] = (pm.accept_prob * ok).cpu().numpy()
@@ -77,6 +90,13 @@ class Collector(Protocol):
     def chunk(self, chunk: Chunk, scores: ChunkScores) -> None: ...
 
     def batch_done(self) -> None: ...
+
+
+def _wants(sinks: Sequence[Collector]) -> tuple[int, list[Probe]]:
+    """What the collectors ask of every chunk: the largest top-k (attribute `top_k`) and
+    their probes (attribute `probe`); neither is part of the protocol's minimum."""
+    top = max((int(getattr(s, "top_k", 0) or 0) for s in sinks), default=0)
+    return top, [p for p in (getattr(s, "probe", None) for s in sinks) if p is not None]
 
 
 class SequenceCollector:
@@ -133,6 +153,7 @@ class Scored:
     rows: dict[str, list[Any]]
     interrupted: bool = False
     head_depths: tuple[int, ...] = ()  # depths a head drafter predicted directly (others chain depth 1)
+    drill: Any = None  # the token-level drill-down collector (specprobe.drilldown), when one ran
 
 
 def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
@@ -174,6 +195,7 @@ def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[in
     t = torch.from_numpy(t_np).to(ids.device)  # [P]
     head = target.head  # the LM head + the architecture's post-head transform (soft-capping, scaling)
     step = cfg.chunk_positions
+    top, probes = _wants(sinks)
     with torch.inference_mode(), capture_layers(target.model, drafter.target_layers_needed()) as captured:
         # the model's own forward (logits for the last position only: they re-prove `head`)
         tp = TargetPass(ids, mask, target.last_hidden(ids, mask), dict(captured))
@@ -184,8 +206,8 @@ def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[in
             tl = head(tp.last_hidden[bb, tt])  # [N, V]
             # the depth-d prediction of token t+1 is made at position t+1−d
             drafts = ((d, drafter.logits(feats[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in depths)  # [N, V'] each
-            scores = score_chunk(tl, drafts, tt + 1, pair)
             chunk = Chunk(prompt_of[c0 : c0 + step], t_np[c0 : c0 + step] + 1)
+            scores = score_chunk(tl, drafts, tt + 1, pair, top, probes, chunk)
             for s in sinks:
                 s.chunk(chunk, scores)
             del tl

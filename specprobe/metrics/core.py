@@ -27,6 +27,9 @@ class PositionMetrics:
     kl_target_draft_nats: torch.Tensor
     target_entropy_nats: torch.Tensor
     draft_confidence: torch.Tensor
+    # top-k of each side's untruncated tempered softmax, when asked (`top`): ids and
+    # probabilities [N, k] of each side, and the other side's probability of those ids
+    top: dict[str, torch.Tensor] | None = None
 
 
 def align_vocab(draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
@@ -85,12 +88,15 @@ def position_metrics(
     draft_logits: torch.Tensor,
     target_sampling: Sampling,
     draft_sampling: Sampling,
+    top: int = 0,
 ) -> PositionMetrics:
     """[N, V] target and [N, V'] drafter logits -> metrics per position.
 
     Written to touch each [N, V] buffer as few times as possible and to allocate none:
     log-softmax and exp land in reused buffers, the two sums over p are row-wise dot
-    products (bmm), and min(p, q) is written over a buffer no longer needed."""
+    products (bmm), and min(p, q) is written over a buffer no longer needed. `top` > 0
+    also returns each side's top-`top` tokens (a topk on p and q while they are at hand,
+    for the token-level drill-down)."""
     # a smaller vocabulary, or a head's draft vocabulary mapped into the target's (−inf
     # on the ids it cannot propose): either way some q are exactly 0
     padded = draft_logits.shape[-1] < target_logits.shape[-1] or bool(torch.isneginf(draft_logits).any())
@@ -103,6 +109,11 @@ def position_metrics(
     # the drafter lacks: clamp those so they cost a large but finite penalty, not inf/nan.
     if padded:
         logq.clamp_(min=-1e4)
+    tops = None
+    if top:
+        tp, ti = torch.topk(p, top, dim=-1)  # [N, k]
+        dp, di = torch.topk(q, top, dim=-1)  # [N, k]
+        tops = {"target_ids": ti, "target_probs": tp, "draft_ids": di, "draft_probs": dp, "target_probs_at_draft": p.gather(-1, di), "draft_probs_at_target": q.gather(-1, ti)}
     p3 = p.unsqueeze(1)  # [N, 1, V]
     plogp = torch.bmm(p3, logp.unsqueeze(2)).view(-1)  # [N]
     kl = plogp - torch.bmm(p3, logq.unsqueeze(2)).view(-1)
@@ -136,4 +147,5 @@ def position_metrics(
         kl_target_draft_nats=kl.clamp_(min=0.0),
         target_entropy_nats=entropy,
         draft_confidence=confidence,
+        top=tops,
     )

@@ -43,6 +43,7 @@ from specprobe.result.comparison import (
     KDelta,
     OverallDelta,
 )
+from specprobe.result.drill import DrillDown
 from specprobe.result.run import (
     Adaptive,
     Alignment,
@@ -72,7 +73,7 @@ from specprobe.result.run import (
 
 __all__ = [
     "READABLE_VERSIONS", "SCHEMA_VERSION", "Adaptive", "Alignment", "AlignmentFacts", "BucketRow", "CompareConfig", "Comparison",
-    "Cost", "Depth", "DepthDelta", "Document", "DomainDelta", "DomainRow", "Drafter", "Environment", "Evaluation", "Finding",
+    "Cost", "Depth", "DepthDelta", "Document", "DrillDown", "DomainDelta", "DomainRow", "Drafter", "Environment", "Evaluation", "Finding",
     "Histogram", "Histograms", "Identity", "KDelta", "KRow", "Measured", "MeasuredAdaptive", "MeasuredDepth", "MeasuredRow", "Num",
     "OverallDelta", "Part", "Positions", "PromptSetInfo", "Record", "Result", "RunConfig", "SamplingInfo", "SamplingSide", "Severity",
     "SideFacts", "Target", "Value", "finite", "json_schema", "upgrade",

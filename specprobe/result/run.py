@@ -19,6 +19,7 @@ from specprobe.result.base import (
     Value,
     catalogue_names,
 )
+from specprobe.result.drill import DrillDown
 
 
 # ----------------------------------------------------------------------------- run header
@@ -316,6 +317,7 @@ class Result(Document):
     cost: Cost | None = None
     positions: Positions | None = None
     measured: Measured | None = None
+    drilldown: DrillDown | None = Field(default=None, description="Token-level evidence and what-ifs (diagnose, simulate).")
     # ---- new sections go here, one optional field each (default None), e.g. renewal τ,
     # per-category tables, token-level drill-down, head coverage, shard provenance.
     verdict: str

@@ -1,0 +1,162 @@
+"""`specprobe sweep TARGET [DRAFTER ...] --layers 16..29`: several drafters scored on one
+set of references (generated once) with one target pass per batch; a table of α, KL,
+cost ratio, τ and speedup per K, and the best one recommended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from specprobe.cli.common import (
+    BatchSizeOpt,
+    ConfigOpt,
+    CostRatioOpt,
+    DeviceOpt,
+    DomainsOpt,
+    DraftTempOpt,
+    DtypeOpt,
+    ForceOpt,
+    KMaxOpt,
+    MaxPromptsOpt,
+    MinPOpt,
+    NoCacheOpt,
+    PromptsOpt,
+    ReferenceOpt,
+    RulesOpt,
+    SeedOpt,
+    SemanticsOpt,
+    TargetArg,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    VerifyFactorOpt,
+    err,
+    handle_errors,
+    out,
+)
+from specprobe.errors import ConfigError
+from specprobe.report.fmt import EM_DASH, fixed, pct
+from specprobe.report.terminal import Column, Grid
+
+
+def render_sweep(report: object, console: Console) -> None:
+    """The sweep table (one row per drafter, the recommended one marked) and speedup by K."""
+    from specprobe.sweep import SweepReport
+
+    assert isinstance(report, SweepReport)
+    g = Grid(
+        [
+            Column("drafter"),
+            Column("α accept", "α", "right"),
+            Column("KL nats", "KL", "right", "drop", 2),
+            Column("cost ratio", "c", "right"),
+            Column("best K", "K", "right"),
+            Column("τ(K)", justify="right"),
+            Column("speedup", "×", "right"),
+            Column("verdict", fallback="drop", order=3),
+        ],
+        title=f"sweep: {len(report.rows)} drafters against {report.target} · {report.num_prompts} prompts, {report.num_positions:,} positions ({report.reference}) · {report.target_passes} target passes",
+    )
+    for r in report.rows:
+        mark = "bold green" if r.drafter == report.recommended else ""
+        g.add(
+            ("▶ " if r.drafter == report.recommended else "  ") + r.drafter, pct(r.accept_prob_mean, none=EM_DASH), fixed(r.kl_target_draft_nats, ".3f", none=EM_DASH),
+            fixed(r.cost_ratio, ".3f", none=EM_DASH) + ("" if r.cost_measured or r.cost_ratio is None else "*"), str(r.best_k or EM_DASH),
+            fixed(r.tau_tokens, ".2f", none=EM_DASH), fixed(r.speedup_best, ".2f", none=EM_DASH) + "×", r.stopped and "stopped: alignment errors" or r.verdict, style=mark,
+        )
+    console.print(g)
+    ks = max((len(r.speedup_by_k) for r in report.rows), default=0)
+    if ks:
+        s = Grid([Column("drafter"), *(Column(f"K={k}", justify="right", fallback="drop" if k > 4 else "keep", order=k) for k in range(1, ks + 1))], title="estimated speedup by draft length K")
+        for r in report.rows:
+            s.add(r.drafter, *(fixed(v, ".2f", none=EM_DASH) for v in r.speedup_by_k), *([EM_DASH] * (ks - len(r.speedup_by_k))))
+        console.print("")
+        console.print(s)
+    if any(not r.cost_measured and r.cost_ratio is not None for r in report.rows):
+        console.print(Text(" * cost ratio given (--cost-ratio), not timed", style="dim"))
+    if report.recommended:
+        console.print(Text.assemble(("recommended: ", "bold"), (report.recommended, "bold green"), " (highest estimated speedup; confirm with 'specprobe simulate')"))
+    else:
+        console.print(Text("no drafter could be recommended (nothing was scored)", style="yellow"))
+
+
+@handle_errors
+def sweep(
+    ctx: typer.Context,
+    target: TargetArg = None,
+    drafters: Annotated[list[str] | None, typer.Argument(help="Drafters to compare (checkpoint folders, .gguf files, 'self:layers=N', heads).", metavar="[DRAFTER]...", show_default=False)] = None,
+    layers: Annotated[str | None, typer.Option("--layers", help="Self-draft depths to add: a range '16..29' and/or a list '20,24,28' (self:layers=N each).", metavar="RANGE")] = None,
+    prompts: PromptsOpt = "builtin",
+    domains: DomainsOpt = None,
+    max_prompts: MaxPromptsOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Reference continuation length per prompt.")] = 64,
+    reference: ReferenceOpt = "on-policy",
+    temperature: TempOpt = None,
+    draft_temperature: DraftTempOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    sampling_semantics: SemanticsOpt = "vllm",
+    seed: SeedOpt = 0,
+    batch_size: BatchSizeOpt = 8,
+    k_max: KMaxOpt = 8,
+    verify_factor: VerifyFactorOpt = None,
+    cost_ratio: CostRatioOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    rules: RulesOpt = None,
+    force: ForceOpt = False,
+    no_cache: NoCacheOpt = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the sweep table as JSON to this file.", metavar="FILE", show_default=False)] = None,
+    results_dir: Annotated[Path | None, typer.Option("--results", help="Also write each drafter's full diagnose result (for 'report' and 'explain') into this folder.", metavar="DIR", show_default=False)] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Score several drafters on ONE set of references with one target pass per batch:
+    α, KL, cost ratio, τ and speedup per K for each, and the best recommended.
+
+    Examples:
+
+      specprobe sweep smollm2 --layers 16..29 --temperature 0.7 --max-prompts 24
+
+      specprobe sweep ./target ./draft-a ./draft-b self:layers=20 --json sweep.json --results out/
+    """
+    from specprobe.options import DIAGNOSE, merge
+    from specprobe.progress import RichProgress
+    from specprobe.report.files import write_text_atomic
+    from specprobe.rules import load_table
+    from specprobe.sweep import parse_layers, run_sweep
+
+    specs = list(drafters or []) + [f"self:layers={n}" for n in (parse_layers(layers) if layers else [])]
+    if not specs:
+        raise ConfigError("sweep needs drafters to compare", "give DRAFTER arguments and/or --layers, e.g. specprobe sweep smollm2 --layers 16..29")
+    if len(set(specs)) != len(specs):
+        raise ConfigError("a drafter is listed twice", "list each drafter once")
+    if results_dir is not None and results_dir.exists() and not results_dir.is_dir():
+        raise ConfigError(f"--results {results_dir} is a file, not a folder", "give a folder to write the results into")
+    # the diagnose options machinery validates the shared flags (and reads --config)
+    params = {k: v for k, v in ctx.params.items() if k not in ("drafters", "layers", "json_path", "results_dir")}
+    given = {k for k in params if (src := ctx.get_parameter_source(k)) is not None and src.name == "COMMANDLINE"}
+    opts = merge(DIAGNOSE, {**params, "drafter": specs[0]}, given, config)
+    cfg = opts.diagnose_config(keep_positions=False)
+    table = load_table(opts.rules)
+    sw = run_sweep(cfg, specs, RichProgress(err), table=table)
+    render_sweep(sw.report, out)
+    if json_path is not None:
+        write_text_atomic(json_path, sw.report.to_json())
+        err.print(f"wrote {json_path}")
+    if results_dir is not None:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        for r in sw.results:
+            name = "".join(c if c.isalnum() or c in "-_." else "_" for c in r.drafter.spec).strip("_") or "drafter"
+            write_text_atomic(results_dir / f"{name}.json", r.to_json())
+        err.print(f"wrote {len(sw.results)} results into {results_dir}")
+    if sw.report.interrupted:
+        raise typer.Exit(130)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep)

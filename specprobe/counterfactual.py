@@ -1,0 +1,215 @@
+"""What-ifs from the logits already in hand during scoring, each set beside the real value
+on the same positions:
+
+- the drafter sampling with the target's settings (only when the two sides' sampling
+  transforms differ): how much of the loss is configuration, not training;
+- both sides greedy (α = greedy agreement) and both sides at each temperature of a small
+  grid (the target's top-k / top-p / min-p kept): what another serving temperature buys;
+- the vocabulary ceiling: the target's mass on ids the drafter can propose at all (its
+  logits are −inf on ids beyond its vocabulary and, for a head with a reduced draft
+  vocabulary, on every id the map leaves out); α cannot exceed it;
+- α per domain against the overall, ranked by what matching the best domain would add.
+
+The logit what-ifs cost a few passes over [N, V] each, so they run on every n-th prompt
+(`default_every`; whole prompts, so τ can be chained along each sequence). τ what-ifs
+chain the depth-1 acceptance, as for an autoregressive drafter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+# Both sides at these temperatures (greedy is the extra row "both greedy").
+TEMPERATURE_GRID = (0.5, 0.7, 1.0)
+
+
+def default_every(num_prompts: int) -> int:
+    """Counterfactual sample stride: all prompts of a small run; about 1 in 8 (at least
+    ~16 prompts) of a large one, which keeps the extra passes a few % of scoring."""
+    if num_prompts <= 32:
+        return 1
+    return min(8, max(1, num_prompts // 16))
+
+
+def _transform(s: Any) -> tuple[Any, ...]:
+    return ("greedy",) if s.greedy else (float(s.temperature), int(s.top_k or 0), float(s.top_p), float(s.min_p), s.semantics if s.truncates else None)
+
+
+def settings_differ(pair: Any) -> bool:
+    """True when the drafter's sampling transform is not the target's."""
+    return _transform(pair.target) != _transform(pair.draft)
+
+
+# ----------------------------------------------------------------------------- pure maths
+def accept_prob(target_logits: Any, draft_logits: Any, target_sampling: Any, draft_sampling: Any) -> Any:
+    """α = Σ min(p, q) per row, each side under the given settings. [N, V], [N, V'] -> [N]."""
+    import torch
+
+    from specprobe.metrics.core import align_vocab
+    from specprobe.metrics.sampling import probs
+
+    dl = align_vocab(draft_logits, target_logits.shape[-1])
+    if target_sampling.greedy and draft_sampling.greedy:
+        return (target_logits.argmax(-1) == dl.argmax(-1)).float()
+    return torch.minimum(probs(target_logits, target_sampling), probs(dl, draft_sampling)).sum(-1).clamp_(0.0, 1.0)
+
+
+def vocab_ceiling(target_logits: Any, draft_logits: Any, target_sampling: Any) -> Any:
+    """[N] target mass (its sampling distribution) on ids where the drafter's logits are
+    finite: the most α can be, whatever the drafter's training."""
+    import torch
+
+    from specprobe.metrics.core import align_vocab
+    from specprobe.metrics.sampling import probs
+
+    never = torch.isneginf(align_vocab(draft_logits, target_logits.shape[-1]))  # [N, V]
+    if not bool(never.any()):
+        return torch.ones(target_logits.shape[0], device=target_logits.device)
+    p = probs(target_logits, target_sampling)
+    return p.masked_fill_(never, 0.0).sum(-1).clamp_(0.0, 1.0)
+
+
+class CounterfactualProbe:
+    """A scoring probe (`scoring.Probe`): on the rows of every `every`-th prompt, α under
+    the what-if settings and the vocabulary ceiling, as [N] arrays (NaN elsewhere)."""
+
+    def __init__(self, pair: Any, every: int) -> None:
+        self.pair = pair
+        self.every = max(1, int(every))
+        self.aligned = settings_differ(pair)
+        self.grid = [(t, replace(pair.target, temperature=t)) for t in TEMPERATURE_GRID]
+
+    def sampled(self, prompt_index: np.ndarray) -> np.ndarray:
+        return np.asarray(prompt_index) % self.every == 0
+
+    def __call__(self, chunk: Any, target_logits: Any, draft_logits: Any) -> dict[str, np.ndarray]:
+        import torch
+
+        rows = np.flatnonzero(self.sampled(chunk.prompt))
+        if rows.size == 0:
+            return {}
+        idx = torch.from_numpy(rows).to(target_logits.device)
+        tl, dl = target_logits[idx], draft_logits[idx]  # [n, V], [n, V']
+        n = len(chunk.prompt)
+        out: dict[str, np.ndarray] = {}
+
+        def put(name: str, v: Any) -> None:
+            a = np.full(n, np.nan, dtype=np.float32)
+            a[rows] = v.float().cpu().numpy()
+            out[name] = a
+
+        ts = self.pair.target
+        if self.aligned:
+            put("cf_aligned_sampling", accept_prob(tl, dl, ts, ts))
+        for t, s in self.grid:
+            put(f"cf_temperature_{t:g}", accept_prob(tl, dl, s, s))
+        put("cf_vocab_ceiling", vocab_ceiling(tl, dl, ts))
+        return out
+
+
+# ----------------------------------------------------------------------------- summaries
+@dataclass
+class Chain:
+    """Mean α and the window depth sums of one what-if over whole sequences: r_j(t) =
+    Π_{i<j} α_{t+i}, the chaining the diagnose estimate uses for an autoregressive drafter."""
+
+    k_max: int
+    positions: int = 0
+    alpha_sum: float = 0.0
+    depth_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    depth_count: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __post_init__(self) -> None:
+        self.depth_sum = np.zeros(self.k_max)
+        self.depth_count = np.zeros(self.k_max)
+
+    def add(self, alpha: np.ndarray) -> None:
+        a = np.asarray(alpha, dtype=np.float64)
+        n = a.shape[0]
+        self.positions += n
+        self.alpha_sum += float(a.sum())
+        r = np.ones(n)
+        for j in range(1, self.k_max + 1):
+            m = n - j + 1
+            if m <= 0:
+                break
+            r = r[:m] * a[j - 1 : j - 1 + m]
+            self.depth_sum[j - 1] += r.sum()
+            self.depth_count[j - 1] += m
+
+    @property
+    def mean(self) -> float | None:
+        return self.alpha_sum / self.positions if self.positions else None
+
+    def tau(self, k: int | None) -> float | None:
+        """τ(K) = 1 + Σ_{j≤K} r_j (bonus token included)."""
+        if not self.positions or not k:
+            return None
+        k = min(k, self.k_max)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(self.depth_count[:k] > 0, self.depth_sum[:k] / np.maximum(self.depth_count[:k], 1), 0.0)
+        return float(1.0 + r.sum())
+
+
+def what_if_rows(real: Chain, accs: Mapping[str, Chain], pair: Any, k: int | None) -> list[dict[str, Any]]:
+    """Rows of the what-if table (each with the real α and τ on the same positions).
+    accs: "greedy", "cf_aligned_sampling", "cf_temperature_<T>", "cf_vocab_ceiling"."""
+    a_real, tau_real = real.mean, real.tau(k)
+    rows: list[dict[str, Any]] = []
+
+    def row(key: str, name: str, acc: Chain, temperature: float | None = None, with_tau: bool = True) -> None:
+        rows.append({
+            "key": key, "name": name, "temperature": temperature, "accept_prob": acc.mean, "accept_prob_real": a_real,
+            "tau_tokens": acc.tau(k) if with_tau else None, "tau_tokens_real": tau_real if with_tau else None,
+        })
+
+    if "cf_aligned_sampling" in accs:
+        row("aligned_sampling", f"drafter at the target's settings ({pair.target.describe()}; now {pair.draft.describe()})", accs["cf_aligned_sampling"])
+    if "greedy" in accs:
+        row("greedy", "both greedy", accs["greedy"], 0.0)
+    for t in TEMPERATURE_GRID:
+        acc = accs.get(f"cf_temperature_{t:g}")
+        if acc is not None:
+            row("temperature", f"both at T={t:g}" + (" (target's top-k/p kept)" if pair.target.truncates else ""), acc, t)
+    if "cf_vocab_ceiling" in accs:
+        row("vocab_ceiling", "vocabulary ceiling (target mass it can propose)", accs["cf_vocab_ceiling"], with_tau=False)
+    return rows
+
+
+def what_if_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Catalogue metrics the rules read: α with aligned sampling, the share of α the
+    configuration costs, the vocabulary ceiling."""
+    by = {r["key"]: r for r in rows}
+    out: dict[str, Any] = {"accept_prob_aligned_sampling": None, "accept_prob_config_loss_frac": None, "accept_prob_vocab_ceiling": None}
+    al = by.get("aligned_sampling")
+    if al and al["accept_prob"] is not None and al["accept_prob_real"] is not None:
+        out["accept_prob_aligned_sampling"] = al["accept_prob"]
+        if al["accept_prob"] > 0:
+            out["accept_prob_config_loss_frac"] = (al["accept_prob"] - al["accept_prob_real"]) / al["accept_prob"]
+    ceil = by.get("vocab_ceiling")
+    if ceil and ceil["accept_prob"] is not None:
+        out["accept_prob_vocab_ceiling"] = ceil["accept_prob"]
+    return out
+
+
+def domain_gains(by_domain: Sequence[Mapping[str, Any]], overall: float | None) -> list[dict[str, Any]]:
+    """Each domain's α against the overall, ranked by the overall α it would add by
+    reaching the best domain's α (its share of positions × its gap to the best)."""
+    rows = [d for d in by_domain if d.get("positions") and d.get("accept_prob_mean") is not None]
+    if not rows or overall is None:
+        return []
+    total = sum(int(d["positions"]) for d in rows)
+    best = max(float(d["accept_prob_mean"]) for d in rows)
+    out = [
+        {
+            "domain": d["group"], "positions": int(d["positions"]), "accept_prob_mean": float(d["accept_prob_mean"]),
+            "vs_overall": float(d["accept_prob_mean"]) - overall,
+            "gain_if_best": int(d["positions"]) / total * (best - float(d["accept_prob_mean"])),
+        }
+        for d in rows
+    ]
+    return sorted(out, key=lambda r: (-r["gain_if_best"], r["accept_prob_mean"]))
