@@ -67,7 +67,8 @@ def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], tok
 
     out = ChunkScores({})
     for d, dl in draft_logits:
-        pm = core.position_metrics(target_logits, dl, sampling.target, sampling.draft, top=top if d == 1 else 0)
+        metrics = core.position_metrics_fused if core.fused_enabled() else core.position_metrics
+        pm = metrics(target_logits, dl, sampling.target, sampling.draft, top=top if d == 1 else 0)
         if d == 1:
             out.values = {f: getattr(pm, f).float().cpu().numpy() for f in ROW_FIELDS}
             out.extra = {k: v.cpu().numpy() for k, v in (pm.top or {}).items()}
@@ -154,6 +155,7 @@ class Scored:
     interrupted: bool = False
     head_depths: tuple[int, ...] = ()  # depths a head drafter predicted directly (others chain depth 1)
     drill: Any = None  # the token-level drill-down collector (specprobe.drilldown), when one ran
+    second_press: bool = False  # Ctrl-C came during the references and again during scoring
 
 
 def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
