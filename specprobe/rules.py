@@ -2,19 +2,12 @@
 small grammar (never eval), checks every metric name against the catalogue, and turns a
 metrics dict into Findings that carry the measured value, the threshold and the remedy.
 
-Grammar:
-    expr    := or
-    or      := and ("or" and)*
-    and     := not ("and" not)*
-    not     := "not" not | "(" expr ")" | chain
-    chain   := operand (cmp operand)+          # 0.3 <= accept_prob_mean < 0.5
-    operand := NUMBER | METRIC_NAME | "true" | "false"
-    cmp     := "<" | "<=" | ">" | ">=" | "==" | "!="
-A condition over a metric that was not measured (missing or nan) is "not evaluated".
+The condition grammar lives in `specprobe.conditions`. A condition over a metric that was not measured (missing or nan) is "not evaluated".
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -173,6 +166,8 @@ def render(template: str, metrics: Mapping[str, Any], threshold: str) -> str:
             return threshold
         if name in metrics:
             v = metrics[name]
+            if isinstance(v, float) and math.isnan(v):
+                return "n/a"  # not measurable from this source (e.g. a rate without K)
             return str(v) if isinstance(v, str) else format_value(name, v)
         if name in CATALOG:
             return "n/a"  # a catalogue metric this run did not measure
