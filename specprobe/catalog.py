@@ -76,7 +76,6 @@ _METRICS: list[Metric] = [
     _m("draft_confidence_mean", "frac", None, "diagnose", "Mean drafter confidence max_v q(v)."),
     _m("accept_prob_domain_min", "frac", True, "diagnose", "Lowest per-domain mean α."),
     _m("accept_prob_domain_spread", "frac", False, "diagnose", "Highest minus lowest per-domain mean α."),
-    _m("draft_vocab_coverage_mean", "frac", True, "diagnose", "Mean target probability mass inside a head's draft vocabulary (d2t / token_map): an upper bound on α (1 without a reduced vocabulary)."),
     _m("accept_prob_aligned_sampling", "frac", True, "diagnose", "What-if: mean α if the drafter sampled with the target's settings (on the what-if sample; null when the settings already match)."),
     _m("accept_prob_config_loss_frac", "frac", False, "diagnose", "Share of α the drafter's sampling settings cost: (α aligned − α) ÷ α aligned, on the what-if sample (null when the settings match)."),
     _m("accept_prob_vocab_ceiling", "frac", True, "diagnose", "What-if: mean target probability mass on ids the drafter can propose at all — an upper bound on α (1 when it can propose every id)."),

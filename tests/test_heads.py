@@ -298,41 +298,47 @@ def test_d2t_maps_draft_logits_exactly_as_vllm() -> None:
     assert out[0, 1] == 1.0 and torch.isneginf(out[0, [0, 2, 3]]).all()
 
 
-def test_coverage_ceiling_closed_form_and_oracle(bigram, tmp_path) -> None:
-    """c_t = Σ_{v in draft vocab} p_t(v) under the target's sampling; an oracle head whose
-    vocabulary is cut to Vd ids proposes p renormalised on it, so α_t = c_t exactly."""
+def test_vocab_ceiling_closed_form_and_oracle(bigram, tmp_path) -> None:
+    """The ceiling c_t = Σ_{v in draft vocab} p_t(v) under the target's sampling, read from
+    the head's mapped logits (−inf outside its vocabulary); an oracle head cut to Vd ids
+    proposes p renormalised on them, so α_t = c_t exactly, at every depth."""
+    from specprobe.counterfactual import vocab_ceiling
     from specprobe.metrics.core import position_metrics
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
-    from specprobe.models.heads.vocab import coverage_ceiling
+    from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model
     from specprobe.scoring import capture_layers
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 12, generator=g) * 2
-    mask = torch.zeros(12, dtype=torch.bool)
-    mask[[0, 3, 4, 9]] = True
+    ids = torch.tensor([0, 3, 4, 9])
+    draft = map_logits(torch.randn(5, 4, generator=g), ids, 12)  # a synthetic 4-id draft vocabulary
     warm = Sampling(temperature=0.7)
     p = torch.softmax(logits / 0.7, dim=-1)
-    assert torch.allclose(coverage_ceiling(logits, mask, warm), p[:, mask].sum(-1), atol=1e-6)
-    greedy = coverage_ceiling(logits, mask, Sampling(temperature=0.0))
-    assert greedy.tolist() == mask[logits.argmax(-1)].float().tolist()
+    assert torch.allclose(vocab_ceiling(logits, draft, warm), p[:, ids].sum(-1), atol=1e-6)
+    greedy = vocab_ceiling(logits, draft, Sampling(temperature=0.0))
+    assert greedy.tolist() == [float(int(a) in ids.tolist()) for a in logits.argmax(-1)]
 
     head = hh.eagle3_speculators(tmp_path / "cut", bigram, oracle=True, vd=150, verifier="bigram")
     target = load_model(str(bigram), device="cpu", dtype="float32")
     d = build_drafter(str(head), target, info=drafter_info(str(head), target.info))
     assert d.target_vocab_mask is not None and int(d.target_vocab_mask.sum()) == 150
-    ids = torch.tensor([[1, 9, 17, 33, 41, 52, 60, 75, 80]])
+    seq = torch.tensor([[1, 9, 17, 33, 41, 52, 60, 75, 80]])
+    lowest = 1.0
     with torch.inference_mode(), capture_layers(target.model, d.target_layers_needed()) as cap:
-        h = target.model.model(input_ids=ids).last_hidden_state
-        feats = d.hidden(TargetPass(ids, torch.ones_like(ids), h, dict(cap)))
+        h = target.model.model(input_ids=seq).last_hidden_state
+        feats = d.hidden(TargetPass(seq, torch.ones_like(seq), h, dict(cap)))
         for depth in (1, 2, 3):
             s = torch.arange(3, 9 - depth + 1)  # positions whose depth-d prediction lies inside
             tl = target.head(h[0, s + depth - 1])  # the target's distribution of token s + d
             q = d.logits(feats[depth][0, s], depth)
             pm = position_metrics(tl, q, warm, warm)
-            assert torch.allclose(pm.accept_prob, coverage_ceiling(tl, d.target_vocab_mask, warm), atol=1e-5)
+            ceiling = vocab_ceiling(tl, q, warm)
+            assert torch.allclose(pm.accept_prob, ceiling, atol=1e-5)
             assert torch.isfinite(pm.kl_target_draft_nats).all()
+            lowest = min(lowest, float(ceiling.min()))
+    assert lowest < 0.99  # the cut vocabulary does lose mass somewhere
 
 
 def test_depth_accept_equals_the_full_metrics() -> None:

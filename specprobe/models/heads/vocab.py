@@ -1,15 +1,12 @@
 """Draft vocabularies smaller than the target's (EAGLE-3 `d2t`, vLLM Medusa `token_map`):
-the id map, the mapping of draft logits into the target vocabulary, and the coverage
-ceiling. Pure tensor functions.
+the id map, the mapping of draft logits into the target vocabulary, the d2t/t2d sanity
+checks, and α of a depth computed inside the draft vocabulary. Pure tensor functions.
 
 vLLM maps draft id i to target id i + d2t[i] and fills every other target id with −inf;
 a checkpoint without d2t leaves the offsets at zero, so draft id i is read as target id
-i — the right map only when the draft vocabulary is the target's first Vd ids.
-
-Coverage ceiling c_t = Σ_{v in draft vocab} p_t(v): the target's probability mass (its
-own sampling distribution) that the head can propose at all. The head's q_t is zero
-outside its vocabulary, so α_t = Σ_v min(p_t, q_t) ≤ c_t: no training can lift
-acceptance above it.
+i — the right map only when the draft vocabulary is the target's first Vd ids. The −inf
+ids are what the scorer's vocabulary ceiling (`counterfactual.vocab_ceiling`: the
+target's mass the head can propose at all, an upper bound on α) is measured from.
 """
 
 from __future__ import annotations
@@ -46,15 +43,6 @@ def map_logits(logits: Any, ids: Any, vocab: int) -> Any:
     out = logits.new_full((logits.shape[0], vocab), float("-inf"))
     out[:, ids[ok].to(logits.device)] = logits[:, ok.to(logits.device)]
     return out
-
-
-def coverage_ceiling(target_logits: Any, mask: Any, sampling: Any) -> Any:
-    """[N, V] target logits, [V] bool draft-vocabulary mask -> [N] target mass inside the
-    draft vocabulary under the target's sampling (1[argmax inside] when greedy)."""
-    from specprobe.metrics.sampling import probs
-
-    p = probs(target_logits, sampling)  # [N, V] float32
-    return (p * mask.to(p.device, p.dtype)).sum(-1).clamp_(0.0, 1.0)
 
 
 def d2t_problems(d2t: Any, t2d: Any | None, vocab: int) -> dict[str, Any]:
