@@ -1,8 +1,11 @@
 """Benchmarks for `diagnose` on the real SmolLM2-135M (49,152-token vocabulary).
 
 1. Scoring overhead: time to compute the per-position metrics from the logits ÷ time of
-   the target + drafter forward passes over the same positions (target ≤ 0.10), next to
-   a naive unfused computation measured in the same run.
+   the target + drafter forward passes over the same positions (target ≤ 0.10), measured
+   in interleaved pairs (the machine's load swings both parts independently: a ratio
+   per pair, median and min–max shown), next to a naive unfused computation, the fused
+   (compiled) scorer with --fused, and a streaming floor — one read pass over both logit
+   tensors — printed as "N× the streaming floor".
 2. Memory: peak RSS of a diagnose run with 4× the prompts ÷ with 1× (target ≤ 1.15),
    each in a fresh subprocess.
 
@@ -38,10 +41,18 @@ def naive_metrics(tl, dl, t: float):
     return kl, alpha, tv, ent, conf, agree
 
 
-def overhead(repeats: int) -> None:
+def _spread(xs: list[float], fmt: str = "{:.3f}") -> str:
+    """median (min–max)."""
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
+
+
+def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: bool = False, positions: int = 0) -> dict[str, float]:
+    """Forward and metrics measured in interleaved pairs (each repeat: forward, then the
+    metrics on its logits), a ratio per pair; and the metrics against a streaming floor
+    in the same repeat: one read pass over both logit tensors (a sum over each)."""
     import torch
 
-    from specprobe.metrics.core import position_metrics
+    from specprobe.metrics import core
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import build_drafter
     from specprobe.models.loader import load_model
@@ -50,8 +61,8 @@ def overhead(repeats: int) -> None:
     from specprobe.references import encode_prompt
 
     torch.manual_seed(0)
-    target = load_model("smollm2", "cpu", "float32")
-    drafter = build_drafter("self:layers=24", target)
+    target = load_model("smollm2", device, dtype)
+    drafter = build_drafter("self:layers=24", target, device, dtype)
     dm = drafter.step_model()
     prompts = select(builtin_suite(), max_prompts=8).prompts
     seqs = [encode_prompt(target.tokenizer, p)[:96] for p in prompts]
@@ -61,29 +72,54 @@ def overhead(repeats: int) -> None:
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
+    ids, mask = ids.to(target.device), mask.to(target.device)
     sel = mask.bool()
-    n = int(sel.sum())
     s = Sampling(temperature=0.7)
-    fwd, ours, naive = [], [], []
+    sync = torch.cuda.synchronize if str(target.device).startswith("cuda") else (lambda: None)
+
+    def clock() -> float:
+        sync()
+        return time.perf_counter()
+
+    paths = {"specprobe eager": core.position_metrics, "naive unfused": lambda a, b, s1, s2: naive_metrics(a, b, 0.7)}
+    if fused:
+        paths["specprobe fused"] = core.position_metrics_fused
+    rows: dict[str, list[float]] = {"forward": [], "floor": [], **{k: [] for k in paths}}
     with torch.inference_mode():
+        tl = target.model(input_ids=ids, attention_mask=mask).logits[sel].float()  # [N, V]
+        n = tl.shape[0]
+        if fused:  # compile outside the timed pairs (reported apart)
+            t0 = clock()
+            core.position_metrics_fused(tl[:CH], tl[:CH], s, s)
+            print(f"  torch.compile of the fused scorer: {clock() - t0:.1f} s (once per process; {core._FUSED['broken'] or 'ok'})")
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            tl = target.model(input_ids=ids, attention_mask=mask).logits[sel]  # [N, V]
-            dl = dm(input_ids=ids, attention_mask=mask).logits[sel]  # [N, V]
-            fwd.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            for c in range(0, n, CH):
-                position_metrics(tl[c : c + CH], dl[c : c + CH], s, s)
-            ours.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            for c in range(0, n, CH):
-                naive_metrics(tl[c : c + CH], dl[c : c + CH], 0.7)
-            naive.append(time.perf_counter() - t0)
-    f, o, nv = statistics.median(fwd), statistics.median(ours), statistics.median(naive)
-    print(f"scoring overhead on SmolLM2 (V=49,152), {n} positions, {torch.get_num_threads()} threads, median of {repeats}:")
-    print(f"  target + drafter forward passes   {f * 1e3:8.1f} ms")
-    print(f"  specprobe metrics                 {o * 1e3:8.1f} ms   ratio {o / f:.3f}  (target ≤ 0.10)")
-    print(f"  naive unfused metrics             {nv * 1e3:8.1f} ms   ratio {nv / f:.3f}")
+            t0 = clock()
+            tl = target.model(input_ids=ids, attention_mask=mask).logits[sel].float()  # [N, V]
+            dl = dm(input_ids=ids, attention_mask=mask).logits[sel].float()  # [N, V]
+            rows["forward"].append(clock() - t0)
+            t0 = clock()
+            for c in range(0, n, CH):  # the floor: every logit read once, per chunk as scoring does
+                tl[c : c + CH].sum()
+                dl[c : c + CH].sum()
+            rows["floor"].append(clock() - t0)
+            for name, fn in paths.items():
+                t0 = clock()
+                for c in range(0, n, CH):
+                    fn(tl[c : c + CH], dl[c : c + CH], s, s)
+                rows[name].append(clock() - t0)
+    fwd, floor = rows["forward"], rows["floor"]
+    print(f"scoring overhead on SmolLM2 (V=49,152) on {device} {dtype}, {n} positions, chunk {CH}, {torch.get_num_threads()} threads; "
+          f"{repeats} interleaved pairs, median (min–max):")
+    print(f"  target + drafter forward passes   {_spread([x * 1e3 for x in fwd], '{:.1f}')} ms")
+    print(f"  streaming floor (1 read pass)     {_spread([x * 1e3 for x in floor], '{:.1f}')} ms")
+    out: dict[str, float] = {"forward_s": statistics.median(fwd), "positions": n}
+    for name in paths:
+        t = rows[name]
+        ratio = [m / f for m, f in zip(t, fwd, strict=True)]
+        floors = [m / fl for m, fl in zip(t, floor, strict=True)]
+        print(f"  {name:<32}  {_spread([x * 1e3 for x in t], '{:.1f}')} ms   ratio to forward {_spread(ratio)}   {statistics.median(floors):.1f}× the streaming floor")
+        out[name] = statistics.median(ratio)
+    return out
 
 
 _CHILD = """
@@ -110,8 +146,13 @@ def memory(base: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--fused", action="store_true", help="also time the torch.compile'd scorer (compiled once first)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the RSS comparison")
     ap.add_argument("--prompts", type=int, default=12, help="prompts in the 1× memory run (4× uses four times as many)")
     args = ap.parse_args()
-    overhead(args.repeats)
-    memory(args.prompts)
+    overhead(args.repeats, args.device, args.dtype, args.fused)
+    if not args.no_memory:
+        memory(args.prompts)

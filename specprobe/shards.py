@@ -35,7 +35,7 @@ from specprobe.scoring import ROW_FIELDS, Chunk, ChunkScores, Scored, SequenceCo
 FORMAT = "specprobe-part"
 VERSION = 1
 # settings that may differ between the shards of one run (where it runs, what it writes)
-_NOT_IDENTITY = ("shard", "use_cache", "part_path", "device")
+_NOT_IDENTITY = ("shard", "use_cache", "part_path", "device", "device_map", "max_memory")
 
 
 # ----------------------------------------------------------------------------- which prompts

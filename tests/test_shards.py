@@ -103,3 +103,34 @@ def test_shard_flag_errors(sharded: dict[str, Any], tiny_pair: dict[str, Path], 
     with pytest.raises(InputError, match="not a specprobe part"):
         (tmp_path / "x.json").write_text(json.dumps(sharded["whole"]))
         load_part(tmp_path / "x.json")
+
+
+def test_device_map_loads_through_accelerate_and_hooks_read_the_layers(sharded: dict[str, Any], tiny_pair: dict[str, Path], tmp_path: Path) -> None:
+    """--device-map / --max-memory reach accelerate (here everything on the CPU), and the
+    self-draft's hooks read the same layer: the result equals the ordinary load's."""
+    from specprobe.errors import ConfigError as CE
+    from specprobe.models.loader import load_model, parse_max_memory
+
+    assert parse_max_memory("0=70GiB, 1=70GiB,cpu=8GiB") == {0: "70GiB", 1: "70GiB", "cpu": "8GiB"}
+    with pytest.raises(CE, match="DEVICE=SIZE"):
+        parse_max_memory("gpu0:70")
+    import transformers
+
+    seen: dict[str, Any] = {}
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.update(k)
+        return real(*a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+        m = load_model(str(tiny_pair["target"]), "cpu", "float32", device_map="auto", max_memory={"cpu": "2GiB"})
+    assert seen["device_map"] == "auto" and seen["max_memory"] in ({"cpu": "2GiB"}, {"cpu": 2 << 30}) and m.device == "cpu"
+    r = runner.invoke(app, [*_args(tiny_pair, sharded["prompts"]), "--device-map", "cpu", "--max-memory", "cpu=2GiB", "--json", str(tmp_path / "spread.json")])
+    assert r.exit_code in (0, 1), r.output
+    spread = json.loads((tmp_path / "spread.json").read_text())
+    assert spread["config"]["device_map"] == "cpu"
+    assert differences(sharded["whole"]["by_domain"], spread["by_domain"], rel=1e-6) == []
+    r = runner.invoke(app, [*_args(tiny_pair, sharded["prompts"]), "--max-memory", "lots"])
+    assert r.exit_code == 2 and "--max-memory" in r.output

@@ -294,11 +294,32 @@ class LoadedModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
 
-def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> LoadedModel:
-    """Weights + tokenizer on the device, eval mode, no grad needed."""
+def parse_max_memory(text: str, where: str = "--max-memory") -> dict[Any, str]:
+    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: '70GiB', 1: '70GiB', 'cpu': '200GiB'} (accelerate's form)."""
+    from specprobe.errors import ConfigError
+
+    out: dict[Any, str] = {}
+    for item in filter(None, (x.strip() for x in str(text).split(","))):
+        key, sep, size = item.partition("=")
+        key, size = key.strip(), size.strip()
+        if not sep or not size or not (key.isdigit() or key in ("cpu", "disk")):
+            raise ConfigError(f"{where} {text!r}: {item!r} is not DEVICE=SIZE", "use e.g. --max-memory 0=70GiB,1=70GiB (GPU index or cpu = size)")
+        out[int(key) if key.isdigit() else key] = size
+    if not out:
+        raise ConfigError(f"{where} {text!r} lists no device", "use e.g. --max-memory 0=70GiB,1=70GiB")
+    return out
+
+
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None, device_map: str | None = None, max_memory: dict[Any, str] | None = None) -> LoadedModel:
+    """Weights + tokenizer on the device, eval mode, no grad needed. device_map ("auto",
+    "balanced", "cpu", …) and max_memory go to accelerate, for a target larger than one
+    GPU: the layers spread over the devices, `device` is where the inputs go (the input
+    embeddings'), and the hooks read each layer's output wherever it lives."""
     info = info or load_info(spec, progress)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    if device_map is not None or max_memory is not None:
+        return _load_spread(info, torch_dtype, device_map or "auto", max_memory, progress)
     from transformers import AutoModelForCausalLM
 
     if progress:
@@ -311,6 +332,22 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
     model.to(dev).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     return LoadedModel(info, model, dev, torch_dtype)
+
+
+def _load_spread(info: ModelInfo, torch_dtype: Any, device_map: str, max_memory: dict[Any, str] | None, progress: Any) -> LoadedModel:
+    from transformers import AutoModelForCausalLM
+
+    if progress:
+        progress(f"loading {info.name} weights across devices (device_map={device_map})")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=torch_dtype, local_files_only=True, device_map=device_map, max_memory=max_memory)
+    except Exception as e:
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ModelLoadError(f"cannot spread the weights in {info.path} over the devices: {first}", "check --device-map/--max-memory (accelerate must be installed) and that the devices hold the model") from e
+    model.eval()
+    model.requires_grad_(False)
+    first_dev = str(model.get_input_embeddings().weight.device)
+    return LoadedModel(info, model, first_dev, torch_dtype)
 
 
 def cache_kwarg(model: Any) -> str:
