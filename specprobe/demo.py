@@ -28,14 +28,17 @@ class DemoRow:
     force: bool = False
 
 
-def make_vocab_shuffled(target: Any, dest: Path, seed: int = 1234) -> Path:
-    """Write a copy of `target` whose token ids are permuted (special tokens kept)."""
+def make_vocab_shuffled(target: Any, dest: Path, seed: int = 1234, progress: Progress | None = None) -> Path:
+    """Write a copy of `target` whose token ids are permuted (special tokens kept), once:
+    a later run finds it in the cache and says nothing."""
     import torch
 
     from specprobe.models.loader import atomic_dir
 
     if (dest / "config.json").is_file() and (dest / "specprobe-demo.json").is_file():
         return dest
+    if progress is not None:
+        progress.note(f"writing the vocab-shuffled drafter into the cache, once ({dest})")
     info = target.info
     tok_json = json.loads((Path(info.path) / "tokenizer.json").read_text(encoding="utf-8"))
     vocab: dict[str, int] = tok_json["model"]["vocab"]
@@ -94,16 +97,19 @@ def run_demo(base: DiagnoseConfig, progress: Progress | None = None) -> list[tup
     progress.note(f"loading target {base.target}")
     tinfo = load_info(base.target, progress)
     target = load_model(base.target, base.device, base.dtype, progress, info=tinfo)
-    progress.note("preparing the vocab-shuffled drafter (written once into the cache)")
-    shuffled = make_vocab_shuffled(target, cache_root() / "demo" / f"{Path(tinfo.path).name}-vocab-shuffled")
+    shuffled = make_vocab_shuffled(target, cache_root() / "demo" / f"{Path(tinfo.path).name}-vocab-shuffled", progress=progress)
     results: list[tuple[str, Result]] = []
     for row in demo_rows(str(shuffled)):
         progress.note(f"row: {row.label}")
         flags = replace(base.sampling, draft_temperature=row.draft_temperature)
         cfg = replace(base, drafter=row.drafter, sampling=flags, force=row.force, keep_positions=False)
         pair: Pair = load_pair(cfg, progress, target=target)
-        results.append((row.label, run_diagnose(cfg, progress, table=table, pair=pair)))
+        result = run_diagnose(cfg, progress, table=table, pair=pair)
+        results.append((row.label, result))
         del pair
+        if result.interrupted:  # Ctrl-C: show the rows done so far, skip the rest
+            progress.note(f"interrupted: {len(demo_rows(str(shuffled))) - len(results)} demo rows skipped")
+            break
     return results
 
 

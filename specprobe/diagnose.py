@@ -5,6 +5,7 @@ every report renders. The CLI only wires flags into `DiagnoseConfig`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from specprobe.assemble import build_result, evaluate_rules, result_header, stop
 from specprobe.costs import cost_block
 from specprobe.drilldown import DrillCollector
 from specprobe.errors import ConfigError
+from specprobe.interrupts import shielded
 from specprobe.options import DiagnoseConfig, relabel_sources  # noqa: F401  (DiagnoseConfig re-exported)
 from specprobe.progress import Progress
 from specprobe.references import (  # noqa: F401  (encode_prompt, load_prompt_set re-exported)
@@ -56,8 +58,15 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
 
 
 # ----------------------------------------------------------------------------- the pipeline
-def run_diagnose(cfg: DiagnoseConfig, progress: Progress | None = None, table: RuleTable | None = None, pair: Pair | None = None) -> Result:
-    """The whole diagnose job -> its result."""
+def run_diagnose(
+    cfg: DiagnoseConfig, progress: Progress | None = None, table: RuleTable | None = None, pair: Pair | None = None, on_partial: Callable[[Result], None] | None = None,
+) -> Result:
+    """The whole diagnose job -> its result.
+
+    Ctrl-C (or SIGTERM) stops the step that is running and keeps what it finished. The
+    first press hands what was computed to `on_partial` (the CLI writes it) before
+    anything else runs, then the run finishes (the prompts whose references were done are
+    scored, the cost ratio measured); a second press skips what is left."""
     from specprobe.rules import load_table
 
     progress = progress or Progress()
@@ -79,18 +88,49 @@ def run_diagnose(cfg: DiagnoseConfig, progress: Progress | None = None, table: R
     #    (every turn: a later turn follows the target's own answers to the earlier ones)
     refs = references_by_turn(target, list(prompt_set.prompts), cfg, pair.sampling.target, progress)
     if refs.interrupted:
-        progress.note("interrupted while generating references: scoring the prompts finished so far")
+        done = sum(1 for c in refs.conts if c)
+        progress.note(f"interrupted while generating references: finishing — scoring the {done} prompts whose references are done, then the cost ratio; press Ctrl-C again to stop now")
 
     # 3. scoring: target vs drafter, teacher-forced over those references
     drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max)
     scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill])
     scored.drill = drill
+    second_press = refs.interrupted and scored.interrupted
     scored.interrupted = scored.interrupted or refs.interrupted
 
     # 4. cost: the drafter's price per step, then estimates and rules
-    progress.note("measuring the drafter/target cost ratio on the device")
-    cost = cost_block(target, drafter, cfg.cost_ratio)
-    return build_result(header, metrics, scored, cost, cfg, table, drafter.kind, align.evidence)
+    def result(cost: dict[str, Any]) -> Result:
+        return build_result(header, metrics, scored, cost, cfg, table, drafter.kind, align.evidence)
+
+    def untimed() -> dict[str, Any]:  # nothing timed (a --cost-ratio given still applies)
+        if cfg.cost_ratio is not None:
+            return cost_block(target, drafter, cfg.cost_ratio)
+        return {"cost_ratio": float("nan"), "target_step_ms": None, "draft_step_ms": None, "measured": False}
+
+    if not scored.interrupted:
+        if cfg.cost_ratio is None:
+            progress.note("measuring the drafter/target cost ratio on the device")
+        try:
+            return result(cost_block(target, drafter, cfg.cost_ratio))
+        except KeyboardInterrupt:
+            progress.note("interrupted during the cost measurement: keeping the scores, without a cost ratio")
+            scored.interrupted = True
+            return result(untimed())
+
+    # interrupted: what was computed is handed over (written) first, then the cost is
+    # measured unless Ctrl-C comes again
+    try:
+        with shielded():  # a press while this is written is taken as the second one
+            partial = result(untimed())
+            if on_partial is not None:
+                on_partial(partial)
+        if second_press:
+            return partial
+        progress.note("finishing, press Ctrl-C again to stop without the cost measurement")
+        return result(cost_block(target, drafter, cfg.cost_ratio))
+    except KeyboardInterrupt:
+        progress.note("stopped without the cost measurement")
+        return partial
 
 
 def _check_ranges(cfg: DiagnoseConfig) -> None:

@@ -26,7 +26,7 @@ def load_prompt_set(cfg: DiagnoseConfig) -> PromptSet:
         missing = [p.id for p in ps.prompts if not p.reference]
         if missing:
             raise InputError(
-                f"--reference dataset needs a response for every prompt; {len(missing)} have none (first: {missing[0]})",
+                f"--reference dataset needs a response for every prompt; {len(missing)} of {len(ps.prompts)} {'has' if len(missing) == 1 else 'have'} none (first: {missing[0]})",
                 "give 'reference'/'response'/'answer' in the prompts file, or use the default on-policy references",
             )
     return ps

@@ -218,7 +218,7 @@ def test_csv_rewrites_an_existing_folder_and_leaves_no_temp(tmp_path: Path, real
     (dest / "summary.csv").write_text("stale")
     write_csv(real_results.skip, dest)
     assert (dest / "keep.txt").read_text() == "mine"
-    assert (dest / "summary.csv").read_text().startswith("metric,value,unit,source")
+    assert (dest / "summary.csv").read_text().startswith("target,drafter,metric,value,unit,source")
     assert [p.name for p in tmp_path.iterdir()] == ["csv"]  # temp folder gone
 
 

@@ -8,12 +8,13 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
 
 from specprobe.errors import SpecprobeError
+from specprobe.interrupts import shielded, terminate_as_interrupt
+from specprobe.report import terminal
 
 if TYPE_CHECKING:
     from specprobe.options import RunOptions
@@ -21,9 +22,10 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Data goes to stdout, diagnostics (progress, errors) to stderr.
-out = Console()
-err = Console(stderr=True)
+# Data goes to stdout, diagnostics (progress, errors) to stderr; both as wide as the
+# terminal, COLUMNS, or a CI log (report.terminal).
+out = terminal.console()
+err = terminal.console(stderr=True)
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
 
@@ -42,7 +44,8 @@ def handle_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            with terminate_as_interrupt():  # SIGTERM keeps what was computed, as Ctrl-C does
+                return func(*args, **kwargs)
         except SpecprobeError as e:
             if os.environ.get("SPECPROBE_DEBUG") == "1":
                 raise
@@ -158,3 +161,34 @@ def write_outputs(result: Result | Comparison, opts: RunOptions, *, fail_on: str
 
         write_text_atomic(opts.markdown, render_markdown(result, fail_on=fail_on))
         err.print(f"wrote {opts.markdown}", highlight=False)
+
+
+def _any_output(opts: RunOptions) -> bool:
+    return any(p is not None for p in (opts.json_path, opts.csv_dir, opts.html, opts.junit, opts.markdown))
+
+
+def keep_partial(opts: RunOptions) -> Callable[[Result], None]:
+    """What the first Ctrl-C hands over: written at once, before the run finishes (a
+    second Ctrl-C, or SIGKILL after a SIGTERM, then loses nothing)."""
+
+    def keep(result: Result) -> None:
+        if _any_output(opts):
+            err.print("[yellow]interrupted:[/] writing what was computed so far", highlight=False)
+            write_outputs(result, opts, fail_on=opts.fail_on)
+
+    return keep
+
+
+def finish(result: Result, opts: RunOptions, show: Callable[[], None]) -> NoReturn:
+    """Print and write a finished run, then exit with its gate code. An interrupted run
+    is written before it is printed and exits 130."""
+    from specprobe.report.load import gate_exit_code
+
+    if result.interrupted:
+        with shielded():
+            write_outputs(result, opts, fail_on=opts.fail_on)
+        show()
+        raise typer.Exit(130)
+    show()
+    write_outputs(result, opts, fail_on=opts.fail_on)
+    raise typer.Exit(gate_exit_code(result, opts.fail_on))

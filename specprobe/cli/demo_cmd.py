@@ -35,11 +35,15 @@ def demo(
     cfg = default_config(max_prompts=max_prompts, max_new_tokens=max_new_tokens, device=device, dtype=dtype)
     cfg = replace(cfg, sampling=SamplingFlags(temperature=temperature))
     results = run_demo(cfg, RichProgress(err))
-    out.print(demo_table(results))
-    out.print("[dim]Teacher-forced estimates over on-policy references; α = Σ min(p, q). Try: specprobe diagnose smollm2 self:layers=28 --temperature 0.7[/]")
-    if opts.json_path is not None:
+    interrupted = any(r.interrupted for _, r in results)
+    if opts.json_path is not None and results:
         write_text_atomic(opts.json_path, demo_json(results))
         err.print(f"wrote {opts.json_path}", highlight=False)
+    if results:
+        out.print(demo_table(results))
+    out.print("[dim]Teacher-forced estimates over on-policy references; α = Σ min(p, q). Try: specprobe diagnose smollm2 self:layers=28 --temperature 0.7[/]")
+    if interrupted:
+        raise typer.Exit(130)
 
 
 def register(app: typer.Typer) -> None:

@@ -40,10 +40,11 @@ from specprobe.cli.common import (
     TopPOpt,
     VerifyFactorOpt,
     err,
+    finish,
     gather,
     handle_errors,
+    keep_partial,
     out,
-    write_outputs,
 )
 
 
@@ -97,7 +98,6 @@ def diagnose(
     from specprobe.diagnose import load_prompt_set, run_diagnose
     from specprobe.progress import RichProgress
     from specprobe.report.console import render
-    from specprobe.report.load import gate_exit_code
     from specprobe.result import Result
     from specprobe.rules import load_table
 
@@ -106,12 +106,8 @@ def diagnose(
     table = load_table(opts.rules)
     cfg = opts.diagnose_config()
     load_prompt_set(cfg)
-    result = Result.model_validate(run_diagnose(cfg, RichProgress(err), table=table))
-    render(result, out, full=not opts.brief)
-    write_outputs(result, opts, fail_on=opts.fail_on)
-    if result.interrupted:
-        raise typer.Exit(130)
-    raise typer.Exit(gate_exit_code(result, opts.fail_on))
+    result = Result.model_validate(run_diagnose(cfg, RichProgress(err), table=table, on_partial=keep_partial(opts)))
+    finish(result, opts, lambda: render(result, out, full=not opts.brief))
 
 
 def register(app: typer.Typer) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import typer
 
 from specprobe import __version__
+from specprobe.cli.help import App
 
-app = typer.Typer(
+app = App(
     name="specprobe",
     help="Is this speculative-decoding drafter any good for its target model, and why?\n\n"
     "Start with 'specprobe demo', then 'specprobe check TARGET DRAFTER' and 'specprobe diagnose TARGET DRAFTER'.",

@@ -118,6 +118,8 @@ def _run_once(mon: Any, sink: Any, interval: float, fail_on: str, json_out: Path
         detail = "; ".join(f"{st.name}: {st.last_error or st.state}" + (f" (missing {', '.join(st.missing)})" if st.missing else "") for st in snap.sources)
         raise InputError(f"no acceptance data from any source ({detail})", "check the URL/file and that speculative decoding is enabled and serving traffic")
     err.print(render(snap, title="specprobe monitor --once"))
+    for note in short_log_notes(mon, snap):
+        err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     if json_out is not None:
         write_text_atomic(json_out, json.dumps(snap.to_dict(), indent=2) + "\n")
     sink.write(list(snap.alerts))
@@ -148,6 +150,77 @@ def _run_loop(mon: Any, sink: Any, interval: float, use_live: bool) -> None:
         err.print("[yellow]interrupted[/] — summary:")
     for line in summary_lines(snap, mon):
         err.print(line, highlight=False, soft_wrap=True)
+    for note in old_log_notes(mon, snap):
+        err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+
+
+def _span(data: Any) -> float | None:
+    """Seconds between a model's first and last observation (None: no raw samples, e.g.
+    a Prometheus server that computed the windows itself)."""
+    firsts = [pts[0][0] for pts in (*data.counters.values(), *data.events.values(), *data.gauges.values()) if pts]
+    if not firsts or data.last_time is None:
+        return None
+    return data.last_time - min(firsts)
+
+
+def _ago(seconds: float) -> str:
+    """A human age: '3 days', '5h 10m', '7m 30s', '12s'."""
+    s = int(round(seconds))
+    if s >= 2 * 86400:
+        return f"{s // 86400} days"
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60}s"
+    return f"{s}s"
+
+
+def short_log_notes(mon: Any, snap: Any) -> list[str]:
+    """--once on a log shorter than window + baseline: what the baseline holds (nothing,
+    or less than asked) and what to pass instead."""
+    from specprobe.monitor.live import duration
+
+    notes = []
+    for m in snap.models:
+        span = _span(mon.store[m.model]) if m.model in mon.store else None
+        if span is None or span >= mon.window + mon.baseline:
+            continue
+        span = round(span)
+        if span <= mon.window:
+            half = duration(max(1, span // 2))
+            notes.append(
+                f"model {m.model}: the log spans {_ago(span)}, no longer than the {duration(mon.window)} window, so there is no baseline "
+                f"to compare with; pass e.g. --window {half} --baseline-window {half} to split what there is"
+            )
+        else:
+            held = span - mon.window
+            notes.append(
+                f"model {m.model}: the log spans {_ago(span)}, shorter than the {duration(mon.window)} window plus the {duration(mon.baseline)} "
+                f"baseline before it: the baseline holds only {_ago(held)}; pass --baseline-window {duration(held)} to say so, or give a longer log"
+            )
+    return notes
+
+
+def old_log_notes(mon: Any, snap: Any) -> list[str]:
+    """A followed log whose lines are all older than the window (a finished log piped in):
+    why acceptance is n/a, and what to pass."""
+    from specprobe.monitor.live import duration
+
+    if snap is None:
+        return []
+    notes = []
+    for m in snap.models:
+        data = mon.store.get(m.model)
+        if data is None or data.last_time is None or not m.now.empty or snap.t - data.last_time <= mon.window:
+            continue
+        age = snap.t - data.last_time
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data.last_time))
+        notes.append(
+            f"model {m.model}: acceptance is n/a because its newest log line ({when}, {_ago(age)} ago) is older than the "
+            f"{duration(mon.window)} window, which ends now; for a finished log drop --follow (or use --once): the windows then end at "
+            f"the log's last line"
+        )
+    return notes
 
 
 def register(app: typer.Typer) -> None:

@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from specprobe.catalog import CATALOG
 from specprobe.cli.common import RulesOpt, handle_errors, out
+from specprobe.cli.help import App
 from specprobe.errors import ConfigError
 
-rules_app = typer.Typer(help="List and explain the rules table.", no_args_is_help=True)
+rules_app = App(help="List and explain the rules table.", no_args_is_help=True)
 
 _SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -21,25 +22,35 @@ _SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 @handle_errors
 def list_rules(
     rules: RulesOpt = None,
-    family: Annotated[str | None, typer.Option("--family", help="Only one family digit: 0 alignment … 6 calibration.")] = None,
+    family: Annotated[str | None, typer.Option("--family", help="Only one family digit: 0 alignment, 1 divergence, 2 acceptance, 3 cost, 4 monitoring, 5 regression, 6 calibration.", metavar="DIGIT")] = None,
 ) -> None:
-    """List every rule: id, severity, condition, name.
+    """List every rule: id, severity, name, the condition it fires on.
 
     Example: specprobe rules list --family 2"""
-    from specprobe.rules import load_table
+    from specprobe.report.terminal import Column, Grid
+    from specprobe.rules import FAMILIES, load_table
 
     table = load_table(rules or [])
-    t = Table(title=f"rules ({len(table.rules)}) from {', '.join(Path(s).name for s in table.sources)} — SP0xx alignment, 1xx divergence, 2xx acceptance, 3xx cost, 4xx monitoring, 5xx regression, 6xx calibration", expand=True)
-    t.add_column("id", no_wrap=True)
-    t.add_column("severity", no_wrap=True)
-    t.add_column("name", overflow="fold", ratio=2)
-    t.add_column("when", overflow="fold", ratio=3)
-    t.add_column("kinds", overflow="fold", ratio=1)
-    for r in table.rules:
-        if family is not None and r.id[2] != family:
-            continue
-        t.add_row(r.id, f"[{_SEV_STYLE[r.severity]}]{r.severity}[/]", r.name, r.when, ",".join(r.kinds) or "all")
-    out.print(t)
+    if family is not None and family not in FAMILIES:
+        raise ConfigError(f"--family {family!r} is not a family digit", "use 0 alignment, 1 divergence, 2 acceptance, 3 cost, 4 monitoring, 5 regression or 6 calibration")
+    shown = [r for r in table.rules if family is None or r.id[2] == family]
+    sources = ", ".join(Path(s).name for s in table.sources)
+    which = f"family {family}xx ({FAMILIES[family]}): {len(shown)} of {len(table.rules)} rules" if family is not None else f"{len(shown)} rules"
+    g = Grid(
+        [
+            Column("id"),
+            Column("severity", "sev"),
+            Column("name"),
+            Column("fires when", fallback="under", order=1, label="when: "),
+            Column("drafter kinds", "kinds", fallback="under", order=2, label="kinds: "),
+        ],
+        title=f"{which} from {sources}",
+        caption="SP0xx alignment, 1xx divergence, 2xx acceptance, 3xx cost, 4xx monitoring, 5xx regression, 6xx calibration; "
+        "a blank kinds applies to every drafter. 'specprobe rules explain ID' says why each one matters.",
+    )
+    for r in shown:
+        g.add(r.id, Text(r.severity, style=_SEV_STYLE[r.severity]), r.name, r.when, ",".join(r.kinds))
+    out.print(g)
 
 
 @rules_app.command("explain")
@@ -51,43 +62,56 @@ def explain(
     """Explain one rule: what it detects, why it matters, the condition, the remedy.
 
     Example: specprobe rules explain SP003"""
+    from rich.table import Table
+
     from specprobe.rules import load_table, threshold_text
 
     table = load_table(rules or [])
     r = table.get(rule_id.upper())
-    out.print(f"[bold]{r.id} {r.name}[/] ([{_SEV_STYLE[r.severity]}]{r.severity}[/], {r.family})")
-    out.print(f"\n[bold]Detects[/]   {threshold_text(r.condition)}   [dim](when: {r.when})[/]")
-    if r.doc:
-        out.print(f"[bold]Why[/]       {r.doc}")
-    out.print(f"[bold]Message[/]   {r.diagnosis}")
+    # label | text, the text wrapping under itself (a hanging indent) at any width
+    g = Table.grid(padding=(0, 2))
+    g.add_column(style="bold", no_wrap=True)
+    g.add_column()
+    detects = threshold_text(r.condition)
+    g.add_row("Detects", Text(detects if detects == r.when else f"{detects}  (when: {r.when})"))
+    g.add_row("Why", Text(r.doc) if r.doc else Text(f"no doc given for this rule ({r.source})", style="dim"))
+    g.add_row("Message", Text(r.diagnosis))
     if r.example:
-        out.print(f"[bold]Example[/]   {r.example}")
-    out.print(f"[bold]Remedy[/]    {r.remedy}")
-    out.print(f"[bold]Applies to[/] {', '.join(r.kinds) if r.kinds else 'every drafter kind'}")
+        g.add_row("Example", Text(r.example))
+    g.add_row("Remedy", Text(r.remedy))
+    g.add_row("Applies to", ", ".join(r.kinds) if r.kinds else "every drafter kind")
     if r.verdict:
-        out.print(f"[bold]Verdict[/]   {r.verdict}")
-    out.print("[bold]Metrics[/]")
-    for name in r.metrics:
-        m = CATALOG[name]
-        out.print(f"  {name} ({m.unit}): {m.description}")
-    out.print(f"[dim]defined in {r.source}[/]")
+        g.add_row("Verdict", Text(r.verdict))
+    g.add_row("Metrics", Text("\n".join(f"{name} ({CATALOG[name].unit}): {CATALOG[name].description}" for name in r.metrics)))
+    title = Text(f"{r.id} {r.name}", style="bold")
+    title.append(" (")
+    title.append(r.severity, style=_SEV_STYLE[r.severity])
+    title.append(f", {r.family})\n")
+    out.print(title)
+    out.print(g)
+    out.print(f"[dim]defined in {r.source}[/]", highlight=False)
 
 
 @rules_app.command("metrics")
 @handle_errors
-def metrics(source: Annotated[str | None, typer.Option("--source", help="check | diagnose | simulate | compare | monitor")] = None) -> None:
-    """The metric catalogue that rule conditions may use."""
-    t = Table(title="metric catalogue")
-    for col in ("name", "unit", "better", "source", "definition"):
-        t.add_column(col, overflow="fold")
+def metrics(source: Annotated[str | None, typer.Option("--source", help="check | diagnose | simulate | compare | monitor", metavar="SOURCE")] = None) -> None:
+    """The metric catalogue that rule conditions may use.
+
+    Example: specprobe rules metrics --source monitor"""
+    from specprobe.report.terminal import Column, Grid
+
+    g = Grid(
+        [Column("name"), Column("unit"), Column("better", fallback="drop", order=1), Column("source", fallback="drop", order=2), Column("definition", fallback="under", order=3)],
+        title="metric catalogue",
+    )
     for m in CATALOG.values():
         if source and m.source != source:
             continue
         better = "higher" if m.higher_is_better else ("lower" if m.higher_is_better is False else "—")
-        t.add_row(m.name, m.unit, better, m.source, m.description)
-    if not t.rows:
+        g.add(m.name, m.unit, better, m.source, m.description)
+    if not g.rows:
         raise ConfigError(f"no metrics with source {source!r}", "use check, diagnose, simulate, compare or monitor")
-    out.print(t)
+    out.print(g)
 
 
 def register(app: typer.Typer) -> None:

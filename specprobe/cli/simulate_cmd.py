@@ -40,10 +40,11 @@ from specprobe.cli.common import (
     TopPOpt,
     VerifyFactorOpt,
     err,
+    finish,
     gather,
     handle_errors,
+    keep_partial,
     out,
-    write_outputs,
 )
 
 
@@ -99,7 +100,6 @@ def simulate(
     from specprobe.diagnose import load_prompt_set
     from specprobe.progress import RichProgress
     from specprobe.report.console import measured_tables, render
-    from specprobe.report.load import gate_exit_code
     from specprobe.rules import load_table
     from specprobe.simulate import run_simulate
 
@@ -108,13 +108,13 @@ def simulate(
     table = load_table(opts.rules)
     cfg = opts.simulate_config()
     load_prompt_set(cfg.diagnose)
-    result = run_simulate(cfg, RichProgress(err), table=table)
-    render(result, out)
-    measured_tables(result, out)
-    write_outputs(result, opts, fail_on=opts.fail_on)
-    if result.interrupted:
-        raise typer.Exit(130)
-    raise typer.Exit(gate_exit_code(result, opts.fail_on))
+    result = run_simulate(cfg, RichProgress(err), table=table, on_partial=keep_partial(opts))
+
+    def show() -> None:
+        render(result, out)
+        measured_tables(result, out)
+
+    finish(result, opts, show)
 
 
 def register(app: typer.Typer) -> None:

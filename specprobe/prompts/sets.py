@@ -102,7 +102,7 @@ class PromptSet:
         cats = list(dict.fromkeys(p.category for p in missing))
         why = f"; the file gives {', '.join(shapes)} instead of text" if shapes else ""
         raise InputError(
-            f"--reference dataset needs a text response for every prompt; {len(missing)} of {len(self.prompts)} have none "
+            f"--reference dataset needs a text response for every prompt; {len(missing)} of {len(self.prompts)} {'has' if len(missing) == 1 else 'have'} none "
             f"(first: {missing[0].id}; categories {', '.join(cats[:5])}{', …' if len(cats) > 5 else ''}){why}",
             "give 'reference'/'response'/'answer' as text, select prompts that have one, or use the default on-policy references",
         )

@@ -1,17 +1,22 @@
-"""The terminal report (rich): verdict first, then findings with remedies, then the
-evidence tables. Renders the typed result, so `report` can re-render saved JSON."""
+"""The terminal report: verdict first (and which finding set it), then findings with
+remedies, then the evidence tables. Renders the typed result, so `report` can re-render
+saved JSON. Every table is a `Grid` (report.terminal): it fits 80 columns by dropping
+or moving columns, never by cutting a rule id, a flag or a number."""
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console, Group
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from specprobe.report.fmt import EM_DASH, fixed, metric, pct, signed_pct
+from specprobe.report.terminal import Column, Grid
 from specprobe.result import BucketRow, Comparison, DomainRow, Finding, Result, SamplingSide
 
 SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", None: "green"}
+_SEV_RANK = {"error": 3, "warning": 2, "info": 1}
 
 
 def _pct(x: float | None) -> str:
@@ -28,10 +33,46 @@ def _sampling(x: SamplingSide) -> str:
     return f"T={x.temperature:g}" + (f" top_k={x.top_k}" if x.top_k else "") + (f" top_p={x.top_p:g}" if x.top_p < 1 else "")
 
 
+# ----------------------------------------------------------------------------- the verdict
+def headline_source(result: Result | Comparison) -> Finding | None:
+    """The finding the headline verdict comes from: the most severe finding whose
+    verdict (or name) the headline repeats."""
+    worst = [f for f in result.findings if f.severity == result.worst_severity]
+    return next((f for f in worst if (f.verdict or f.name) == result.verdict), worst[0] if worst else None)
+
+
+def headline_reason(result: Result | Comparison) -> Text | None:
+    """'from SP102 kl-undertrained (warning); SP204 says "fair" (info) — the most severe
+    finding sets the headline', or None when there are no findings."""
+    src = headline_source(result)
+    if src is None:
+        return None
+    line = Text("from ", style="dim")
+    line.append(f"{src.rule_id} {src.name}", style=SEV_STYLE.get(src.severity, ""))
+    line.append(f" ({src.severity})", style="dim")
+    others = [f for f in result.findings if f.verdict and f.verdict != result.verdict and _SEV_RANK[f.severity] < _SEV_RANK[src.severity]]
+    if others:
+        said = "; ".join(f'{f.rule_id} says "{f.verdict}" ({f.severity})' for f in others)
+        line.append(f"; {said} — the most severe finding sets the headline", style="dim")
+    return line
+
+
+def _cost_note(result: Result) -> str | None:
+    c = result.cost
+    if c is None or c.measured or result.config.cost_ratio is not None:
+        return None
+    if result.interrupted:
+        return "cost ratio not measured (interrupted): speedups assume a drafter that costs nothing"
+    return "cost ratio not measured (this drafter has no step model to time): speedups assume a drafter that costs nothing"
+
+
 def verdict_panel(result: Result) -> Panel:
     sev = result.worst_severity
     m = result.metrics
-    lines = [Text(result.verdict.upper(), style=SEV_STYLE.get(sev, "bold"))]
+    lines: list[Text] = [Text(result.verdict.upper(), style=SEV_STYLE.get(sev, "bold"))]
+    why = headline_reason(result)
+    if why is not None:
+        lines.append(why)
     t, d = result.target, result.drafter
     lines.append(Text(f"target  {t.name or t.spec}   drafter  {d.name or d.spec} [{d.kind or '?'}]"))
     s = result.sampling
@@ -47,66 +88,91 @@ def verdict_panel(result: Result) -> Panel:
     if result.stopped:
         lines.append(Text(f"stopped: {result.stopped}", style="red"))
     if result.interrupted:
-        lines.append(Text("interrupted: these numbers cover only what was scored before Ctrl-C", style="yellow"))
+        lines.append(Text("interrupted: these numbers cover only what was computed before Ctrl-C", style="yellow"))
+    note = _cost_note(result) if result.scored else None
+    if note:
+        lines.append(Text(note, style="yellow"))
     return Panel(Group(*lines), title=f"specprobe {result.command}", border_style=SEV_STYLE.get(sev, "green"))
 
 
-def findings_table(result: Result) -> Table:
-    t = Table(title="findings", show_lines=True, expand=True)
-    t.add_column("sev", no_wrap=True)
-    t.add_column("rule", no_wrap=True)
-    t.add_column("diagnosis", ratio=3)
-    t.add_column("remedy", ratio=2)
-    for f in result.findings:
-        msg = f.message
-        if f.evidence:
-            msg += "\n" + "\n".join(f"  · {e}" for e in f.evidence)
-        t.add_row(Text(f.severity, style=SEV_STYLE[f.severity]), f"{f.rule_id}\n{f.name}", msg, f.remedy)
-    return t
+# ----------------------------------------------------------------------------- findings
+def findings_table(findings: list[Finding], title: str = "findings") -> Grid:
+    """Severity, rule id and name on the row; the diagnosis, its evidence and the remedy
+    under it (moved into columns only where the terminal is wide enough for all)."""
+    g = Grid(
+        [
+            Column("severity", "sev"),
+            Column("rule"),
+            Column("name"),
+            Column("diagnosis", fallback="under", order=1),
+            Column("remedy", fallback="under", order=2, label="remedy: "),
+        ],
+        title=title,
+        spaced=True,
+    )
+    for f in findings:
+        g.add(Text(f.severity, style=SEV_STYLE[f.severity]), f.rule_id, f.name, f.message, f.remedy, notes=[f"· {e}" for e in f.evidence])
+    return g
 
 
-def _group_table(title: str, rows: list[DomainRow] | list[BucketRow]) -> Table:
-    t = Table(title=title)
-    for c in ("group", "positions", "α accept", "greedy agree", "KL nats", "entropy nats", "draft conf"):
-        t.add_column(c, justify="right" if c != "group" else "left")
+# ----------------------------------------------------------------------------- evidence tables
+def _group_table(title: str, rows: list[DomainRow] | list[BucketRow]) -> Grid:
+    g = Grid(
+        [
+            Column("group"),
+            Column("positions", "n", "right", "drop", 1),
+            Column("α accept", "α", "right"),
+            Column("greedy agree", "greedy", "right", "drop", 3),
+            Column("KL nats", "KL", "right"),
+            Column("entropy nats", "H nats", "right", "drop", 4),
+            Column("draft conf", "conf", "right", "drop", 2),
+        ],
+        title=title,
+    )
     for r in rows:
-        t.add_row(r.group, str(r.positions), _pct(r.accept_prob_mean), _pct(r.greedy_agree_frac), _f(r.kl_target_draft_nats), _f(r.target_entropy_nats), _pct(r.draft_confidence_mean))
-    return t
+        g.add(r.group, str(r.positions), _pct(r.accept_prob_mean), _pct(r.greedy_agree_frac), _f(r.kl_target_draft_nats), _f(r.target_entropy_nats), _pct(r.draft_confidence_mean))
+    return g
 
 
-def depth_k_table(result: Result) -> Table:
-    t = Table(title="by draft depth / K (teacher-forced estimate; depth from 1)")
-    for c in ("K", "r_K cumulative", "a_K conditional", "τ(K) tokens", "accept rate", "i.i.d. τ", "speedup"):
-        t.add_column(c, justify="right")
+def depth_k_table(result: Result) -> Grid:
+    g = Grid(
+        [
+            Column("K", justify="right"),
+            Column("r_K cumulative", "r_K", "right"),
+            Column("a_K conditional", "a_K", "right", "drop", 2),
+            Column("τ(K) tokens", "τ(K)", "right"),
+            Column("accept rate", "acc", "right", "drop", 3),
+            Column("i.i.d. τ", "iid τ", "right", "drop", 4),
+            Column("speedup", justify="left"),
+        ],
+        title="by draft depth / K (teacher-forced estimate; depth from 1)",
+    )
     cum = result.depth.cumulative if result.depth else []
     cond = result.depth.conditional if result.depth else []
     best = result.best_k
     for i, row in enumerate(result.k_table):
         mark = " ◀ best" if row.k == best else ""
-        t.add_row(
+        g.add(
             str(row.k), _pct(cum[i] if i < len(cum) else None), _pct(cond[i] if i < len(cond) else None),
             _f(row.tau_tokens, ".2f"), _pct(row.accept_rate), _f(row.iid_tau_tokens, ".2f"), f"{_f(row.speedup, '.2f')}×{mark}",
         )
-    return t
+    return g
 
 
-def check_facts_table(result: Result) -> Table:
-    t = Table(title="alignment")
-    t.add_column("")
-    t.add_column("target")
-    t.add_column("drafter")
+def check_facts_table(result: Result) -> Grid:
+    g = Grid([Column(""), Column("target", fallback="under", order=1, label="target:  "), Column("drafter", fallback="under", order=2, label="drafter: ")], title="alignment")
     if result.alignment is None:
-        return t
+        return g
     tg, dr = result.alignment.facts.target, result.alignment.facts.drafter
     for key in ("name", "vocab", "tokenizer", "context", "sampling"):
-        t.add_row(key, str(getattr(tg, key)), str(getattr(dr, key)))
-    return t
+        g.add(key, str(getattr(tg, key)), str(getattr(dr, key)))
+    return g
 
 
 def render(result: Result, console: Console, full: bool = True) -> None:
     console.print(verdict_panel(result))
     if result.findings:
-        console.print(findings_table(result))
+        console.print(findings_table(result.findings))
     if result.command == "check" or not result.scored:
         console.print(check_facts_table(result))
         return
@@ -126,8 +192,12 @@ def render(result: Result, console: Console, full: bool = True) -> None:
     if a:
         console.print(f"adaptive K: stop drafting when drafter confidence < {_f(a.threshold, '.2f')} → τ {_f(a.tau_tokens, '.2f')}, mean K {_f(a.mean_k, '.2f')}, speedup {_f(a.speedup, '.2f')}×")
     if c:
-        how = "measured on the device" if c.measured else "given"
-        console.print(f"cost ratio c = {_f(c.cost_ratio)} ({how}; target step {_f(c.target_step_ms, '.1f')} ms, drafter step {_f(c.draft_step_ms, '.1f')} ms), verify factor v = {c.verify_factor}")
+        note = _cost_note(result)
+        if note:
+            console.print(f"[yellow]{note}[/]", highlight=False)
+        else:
+            how = "measured on the device" if c.measured else "given"
+            console.print(f"cost ratio c = {_f(c.cost_ratio)} ({how}; target step {_f(c.target_step_ms, '.1f')} ms, drafter step {_f(c.draft_step_ms, '.1f')} ms), verify factor v = {c.verify_factor}")
     console.print("[dim]KL is computed on the untruncated tempered softmax (T=1 when greedy) so it stays finite; α uses each side's sampling distribution.[/]")
 
 
@@ -139,27 +209,46 @@ def measured_tables(result: Result, console: Console) -> None:
         if result.scored:
             console.print("[yellow]nothing was measured (interrupted before the first K finished a batch)[/]")
         return
-    t = Table(title="measured by real speculative decoding (τ includes the bonus token)")
-    for c in ("K", "τ measured", "τ estimate", "gap est−meas", "accept rate", "tokens/s", "speedup", "drafts", "draft ms/step", "target ms/step"):
-        t.add_column(c, justify="right")
-    best = max(m.k_table, key=lambda r: r.speedup or -1.0)
+    g = Grid(
+        [
+            Column("K", justify="right"),
+            Column("τ measured", "τ meas", "right"),
+            Column("τ estimate", "τ est", "right"),
+            Column("gap est−meas", "gap", "right", "drop", 4),
+            Column("accept rate", "acc", "right", "drop", 3),
+            Column("tokens/s", "tok/s", "right"),
+            Column("speedup"),
+            Column("drafts", None, "right", "drop", 5),
+            Column("draft ms/step", "draft ms", "right", "drop", 7),
+            Column("target ms/step", "target ms", "right", "drop", 6),
+        ],
+        title="measured by real speculative decoding (τ includes the bonus token)",
+    )
+    best = max(m.k_table, key=lambda r: r.speedup if r.speedup is not None and not math.isnan(r.speedup) else -1.0)
     for r in m.k_table:
         mark = " ◀ best" if r is best else ""
-        t.add_row(
+        g.add(
             str(r.k), _f(r.tau_tokens, ".2f"), _f(r.tau_estimate, ".2f"), _f(r.tau_gap, "+.2f"), _pct(r.accept_rate),
             _f(r.tokens_per_s, ".1f"), f"{_f(r.speedup, '.2f')}×{mark}", str(r.num_drafts),
             _f(r.draft_ms_per_step, ".1f"), _f(r.target_ms_per_step, ".1f"),
         )
-    console.print(t)
+    console.print(g)
     d = m.depth
     est = result.depth.cumulative if result.depth else []
     if d is not None and d.depth:
-        t = Table(title=f"per draft position at K={d.k} (depth from 1; vLLM counting)")
-        for c in ("position", "accepted", "r_i measured", "a_i measured", "r_i estimate"):
-            t.add_column(c, justify="right")
+        g = Grid(
+            [
+                Column("position", "pos", "right"),
+                Column("accepted", None, "right", "drop", 1),
+                Column("r_i measured", "r_i meas", "right"),
+                Column("a_i measured", "a_i meas", "right"),
+                Column("r_i estimate", "r_i est", "right"),
+            ],
+            title=f"per draft position at K={d.k} (depth from 1; vLLM counting)",
+        )
         for i, pos in enumerate(d.depth):
-            t.add_row(str(pos), str(d.accepted_per_position[i]), _pct(d.cumulative[i]), _pct(d.conditional[i]), _pct(est[i] if i < len(est) else None))
-        console.print(t)
+            g.add(str(pos), str(d.accepted_per_position[i]), _pct(d.cumulative[i]), _pct(d.conditional[i]), _pct(est[i] if i < len(est) else None))
+        console.print(g)
     console.print(f"plain target decoding (baseline): {_f(m.baseline_tokens_per_s, '.1f')} tokens/s on the same prompts, device and batch size")
     a = m.adaptive
     if a:
@@ -175,31 +264,27 @@ def measured_tables(result: Result, console: Console) -> None:
 SUMMARY_METRICS = ("accept_prob_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "num_prompts", "num_positions")
 
 
-def _findings_brief(findings: list[Finding], console: Console) -> None:
-    t = Table(show_header=True, header_style="bold", expand=False)
-    for col in ("rule", "severity", "diagnosis", "remedy"):
-        t.add_column(col, overflow="fold")
-    for f in findings:
-        t.add_row(f"{f.rule_id} {f.name}", f"[{SEV_STYLE.get(f.severity, '')}]{f.severity}[/]", f.message, f.remedy)
-    console.print(t)
+def _verdict_line(result: Result | Comparison, console: Console) -> None:
+    console.print(f"verdict: [{SEV_STYLE.get(result.worst_severity, 'bold')}]{result.verdict}[/]", highlight=False)
+    why = headline_reason(result)
+    if why is not None:
+        console.print(Text("  ") + why)
 
 
 def render_summary(result: Result, console: Console) -> None:
-    """Verdict, findings table and key metrics of a saved diagnose/simulate result."""
-    console.print(f"[bold]{result.describe()}[/]  [dim]({result.command}, {result.created})[/]")
-    console.print(f"verdict: [{SEV_STYLE.get(result.worst_severity, 'bold')}]{result.verdict}[/]")
+    """Verdict, findings and key metrics of a saved diagnose/simulate result."""
+    console.print(f"[bold]{result.describe()}[/]  [dim]({result.command}, {result.created})[/]", highlight=False)
+    _verdict_line(result, console)
     if result.findings:
-        _findings_brief(result.findings, console)
+        console.print(findings_table(result.findings))
     else:
         console.print("[green]no findings[/]")
     m = result.metrics
-    t = Table(title="key metrics (estimates from teacher forcing)", show_header=True, header_style="bold")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    g = Grid([Column("metric"), Column("value", justify="right")], title="key metrics (estimates from teacher forcing)")
     for n in SUMMARY_METRICS:
         if n in m:
-            t.add_row(n, metric(n, m[n], none="n/a"))
-    console.print(t)
+            g.add(n, metric(n, m[n], none="n/a"))
+    console.print(g)
     mk = result.measured.k_table if result.measured else []
     if mk:
         best = max(mk, key=lambda r: r.speedup or -1.0)
@@ -210,38 +295,44 @@ def render_summary(result: Result, console: Console) -> None:
 def render_comparison(comparison: Comparison, console: Console) -> None:
     """Verdict, findings and the overall deltas of a judged comparison."""
     b, c = comparison.baseline, comparison.candidate
-    console.print(f"[bold]{c.drafter}[/] against baseline [bold]{b.drafter}[/] on {c.target_name or c.target}")
+    console.print(f"[bold]{c.drafter}[/] against baseline [bold]{b.drafter}[/] on {c.target_name or c.target}", highlight=False)
     for note in comparison.notes:
-        console.print(f"[dim]note: {note}[/]")
-    console.print(f"verdict: [{SEV_STYLE.get(comparison.worst_severity, 'bold')}]{comparison.verdict}[/]")
+        console.print(f"[dim]note: {note}[/]", highlight=False)
+    _verdict_line(comparison, console)
     if comparison.findings:
-        _findings_brief(comparison.findings, console)
-    t = Table(title="overall", show_header=True, header_style="bold")
-    for col, just in (("metric", "left"), ("baseline", "right"), ("candidate", "right"), ("relative", "right")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+        console.print(findings_table(comparison.findings))
+    g = Grid([Column("metric"), Column("baseline", justify="right"), Column("candidate", justify="right"), Column("relative", justify="right")], title="overall")
     for r in comparison.overall:
         rel = r.rel_change
-        shown = signed_pct(rel, none="n/a")
         style = "red" if r.worse and rel is not None and abs(rel) >= 0.05 else ""
-        t.add_row(r.metric, metric(r.metric, r.baseline, none="n/a"), metric(r.metric, r.candidate, none="n/a"), f"[{style}]{shown}[/]" if style else shown)
-    console.print(t)
+        g.add(r.metric, metric(r.metric, r.baseline, none="n/a"), metric(r.metric, r.candidate, none="n/a"), Text(signed_pct(rel, none="n/a"), style=style))
+    console.print(g)
 
 
 # ----------------------------------------------------------------------------- `demo`
-def demo_table(rows: list[tuple[str, Result]]) -> Table:
-    """One line per demo drafter: alignment, α, greedy agreement, KL, τ(4), verdict."""
-    t = Table(title="specprobe demo — SmolLM2-135M-Instruct target (teacher-forced, on-policy references)")
-    for c in ("drafter", "check", "acceptance α", "greedy agree", "KL nats", "τ(4)", "verdict / diagnosis"):
-        t.add_column(c, justify="right" if c not in ("drafter", "verdict / diagnosis", "check") else "left")
+def demo_table(rows: list[tuple[str, Result]]) -> Grid:
+    """One line per demo drafter: alignment, α, greedy agreement, KL, τ(4); the verdict
+    and the finding it comes from beside it, or under it on a narrow terminal."""
+    g = Grid(
+        [
+            Column("drafter"),
+            Column("check"),
+            Column("acceptance α", "α", "right"),
+            Column("greedy agree", "greedy", "right", "drop", 2),
+            Column("KL nats", "KL", "right", "drop", 1),
+            Column("τ(4)", None, "right"),
+            Column("verdict (the finding it comes from)", "verdict", fallback="under", order=3),
+        ],
+        title="specprobe demo — SmolLM2-135M-Instruct target (teacher-forced, on-policy references)",
+    )
     for label, r in rows:
         m = r.metrics
         align_err = [f.rule_id for f in r.findings if f.rule_id.startswith("SP0") and f.severity == "error"]
         check = Text("✗ " + ", ".join(align_err), style="red") if align_err else Text("✓ aligned", style="green")
         k4 = next((row.tau_tokens for row in r.k_table if row.k == 4), None)
-        # name the finding that gave the headline
-        top = next((f for f in r.findings if f.verdict == r.verdict), r.findings[0] if r.findings else None)
+        top = headline_source(r)
         diag = Text(r.verdict, style=SEV_STYLE.get(r.worst_severity, "green"))
         if top:
             diag.append(f" ({top.rule_id} {top.name})", style="default")
-        t.add_row(label, check, _pct(m.get("accept_prob_mean")), _pct(m.get("greedy_agree_frac")), _f(m.get("kl_target_draft_nats"), ".2f"), _f(k4, ".2f"), diag)
-    return t
+        g.add(label, check, _pct(m.get("accept_prob_mean")), _pct(m.get("greedy_agree_frac")), _f(m.get("kl_target_draft_nats"), ".2f"), _f(k4, ".2f"), diag)
+    return g

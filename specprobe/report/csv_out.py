@@ -1,6 +1,7 @@
 """CSV tables of a result, written with pandas for spreadsheets and notebooks.
 
-Files: summary.csv (one row per metric, with unit), findings.csv, by_domain.csv,
+Files: summary.csv (one row per metric, with unit, target and drafter; flags and
+counts as integers), findings.csv, by_domain.csv,
 by_entropy.csv, by_position.csv, depth.csv (estimate and, for simulate, measured
 columns; depth indexed from 1), k_table.csv, positions.csv when the result carries
 per-position rows. For a compare result: summary, findings, overall, by_domain,
@@ -21,6 +22,7 @@ from typing import Any
 from specprobe.catalog import CATALOG
 from specprobe.errors import OutputError
 from specprobe.report.files import make_temp_dir
+from specprobe.report.fmt import num
 from specprobe.result import Comparison, Finding, Part, Result
 
 
@@ -47,15 +49,40 @@ def _findings(findings: Sequence[Finding]) -> Any:
     )
 
 
+def _value(name: str, v: Any) -> Any:
+    """A metric as its cell: flags and counts as integers (1, not 1.0 — the unit column
+    says which is a flag), nothing as empty; the column stays numeric for notebooks."""
+    x = num(v)
+    if x is None:
+        return ""
+    unit = CATALOG[name].unit if name in CATALOG else ""
+    if unit in ("bool", "count") or (isinstance(v, int) and not isinstance(v, bool)):
+        return int(x)
+    return format(x, ".6g")
+
+
+def _summary(result: Result | Comparison) -> Any:
+    """One row per metric, each naming the run's target and drafter (and, for compare,
+    the baseline drafter), so summaries of many runs concatenate into one table."""
+    import pandas as pd
+
+    if isinstance(result, Comparison):
+        who = {"target": result.candidate.target, "drafter": result.candidate.drafter, "baseline_drafter": result.baseline.drafter}
+    else:
+        who = {"target": result.target.spec or result.config.target or "", "drafter": result.drafter.spec or result.config.drafter or ""}
+    rows = [
+        {**who, "metric": k, "value": _value(k, v), "unit": CATALOG[k].unit if k in CATALOG else "", "source": CATALOG[k].source if k in CATALOG else ""}
+        for k, v in result.metrics.items()
+    ]
+    return pd.DataFrame(rows, columns=[*who, "metric", "value", "unit", "source"])
+
+
 def tables(result: Result | Comparison) -> dict[str, Any]:
     """name → pandas DataFrame, for every table this result holds."""
     import pandas as pd
 
     out: dict[str, Any] = {}
-    out["summary"] = pd.DataFrame(
-        [{"metric": k, "value": v, "unit": CATALOG[k].unit if k in CATALOG else "", "source": CATALOG[k].source if k in CATALOG else ""} for k, v in result.metrics.items()],
-        columns=["metric", "value", "unit", "source"],
-    )
+    out["summary"] = _summary(result)
     out["findings"] = _findings(result.findings)
     if isinstance(result, Comparison):
         compare_tables: dict[str, Sequence[Part]] = {"overall": result.overall, "by_domain": result.by_domain, "by_depth": result.by_depth, "k_table": result.k_table}

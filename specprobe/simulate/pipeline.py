@@ -4,6 +4,7 @@ draft → verify loop) on the same prompts, and the result's "measured" block.""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,16 +92,19 @@ def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adap
     }
 
 
-def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, pair: Any = None) -> Result:
+def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, pair: Any = None, on_partial: Callable[[Result], None] | None = None) -> Result:
     """Estimate (diagnose, teacher-forced) + measurement (this loop) on the same prompts ->
-    a simulate result with a "measured" block. Ctrl-C during the measurement keeps what
-    was measured so far (result.interrupted)."""
+    a simulate result with a "measured" block. Ctrl-C during the estimate is handled as
+    diagnose does (what was computed goes to `on_partial` first, as a simulate result) and
+    nothing is measured; Ctrl-C during the measurement keeps what was measured so far
+    (result.interrupted) and ends the run."""
     progress = progress or Progress()
     validate(cfg)
     dcfg = dataclasses.replace(cfg.diagnose, k_max=max(cfg.diagnose.k_max, max(cfg.ks)))
     table = table or load_table([Path(p) for p in dcfg.rules])
     pair = pair or load_pair(dcfg, progress)
-    estimate = run_diagnose(dcfg, progress, table=table, pair=pair)
+    keep = None if on_partial is None else (lambda est: on_partial(simulate_result(est, cfg, None, table)))
+    estimate = run_diagnose(dcfg, progress, table=table, pair=pair, on_partial=keep)
     if estimate.stopped or estimate.interrupted:
         return simulate_result(estimate, cfg, None, table)  # nothing meaningful (or nothing asked for, after Ctrl-C) to measure
 
@@ -110,7 +114,11 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
         raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N and independent causal LMs")
     # the same items diagnose scored: every turn, later ones after the target's own earlier
     # answers (its references, read back from the on-disk cache)
-    encoded = references_by_turn(target, list(load_prompt_set(dcfg).prompts), dcfg, pair.sampling.target, progress).encoded
+    refs = references_by_turn(target, list(load_prompt_set(dcfg).prompts), dcfg, pair.sampling.target, progress)
+    if refs.interrupted:  # only with --no-cache are they generated again
+        progress.note("interrupted before the measurement: nothing was measured")
+        return simulate_result(estimate, cfg, None, table).model_copy(update={"interrupted": True})
+    encoded = refs.encoded
     tau_estimate = {r.k: r.tau_tokens for r in estimate.k_table if r.tau_tokens is not None}
     kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size}
     runs: list[SimCounters] = []
