@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
+from specprobe.memory import Backoff, Buffered, chunk_for
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.options import DiagnoseConfig
 from specprobe.progress import Progress
@@ -156,6 +157,7 @@ class Scored:
     head_depths: tuple[int, ...] = ()  # depths a head drafter predicted directly (others chain depth 1)
     drill: Any = None  # the token-level drill-down collector (specprobe.drilldown), when one ran
     second_press: bool = False  # Ctrl-C came during the references and again during scoring
+    memory_notes: list[str] = field(default_factory=list)  # what out-of-memory made smaller
 
 
 def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
@@ -169,16 +171,24 @@ def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[i
     interrupted = False
     head_depths: tuple[int, ...] = ()
     with progress.task(f"scoring target vs drafter ({sum(len(conts[i]) for i in order)} positions)", len(order)) as advance:
+        # chunk from the free memory; out of memory halves the chunk, then the batch (memory.py)
+        backoff = Backoff(chunk_for(getattr(target, "vocab_size", 1), str(getattr(target, "device", "cpu")), cfg.chunk_positions))
+        buffer = Buffered(sinks)  # a batch cut by out-of-memory reaches no collector
+
+        def attempt(ix: list[int], chunk: int) -> tuple[int, ...]:
+            buffer.drop()
+            return score_batch(target, drafter, ix, encoded, conts, pair, replace(cfg, chunk_positions=chunk), [buffer])
+
         try:
             for start in range(0, len(order), cfg.batch_size):
                 idx = order[start : start + cfg.batch_size]
-                head_depths = score_batch(target, drafter, idx, encoded, conts, pair, cfg, sinks)
-                for s in sinks:
-                    s.batch_done()
+                head_depths = backoff.run(idx, attempt, buffer.commit)[-1]
                 advance(len(idx))
         except KeyboardInterrupt:
             interrupted = True
-    return Scored(acc, sequences.rows, interrupted, head_depths)
+    for note in dict.fromkeys(backoff.notes):
+        progress.note(note)
+    return Scored(acc, sequences.rows, interrupted, head_depths, memory_notes=list(dict.fromkeys(backoff.notes)))
 
 
 def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, sinks: Sequence[Collector]) -> tuple[int, ...]:
