@@ -197,6 +197,10 @@ def test_headline_names_its_finding_and_why_the_worse_one_wins(real_results) -> 
     text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", at80(verdict_panel(r2))).split())  # the panel's borders out
     assert f"from {src.rule_id} {src.name} ({src.severity})" in text
     assert 'SP204 says "fair" (info)' in text and "the most severe finding sets the headline" in text
+    from specprobe.report.markdown import render_markdown
+
+    md = render_markdown(r2)
+    assert f"_from {src.rule_id} {src.name} ({src.severity}); SP204 says" in md
 
 
 def test_sp102_explains_its_numbers_and_every_rule_has_a_why() -> None:

@@ -11,12 +11,19 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-from specprobe.report.fmt import EM_DASH, fixed, metric, pct, signed_pct
+from specprobe.report.fmt import (
+    EM_DASH,
+    fixed,
+    headline_others,
+    headline_source,
+    metric,
+    pct,
+    signed_pct,
+)
 from specprobe.report.terminal import Column, Grid
 from specprobe.result import BucketRow, Comparison, DomainRow, Finding, Result, SamplingSide
 
 SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", None: "green"}
-_SEV_RANK = {"error": 3, "warning": 2, "info": 1}
 
 
 def _pct(x: float | None) -> str:
@@ -34,23 +41,15 @@ def _sampling(x: SamplingSide) -> str:
 
 
 # ----------------------------------------------------------------------------- the verdict
-def headline_source(result: Result | Comparison) -> Finding | None:
-    """The finding the headline verdict comes from: the most severe finding whose
-    verdict (or name) the headline repeats."""
-    worst = [f for f in result.findings if f.severity == result.worst_severity]
-    return next((f for f in worst if (f.verdict or f.name) == result.verdict), worst[0] if worst else None)
-
-
 def headline_reason(result: Result | Comparison) -> Text | None:
-    """'from SP102 kl-undertrained (warning); SP204 says "fair" (info) — the most severe
-    finding sets the headline', or None when there are no findings."""
+    """The headline's finding, styled; None when there are no findings."""
     src = headline_source(result)
     if src is None:
         return None
     line = Text("from ", style="dim")
     line.append(f"{src.rule_id} {src.name}", style=SEV_STYLE.get(src.severity, ""))
     line.append(f" ({src.severity})", style="dim")
-    others = [f for f in result.findings if f.verdict and f.verdict != result.verdict and _SEV_RANK[f.severity] < _SEV_RANK[src.severity]]
+    others = headline_others(result)
     if others:
         said = "; ".join(f'{f.rule_id} says "{f.verdict}" ({f.severity})' for f in others)
         line.append(f"; {said} — the most severe finding sets the headline", style="dim")

@@ -57,3 +57,36 @@ def signed_delta(name: str, x: Any, none: str = DASH) -> str:
         return none
     unit = CATALOG[name].unit if name in CATALOG else ""
     return f"{100 * v:+.1f} pts" if unit == "frac" else f"{v:+.3g}"
+
+
+# ----------------------------------------------------------------------------- the headline
+_SEV_RANK = {"error": 3, "warning": 2, "info": 1}
+
+
+def headline_source(result: Any) -> Any:
+    """The finding the headline verdict of a result (or comparison) comes from: the most
+    severe finding whose verdict (or name) the headline repeats."""
+    worst = [f for f in result.findings if f.severity == result.worst_severity]
+    return next((f for f in worst if (f.verdict or f.name) == result.verdict), worst[0] if worst else None)
+
+
+def headline_others(result: Any) -> list[Any]:
+    """Less severe findings whose verdict differs from the headline (the acceptance band
+    saying "fair" beside a warning that set the headline)."""
+    src = headline_source(result)
+    if src is None:
+        return []
+    return [f for f in result.findings if f.verdict and f.verdict != result.verdict and _SEV_RANK[f.severity] < _SEV_RANK[src.severity]]
+
+
+def headline_reason(result: Any) -> str:
+    """'from SP102 kl-undertrained (warning); SP204 says "fair" (info) — the most severe
+    finding sets the headline', or '' when there are no findings."""
+    src = headline_source(result)
+    if src is None:
+        return ""
+    text = f"from {src.rule_id} {src.name} ({src.severity})"
+    others = headline_others(result)
+    if others:
+        text += "; " + "; ".join(f'{f.rule_id} says "{f.verdict}" ({f.severity})' for f in others) + " — the most severe finding sets the headline"
+    return text

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specprobe.report.fmt import fixed, metric, pct, signed_pct
+from specprobe.report.fmt import fixed, headline_reason, metric, pct, signed_pct
 from specprobe.result import Comparison, Finding, Result
 
 ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", None: "✅"}
@@ -37,7 +37,8 @@ def _findings(findings: Sequence[Finding], empty: str) -> list[str]:
 
 
 def _headline(result: Result | Comparison, fail_on: str | None) -> str:
-    return f"### {ICON.get(result.worst_severity, '')} {(result.verdict or 'no verdict').capitalize()}" + (f"  (gate: fail on {fail_on})" if fail_on else "")
+    why = headline_reason(result)
+    return f"### {ICON.get(result.worst_severity, '')} {(result.verdict or 'no verdict').capitalize()}" + (f"  (gate: fail on {fail_on})" if fail_on else "") + (f"\n\n_{why}_" if why else "")
 
 
 def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) -> str:
