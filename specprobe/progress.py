@@ -39,9 +39,11 @@ class RichProgress(Progress):
             TimeRemainingColumn,
         )
         from rich.progress import Progress as RP
+        from rich.table import Column
 
+        # At 80 columns (a pipe, a CI log) the description wraps; counts and times stay whole.
         with RP(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("{task.description}", table_column=Column(ratio=1, overflow="fold")), BarColumn(bar_width=20), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
             console=self.console, transient=False,
         ) as bar:
             tid = bar.add_task(description, total=total)
