@@ -168,11 +168,17 @@ def read_mapping(path: Path) -> dict[str, Any]:
             data: Any = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}", "fix the TOML syntax") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path} is nested too deeply to read", "a config is a flat mapping of keys to values") from None
     elif suffix in (".yaml", ".yml", ".json"):
         import yaml
 
+        from specprobe.safe_load import UnsafeDocument, load_json, load_yaml
+
         try:
-            data = yaml.safe_load(text) if suffix != ".json" else json.loads(text)
+            data = load_yaml(text) if suffix != ".json" else load_json(text)
+        except UnsafeDocument as e:
+            raise ConfigError(f"config file {path} refused: {e}", "write each key once, without aliases that fan out") from None
         except (yaml.YAMLError, json.JSONDecodeError) as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError(f"config file {path} is not valid {'JSON' if suffix == '.json' else 'YAML'}: {first}", "fix the syntax") from None

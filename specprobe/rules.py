@@ -250,6 +250,9 @@ def _rule_from_dict(raw: Any, where: str) -> Rule | str:
     for key in ("name", "severity", "when", "diagnosis", "remedy"):
         if not raw.get(key):
             raise ConfigError(f"{where}: rule {rid} has no {key!r}", "every rule needs id, name, severity, when, diagnosis, remedy")
+    for key in ("name", "when", "diagnosis", "remedy", "verdict", "doc", "example"):
+        if isinstance(raw.get(key), (list, dict)):
+            raise ConfigError(f"{where}: rule {rid}: {key!r} must be text, got a {type(raw[key]).__name__}", "write it as one string")
     if raw["severity"] not in SEVERITIES:
         raise ConfigError(f"{where}: rule {rid} has severity {raw['severity']!r}", f"use one of {', '.join(SEVERITIES)}")
     try:
@@ -282,12 +285,22 @@ def _rule_from_dict(raw: Any, where: str) -> Rule | str:
 
 def load_rules_file(path: Path) -> tuple[list[Rule], list[str]]:
     """Rules defined and ids disabled by one file."""
+    from specprobe.safe_load import UnsafeDocument, load_yaml
+
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"rules file {path} is a folder", "pass a YAML file to --rules")
     if not path.is_file():
         raise ConfigError(f"rules file {path} does not exist", "pass an existing YAML file to --rules")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"rules file {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})", "save it as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read rules file {path}: {e.strerror or e}", "check the path and its permissions") from None
+    except UnsafeDocument as e:
+        raise ConfigError(f"rules file {path} refused: {e}", "write each rule out; aliases may not fan out") from None
+    except yaml.YAMLError as e:
         raise ConfigError(f"rules file {path} is not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
         raise ConfigError(f"rules file {path} has no 'rules:' list", "the file must be a mapping with a 'rules' list")

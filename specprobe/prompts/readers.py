@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,9 @@ def builtin_suite() -> PromptSet:
 
 
 def load_prompts(path: str | Path) -> PromptSet:
-    """Read a JSONL prompts file. Raises InputError naming the file and line."""
+    """Read a JSONL prompts file, a block at a time: a bad line is reported as soon as it
+    is reached (a 2 GB file with a bad byte near its start is refused after reading a
+    MiB). Raises InputError naming the file and line."""
     p = Path(path).expanduser()
     display = str(path)
     if not p.exists():
@@ -61,59 +64,79 @@ def load_prompts(path: str | Path) -> PromptSet:
             "pass a .jsonl file with one prompt per line (Spec-Bench keeps it in data/spec_bench/question.jsonl)",
         )
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as fh:
+            prompts = _parse_records(_read_lines(fh, display), display)
     except OSError as e:
         raise InputError(
             f"prompts file {display} cannot be read: {e.strerror or e}",
             "check the file's permissions",
         ) from e
-    text = _decode(raw, display)
-    _refuse_json_array(text, display)
-    prompts = _parse_lines(text, display=display)
     return PromptSet.from_prompts(p.name, str(p.resolve()), prompts)
 
 
-# ---------------------------------------------------------------------------- bytes → text
+# ---------------------------------------------------------------------------- bytes → lines
+
+_BLOCK = 1 << 20
+# No prompt line is this long; a file without newlines is not JSON lines.
+_MAX_LINE = 64 << 20
 
 
-def _decode(raw: bytes, display: str) -> str:
+def _check_head(head: bytes, display: str) -> None:
     for magic, kind, hint in _MAGIC:
-        if raw.startswith(magic):
+        if head.startswith(magic):
             raise InputError(f"prompts file {display} is a {kind} file, not JSON lines", hint)
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise InputError(f"prompts file {display} is UTF-16 text, not UTF-8", "save the file as UTF-8")
+
+
+def _read_lines(fh: Any, display: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) for every line of a binary file, decoded line by line."""
+    block = fh.read(_BLOCK)
+    _check_head(block, display)
+    offset = 0  # file offset of the first byte of `pending`
     # A BOM is common in files saved by Windows editors; it is not part of line 1's JSON.
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        # JSON text never holds a raw NUL byte: this is a binary file, not a text file
-        # with one bad line.
-        line = raw[:nul].count(b"\n") + 1
-        raise InputError(
-            f"{display}:{line}: binary data (NUL byte at offset {nul}), not JSON lines",
-            "pass a UTF-8 .jsonl text file with one JSON object per line",
-        )
+    if block.startswith(b"\xef\xbb\xbf"):
+        block, offset = block[3:], 3
+    pending = b""
+    lineno = 0
+    while block:
+        buf = pending + block
+        nul = block.find(b"\x00")
+        if nul >= 0:
+            # JSON text never holds a raw NUL byte: this is a binary file, not a text file
+            # with one bad line.
+            at = len(pending) + nul
+            line = lineno + buf.count(b"\n", 0, at) + 1
+            raise InputError(
+                f"{display}:{line}: binary data (NUL byte at offset {offset + at}), not JSON lines",
+                "pass a UTF-8 .jsonl text file with one JSON object per line",
+            )
+        *lines, pending = buf.split(b"\n")
+        for raw in lines:
+            lineno += 1
+            yield lineno, _decode_line(raw, offset, lineno, display)
+            offset += len(raw) + 1
+        if len(pending) > _MAX_LINE:
+            raise InputError(f"{display}:{lineno + 1}: a line longer than {_MAX_LINE >> 20} MiB", "write one JSON object per line")
+        block = fh.read(_BLOCK)
+    if pending:
+        yield lineno + 1, _decode_line(pending, offset, lineno + 1, display)
+
+
+def _decode_line(raw: bytes, offset: int, lineno: int, display: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
         raise InputError(
-            f"{display}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})",
+            f"{display}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {offset + e.start})",
             "save the file as UTF-8",
         ) from e
 
 
-def _refuse_json_array(text: str, display: str) -> None:
+def _refuse_json_array(first: str, display: str) -> None:
     # A .json array of question objects is a common near-miss; name it rather than
     # reporting "not a JSON object" on line 1.
-    if not text.lstrip().startswith("["):
-        return
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
-        return
-    if isinstance(doc, list):
+    if first.lstrip().startswith("["):
         raise InputError(
             f"prompts file {display} is one JSON array, not JSON lines",
             "write one object per line, e.g. jq -c '.[]' questions.json > questions.jsonl",
@@ -124,15 +147,26 @@ def _refuse_json_array(text: str, display: str) -> None:
 
 
 def _parse_lines(text: str, display: str) -> list[Prompt]:
-    prompts: list[Prompt] = []
-    seen: dict[str, int] = {}
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends, which
     # JSON allows unescaped inside strings, and would then report the wrong line.
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    return _parse_records(enumerate(text.split("\n"), start=1), display)
+
+
+def _parse_records(lines: Iterable[tuple[int, str]], display: str) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    first = True
+    for lineno, line in lines:
         line = line.strip()
         if not line:
             continue
-        prompt = _parse_record(line, lineno, display)
+        try:
+            prompt = _parse_record(line, lineno, display)
+        except InputError:
+            if first:
+                _refuse_json_array(line, display)
+            raise
+        first = False
         if prompt.id in seen:
             raise InputError(
                 f"{display}:{lineno}: duplicate id {prompt.id!r} (first on line {seen[prompt.id]})",
@@ -152,6 +186,8 @@ def _parse_record(line: str, lineno: int, display: str) -> Prompt:
     where = f"{display}:{lineno}"
     try:
         obj = json.loads(line)
+    except RecursionError:
+        raise InputError(f"{where}: nested too deeply to read", "each line must be one JSON object") from None
     except json.JSONDecodeError as e:
         raise InputError(
             f"{where}: not valid JSON ({e.msg} at column {e.colno})",

@@ -30,6 +30,8 @@ def _parse(text: str, source: str, allowed: Iterable[str]) -> dict[str, Any]:
         raise InputError(f"{source} is empty", "re-run the command that writes it (e.g. 'specprobe diagnose … --json FILE')")
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise InputError(f"{source} is nested too deeply to be a result file", _WRITTEN_BY) from None
     except json.JSONDecodeError as e:
         # A file cut off mid-write fails at its very end (or inside a string that runs
         # to the end): say "truncated", not just "invalid".
