@@ -93,12 +93,14 @@ def parse_exposition(text: str) -> tuple[list[Sample], int]:
             for s in fam.samples
         ]
 
+    # The library parser raises ValueError on most damage, but IndexError, TypeError and
+    # others on some (garbage bytes, a lone quote): any of them means "not exposition".
     try:
         return samples_of(text), 0
-    except ValueError:
+    except Exception:  # noqa: BLE001 - see above
         pass
     good: list[str] = []
-    bad = 0
+    bad = kept = 0
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -106,14 +108,17 @@ def parse_exposition(text: str) -> tuple[list[Sample], int]:
             continue
         try:
             samples_of(line + "\n")
-        except ValueError:
+        except Exception:  # noqa: BLE001 - see above
             bad += 1
+            if bad >= 1000 and bad > 10 * kept:  # an HTML page, a binary, megabytes of noise
+                raise SourceError(f"not Prometheus exposition text ({bad} of the first {bad + kept} sample lines malformed)") from None
             continue
+        kept += 1
         good.append(line)
     try:
         return samples_of("\n".join(good) + "\n"), bad
-    except ValueError as e:  # a broken HELP/TYPE line: give up on this scrape
-        raise SourceError(f"unparseable exposition text ({e})") from e
+    except Exception as e:  # noqa: BLE001 - a broken HELP/TYPE line: give up on this scrape
+        raise SourceError(f"unparseable exposition text ({type(e).__name__}: {str(e)[:80]})") from e
 
 
 def _series_id(labels: dict[str, str], prefix: str) -> str:

@@ -7,6 +7,7 @@ a malformed URL is the user's input and raises `ConfigError` at construction.
 
 from __future__ import annotations
 
+import http.client
 import time
 import urllib.error
 import urllib.parse
@@ -31,18 +32,42 @@ def check_http_url(url: str, what: str) -> str:
     return url
 
 
+# A /metrics page or a query answer is kilobytes; anything this big is not one, and is
+# not read into memory.
+MAX_BODY_BYTES = 32 << 20
+
+
 def http_get(url: str, timeout: float) -> str:
+    """The body of a GET, within `timeout` seconds for the whole request (a server that
+    trickles its answer a byte at a time times out too) and at most MAX_BODY_BYTES."""
     req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4, application/json"})
+    deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) checked above
-            return resp.read().decode("utf-8", errors="replace")
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                block = resp.read1(1 << 16)
+                if not block:
+                    if resp.length:  # the connection closed before Content-Length bytes came
+                        raise http.client.IncompleteRead(b"".join(chunks), resp.length)
+                    break
+                size += len(block)
+                if size > MAX_BODY_BYTES:
+                    raise SourceError(f"answer larger than {MAX_BODY_BYTES >> 20} MiB: not a metrics page")
+                chunks.append(block)
+            return b"".join(chunks).decode("utf-8", errors="replace")
     except urllib.error.HTTPError as e:
         raise SourceError(f"HTTP {e.code} {e.reason}") from e
     except urllib.error.URLError as e:
         raise SourceError(f"unreachable ({e.reason})") from e
     except TimeoutError as e:
         raise SourceError(f"timed out after {timeout:g}s") from e
-    except OSError as e:  # connection reset mid-body, etc.
+    except http.client.IncompleteRead as e:
+        raise SourceError(f"answer cut short ({len(e.partial)} bytes read, {e.expected} more expected)") from e
+    except (OSError, http.client.HTTPException) as e:  # connection reset mid-body, a malformed status line, etc.
         raise SourceError(str(e) or type(e).__name__) from e
 
 

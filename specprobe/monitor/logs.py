@@ -17,6 +17,7 @@ following, a reader thread feeding a queue so a poll never blocks.
 from __future__ import annotations
 
 import math
+import os
 import queue
 import re
 import sys
@@ -339,15 +340,48 @@ class LogSource:
 
     def _reader(self) -> None:
         assert self._fh is not None and self._queue is not None
+        partial = ""  # a line the writer has not finished yet
         while True:
             line = self._fh.readline()
-            if line:
-                self._queue.put(line)
+            if line.endswith("\n"):
+                self._queue.put(partial + line)
+                partial = ""
+            elif line:
+                partial += line  # at the end of the file mid-line: wait for the rest
             elif self.path == "-":
+                if partial:
+                    self._queue.put(partial)
                 self._queue.put(None)  # stdin closed
                 return
+            elif self._reopened():  # tail -F: the log was rotated or truncated
+                if partial:
+                    self._queue.put(partial)
+                partial = ""
             else:
                 time.sleep(0.2)  # tail -f: wait for the writer
+
+    def _reopened(self) -> bool:
+        """At the end of a followed file: reopen the path when it now names another file
+        (rotated: renamed away and created again) and start over when the file shrank
+        below what was read (truncated in place, logrotate's copytruncate)."""
+        assert self._fh is not None
+        try:
+            now = os.stat(self.path)
+            was = os.fstat(self._fh.fileno())
+        except OSError:
+            return False  # renamed away and not created again yet
+        if (now.st_ino, now.st_dev) != (was.st_ino, was.st_dev):
+            try:
+                fresh = open(self.path, encoding="utf-8", errors="replace")  # noqa: SIM115 - kept open while following
+            except OSError:
+                return False
+            self._fh.close()
+            self._fh = fresh
+            return True
+        if now.st_size < os.lseek(self._fh.fileno(), 0, os.SEEK_CUR):
+            self._fh.seek(0)
+            return True
+        return False
 
     def _new_lines(self) -> list[str]:
         if self._queue is not None:
