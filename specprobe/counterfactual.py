@@ -28,11 +28,12 @@ TEMPERATURE_GRID = (0.5, 0.7, 1.0)
 
 
 def default_every(num_prompts: int) -> int:
-    """Counterfactual sample stride: all prompts of a small run; about 1 in 8 (at least
-    ~16 prompts) of a large one, which keeps the extra passes a few % of scoring."""
-    if num_prompts <= 32:
+    """Counterfactual sample stride: every prompt of a run of up to 16; beyond, about 16
+    prompts, and 1 in 8 from 128 prompts on — which keeps the extra passes a few % of
+    scoring (each what-if costs about one more metrics pass on the prompts it covers)."""
+    if num_prompts <= 16:
         return 1
-    return min(8, max(1, num_prompts // 16))
+    return min(8, -(-num_prompts // 16))
 
 
 def _transform(s: Any) -> tuple[Any, ...]:
@@ -45,43 +46,72 @@ def settings_differ(pair: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- pure maths
+def _probs(logits: Any, s: Any) -> Any:
+    """A side's sampling distribution [N, V] as a fresh tensor; untruncated sampling is
+    written in place over one copy (the what-ifs run per chunk: allocations count)."""
+    from specprobe.metrics.sampling import probs
+
+    if s.greedy or s.truncates:
+        return probs(logits, s)
+    x = logits.float().mul(1.0 / float(s.temperature))  # a copy
+    x.sub_(x.amax(-1, keepdim=True)).exp_()
+    return x.div_(x.sum(-1, keepdim=True))
+
+
 def accept_prob(target_logits: Any, draft_logits: Any, target_sampling: Any, draft_sampling: Any) -> Any:
     """α = Σ min(p, q) per row, each side under the given settings. [N, V], [N, V'] -> [N]."""
     import torch
 
     from specprobe.metrics.core import align_vocab
-    from specprobe.metrics.sampling import probs
 
     dl = align_vocab(draft_logits, target_logits.shape[-1])
     if target_sampling.greedy and draft_sampling.greedy:
         return (target_logits.argmax(-1) == dl.argmax(-1)).float()
-    return torch.minimum(probs(target_logits, target_sampling), probs(dl, draft_sampling)).sum(-1).clamp_(0.0, 1.0)
+    p = _probs(target_logits, target_sampling)
+    return torch.minimum(p, _probs(dl, draft_sampling), out=p).sum(-1).clamp_(0.0, 1.0)
 
 
-def vocab_ceiling(target_logits: Any, draft_logits: Any, target_sampling: Any) -> Any:
-    """[N] target mass (its sampling distribution) on ids where the drafter's logits are
-    finite: the most α can be, whatever the drafter's training."""
+def never_proposed(draft_logits: Any, vocab: int) -> Any:
+    """[V] bool: target ids whose drafter logit is −inf in every row (beyond its
+    vocabulary, outside a head's draft vocabulary): ids it can never propose."""
     import torch
 
     from specprobe.metrics.core import align_vocab
-    from specprobe.metrics.sampling import probs
 
-    never = torch.isneginf(align_vocab(draft_logits, target_logits.shape[-1]))  # [N, V]
+    return torch.isneginf(align_vocab(draft_logits, vocab)).all(0)
+
+
+def vocab_ceiling(target_logits: Any, draft_logits: Any, target_sampling: Any, never: Any = None) -> Any:
+    """[N] target mass (its sampling distribution) on ids the drafter can propose: the
+    most α can be, whatever the drafter's training. never: `never_proposed` (computed
+    here when not given)."""
+    import torch
+
+    if never is None:
+        never = never_proposed(draft_logits, target_logits.shape[-1])
     if not bool(never.any()):
         return torch.ones(target_logits.shape[0], device=target_logits.device)
-    p = probs(target_logits, target_sampling)
-    return p.masked_fill_(never, 0.0).sum(-1).clamp_(0.0, 1.0)
+    p = _probs(target_logits, target_sampling)
+    return p.masked_fill_(never.to(p.device), 0.0).sum(-1).clamp_(0.0, 1.0)
 
 
 class CounterfactualProbe:
     """A scoring probe (`scoring.Probe`): on the rows of every `every`-th prompt, α under
-    the what-if settings and the vocabulary ceiling, as [N] arrays (NaN elsewhere)."""
+    the what-if settings and the vocabulary ceiling, as [N] arrays (NaN elsewhere).
+
+    A grid temperature that reproduces the run's own settings is not recomputed: its α is
+    the real one (`same_as_real`, filled in by the collector). The ids the drafter can
+    never propose are a property of the drafter, read from the first chunk."""
 
     def __init__(self, pair: Any, every: int) -> None:
         self.pair = pair
         self.every = max(1, int(every))
         self.aligned = settings_differ(pair)
-        self.grid = [(t, replace(pair.target, temperature=t)) for t in TEMPERATURE_GRID]
+        grid = [(t, replace(pair.target, temperature=t)) for t in TEMPERATURE_GRID]
+        real = None if self.aligned else _transform(pair.target)
+        self.same_as_real = {f"cf_temperature_{t:g}" for t, s in grid if _transform(s) == real}
+        self.grid = [(t, s) for t, s in grid if f"cf_temperature_{t:g}" not in self.same_as_real]
+        self._never: Any = None
 
     def sampled(self, prompt_index: np.ndarray) -> np.ndarray:
         return np.asarray(prompt_index) % self.every == 0
@@ -92,9 +122,14 @@ class CounterfactualProbe:
         rows = np.flatnonzero(self.sampled(chunk.prompt))
         if rows.size == 0:
             return {}
-        idx = torch.from_numpy(rows).to(target_logits.device)
-        tl, dl = target_logits[idx], draft_logits[idx]  # [n, V], [n, V']
         n = len(chunk.prompt)
+        if rows.size == n:
+            tl, dl = target_logits, draft_logits
+        else:
+            idx = torch.from_numpy(rows).to(target_logits.device)
+            tl, dl = target_logits[idx], draft_logits[idx]  # [n, V], [n, V']
+        if self._never is None:
+            self._never = never_proposed(dl, tl.shape[-1])
         out: dict[str, np.ndarray] = {}
 
         def put(name: str, v: Any) -> None:
@@ -107,7 +142,7 @@ class CounterfactualProbe:
             put("cf_aligned_sampling", accept_prob(tl, dl, ts, ts))
         for t, s in self.grid:
             put(f"cf_temperature_{t:g}", accept_prob(tl, dl, s, s))
-        put("cf_vocab_ceiling", vocab_ceiling(tl, dl, ts))
+        put("cf_vocab_ceiling", vocab_ceiling(tl, dl, ts, self._never))
         return out
 
 

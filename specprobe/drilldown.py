@@ -165,6 +165,8 @@ class DrillCollector:
             for k, v in ex.items():
                 if k.startswith("cf_"):
                     self._chain(k).add(np.nan_to_num(take(v), nan=0.0))
+            for k in self.probe.same_as_real:  # a what-if that is the run's own setting
+                self._chain(k).add(take(a))
 
     def _chain(self, key: str) -> Chain:
         return self.chains.setdefault(key, Chain(self.k_max))

@@ -28,7 +28,10 @@ CSS = """
 #drilldown .tk .tip { display: none; position: absolute; z-index: 10; left: 0; top: 1.6em; background: #fff; color: #111827; border: 1px solid #9ca3af; border-radius: 4px; padding: 6px 8px; font-size: 11.5px; line-height: 1.35; white-space: pre; box-shadow: 0 2px 8px rgba(0,0,0,.15); }
 #drilldown .tk:hover .tip { display: block; }
 #drilldown .tk:hover { outline: 1px solid #111827; }
-#drilldown td.tok, #drilldown span.tok { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
+#drilldown td.tok, #drilldown span.tok { font-family: ui-monospace, "DejaVu Sans Mono", monospace; text-align: left; }
+#drilldown .pair { display: flex; flex-wrap: wrap; gap: 12px 32px; align-items: flex-start; margin: 10px 0 18px; }
+#drilldown .pair > div { flex: 0 1 auto; min-width: 0; max-width: 100%; overflow-x: auto; }
+#drilldown .pair table { width: auto; }
 #drilldown td.wrap { white-space: pre-wrap; text-align: left; max-width: 380px; }
 #drilldown mark { background: #fecaca; }
 #drilldown .legend span { display: inline-block; width: 44px; text-align: center; font-size: 11px; }
@@ -114,7 +117,10 @@ def _domains(dd: DrillDown) -> str:
     if not dd.domains:
         return ""
     rows = [[esc(d.domain), f"{d.positions:,}", pct(d.accept_prob_mean), f"{100 * (d.vs_overall or 0):+.1f} pts", f"{100 * (d.gain_if_best or 0):+.1f} pts"] for d in dd.domains]
-    return "<div><h3>Domains, where distillation data pays most</h3>" + _table(["domain", "positions", "α", "vs overall", "overall gain if it matched the best"], rows) + "</div>"
+    return (
+        "<div><h3>Domains: where distillation data pays most</h3>" + _table(["domain", "positions", "α", "vs overall", "gain if best"], rows)
+        + '<p class="note">gain if best: overall α added if this domain reached the best domain\'s α.</p></div>'
+    )
 
 
 def _worst(dd: DrillDown, rows_in: Sequence[WorstPosition], n: int = 10) -> str:
@@ -173,9 +179,9 @@ def drill_section(result: Result, heat_prompts: int = 8) -> str:
         f'<section id="drilldown"><style>{CSS}</style><h2>Drill-down: where acceptance is lost</h2>',
         f'<p class="note">{dd.positions:,} positions. Probabilities are {esc(dd.distributions)}; p is the target\'s, q the drafter\'s. '
         "<code>specprobe explain RESULT.json</code> shows the same in a terminal.</p>",
-        f'<div class="row">{_what_ifs(dd)}{_classes(dd)}</div>',
+        f'<div class="pair">{_what_ifs(dd)}{_classes(dd)}</div>',
         _confusions(dd),
-        f'<div class="row">{_over(dd)}{_domains(dd)}</div>',
+        f'<div class="pair">{_over(dd)}{_domains(dd)}</div>',
         _worst(dd, dd.worst),
         f"<h3>Token heat map: the {len(heat)} prompts with the lowest α</h3>",
         _legend(),
