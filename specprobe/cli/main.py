@@ -52,6 +52,10 @@ compare_cmd.register(app)
 from specprobe.cli import monitor_cmd  # noqa: E402
 
 monitor_cmd.register(app)
+from specprobe.cli import explain_cmd, sweep_cmd  # noqa: E402
+
+explain_cmd.register(app)
+sweep_cmd.register(app)
 
 
 def run() -> None:
