@@ -73,7 +73,7 @@ def training_prompts() -> list[Any]:
 
 
 # ----------------------------------------------------------------------------- data
-def build_data(target: Any, out: Path, temperature: float, tokens: int, aux: tuple[int, ...]) -> dict[str, Any]:
+def build_data(target: Any, out: Path, temperature: float, tokens: int, aux: tuple[int, ...], max_prompts: int | None = None, gen_batch: int = 16) -> dict[str, Any]:
     """On-policy sequences and the target's states + top-32 distribution at each position."""
     import torch
 
@@ -87,8 +87,10 @@ def build_data(target: Any, out: Path, temperature: float, tokens: int, aux: tup
     if cache.is_file():
         return torch.load(cache, weights_only=True)
     prompts = training_prompts()
+    if max_prompts:
+        prompts = random.Random(1).sample(prompts, min(max_prompts, len(prompts)))
     enc = encode_prompts(target, prompts, tokens)
-    cfg = DiagnoseConfig(target="smollm2", drafter="self", max_new_tokens=tokens, batch_size=16, seed=1, use_cache=False, sampling=SamplingFlags(temperature=temperature))
+    cfg = DiagnoseConfig(target="smollm2", drafter="self", max_new_tokens=tokens, batch_size=gen_batch, seed=1, use_cache=False, sampling=SamplingFlags(temperature=temperature))
     samp = effective_sampling(cfg.sampling, target.info.generation_config, None).target
     t0 = time.perf_counter()
     conts = generate_references(target, enc, samp, cfg, Progress())
@@ -188,7 +190,7 @@ def train_eagle3(target: Any, data: dict[str, Any], out: Path, args: argparse.Na
         step += 1
         elapsed = (time.perf_counter() - t0) / 60
         if step % 10 == 0:
-            print(f"eagle3 step {step:4d}  {elapsed:5.1f} min  loss {float(loss):.3f}")
+            print(f"eagle3 step {step:4d}  {elapsed:5.1f} min  loss {float(loss.detach()):.3f}")
         while marks and elapsed >= marks[0]:
             # the default layers (2, L//2, L−3) are written as no ids: vLLM and SGLang then agree
             dest = write_eagle3_speculators(out / f"eagle3-{marks[0]:g}min", head, cfg, draft, v, aux_ids=None, verifier="HuggingFaceTB/SmolLM2-135M-Instruct", verifier_architectures=list(target.config.architectures or []))
@@ -239,7 +241,7 @@ def train_medusa(target: Any, data: dict[str, Any], out: Path, args: argparse.Na
         step += 1
         elapsed = (time.perf_counter() - t0) / 60
         if step % 10 == 0:
-            print(f"medusa step {step:4d}  {elapsed:5.1f} min  loss {float(loss):.3f}")
+            print(f"medusa step {step:4d}  {elapsed:5.1f} min  loss {float(loss.detach()):.3f}")
         while marks and elapsed >= marks[0]:
             dest = write_medusa_fasterdecoding(out / f"medusa-{marks[0]:g}min", blocks, num_layers=1, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
             print(f"wrote {dest} after {step} steps")
@@ -253,6 +255,8 @@ def main() -> None:
     ap.add_argument("--save-at", nargs="+", type=float, default=[1.0, 8.0], help="minutes of training at which to write a checkpoint")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--tokens", type=int, default=96, help="on-policy tokens per training prompt")
+    ap.add_argument("--prompts", type=int, default=None, help="use this many of the training prompts (default: all)")
+    ap.add_argument("--gen-batch", type=int, default=16, help="prompts per generation batch")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt", type=int, default=3, help="EAGLE-3 chained training steps (depths)")
     ap.add_argument("--batch", type=int, default=8, help="EAGLE-3 sequences per step")
@@ -270,7 +274,7 @@ def main() -> None:
     target = load_model("smollm2", "cpu", "float32")
     target.model.requires_grad_(False)
     aux = default_aux_layers(target.num_layers)  # (2, 15, 27): both engines' default
-    data = build_data(target, args.out, args.temperature, args.tokens, aux)
+    data = build_data(target, args.out, args.temperature, args.tokens, aux, args.prompts, args.gen_batch)
     print(f"data: {int(data['loss_mask'].sum())} on-policy positions in {data['ids'].shape[0]} sequences; {torch.get_num_threads()} threads")
     if "eagle3" in args.which:
         train_eagle3(target, data, args.out, args, aux)
