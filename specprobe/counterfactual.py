@@ -99,7 +99,9 @@ class CounterfactualProbe:
     """A scoring probe (`scoring.Probe`): on the rows of every `every`-th prompt, α under
     the what-if settings and the vocabulary ceiling, as [N] arrays (NaN elsewhere).
 
-    A grid temperature that reproduces the run's own settings is not recomputed: its α is
+    The grid temperatures take turns over the sampled prompts (prompt i gets one of them),
+    so the grid costs one α computation per sampled position whatever its size; a grid
+    temperature that reproduces the run's own settings is not computed at all: its α is
     the real one (`same_as_real`, filled in by the collector). The ids the drafter can
     never propose are a property of the drafter, read from the first chunk."""
 
@@ -140,8 +142,15 @@ class CounterfactualProbe:
         ts = self.pair.target
         if self.aligned:
             put("cf_aligned_sampling", accept_prob(tl, dl, ts, ts))
-        for t, s in self.grid:
-            put(f"cf_temperature_{t:g}", accept_prob(tl, dl, s, s))
+        if self.grid:
+            turn = (np.asarray(chunk.prompt)[rows] // self.every) % len(self.grid)  # [n] whose turn
+            for g, (t, s) in enumerate(self.grid):
+                mine = np.flatnonzero(turn == g)
+                if mine.size:
+                    sel = torch.from_numpy(mine).to(tl.device)
+                    a = np.full(n, np.nan, dtype=np.float32)
+                    a[rows[mine]] = accept_prob(tl[sel], dl[sel], s, s).float().cpu().numpy()
+                    out[f"cf_temperature_{t:g}"] = a
         put("cf_vocab_ceiling", vocab_ceiling(tl, dl, ts, self._never))
         return out
 
@@ -190,28 +199,28 @@ class Chain:
         return float(1.0 + r.sum())
 
 
-def what_if_rows(real: Chain, accs: Mapping[str, Chain], pair: Any, k: int | None) -> list[dict[str, Any]]:
-    """Rows of the what-if table (each with the real α and τ on the same positions).
-    accs: "greedy", "cf_aligned_sampling", "cf_temperature_<T>", "cf_vocab_ceiling"."""
-    a_real, tau_real = real.mean, real.tau(k)
+def what_if_rows(real: Mapping[str, Chain], accs: Mapping[str, Chain], pair: Any, k: int | None) -> list[dict[str, Any]]:
+    """Rows of the what-if table, each with the real α and τ on the same positions
+    (real[key]). keys: "greedy", "cf_aligned_sampling", "cf_temperature_<T>",
+    "cf_vocab_ceiling"."""
     rows: list[dict[str, Any]] = []
 
-    def row(key: str, name: str, acc: Chain, temperature: float | None = None, with_tau: bool = True) -> None:
+    def row(key: str, name: str, src: str, temperature: float | None = None, with_tau: bool = True) -> None:
+        acc, r = accs[src], real[src]
         rows.append({
-            "key": key, "name": name, "temperature": temperature, "accept_prob": acc.mean, "accept_prob_real": a_real,
-            "tau_tokens": acc.tau(k) if with_tau else None, "tau_tokens_real": tau_real if with_tau else None,
+            "key": key, "name": name, "temperature": temperature, "positions": acc.positions, "accept_prob": acc.mean, "accept_prob_real": r.mean,
+            "tau_tokens": acc.tau(k) if with_tau else None, "tau_tokens_real": r.tau(k) if with_tau else None,
         })
 
     if "cf_aligned_sampling" in accs:
-        row("aligned_sampling", f"drafter at the target's settings ({pair.target.describe()}; now {pair.draft.describe()})", accs["cf_aligned_sampling"])
+        row("aligned_sampling", f"drafter at the target's settings ({pair.target.describe()}; now {pair.draft.describe()})", "cf_aligned_sampling")
     if "greedy" in accs:
-        row("greedy", "both greedy", accs["greedy"], 0.0)
+        row("greedy", "both greedy", "greedy", 0.0)
     for t in TEMPERATURE_GRID:
-        acc = accs.get(f"cf_temperature_{t:g}")
-        if acc is not None:
-            row("temperature", f"both at T={t:g}" + (" (target's top-k/p kept)" if pair.target.truncates else ""), acc, t)
+        if f"cf_temperature_{t:g}" in accs:
+            row("temperature", f"both at T={t:g}" + (" (target's top-k/p kept)" if pair.target.truncates else ""), f"cf_temperature_{t:g}", t)
     if "cf_vocab_ceiling" in accs:
-        row("vocab_ceiling", "vocabulary ceiling (target mass it can propose)", accs["cf_vocab_ceiling"], with_tau=False)
+        row("vocab_ceiling", "vocabulary ceiling (target mass it can propose)", "cf_vocab_ceiling", with_tau=False)
     return rows
 
 

@@ -89,8 +89,8 @@ class DrillCollector:
         self.by_draft = _Dense(3)  # token -> [Σ excess q − p, times drafter top-1, times target top-1]
         self.worst: dict[str, dict[str, np.ndarray]] = {}
         self.chains: dict[str, Chain] = {}
-        self.real = Chain(k_max)
-        self.sample_prompts = 0
+        self.real: dict[str, Chain] = {}  # the real α on each what-if's positions
+        self.sample_prompts = self.sample_positions = 0
 
     # ------------------------------------------------------------------ collecting
     def chunk(self, chunk: Chunk, scores: ChunkScores) -> None:
@@ -160,16 +160,20 @@ class DrillCollector:
             del self.tops[max(self.tops, key=lambda j: self.rows[j]["mean_a"])]
         if self.probe.sampled(np.asarray([i]))[0]:
             self.sample_prompts += 1
-            self.real.add(take(a))
-            self._chain("greedy").add(take(vals["greedy_agree"]))
+            self.sample_positions += sl.stop - sl.start
+            real = take(a)
+            self._add("greedy", take(vals["greedy_agree"]), real)
             for k, v in ex.items():
-                if k.startswith("cf_"):
-                    self._chain(k).add(np.nan_to_num(take(v), nan=0.0))
+                cf = take(v)
+                if k.startswith("cf_") and not np.isnan(cf).all():  # this prompt's turn
+                    self._add(k, np.nan_to_num(cf, nan=0.0), real)
             for k in self.probe.same_as_real:  # a what-if that is the run's own setting
-                self._chain(k).add(take(a))
+                self._add(k, real, real)
 
-    def _chain(self, key: str) -> Chain:
-        return self.chains.setdefault(key, Chain(self.k_max))
+    def _add(self, key: str, what_if: np.ndarray, real: np.ndarray) -> None:
+        """One sampled prompt into a what-if's chain and its real twin (same positions)."""
+        self.chains.setdefault(key, Chain(self.k_max)).add(what_if)
+        self.real.setdefault(key, Chain(self.k_max)).add(real)
 
     def _trim(self) -> None:
         """Keep the per-prompt rows within MAX_TOKENS: the best prompts go first."""
@@ -204,7 +208,7 @@ class DrillCollector:
             "worst_kl": worst["kl"],
             "prompts": prompts,
             "prompts_omitted": self.omitted,
-            "counterfactuals": {"every": self.probe.every, "sample_prompts": self.sample_prompts, "sample_positions": self.real.positions, "k": best_k, "rows": cf_rows},
+            "counterfactuals": {"every": self.probe.every, "sample_prompts": self.sample_prompts, "sample_positions": self.sample_positions, "k": best_k, "rows": cf_rows},
             "domains": domain_gains(by_domain, overall_alpha),
         }
         return section, what_if_metrics(cf_rows)

@@ -42,12 +42,12 @@ def what_ifs(dd: DrillDown) -> Grid | None:
         return None
     k = f"τ K={cf.k}" if cf.k else "τ"
     g = Grid(
-        [Column("what if", fallback="under", order=1), Column("α", justify="right"), Column("α real", "real", "right"), Column(k, justify="right", fallback="drop", order=2), Column(f"{k} real", "real", "right", "drop", 2)],
+        [Column("what if", fallback="under", order=1), Column("positions", "n", "right", "drop", 3), Column("α", justify="right"), Column("α real", "real", "right"), Column(k, justify="right", fallback="drop", order=2), Column(f"{k} real", "real", "right", "drop", 2)],
         title="What-ifs (from the scoring logits, beside the real value on the same positions)",
-        caption=f" on {'every prompt' if cf.every == 1 else f'every {cf.every}th prompt'}: {cf.sample_prompts} prompts, {cf.sample_positions:,} positions",
+        caption=f" on {'every prompt' if cf.every == 1 else f'every {cf.every}th prompt'}: {cf.sample_prompts} prompts, {cf.sample_positions:,} positions (the grid temperatures take turns)",
     )
     for r in cf.rows:
-        g.add(r.name, _pct(r.accept_prob), _pct(r.accept_prob_real), _f(r.tau_tokens, ".2f"), _f(r.tau_tokens_real, ".2f"))
+        g.add(r.name, f"{r.positions:,}", _pct(r.accept_prob), _pct(r.accept_prob_real), _f(r.tau_tokens, ".2f"), _f(r.tau_tokens_real, ".2f"))
     return g
 
 

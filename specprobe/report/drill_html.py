@@ -78,13 +78,13 @@ def _what_ifs(dd: DrillDown) -> str:
     cf = dd.counterfactuals
     if cf is None or not cf.rows:
         return ""
-    rows = [[esc(r.name), pct(r.accept_prob), pct(r.accept_prob_real), fixed(r.tau_tokens, ".2f"), fixed(r.tau_tokens_real, ".2f")] for r in cf.rows]
+    rows = [[esc(r.name), f"{r.positions:,}", pct(r.accept_prob), pct(r.accept_prob_real), fixed(r.tau_tokens, ".2f"), fixed(r.tau_tokens_real, ".2f")] for r in cf.rows]
     k = f"τ at K={cf.k}" if cf.k else "τ"
     sample = "every prompt" if cf.every == 1 else f"every {cf.every}th prompt"
     return (
-        f"<div><h3>What-ifs</h3>{_table(['what if', 'α', 'α real', k, k + ' real'], rows)}"
-        f'<p class="note">From the scoring logits, on {esc(sample)} ({cf.sample_prompts} prompts, {cf.sample_positions:,} positions); '
-        "each beside the real value on the same positions.</p></div>"
+        f"<div><h3>What-ifs</h3>{_table(['what if', 'positions', 'α', 'α real', k, k + ' real'], rows)}"
+        f'<p class="note">From the scoring logits, on {esc(sample)} ({cf.sample_prompts} prompts, {cf.sample_positions:,} positions; '
+        "the grid temperatures take turns over them), each beside the real value on the same positions.</p></div>"
     )
 
 

@@ -106,6 +106,7 @@ class WhatIf(Part):
     key: str  # aligned_sampling | greedy | temperature | vocab_ceiling
     name: str
     temperature: Num = None
+    positions: int = Field(default=0, description="Positions this what-if was computed on (the grid temperatures take turns over the sampled prompts).")
     accept_prob: Num
     accept_prob_real: Num
     tau_tokens: Num = None
