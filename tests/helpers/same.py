@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-SKIP = frozenset({"created"})
+# when it was made, and the cost measurement's time budget (set from the time scoring took)
+SKIP = frozenset({"created", "cap_s", "budget_s", "elapsed_s"})
 
 
 def differences(a: Any, b: Any, path: str = "", rel: float = 1e-9, abs_: float = 1e-9) -> list[str]:
