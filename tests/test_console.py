@@ -240,7 +240,7 @@ def test_summary_csv_names_the_pair_and_writes_flags_as_integers(real_results, t
 def test_demo_help_and_readme_agree_on_how_long_it_takes() -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
     help_text = " ".join(cli80("demo", "--help").output.split())
-    said = re.search(r"(about (?:a|\w+) minutes?) on a 2-core CPU", help_text)
+    said = re.search(r"((?:about an?|a few|about \d+) minutes?) on a 2-core CPU", help_text)
     assert said and said.group(1) in readme, help_text
 
 

