@@ -117,6 +117,8 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     if scored.drill is not None:  # token-level evidence and what-ifs (specprobe.drilldown)
         sections["drilldown"], drill_metrics = scored.drill.section(metrics.get("best_k"), sections["by_domain"], metrics.get("accept_prob_mean"))
         metrics.update(drill_metrics)
+    if scored.nonfinite:  # the prompts SP107 names: left out of every other metric
+        evidence = {**evidence, "nonfinite_logit_positions": scored.nonfinite}
     findings, evals = evaluate_rules(table, metrics, kind, evidence)
     return Result.model_validate({
         **header,
@@ -167,6 +169,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "speedup_best": best.speedup if best else None,
         "speedup_adaptive": adaptive.speedup if adaptive else None,
         "cost_ratio": c,
+        "nonfinite_logit_positions": scored.nonfinite_positions,
         "num_positions": acc.num_positions,
         "num_prompts": acc.num_prompts,
         "reference_off_policy": int(cfg.reference == "dataset"),
@@ -201,7 +204,10 @@ def simulate_result(estimate: Result, cfg: SimulateConfig, measured: dict[str, A
         return Result.model_validate(fields)
     block = Measured.model_validate({**measured, "interrupted": interrupted})
     metrics = {**estimate.metrics, **measured_metrics(block)}
-    evidence = estimate.alignment.evidence if estimate.alignment else None
+    evidence = dict(estimate.alignment.evidence) if estimate.alignment else {}
+    for f in estimate.findings:  # the prompts SP107 named in the estimate stay named
+        if "nonfinite_logit_positions" in f.measured:
+            evidence.setdefault("nonfinite_logit_positions", list(f.evidence))
     findings, evals = evaluate_rules(table, metrics, estimate.drafter.kind or "", evidence, families=SIMULATE_FAMILIES)
     return Result.model_validate({**fields, "measured": block, "interrupted": interrupted, "metrics": metrics, **verdict_fields(findings, evals)})
 

@@ -98,6 +98,7 @@ _METRICS: list[Metric] = [
     _m("accept_prob_rel_drop_frac", "frac", False, "compare", "max(0, −overall_accept_prob_rel_change): the relative drop in mean α."),
     _m("speedup_best_rel_change", "ratio", True, "compare", "Relative change of the estimated best speedup."),
     _m("tau_tokens_rel_change", "ratio", True, "compare", "Relative change of τ at each side's best K."),
+    _m("nonfinite_logit_positions", "count", False, "diagnose", "Positions where the target's or the drafter's logits were NaN or +inf (or all −inf); their prompts are left out of every other metric."),
     _m("domain_accept_prob_min_baseline", "frac", True, "compare", "Lowest per-domain α in the baseline (domains present on both sides)."),
     _m("domain_accept_prob_min_candidate", "frac", True, "compare", "Lowest per-domain α in the candidate (domains present on both sides)."),
     _m("domain_worst_accept_prob_baseline", "frac", True, "compare", "Baseline α of the domain whose α dropped most (relative)."),

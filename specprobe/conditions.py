@@ -144,7 +144,10 @@ class _Parser:
 
 
 def parse_condition(text: str) -> Any:
-    return _Parser(text).parse()
+    try:
+        return _Parser(text).parse()
+    except RecursionError:  # the parser recurses per "(" and "not"
+        raise ValueError("nested too deeply") from None
 
 
 def condition_metrics(node: Any) -> list[str]:

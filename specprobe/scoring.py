@@ -52,6 +52,9 @@ class ChunkScores:
     # what collectors asked for beyond the metrics (depth 1): each side's top-k ([N, k],
     # `Collector.top_k`) and the outputs of their probes ([N], `Collector.probe`)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # [N] whose logits were not numbers (NaN, +inf, or all −inf): 0 neither, 1 the target,
+    # 2 the drafter, 3 both; None when every position is fine. Those values are not metrics.
+    broken: np.ndarray | None = None
 
 
 # A collector's probe sees the raw depth-1 logits of a chunk while they exist
@@ -76,11 +79,34 @@ def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], tok
             for probe in probes:
                 assert chunk is not None
                 out.extra.update(probe(chunk, target_logits, dl))
+            out.broken = _broken(list(out.values.values()), target_logits, dl, out.broken)
         else:
             ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
             out.alpha_by_depth[d] = (pm.accept_prob * ok).cpu().numpy()
             out.confidence_by_depth[d] = pm.draft_confidence.float().cpu().numpy()
+            out.broken = _broken([out.alpha_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
         del dl, pm
+    return out
+
+
+def _broken(values: list[np.ndarray], target_logits: Any, draft_logits: Any, seen: np.ndarray | None) -> np.ndarray | None:
+    """Which side's logits are not numbers, where a metric came out NaN/inf (ChunkScores.broken).
+    The [N, V] logits are read only for the rows of a chunk that has such a metric."""
+    bad = np.zeros(len(values[0]), dtype=bool)
+    for v in values:
+        bad |= ~np.isfinite(v)
+    if not bad.any():
+        return seen
+    out = seen if seen is not None else np.zeros(len(bad), dtype=np.int8)
+    rows = np.flatnonzero(bad)
+    for side, logits in ((1, target_logits), (2, draft_logits)):
+        if logits is not None:
+            import torch
+
+            x = logits[torch.as_tensor(rows, device=logits.device)]  # [n, V]
+            hit = (x.isnan().any(-1) | x.isposinf().any(-1) | x.isneginf().all(-1)).cpu().numpy()
+            out[rows[hit]] |= side
+    out[rows[out[rows] == 0]] = 3  # the metrics overflowed though each side's logits are numbers
     return out
 
 
@@ -111,6 +137,10 @@ class SequenceCollector:
         self.keep_positions = keep_positions
         self.rows: dict[str, list[Any]] = {k: [] for k in ("prompt_id", "domain", "position", *ROW_FIELDS)}
         self._pending: list[tuple[Chunk, ChunkScores]] = []
+        # prompts left out because a side's logits were not numbers: one line each, and
+        # how many positions
+        self.nonfinite: list[str] = []
+        self.nonfinite_positions = 0
 
     def chunk(self, chunk: Chunk, scores: ChunkScores) -> None:
         self._pending.append((chunk, scores))
@@ -124,8 +154,12 @@ class SequenceCollector:
         vals = {f: np.concatenate([s.values[f] for _, s in pending]) for f in ROW_FIELDS}
         alpha = {d: np.concatenate([s.alpha_by_depth[d] for _, s in pending]) for d in pending[0][1].alpha_by_depth}
         conf = {d: np.concatenate([s.confidence_by_depth[d] for _, s in pending]) for d in pending[0][1].confidence_by_depth}
+        broken = np.concatenate([s.broken if s.broken is not None else np.zeros(len(c.prompt), dtype=np.int8) for c, s in pending])
         for sl in _runs(prompt):
             p = self.prompts[int(prompt[sl.start])]
+            if broken[sl].any():  # a prompt with NaN/inf logits is left out whole, and named
+                self._left_out(p.id, positions[sl], broken[sl])
+                continue
             seq = {f: v[sl] for f, v in vals.items()}
             self.acc.add_sequence(
                 p.domain, positions[sl], seq,
@@ -140,6 +174,14 @@ class SequenceCollector:
                 self.rows["position"].extend(positions[sl].tolist())
                 for f in ROW_FIELDS:
                     self.rows[f].extend(np.round(seq[f], 6).tolist())
+
+
+    def _left_out(self, prompt_id: str, positions: np.ndarray, broken: np.ndarray) -> None:
+        at = positions[broken > 0].tolist()
+        sides = " and ".join(name for bit, name in ((1, "target"), (2, "drafter")) if np.any(broken & bit))
+        shown = ", ".join(str(x) for x in at[:8]) + (f" … ({len(at)} in all)" if len(at) > 8 else "")
+        self.nonfinite.append(f"{prompt_id} position{'s' if len(at) > 1 else ''} {shown} ({sides} logits NaN/inf)")
+        self.nonfinite_positions += len(at)
 
 
 def _runs(labels: np.ndarray) -> list[slice]:
@@ -158,6 +200,8 @@ class Scored:
     drill: Any = None  # the token-level drill-down collector (specprobe.drilldown), when one ran
     second_press: bool = False  # Ctrl-C came during the references and again during scoring
     memory_notes: list[str] = field(default_factory=list)  # what out-of-memory made smaller
+    nonfinite: list[str] = field(default_factory=list)  # prompts left out: NaN/inf logits (SequenceCollector)
+    nonfinite_positions: int = 0
 
 
 def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
@@ -188,7 +232,8 @@ def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[i
             interrupted = True
     for note in dict.fromkeys(backoff.notes):
         progress.note(note)
-    return Scored(acc, sequences.rows, interrupted, head_depths, memory_notes=list(dict.fromkeys(backoff.notes)))
+    return Scored(acc, sequences.rows, interrupted, head_depths, memory_notes=list(dict.fromkeys(backoff.notes)),
+                  nonfinite=sequences.nonfinite, nonfinite_positions=sequences.nonfinite_positions)
 
 
 def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, sinks: Sequence[Collector]) -> tuple[int, ...]:

@@ -178,7 +178,7 @@ def draft(batch: Batch, s: Settings) -> Proposal:
     prop.first_slot = dft.length + ids.shape[1]
     live = cap > 0  # [B] rows still drafting
     for j in range(k):
-        logits = dft.forward(ids, valid, keep=1)[:, -1]  # [B, V']
+        logits = _numbers(dft.forward(ids, valid, keep=1)[:, -1])  # [B, V']
         q = probs(align_vocab(logits, s.vocab), s.draft_sampling)  # [B, V] over the target's ids
         if s.threshold is not None:
             live &= q.amax(dim=-1) >= s.threshold  # stop at the first unconfident depth
@@ -204,7 +204,7 @@ def verify(batch: Batch, s: Settings, prop: Proposal) -> tuple[torch.Tensor, tor
     blocks = [batch.t_todo[r] + prop.tokens[r, : dl[r]].tolist() for r in range(nb)]
     ids, valid = right_align(blocks, dev)
     last = min(k + 1, ids.shape[1])
-    logits = batch.target.forward(ids, valid, keep=last)  # [B, K+1, V]: the last K+1 columns
+    logits = _numbers(batch.target.forward(ids, valid, keep=last))  # [B, K+1, V]: the last K+1 columns
     # p_0 (after the last todo token) … p_n (bonus) sit in the last n+1 columns
     col = (last - 1 - drafted[:, None] + torch.arange(k + 1, device=dev)[None, :]).clamp_(max=last - 1)  # [B, K+1]
     tl = logits.gather(1, col[..., None].expand(-1, -1, logits.shape[-1]))  # [B, K+1, V]
@@ -280,6 +280,14 @@ def _batches(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[int
     # similar lengths together: less left padding
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _numbers(logits: torch.Tensor) -> torch.Tensor:
+    """NaN → 0 and ±inf → the largest finite values, as transformers' generate does with
+    remove_invalid_values: a model whose logits are not numbers still runs to the end
+    (the estimate names those positions, rule SP107) instead of failing to sample."""
+    # −inf alone is a token the model rules out (a head's unmapped ids): left as it is
+    return torch.nan_to_num(logits, nan=0.0) if bool((logits.isnan() | logits.isposinf()).any()) else logits
 
 
 def _draw(q: torch.Tensor, s: Sampling, generator: torch.Generator | None) -> torch.Tensor:
