@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from specprobe.errors import InputError
 from specprobe.options import DiagnoseConfig
 from specprobe.progress import Progress
 from specprobe.prompts import Prompt, PromptSet, builtin_suite, load_prompts, select
+from specprobe.refcache import ReferenceCache
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -86,18 +88,6 @@ def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: Diagn
     return cache_root() / "references" / f"{key}.jsonl"
 
 
-def _read_cache(cache_file: Path) -> dict[int, list[list[int]]]:
-    """Batch index -> continuations, for every batch written in full."""
-    done: dict[int, list[list[int]]] = {}
-    for line in cache_file.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-            done[int(rec["batch"])] = rec["continuations"]
-        except (ValueError, KeyError):
-            continue  # a line cut by an interrupt: that batch is regenerated
-    return done
-
-
 def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, progress: Progress) -> list[list[int]]:
     """On-policy continuations: sampled from the target with its own settings, seeded,
     batched (left padding), cached per batch on disk so an interrupted run resumes."""
@@ -106,9 +96,9 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
     tok = target.tokenizer
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-    cache_file = _cache_file(target, encoded, sampling, cfg)
-    done = _read_cache(cache_file) if cfg.use_cache and cache_file.is_file() else {}
     batches = [list(range(i, min(i + cfg.batch_size, len(encoded)))) for i in range(0, len(encoded), cfg.batch_size)]
+    # checked line by line, locked around each batch (specprobe.refcache)
+    cache = ReferenceCache(_cache_file(target, encoded, sampling, cfg), [len(b) for b in batches], target.vocab_size, cfg.max_new_tokens, progress.note) if cfg.use_cache else None
     out = References([] for _ in encoded)
     gen_cfg = GenerationConfig(
         max_new_tokens=cfg.max_new_tokens,
@@ -119,44 +109,48 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
         min_p=sampling.min_p or None,
         pad_token_id=pad,
         eos_token_id=eos,
+        remove_invalid_values=True,  # NaN/inf logits sample something; scoring then names those positions
     )
-    if cfg.use_cache:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
     with progress.task(f"generating on-policy references ({len(encoded)} prompts × ≤{cfg.max_new_tokens} tokens)", len(encoded)) as advance:
         try:
-            _generate_batches(target, encoded, batches, done, out, gen_cfg, pad, eos, cache_file, cfg, advance)
+            _generate_batches(target, encoded, batches, out, gen_cfg, pad, eos, cache, cfg, advance)
         except KeyboardInterrupt:
             out.interrupted = True  # finished batches are kept (and cached); score those
     return out
 
 
-def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[int]], done: dict[int, list[list[int]]], out: list[list[int]], gen_cfg: Any, pad: int, eos: int | None, cache_file: Path, cfg: DiagnoseConfig, advance: Any) -> None:
+def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[int]], out: list[list[int]], gen_cfg: Any, pad: int, eos: int | None, cache: ReferenceCache | None, cfg: DiagnoseConfig, advance: Any) -> None:
     """Generate batch by batch (reusing cached batches), appending each to the cache."""
-    import torch
-
     for bi, idx in enumerate(batches):
-        if bi in done and len(done[bi]) == len(idx):
-            for j, i in enumerate(idx):
-                out[i] = done[bi][j]
-            advance(len(idx))
+        if not idx:
             continue
-        width = max(len(encoded[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)  # [B, S] left-padded
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, width - len(encoded[i]) :] = torch.tensor(encoded[i])
-            mask[r, width - len(encoded[i]) :] = 1
-        # seeded per batch, so a resumed run regenerates exactly the batches it lacks
-        torch.manual_seed(cfg.seed * 100_003 + bi)
-        with torch.inference_mode():
-            gen = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=gen_cfg)
-        conts = [_trim(gen[r, width:].tolist(), pad, eos) for r in range(len(idx))]
+        # Holding the cache's lock: a run sharing it either wrote this batch already or
+        # waits for it here, so each batch is generated once.
+        with cache.locked() if cache is not None else nullcontext():
+            done = cache.read() if cache is not None else {}
+            conts = done[bi] if bi in done else _generate_batch(target, encoded, idx, bi, gen_cfg, pad, eos, cfg)
+            if cache is not None and bi not in done:
+                cache.append(bi, conts)
         for r, i in enumerate(idx):
             out[i] = conts[r]
-        if cfg.use_cache:
-            with cache_file.open("a") as fh:
-                fh.write(json.dumps({"batch": bi, "continuations": conts}) + "\n")
         advance(len(idx))
+
+
+def _generate_batch(target: Any, encoded: list[list[int]], idx: list[int], bi: int, gen_cfg: Any, pad: int, eos: int | None, cfg: DiagnoseConfig) -> list[list[int]]:
+    """One batch sampled from the target (left-padded), seeded by its index."""
+    import torch
+
+    width = max(len(encoded[i]) for i in idx)
+    ids = torch.full((len(idx), width), pad, dtype=torch.long)  # [B, S] left-padded
+    mask = torch.zeros((len(idx), width), dtype=torch.long)
+    for r, i in enumerate(idx):
+        ids[r, width - len(encoded[i]) :] = torch.tensor(encoded[i])
+        mask[r, width - len(encoded[i]) :] = 1
+    # seeded per batch, so a resumed run regenerates exactly the batches it lacks
+    torch.manual_seed(cfg.seed * 100_003 + bi)
+    with torch.inference_mode():
+        gen = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=gen_cfg)
+    return [_trim(gen[r, width:].tolist(), pad, eos) for r in range(len(idx))]
 
 
 def _trim(c: list[int], pad: int, eos: int | None) -> list[int]:

@@ -1,0 +1,174 @@
+"""The on-disk cache of on-policy references: one JSONL file per key (weights, sampling,
+budget, seed, batching, prompts — `references._cache_file`), one line per finished batch,
+so an interrupted run resumes where it stopped.
+
+Runs that share a key at the same time (two jobs, shards of one run) take an exclusive
+lock on the file around each batch and read what the others wrote first, so every batch
+is generated once and every run reads the same tokens. Each line is checked before it is
+used: a line cut by an interrupt or a full disk, bytes that are not JSON, an entry of
+another key, a batch of the wrong size, ids outside the vocabulary or past the token
+budget. A file with such lines is rewritten with its good ones, and the batches it lost
+are generated again. A cache that cannot be used (a read-only or full disk, a file where
+its folder should be) costs the resume, never the run: it is reported once and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+try:  # POSIX; elsewhere runs that share a cache are not serialised
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+class ReferenceCache:
+    """The cache file of one key. `sizes[b]`: prompts in batch b; `vocab`: ids must be
+    below it; `budget`: at most this many tokens per continuation."""
+
+    def __init__(self, path: Path, sizes: Sequence[int], vocab: int, budget: int, warn: Callable[[str], None]) -> None:
+        self.path = path
+        self.key = path.stem
+        self.sizes = list(sizes)
+        self.vocab = vocab
+        self.budget = budget
+        self.warn = warn
+        self.usable = True
+        self._seen: tuple[int, int] | None = None  # (size, mtime_ns) when last read
+        self._done: dict[int, list[list[int]]] = {}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            self._give_up(e)
+
+    # ------------------------------------------------------------------ the lock
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive use of the file (blocks while another run holds it)."""
+        if not self.usable or fcntl is None:
+            yield
+            return
+        try:
+            fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            self._give_up(e)
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    # ------------------------------------------------------------------ reading
+    def read(self) -> dict[int, list[list[int]]]:
+        """Batch -> continuations for every good line (re-read only when the file changed);
+        a file with bad lines is rewritten without them. Call it holding the lock."""
+        if not self.usable:
+            return self._done
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return self._done
+        except OSError as e:
+            self._give_up(e)
+            return self._done
+        if self._seen == (st.st_size, st.st_mtime_ns):
+            return self._done
+        try:
+            raw = self.path.read_bytes()
+        except OSError as e:
+            self._give_up(e)
+            return self._done
+        done: dict[int, list[list[int]]] = {}
+        good: list[bytes] = []
+        bad = 0
+        for line in raw.split(b"\n"):
+            if not line.strip():
+                continue
+            entry = self._entry(line)
+            if entry is None:
+                bad += 1
+                continue
+            done[entry[0]] = entry[1]
+            good.append(line)
+        self._done = done
+        if bad or (raw and not raw.endswith(b"\n")):
+            self.warn(f"reference cache {self.path}: {bad} damaged or foreign line(s) dropped; their batches are generated again")
+            self._rewrite(b"".join(g + b"\n" for g in good))
+        else:
+            self._seen = (st.st_size, st.st_mtime_ns)
+        return done
+
+    def _entry(self, line: bytes) -> tuple[int, list[list[int]]] | None:
+        """(batch, continuations) of a good line, None for anything else."""
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, cut short
+            return None
+        if not isinstance(rec, dict) or rec.get("key") != self.key:
+            return None
+        b, conts = rec.get("batch"), rec.get("continuations")
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < len(self.sizes):
+            return None
+        if not isinstance(conts, list) or len(conts) != self.sizes[b]:
+            return None
+        for c in conts:
+            if not isinstance(c, list) or len(c) > self.budget:
+                return None
+            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in c):
+                return None
+        return b, conts
+
+    # ------------------------------------------------------------------ writing
+    def append(self, batch: int, conts: list[list[int]]) -> None:
+        """Add one finished batch: one unbuffered write of one whole line. Call it holding
+        the lock."""
+        if not self.usable:
+            return
+        line = (json.dumps({"key": self.key, "batch": batch, "continuations": conts}) + "\n").encode()
+        try:
+            with self.path.open("ab", buffering=0) as fh:
+                fh.write(line)
+        except OSError as e:
+            self._give_up(e)
+            self._truncate_to_last_line()
+            return
+        self._done[batch] = conts
+        try:
+            st = self.path.stat()
+            self._seen = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            self._seen = None
+
+    def _rewrite(self, data: bytes) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, self.path)
+            st = self.path.stat()
+            self._seen = (st.st_size, st.st_mtime_ns)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            self._give_up(e)
+
+    def _truncate_to_last_line(self) -> None:
+        """After a failed write (a full disk): drop the half line it may have left, so the
+        next append does not glue onto it."""
+        try:
+            data = self.path.read_bytes()
+            cut = data.rfind(b"\n") + 1
+            if cut < len(data):
+                os.truncate(self.path, cut)
+        except OSError:
+            pass
+
+    def _give_up(self, e: OSError) -> None:
+        if self.usable:
+            self.warn(f"reference cache {self.path.parent} cannot be used ({e.strerror or e}); continuing without it")
+        self.usable = False
+
