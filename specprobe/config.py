@@ -98,6 +98,19 @@ class ProbeConfig(BaseModel):
             return v
         raise ValueError("use auto, cpu, cuda or cuda:N")
 
+    @field_validator("shard")
+    @classmethod
+    def _shard(cls, v: str | None) -> str | None:
+        if v is not None:
+            from specprobe.errors import ConfigError
+            from specprobe.shards import parse_shard
+
+            try:
+                parse_shard(v)
+            except ConfigError as e:
+                raise ValueError(f"{e.message} ({e.hint})") from None
+        return v
+
     @field_validator("k")
     @classmethod
     def _k_list(cls, v: list[int] | None) -> list[int] | None:
@@ -178,7 +191,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
         try:
             data = load_yaml(text) if suffix != ".json" else load_json(text)
         except UnsafeDocument as e:
-            raise ConfigError(f"config file {path} refused: {e}", "write each key once, without aliases that fan out") from None
+            raise ConfigError(f"config file {path} refused: {e}", e.hint) from None
         except (yaml.YAMLError, json.JSONDecodeError) as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError(f"config file {path} is not valid {'JSON' if suffix == '.json' else 'YAML'}: {first}", "fix the syntax") from None

@@ -299,7 +299,7 @@ def load_rules_file(path: Path) -> tuple[list[Rule], list[str]]:
     except OSError as e:
         raise ConfigError(f"cannot read rules file {path}: {e.strerror or e}", "check the path and its permissions") from None
     except UnsafeDocument as e:
-        raise ConfigError(f"rules file {path} refused: {e}", "write each rule out; aliases may not fan out") from None
+        raise ConfigError(f"rules file {path} refused: {e}", e.hint) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"rules file {path} is not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):

@@ -21,7 +21,16 @@ MAX_EXPANDED_NODES = 100_000
 
 class UnsafeDocument(ValueError):
     """A document refused before it is used: an alias bomb, a recursive alias, nesting
-    too deep for the parser, or a duplicate key."""
+    too deep for the parser, or a duplicate key. `hint` says what to write instead."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+_FLAT = "a config holds values and short lists, not deep nesting"
+_ONCE = "write each key once"
+_OUT = "write the values out: an alias may be reused, not fanned out into millions"
 
 
 def load_yaml(text: str) -> Any:
@@ -35,7 +44,7 @@ def load_yaml(text: str) -> Any:
         _check_expansion(node)
         return loader.construct_document(node)
     except RecursionError:
-        raise UnsafeDocument("nested too deeply to read") from None
+        raise UnsafeDocument("nested too deeply to read", _FLAT) from None
     finally:
         loader.dispose()
 
@@ -47,14 +56,14 @@ def load_json(text: str) -> Any:
         out: dict[str, Any] = {}
         for key, value in items:
             if key in out:
-                raise UnsafeDocument(f"duplicate key {key!r}")
+                raise UnsafeDocument(f"duplicate key {key!r}", _ONCE)
             out[key] = value
         return out
 
     try:
         return json.loads(text, object_pairs_hook=pairs)
     except RecursionError:
-        raise UnsafeDocument("nested too deeply to read") from None
+        raise UnsafeDocument("nested too deeply to read", _FLAT) from None
 
 
 _LOADER: Any = None
@@ -76,7 +85,7 @@ def _loader_class() -> Any:
                     except TypeError:  # an unhashable key: the base class says so
                         break
                     if duplicate:
-                        raise UnsafeDocument(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+                        raise UnsafeDocument(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})", _ONCE)
                     seen.add(key)
                 return super().construct_mapping(node, deep=deep)
 
@@ -111,9 +120,9 @@ def _check_expansion(root: Any) -> None:
         if key in sizes:
             continue
         if key in open_nodes:
-            raise UnsafeDocument("an alias refers to a value that contains it (a recursive document)")
+            raise UnsafeDocument("an alias refers to a value that contains it (a recursive document)", _OUT)
         open_nodes.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
     if sizes[id(root)] > MAX_EXPANDED_NODES:
-        raise UnsafeDocument(f"its aliases expand to more than {MAX_EXPANDED_NODES:,} values (a 'billion laughs' document)")
+        raise UnsafeDocument(f"its aliases expand to more than {MAX_EXPANDED_NODES:,} values (a 'billion laughs' document)", _OUT)
