@@ -98,19 +98,6 @@ class ProbeConfig(BaseModel):
             return v
         raise ValueError("use auto, cpu, cuda or cuda:N")
 
-    @field_validator("shard")
-    @classmethod
-    def _shard(cls, v: str | None) -> str | None:
-        if v is not None:
-            from specprobe.errors import ConfigError
-            from specprobe.shards import parse_shard
-
-            try:
-                parse_shard(v)
-            except ConfigError as e:
-                raise ValueError(f"{e.message} ({e.hint})") from None
-        return v
-
     @field_validator("k")
     @classmethod
     def _k_list(cls, v: list[int] | None) -> list[int] | None:
