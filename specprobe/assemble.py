@@ -133,20 +133,22 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
 
 def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict[str, Any]:
     """Accumulators + cost -> the estimate's metrics and sections: tables by domain,
-    entropy and position, histograms, depth curves, K table, adaptive K, cost."""
+    entropy and position, histograms, depth curves, K table (renewal τ the headline, the
+    window τ beside it), speedup per batch size, adaptive K, cost."""
     from specprobe import estimate
+    from specprobe.costs import price
     from specprobe.metrics.accumulate import THRESHOLDS
 
     acc = scored.acc
     s = acc.summary()
-    c = cfg.cost_ratio if cfg.cost_ratio is not None else cost["cost_ratio"]
-    if c is None or (isinstance(c, float) and math.isnan(c)):
-        c = 0.0
     cum = acc.cumulative_depth().tolist()
     cond = estimate.conditional(cum)
-    ktab = estimate.k_table(cum, float(s["accept_prob_mean"]), c, cfg.verify_factor) if acc.num_positions else []
-    best = estimate.best_k(ktab) if ktab else None
-    adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor) if acc.num_positions else None
+    priced = price(
+        cost, cumulative=cum if acc.num_positions else [], alpha_mean=float(s["accept_prob_mean"]), renewal=acc.renewal_tau().tolist(),
+        k_max=cfg.k_max, batch_size=cfg.batch_size, cost_ratio=cfg.cost_ratio, verify_factor=cfg.verify_factor, origins=cfg.cost_origins,
+    )
+    ktab, c = priced.k_table, priced.cost_ratio
+    adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor, priced.verify) if acc.num_positions else None
     dom = acc.by_domain()
     pos = acc.by_position()
     dom_alpha = [d["accept_prob_mean"] for d in dom if d["positions"]]
@@ -163,15 +165,11 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "accept_prob_high_entropy": acc.high_entropy_accept,
         "accept_prob_long_context_ratio": acc.long_context_ratio(),
         "cond_accept_depth_decay": (cond[-1] / cond[0]) if cond and cond[0] and not math.isnan(cond[-1]) else None,
-        "tau_tokens": best.tau_tokens if best else None,
-        "accept_rate_best_k": best.accept_rate if best else None,
-        "best_k": best.k if best else None,
-        "speedup_best": best.speedup if best else None,
+        **priced.metrics,
         "speedup_adaptive": adaptive.speedup if adaptive else None,
-        "cost_ratio": c,
-        "nonfinite_logit_positions": scored.nonfinite_positions,
         "num_positions": acc.num_positions,
         "num_prompts": acc.num_prompts,
+        "nonfinite_logit_positions": scored.nonfinite_positions,
         "reference_off_policy": int(cfg.reference == "dataset"),
     }
     return {
@@ -184,7 +182,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "depth": {"depth": list(range(1, cfg.k_max + 1)), "cumulative": cum, "conditional": cond, "source": "estimate", "head_depths": list(scored.head_depths)},
         "k_table": [asdict(r) for r in ktab],
         "adaptive": asdict(adaptive) if adaptive else None,
-        "cost": {**cost, "cost_ratio": c, "verify_factor": cfg.verify_factor, "measured": cost.get("measured", False) and cfg.cost_ratio is None},
+        "cost": priced.section,
     }
 
 
@@ -219,14 +217,20 @@ def measured_metrics(m: Measured) -> dict[str, Any]:
         return {}
     cal = max(m.k_table, key=lambda r: r.k)
     best = max(m.k_table, key=lambda r: (r.speedup if r.speedup is not None else -1.0, -r.k))
-    tau_m, tau_e = cal.tau_tokens, cal.tau_estimate
+    tau_m, tau_e = cal.tau_tokens, cal.tau_estimate  # tau_estimate: the renewal estimate
     gap = (tau_e - tau_m) / tau_m if tau_m and tau_e is not None else None
+    s_gap = cal.speedup_gap
     return {
         "calibration_k": cal.k,
         "tau_measured_tokens": tau_m,
         "tau_estimated_tokens": tau_e,
+        "tau_window_estimated_tokens": cal.tau_window,
         "tau_gap_rel": gap,
         "tau_gap_rel_abs": abs(gap) if gap is not None else None,
+        "speedup_estimated_cal_k": cal.speedup_estimate,
+        "speedup_measured_cal_k": cal.speedup,
+        "speedup_gap_rel": s_gap,
+        "speedup_gap_rel_abs": abs(s_gap) if s_gap is not None else None,
         "accept_rate_measured": cal.accept_rate,
         "num_drafts_measured": cal.num_drafts,
         "speedup_measured": best.speedup,

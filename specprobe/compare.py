@@ -1,7 +1,9 @@
 """The regression gate: compare a candidate drafter's result against a baseline's.
 
 `compare_results` turns two saved results into deltas (overall, per domain, per draft
-depth) and a flat dict of compare metrics (catalogue source "compare"); the SP5xx rules
+depth, per K) and a flat dict of compare metrics (catalogue source "compare"); τ and
+speedup are compared at one fixed K — the baseline's best K, or the K the caller serves —
+never at each side's own best K, which a noisy cost timing can move; the SP5xx rules
 in the rules table judge those metrics, so what counts as a regression is data, not
 code. Pure functions over the typed results: no torch, nothing printed.
 """
@@ -153,9 +155,11 @@ def compare_results(
     allow_target_change: bool = False,
     allow_prompt_change: bool = False,
     files: tuple[str, str] | None = None,
+    ks: Sequence[int] | None = None,
 ) -> Comparison:
     """Deltas and compare metrics (no rules applied; see `judge`). `files` names the
-    two result files in the comparison's config."""
+    two result files in the comparison's config; `ks`: the draft lengths to compare τ and
+    speedup at (default: the baseline's best K)."""
     notes = check_comparable(baseline, candidate, allow_target_change=allow_target_change, allow_prompt_change=allow_prompt_change)
     bm, cm = baseline.metrics, candidate.metrics
 
@@ -216,13 +220,14 @@ def compare_results(
         bk, ck = b_k.get(k), c_k.get(k)
         k_table.append(KDelta(
             k=k,
-            tau_baseline=bk.tau_tokens if bk else None,
-            tau_candidate=ck.tau_tokens if ck else None,
+            tau_baseline=_tau(bk),
+            tau_candidate=_tau(ck),
             speedup_baseline=bk.speedup if bk else None,
             speedup_candidate=ck.speedup if ck else None,
         ))
 
-    metrics = compare_metrics(bm, cm, by_domain, by_depth, kl_band_edges(table))
+    compare_ks = list(ks) if ks else ([baseline.best_k] if baseline.best_k is not None else [])
+    metrics = {**compare_metrics(bm, cm, by_domain, by_depth, kl_band_edges(table)), **fixed_k_metrics(k_table, compare_ks)}
     return Comparison(
         specprobe_version=__version__,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -231,6 +236,7 @@ def compare_results(
             candidate=files[1] if files else None,
             allow_target_change=allow_target_change,
             allow_prompt_change=allow_prompt_change,
+            k=compare_ks or None,
         ),
         baseline=identity(baseline),
         candidate=identity(candidate),
@@ -242,6 +248,34 @@ def compare_results(
         depth_source=src,
         k_table=k_table,
     )
+
+
+def _tau(row: Any) -> float | None:
+    """A K row's headline τ: the renewal estimate when the result has it, else the window."""
+    if row is None:
+        return None
+    renewal = getattr(row, "tau_renewal_tokens", None)
+    return renewal if renewal is not None else row.tau_tokens
+
+
+def fixed_k_metrics(k_table: Sequence[KDelta], ks: Sequence[int]) -> dict[str, Any]:
+    """τ and speedup compared at fixed draft lengths: at the K (of `ks`) where τ fell most.
+    Neither side's cost timing can move the K compared, so it cannot flip the τ gate."""
+    rows = {r.k: r for r in k_table}
+    cands = []
+    for k in ks:
+        r = rows.get(k)
+        if r is not None and (rel := _rel(r.tau_baseline, r.tau_candidate)) is not None:
+            cands.append((rel, k, r))
+    if not cands:
+        return {"compare_k": ks[0] if ks else None, "tau_tokens_rel_change": None, "tau_rel_drop_frac": None, "speedup_rel_change": None}
+    rel, k, r = min(cands, key=lambda x: (x[0], x[1]))
+    return {
+        "compare_k": k,
+        "tau_tokens_rel_change": rel,
+        "tau_rel_drop_frac": max(0.0, -rel),
+        "speedup_rel_change": _rel(r.speedup_baseline, r.speedup_candidate),
+    }
 
 
 def compare_metrics(
@@ -260,7 +294,6 @@ def compare_metrics(
         "overall_accept_prob_rel_change": rel,
         "accept_prob_rel_drop_frac": None if rel is None else max(0.0, -rel),
         "speedup_best_rel_change": _rel(num(bm.get("speedup_best")), num(cm.get("speedup_best"))),
-        "tau_tokens_rel_change": _rel(num(bm.get("tau_tokens")), num(cm.get("tau_tokens"))),
     }
 
     paired = [d for d in by_domain if d.baseline is not None and d.candidate is not None]

@@ -64,6 +64,7 @@ class ProbeConfig(BaseModel):
     reference: Reference | None = None
     seed: int | None = None
     batch_size: int | None = Field(default=None, gt=0)
+    batch_sizes: list[int] | None = None  # also estimate the speedup at these batch sizes
     prompts: str | None = None  # "builtin" or a JSONL path
     domains: list[str] | None = None
     max_prompts: int | None = Field(default=None, gt=0)
@@ -82,6 +83,9 @@ class ProbeConfig(BaseModel):
     rules: list[Path] | None = None
     fail_on: FailOn | None = None
     brief: bool | None = None
+    shard: str | None = None  # "I/N": one shard of a sharded diagnose run
+    device_map: str | None = None  # accelerate's device_map for a target larger than one GPU
+    max_memory: str | None = None  # "0=70GiB,1=70GiB"
     outputs: OutputsConfig | None = None
     baseline: Path | None = None  # the BASELINE result `compare --config` compares against
     serving_configs: list[Path] | None = None  # vLLM/SGLang configs `check` reads sampling from
@@ -98,6 +102,19 @@ class ProbeConfig(BaseModel):
             return v
         raise ValueError("use auto, cpu, cuda or cuda:N")
 
+    @field_validator("shard")
+    @classmethod
+    def _shard(cls, v: str | None) -> str | None:
+        if v is not None:
+            from specprobe.errors import ConfigError
+            from specprobe.shards import parse_shard
+
+            try:
+                parse_shard(v)
+            except ConfigError as e:
+                raise ValueError(f"{e.message} ({e.hint})") from None
+        return v
+
     @field_validator("k")
     @classmethod
     def _k_list(cls, v: list[int] | None) -> list[int] | None:
@@ -105,6 +122,15 @@ class ProbeConfig(BaseModel):
             return v
         if not v or any(x < 1 or x > K_LIMIT for x in v):
             raise ValueError(f"K values must be between 1 and {K_LIMIT}")
+        return sorted(set(v))
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _batch_sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return v
+        if not v or any(x < 1 for x in v):
+            raise ValueError("batch sizes must be positive integers")
         return sorted(set(v))
 
     @field_validator("domains")
@@ -235,9 +261,10 @@ def probe_config_from_mapping(data: Mapping[str, Any], source: Path | str = "<co
     # prompts is "builtin" or a path
     if isinstance(raw.get("prompts"), str) and raw["prompts"] != "builtin":
         raw["prompts"] = str(_resolve(base, raw["prompts"], f"{src}: prompts"))
-    # a single K written as a number
-    if isinstance(raw.get("k"), int):
-        raw["k"] = [raw["k"]]
+    # a single K (or batch size) written as a number
+    for key in ("k", "batch_sizes"):
+        if isinstance(raw.get(key), int):
+            raw[key] = [raw[key]]
     try:
         return ProbeConfig.model_validate({**raw, "source": src})
     except ValidationError as e:

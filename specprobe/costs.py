@@ -1,58 +1,455 @@
-"""What a run cost and where it ran: the drafter ÷ target time per decode step, timed on
-the device, and the environment (device, dtype, package versions) recorded in a result."""
+"""What a round costs and where it ran: the target's decode step, its verify pass over
+K + 1 tokens and the drafter's step, timed on the run's device, dtype and batch sizes over a
+KV cache as long as the prompts' typical context; the cost tables built from those
+timings; and the environment (device, dtype, package versions) recorded in a result.
+
+Timing on a shared machine: one untimed warm-up round, then repeats that call every
+timed function once in the same order (A B C … A B C …), so drift hits all of them alike;
+the ratios the cost model needs are taken within each repeat, and their median and
+quartiles over the repeats are reported. The measurement must not cost more than the
+scoring it serves: repeating stops at `max_repeats`, or once `min_repeats` are done and
+the time spent reaches the budget (a quarter of the scoring time), and never starts a
+repeat that would end past the cap (the scoring time itself) — one repeat always runs.
+The timing loop takes its clock as an argument so tests drive it with a fake one."""
 
 from __future__ import annotations
 
+import math
 import platform
-import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from specprobe.estimate import (
+    KRow,
+    RoundCost,
+    best_k,
+    headline_tau,
+    k_table,
+    quantiles,
+    round_costs,
+)
 
-def cost_block(target: Any, drafter: Any, given: float | None) -> dict[str, Any]:
-    """The cost ratio the user gave, or one measured on the device when none was."""
-    if given is not None:
-        return {"cost_ratio": given, "target_step_ms": None, "draft_step_ms": None, "measured": False}
-    return measure_cost_ratio(target, drafter)
+Clock = Callable[[], float]
+
+# The cost measurement aims at BUDGET_FRACTION of the scoring time it serves and never
+# starts a repeat that would take it past CAP_FRACTION of it (one repeat always runs).
+BUDGET_FRACTION = 0.25
+CAP_FRACTION = 1.0
+MIN_REPEATS = 3
+MAX_REPEATS = 15
+MIN_BUDGET_S = 2.0  # a tiny run still gets a few repeats
 
 
-def measure_cost_ratio(target: Any, drafter: Any, steps: int = 12, repeats: int = 3, prompt_len: int = 32) -> dict[str, Any]:
-    """Drafter ÷ target time per decode step at batch 1 with a KV cache, on the device."""
+# ----------------------------------------------------------------------------- timing (pure)
+@dataclass(frozen=True)
+class Samples:
+    """Seconds per call of each timed function, repeat by repeat (times[name][i]: repeat i)."""
+
+    times: dict[str, list[float]]
+    elapsed_s: float  # warm-up included
+    stopped_by_budget: bool  # fewer than max_repeats because the budget or the cap ran out
+
+    @property
+    def repeats(self) -> int:
+        return min((len(v) for v in self.times.values()), default=0)
+
+
+def interleaved(
+    calls: Mapping[str, Callable[[], object]],
+    *,
+    clock: Clock = time.perf_counter,
+    warmup: int = 1,
+    min_repeats: int = MIN_REPEATS,
+    max_repeats: int = MAX_REPEATS,
+    budget_s: float = math.inf,
+    cap_s: float = math.inf,
+) -> Samples:
+    """Time every call once per repeat, in the same order each time, after `warmup`
+    untimed rounds. Stop at max_repeats; or when min_repeats are done and the time spent
+    (warm-up included) has reached budget_s; or before a repeat that, as long as the last
+    one, would end past cap_s. The first repeat always runs."""
+    start = clock()
+    for _ in range(warmup):
+        for f in calls.values():
+            f()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    done, stopped, last = 0, False, 0.0
+    while done < max_repeats:
+        spent = clock() - start
+        if done and ((done >= min_repeats and spent >= budget_s) or spent + last > cap_s):
+            stopped = True
+            break
+        r0 = clock()
+        for name, f in calls.items():
+            t0 = clock()
+            f()
+            times[name].append(clock() - t0)
+        last = clock() - r0
+        done += 1
+    return Samples(times, clock() - start, stopped)
+
+
+def ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    """Per-repeat num[i] ÷ den[i] (repeats where den is 0 are dropped)."""
+    return [a / b for a, b in zip(num, den, strict=False) if b > 0]
+
+
+def stats_ms(xs: Sequence[float]) -> dict[str, Any] | None:
+    """Seconds per call -> median, quartiles, min and max in milliseconds."""
+    if not xs:
+        return None
+    q1, med, q3 = quantiles(xs)
+    return {"median_ms": 1e3 * med, "q1_ms": 1e3 * q1, "q3_ms": 1e3 * q3, "min_ms": 1e3 * min(xs), "max_ms": 1e3 * max(xs), "repeats": len(xs)}
+
+
+def batch_timings(samples: Samples, k_max: int, batch_size: int) -> dict[str, Any]:
+    """One batch size's samples ('target', 'draft', 'verify{K}') -> its raw cost entry:
+    timing statistics and the per-repeat ratios the cost model reads."""
+    t = samples.times
+    t1 = t.get("target", [])
+    return {
+        "batch_size": batch_size,
+        "repeats": samples.repeats,
+        "target_step": stats_ms(t1),
+        "draft_step": stats_ms(t.get("draft", [])),
+        "verify": [stats_ms(t.get(f"verify{k}", [])) for k in range(1, k_max + 1)],
+        "draft_ratios": ratios(t.get("draft", []), t1),
+        "verify_ratios": [ratios(t.get(f"verify{k}", []), t1) for k in range(1, k_max + 1)],
+    }
+
+
+def budget_for(scoring_s: float | None) -> tuple[float, float]:
+    """(budget, cap): the time the cost measurement aims at and the most it may take,
+    fractions of the scoring it serves."""
+    if scoring_s is None or math.isnan(scoring_s):
+        return math.inf, math.inf
+    return max(MIN_BUDGET_S, BUDGET_FRACTION * scoring_s), max(MIN_BUDGET_S, CAP_FRACTION * scoring_s)
+
+
+# ----------------------------------------------------------------------------- cost tables (pure)
+@dataclass(frozen=True)
+class BatchCosts:
+    """One batch size: the drafter/target cost ratio (median, quartiles) and a round's cost
+    for every K, with what was given rather than measured already applied."""
+
+    batch_size: int
+    cost_ratio: float
+    cost_ratio_q1: float
+    cost_ratio_q3: float
+    rounds: list[RoundCost]
+    raw: dict[str, Any]
+
+
+def cost_tables(raw: Mapping[str, Any], k_max: int, cost_ratio: float | None, verify_factor: float | None) -> list[BatchCosts]:
+    """The raw timings (`cost_block`) + the overrides -> round costs per batch size. A
+    drafter that could not be timed counts as free (c = 0) and a verify pass that could
+    not be timed as one step (v = 1); `sources` says so."""
+    out = []
+    for b in raw.get("batches", []):
+        dr = list(b.get("draft_ratios") or [])
+        vr = [list(v) for v in (b.get("verify_ratios") or [])]
+        c = cost_ratio if cost_ratio is not None else (None if dr else 0.0)
+        v = verify_factor if verify_factor is not None else (None if vr and all(vr) else 1.0)
+        rounds = round_costs(k_max, draft_ratios=dr, verify_ratios=vr, cost_ratio=c, verify_factor=v)
+        cq1, cmed, cq3 = (c, c, c) if c is not None else quantiles(dr)
+        out.append(BatchCosts(int(b["batch_size"]), cmed, cq1, cq3, rounds, dict(b)))
+    return out
+
+
+def sources(raw: Mapping[str, Any], cost_ratio_from: str | None, verify_factor_from: str | None) -> dict[str, str]:
+    """Where c and v came from: the flag or config key that gave them, measured, or assumed."""
+    batches = raw.get("batches", [])
+    timed_draft = any(b.get("draft_ratios") for b in batches)
+    timed_verify = any(b.get("verify_ratios") and all(b["verify_ratios"]) for b in batches)
+    return {
+        "cost_ratio": cost_ratio_from or ("measured" if timed_draft else "not measured (0 assumed)"),
+        "verify_factor": verify_factor_from or ("measured per K" if timed_verify else "not measured (1 assumed)"),
+    }
+
+
+@dataclass(frozen=True)
+class Priced:
+    """The estimate priced by the cost model: the K table at the run's batch size, the
+    cost section of the result and its catalogue metrics."""
+
+    k_table: list[KRow]
+    best: KRow | None
+    cost_ratio: float
+    verify: list[float]  # v_K at the run's batch size, K = 1..k_max
+    section: dict[str, Any]
+    metrics: dict[str, Any]
+
+
+def price(
+    raw: Mapping[str, Any],
+    *,
+    cumulative: Sequence[float],
+    alpha_mean: float,
+    renewal: Sequence[float] | None,
+    k_max: int,
+    batch_size: int,
+    cost_ratio: float | None = None,
+    verify_factor: float | None = None,
+    origins: Mapping[str, str] | None = None,
+) -> Priced:
+    """Raw timings (`cost_block`) + τ(K) -> speedup per (batch size, K), the headline K
+    table at `batch_size` (the run's), and the metrics the SP3xx rules read."""
+    origins = origins or {}
+    tables = cost_tables(raw, k_max, cost_ratio, verify_factor)
+    head = next((t for t in tables if t.batch_size == batch_size), tables[0] if tables else None)
+    c = head.cost_ratio if head is not None else (cost_ratio if cost_ratio is not None else 0.0)
+    if c is None or math.isnan(c):
+        c = 0.0
+    vf = verify_factor if verify_factor is not None else 1.0
+
+    def table(rounds: Sequence[RoundCost] | None, ratio: float) -> list[KRow]:
+        return k_table(cumulative, alpha_mean, ratio, vf, renewal, rounds=rounds) if cumulative else []
+
+    ktab = table(head.rounds if head else None, c)
+    best = best_k(ktab) if ktab else None
+    batches = []
+    for t in tables:
+        rows = ktab if t is head else table(t.rounds, t.cost_ratio)
+        b_best = best_k(rows) if rows else None
+        raw_b = t.raw
+        batches.append({
+            "batch_size": t.batch_size,
+            "repeats": raw_b.get("repeats", 0),
+            "target_step": raw_b.get("target_step"),
+            "draft_step": raw_b.get("draft_step"),
+            "cost_ratio": t.cost_ratio,
+            "cost_ratio_q1": t.cost_ratio_q1,
+            "cost_ratio_q3": t.cost_ratio_q3,
+            "best_k": b_best.k if b_best else None,
+            "speedup_best": b_best.speedup if b_best else None,
+            "rows": [
+                {
+                    "k": r.k, "tau_tokens": headline_tau(r), "verify_factor": rc.verify_factor, "round_cost": rc.cost,
+                    "round_cost_q1": rc.low, "round_cost_q3": rc.high, "speedup": r.speedup, "speedup_low": r.speedup_low,
+                    "speedup_high": r.speedup_high, "verify": (raw_b.get("verify") or [None] * k_max)[r.k - 1],
+                }
+                for r, rc in zip(rows, t.rounds, strict=False)
+            ],
+            "draft_ratios": raw_b.get("draft_ratios", []),
+            "verify_ratios": raw_b.get("verify_ratios", []),
+        })
+    spread = None
+    if best is not None and head is not None and head.raw.get("repeats", 0) >= 2:
+        rc = head.rounds[best.k - 1]
+        spread = (rc.high - rc.low) / rc.cost if rc.cost and not math.isnan(rc.cost) else None
+    no_pay = next((b for b in batches if b["speedup_best"] is not None and b["speedup_best"] < 1.0), None)
+    hraw = head.raw if head else {}
+    section = {
+        "cost_ratio": c,
+        "target_step_ms": (hraw.get("target_step") or {}).get("median_ms"),
+        "draft_step_ms": (hraw.get("draft_step") or {}).get("median_ms"),
+        "measured": bool(raw.get("measured")),
+        "verify_factor": verify_factor,
+        "sources": sources(raw, origins.get("cost_ratio", "given") if cost_ratio is not None else None, origins.get("verify_factor", "given") if verify_factor is not None else None),
+        "batch_size": head.batch_size if head else batch_size,
+        "context_tokens": raw.get("context_tokens"),
+        "budget_s": raw.get("budget_s"),
+        "cap_s": raw.get("cap_s"),
+        "elapsed_s": raw.get("elapsed_s"),
+        "stopped_by_budget": bool(raw.get("stopped_by_budget")),
+        "spread_rel": spread,
+        "batches": batches,
+        "notes": list(raw.get("notes", [])),
+    }
+    metrics = {
+        "tau_tokens": headline_tau(best) if best else None,
+        "tau_window_tokens": best.tau_tokens if best else None,
+        "accept_rate_best_k": (best.accept_rate if math.isnan(best.accept_rate_renewal) else best.accept_rate_renewal) if best else None,
+        "best_k": best.k if best else None,
+        "speedup_best": best.speedup if best else None,
+        "speedup_best_low": best.speedup_low if best and spread is not None else None,
+        "speedup_best_high": best.speedup_high if best and spread is not None else None,
+        "verify_factor_best_k": best.verify_factor if best else None,
+        "cost_ratio": c,
+        "cost_spread_rel": spread,
+        "cost_batch_size": head.batch_size if head else batch_size,
+        "batch_size_no_speedup": no_pay["batch_size"] if no_pay else (0 if best else None),
+        "speedup_batch_no_speedup": no_pay["speedup_best"] if no_pay else None,
+    }
+    verify = [r.verify_factor for r in head.rounds] if head else []
+    return Priced(ktab, best, c, verify, section, metrics)
+
+
+# ----------------------------------------------------------------------------- timing on the device
+def cost_block(
+    target: Any,
+    drafter: Any,
+    given: float | None = None,
+    *,
+    verify_factor: float | None = None,
+    k_max: int = 8,
+    batch_sizes: Sequence[int] = (),
+    context_tokens: int = 64,
+    budget_s: float = math.inf,
+    cap_s: float = math.inf,
+    clock: Clock = time.perf_counter,
+) -> dict[str, Any]:
+    """Time what the cost model needs at each batch size — nothing when both the cost
+    ratio (`given`) and the verify factor are given — and return the raw cost entry:
+    per-batch timing statistics and per-repeat ratios, context length, budget, time spent.
+    No batch sizes: nothing is timed (a run stopped before its costs)."""
+    need_draft, need_verify = given is None, verify_factor is None
+    sizes = sorted({int(b) for b in batch_sizes})
+    raw: dict[str, Any] = {
+        "measured": False, "context_tokens": context_tokens, "budget_s": None if math.isinf(budget_s) else budget_s,
+        "cap_s": None if math.isinf(cap_s) else cap_s, "elapsed_s": 0.0, "stopped_by_budget": False, "notes": [],
+    }
+    if not sizes:
+        raw["batches"] = []
+        return raw
+    if not need_draft and not need_verify:
+        raw["batches"] = [{"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": []} for b in sizes]
+        return raw
+    start = clock()
+    batches: list[dict[str, Any]] = []
+    for j, b in enumerate(sizes):
+        spent, share = clock() - start, len(sizes) - j  # what is left, shared by the sizes still to time
+        try:
+            samples = _time_batch(target, drafter, b, context_tokens, k_max, need_draft, need_verify, clock, (budget_s - spent) / share, (cap_s - spent) / share)
+        except Exception as e:  # noqa: BLE001  (out of memory at a large batch: report it, time the others)
+            if not _is_oom(e):
+                raise
+            raw["notes"].append(f"batch size {b}: out of memory while timing; not measured")
+            batches.append({"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": []})
+            continue
+        raw["stopped_by_budget"] = raw["stopped_by_budget"] or samples.stopped_by_budget
+        batches.append(batch_timings(samples, k_max, b))
+    raw["batches"] = batches
+    raw["elapsed_s"] = clock() - start
+    raw["measured"] = any(x.get("repeats") for x in batches)
+    few = [str(x["batch_size"]) for x in batches if 0 < int(x.get("repeats") or 0) < MIN_REPEATS]
+    if few:
+        raw["notes"].append(f"batch size {', '.join(few)}: fewer than {MIN_REPEATS} repeats fit in the time the scoring took; the spread is not known")
+    if need_draft and not any(x.get("draft_ratios") for x in batches):
+        raw["notes"].append("the drafter has no step that could be timed")
+    return raw
+
+
+def _is_oom(e: Exception) -> bool:
+    text = str(e).lower()
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+def _time_batch(target: Any, drafter: Any, batch: int, context: int, k_max: int, need_draft: bool, need_verify: bool, clock: Clock, budget_s: float, cap_s: float) -> Samples:
     import torch
 
-    from specprobe.models.loader import cache_kwarg, output_cache
-
-    step_model = drafter.step_model()
-    if step_model is None:
-        return {"cost_ratio": float("nan"), "target_step_ms": float("nan"), "draft_step_ms": float("nan"), "measured": False}
-
-    def one(model: Any) -> float:
-        ids = torch.randint(0, min(1000, target.vocab_size), (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(target.device)
-        with torch.inference_mode():
-            kw = cache_kwarg(model)
-            out = model(input_ids=ids, use_cache=True)
-            cache = output_cache(out)
-            nxt = out.logits[:, -1:].argmax(-1)
-            if target.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                out = model(input_ids=nxt, use_cache=True, **{kw: cache})
-                cache = output_cache(out)
-                nxt = out.logits[:, -1:].argmax(-1)
-            if target.device.startswith("cuda"):
-                torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / steps
-
-    # interleave so drift on a shared machine hits both sides alike
-    t_times, d_times = [], []
-    for _ in range(repeats):
-        t_times.append(one(target.model))
-        d_times.append(one(step_model))
-    t_ms, d_ms = statistics.median(t_times) * 1e3, statistics.median(d_times) * 1e3
-    return {"cost_ratio": d_ms / t_ms, "target_step_ms": t_ms, "draft_step_ms": d_ms, "measured": True}
+    with torch.inference_mode():
+        gen = torch.Generator().manual_seed(batch)
+        t = _Decoder(target.model, batch, context, target.device, gen)
+        calls: dict[str, Callable[[], object]] = {"target": t.call(1)}
+        if need_draft:
+            step = drafter.step_model()
+            if step is not None:
+                calls["draft"] = _Decoder(step, batch, context, target.device, gen).call(1)
+            else:
+                head = _head_step(target, drafter, batch, gen)
+                if head is not None:
+                    calls["draft"] = head
+        if need_verify:
+            for k in range(1, k_max + 1):
+                calls[f"verify{k}"] = t.call(k + 1)
+        samples = interleaved(calls, clock=clock, budget_s=budget_s, cap_s=cap_s)
+    if str(target.device).startswith("cuda"):
+        torch.cuda.empty_cache()
+    return samples
 
 
+class _Decoder:
+    """One model's KV cache over `batch` rows of `context` random tokens; `call(n)` is a
+    function that runs one forward pass over n new tokens per row (logits for those n
+    only, as the simulate loop asks for them) and crops the cache back, so every call sees
+    the same context. Uses the simulate loop's own stream, so the timed pass is the one
+    `simulate` runs."""
+
+    def __init__(self, model: Any, batch: int, context: int, device: Any, gen: Any) -> None:
+        import torch
+
+        from specprobe.simulate.kvcache import Stream
+
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.stream = Stream(model, batch, device)
+        self.context, self.batch, self.gen, self.device = context, batch, gen, device
+        ids = torch.randint(0, self.vocab, (batch, context), generator=gen).to(device)  # [B, L]
+        self.stream.forward(ids, torch.ones_like(ids, dtype=torch.bool), keep=1)
+
+    def call(self, n: int) -> Callable[[], object]:
+        import torch
+
+        from specprobe.simulate.kvcache import crop
+
+        ids = torch.randint(0, self.vocab, (self.batch, n), generator=self.gen).to(self.device)  # [B, n]
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        s = self.stream
+
+        def run() -> object:
+            s.forward(ids, valid, keep=n)  # synchronises a GPU before returning
+            crop(s.cache, n)
+            s.valid = s.valid[:, : self.context]
+            return None
+
+        return run
+
+
+def _head_step(target: Any, drafter: Any, batch: int, gen: Any) -> Callable[[], object] | None:
+    """A head drafter's step: its features and depth-1 logits for one new position over
+    the target's hidden states (what an engine runs per drafted token); None when this
+    drafter cannot run on a bare two-position pass."""
+    import torch
+
+    from specprobe.models.drafters import TargetPass
+    from specprobe.simulate.kvcache import sync
+
+    dev = target.device
+    h = int(target.config.hidden_size)
+    dtype = next(target.model.parameters()).dtype
+    ids = torch.randint(0, int(target.vocab_size), (batch, 2), generator=gen).to(dev)  # [B, 2]
+    hid = torch.randn((batch, 2, h), generator=gen).to(device=dev, dtype=dtype)  # [B, 2, H]
+    tp = TargetPass(ids, torch.ones_like(ids), hid, {layer: hid for layer in drafter.target_layers_needed()})
+
+    def run() -> object:
+        feats = drafter.hidden(tp)
+        drafter.logits(feats[1][:, -1], 1)  # [B, V]
+        sync(dev)
+        return None
+
+    try:
+        run()
+    except (RuntimeError, ValueError, KeyError, IndexError, TypeError, NotImplementedError):
+        return None
+    return run
+
+
+def timing_settings(cfg: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], scoring_s: float | None) -> dict[str, Any]:
+    """`cost_block`'s keyword arguments for a diagnose run: its verify factor, K range and
+    batch sizes, the context its prompts reach, and a budget from its scoring time."""
+    budget, cap = budget_for(scoring_s)
+    return {
+        "verify_factor": cfg.verify_factor,
+        "k_max": cfg.k_max,
+        "batch_sizes": cfg.cost_batch_sizes(),
+        "context_tokens": context_length([len(e) for e in encoded], [len(c) for c in conts]),
+        "budget_s": budget,
+        "cap_s": cap,
+    }
+
+
+def context_length(prompt_lengths: Sequence[int], continuation_lengths: Sequence[int]) -> int:
+    """The context a decode step sees on these prompts: the median of prompt length + half
+    its continuation (the mean cache length over the generation); 64 when none."""
+    import statistics
+
+    xs = [p + c / 2 for p, c in zip(prompt_lengths, continuation_lengths, strict=False) if c]
+    return max(1, int(round(statistics.median(xs)))) if xs else 64
+
+
+# ----------------------------------------------------------------------------- environment
 def environment(device: str, dtype: Any) -> dict[str, Any]:
     """Device (with the GPU's name), dtype, Python, platform and package versions."""
     from importlib import metadata

@@ -5,14 +5,16 @@ every report renders. The CLI only wires flags into `DiagnoseConfig`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specprobe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.assemble import build_result, evaluate_rules, result_header, stopped_result
-from specprobe.costs import cost_block
+from specprobe.costs import cost_block, timing_settings
+from specprobe.counterfactual import default_every
 from specprobe.drilldown import DrillCollector
 from specprobe.errors import ConfigError
 from specprobe.interrupts import shielded
@@ -25,7 +27,7 @@ from specprobe.references import (  # noqa: F401  (encode_prompt, load_prompt_se
 )
 from specprobe.result import Result
 from specprobe.rules import RuleTable
-from specprobe.scoring import score
+from specprobe.scoring import Scored, score
 
 
 # ----------------------------------------------------------------------------- the pair
@@ -40,13 +42,14 @@ class Pair:
 def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, drafter: Any = None) -> Pair:
     """Load target + drafter and run the alignment check (no forward pass yet)."""
     from specprobe.models.drafters import build_drafter, drafter_info
-    from specprobe.models.loader import load_info, load_model
+    from specprobe.models.loader import load_info, load_model, parse_max_memory
 
     if target is None:
         progress.note(f"loading target {cfg.target}")
         tinfo = load_info(cfg.target, progress)
         dinfo = drafter_info(cfg.drafter, tinfo, progress)
-        target = load_model(cfg.target, cfg.device, cfg.dtype, progress, info=tinfo)
+        max_memory = parse_max_memory(cfg.max_memory) if cfg.max_memory else None  # a larger-than-one-GPU target
+        target = load_model(cfg.target, cfg.device, cfg.dtype, progress, info=tinfo, device_map=cfg.device_map, max_memory=max_memory)
     if drafter is None:
         dinfo = drafter_info(cfg.drafter, target.info, progress)
         progress.note(f"building drafter {cfg.drafter}")
@@ -86,32 +89,48 @@ def run_diagnose(
 
     # 2. references: what the target would write (or the dataset's responses)
     #    (every turn: a later turn follows the target's own answers to the earlier ones)
-    refs = references_by_turn(target, list(prompt_set.prompts), cfg, pair.sampling.target, progress)
-    if refs.interrupted:
-        done = sum(1 for c in refs.conts if c)
-        progress.note(f"interrupted while generating references: finishing — scoring the {done} prompts whose references are done, then the cost ratio; press Ctrl-C again to stop now")
-
     # 3. scoring: target vs drafter, teacher-forced over those references
-    drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max)
-    scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill])
-    scored.drill = drill
-    second_press = refs.interrupted and scored.interrupted
-    scored.interrupted = scored.interrupted or refs.interrupted
+    #    (+ the token-level drill-down and what-ifs, from the same logits)
+    def references_and_scores(extra: Sequence[Any] = ()) -> tuple[Any, Scored]:
+        refs = references_by_turn(target, list(prompt_set.prompts), cfg, pair.sampling.target, progress)
+        if refs.interrupted:
+            done = sum(1 for c in refs.conts if c)
+            progress.note(f"interrupted while generating references: finishing — scoring the {done} prompts whose references are done, then the cost ratio; press Ctrl-C again to stop now")
+        drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max, every=drill_every)
+        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *extra])
+        scored.drill = drill
+        scored.second_press = refs.interrupted and scored.interrupted
+        scored.interrupted = scored.interrupted or refs.interrupted
+        return refs, scored
+
+    t0 = time.perf_counter()
+    record_cost: Callable[[dict[str, Any]], None] = lambda cost: None  # noqa: E731
+    # a shard's share of the prompts (every shard samples the same counterfactual prompts)
+    drill_every = default_every(len(prompt_set.prompts)) if cfg.shard is not None else None
+    if cfg.shard is None:
+        refs, scored = references_and_scores()
+    else:  # one shard: its part is saved (a finished one reused); under torchrun, the whole run comes back
+        from specprobe.shards import run_shard
+
+        ids = [p.id for p in prompt_set.prompts]
+        refs, scored, record_cost = run_shard(cfg, pair, header, metrics, ids, progress, references_and_scores, drafter.kind, align.evidence, drill_every)
+    # costs are timed at the context these prompts reach, within a budget set by this time
+    timing = timing_settings(cfg, refs.encoded, refs.conts, time.perf_counter() - t0)
+    second_press = scored.second_press
 
     # 4. cost: the drafter's price per step, then estimates and rules
     def result(cost: dict[str, Any]) -> Result:
+        record_cost(cost)
         return build_result(header, metrics, scored, cost, cfg, table, drafter.kind, align.evidence)
 
-    def untimed() -> dict[str, Any]:  # nothing timed (a --cost-ratio given still applies)
-        if cfg.cost_ratio is not None:
-            return cost_block(target, drafter, cfg.cost_ratio)
-        return {"cost_ratio": float("nan"), "target_step_ms": None, "draft_step_ms": None, "measured": False}
+    def untimed() -> dict[str, Any]:  # no batch sizes: nothing is timed (a --cost-ratio given still applies)
+        return cost_block(target, drafter, cfg.cost_ratio)
 
     if not scored.interrupted:
         if cfg.cost_ratio is None:
             progress.note("measuring the drafter/target cost ratio on the device")
         try:
-            return result(cost_block(target, drafter, cfg.cost_ratio))
+            return result(cost_block(target, drafter, cfg.cost_ratio, **timing))
         except KeyboardInterrupt:
             progress.note("interrupted during the cost measurement: keeping the scores, without a cost ratio")
             scored.interrupted = True
@@ -127,7 +146,7 @@ def run_diagnose(
         if second_press:
             return partial
         progress.note("finishing, press Ctrl-C again to stop without the cost measurement")
-        return result(cost_block(target, drafter, cfg.cost_ratio))
+        return result(cost_block(target, drafter, cfg.cost_ratio, **timing))
     except KeyboardInterrupt:
         progress.note("stopped without the cost measurement")
         return partial

@@ -4,8 +4,10 @@ Window estimate: τ(K) = 1 + Σ_{j≤K} r_j with r_j the mean over every start p
 (bonus token included, the vLLM/SGLang "mean acceptance length"). Renewal estimate: the
 same counts taken only over the positions where a real draft→verify loop starts a round
 (where the previous round ended), by dynamic programming along each reference.
-acceptance rate = (τ(K) − 1)/K; speedup(K) = τ(K) / (1 + K·c) / v with c the drafter/target
-cost ratio per step and v the verify-cost factor. Derivations: docs/maths.md."""
+acceptance rate = (τ(K) − 1)/K; speedup(K) = τ(K) / (cost of one round in target decode
+steps): K·c + v_K with c = drafter step ÷ target step and v_K = target pass over K + 1 tokens
+÷ target step, both timed on the device (`RoundCost`), or (1 + K·c)·v when v is given
+(`--verify-factor`). Derivations: docs/maths.md."""
 
 from __future__ import annotations
 
@@ -42,8 +44,70 @@ def iid_tau(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def round_cost(k: int, cost_ratio: float, verify_factor: float = 1.0) -> float:
+    """A round's cost in target decode steps when v is given: (1 + K·c)·v — the formula
+    `--cost-ratio`/`--verify-factor` reproduce exactly."""
+    return (1.0 + k * cost_ratio) * verify_factor
+
+
 def speedup(tau_k: float, k: int, cost_ratio: float, verify_factor: float = 1.0) -> float:
-    return tau_k / (1.0 + k * cost_ratio) / verify_factor
+    return tau_k / round_cost(k, cost_ratio, verify_factor)
+
+
+# ----------------------------------------------------------------------------- cost model
+@dataclass(frozen=True)
+class RoundCost:
+    """One draft→verify round at one K and batch size, in target decode steps: the median
+    over timed repeats and its quartiles (all three equal when nothing was timed).
+    verify_factor: v_K, the target pass over K + 1 tokens ÷ one decode step (or the given v)."""
+
+    k: int
+    cost: float
+    low: float  # first quartile
+    high: float  # third quartile
+    verify_factor: float
+
+
+def quantiles(xs: Sequence[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile), linear interpolation; nan when empty."""
+    a = np.asarray([x for x in xs if not math.isnan(x)], dtype=float)
+    if a.size == 0:
+        return math.nan, math.nan, math.nan
+    q1, med, q3 = np.quantile(a, [0.25, 0.5, 0.75])
+    return float(q1), float(med), float(q3)
+
+
+def round_costs(
+    k_max: int,
+    *,
+    draft_ratios: Sequence[float] = (),
+    verify_ratios: Sequence[Sequence[float]] = (),
+    cost_ratio: float | None = None,
+    verify_factor: float | None = None,
+) -> list[RoundCost]:
+    """Round costs for K = 1..k_max from per-repeat timings, each overridden by its flag.
+
+    draft_ratios[i]: drafter step ÷ target step in repeat i; verify_ratios[K−1][i]: target
+    pass over K + 1 tokens ÷ target step in repeat i (the repeats interleave every call, so
+    one repeat's ratios share the machine's state and drift cancels). Per repeat,
+    R_i(K) = K·c_i + v_{K,i}; with `verify_factor` given R_i(K) = (1 + K·c_i)·v (so both
+    overrides give exactly `round_cost`); with `cost_ratio` given c_i = c. The median and
+    quartiles are taken over the repeats' R_i(K)."""
+    rows = []
+    for k in range(1, k_max + 1):
+        cs = [cost_ratio] if cost_ratio is not None else list(draft_ratios)
+        if verify_factor is not None:
+            samples = [round_cost(k, c, verify_factor) for c in cs]
+            v_med = verify_factor
+        else:
+            vs = list(verify_ratios[k - 1]) if k - 1 < len(verify_ratios) else []
+            if cost_ratio is not None:
+                cs = [cost_ratio] * len(vs)
+            samples = [k * c + v for c, v in zip(cs, vs, strict=False)]
+            v_med = quantiles(vs)[1]
+        q1, med, q3 = quantiles(samples)
+        rows.append(RoundCost(k, med, q1, q3, v_med))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -51,7 +115,8 @@ class KRow:
     """One K. tau_tokens, accept_rate, speedup_window: the window estimate (every start
     position); tau_renewal_tokens, accept_rate_renewal: the renewal estimate (rounds start
     where the previous one ended). speedup uses the renewal τ when it is known, else the
-    window τ."""
+    window τ; speedup_low/high: the same τ over the round cost's third/first quartile
+    (timing noise); verify_factor: v_K used."""
 
     k: int
     tau_tokens: float
@@ -61,6 +126,9 @@ class KRow:
     tau_renewal_tokens: float = math.nan
     accept_rate_renewal: float = math.nan
     speedup_window: float = math.nan
+    verify_factor: float = math.nan
+    speedup_low: float = math.nan
+    speedup_high: float = math.nan
 
 
 def k_table(
@@ -69,16 +137,29 @@ def k_table(
     cost_ratio: float,
     verify_factor: float = 1.0,
     renewal: Sequence[float] | None = None,
+    rounds: Sequence[RoundCost] | None = None,
 ) -> list[KRow]:
-    """One row per K = 1..len(cumulative); renewal[K−1] is the renewal τ(K) (`renewal_tau`)."""
+    """One row per K = 1..len(cumulative); renewal[K−1] is the renewal τ(K) (`renewal_tau`).
+    rounds[K−1]: the round's cost (`round_costs`); without it (1 + K·c)·v."""
     rows = []
     for k in range(1, len(cumulative) + 1):
+        rc = rounds[k - 1] if rounds is not None and k <= len(rounds) else None
+        if rc is None:
+            c = round_cost(k, cost_ratio, verify_factor)
+            rc = RoundCost(k, c, c, c, verify_factor)
         t = tau(cumulative, k)
-        sw = speedup(t, k, cost_ratio, verify_factor)
         tr = float(renewal[k - 1]) if renewal is not None and k <= len(renewal) else math.nan
-        head = sw if math.isnan(tr) else speedup(tr, k, cost_ratio, verify_factor)
-        rows.append(KRow(k, t, accept_rate(t, k), iid_tau(alpha_mean, k), head, tr, accept_rate(tr, k), sw))
+        head = t if math.isnan(tr) else tr
+        rows.append(KRow(
+            k, t, accept_rate(t, k), iid_tau(alpha_mean, k), head / rc.cost, tr, accept_rate(tr, k), t / rc.cost,
+            rc.verify_factor, head / rc.high, head / rc.low,
+        ))
     return rows
+
+
+def headline_tau(row: KRow) -> float:
+    """The τ a row's speedup uses: renewal when known, else window."""
+    return row.tau_tokens if math.isnan(row.tau_renewal_tokens) else row.tau_renewal_tokens
 
 
 def best_k(rows: Sequence[KRow]) -> KRow:
@@ -93,16 +174,34 @@ class Adaptive:
     mean_k: float
 
 
-def adaptive_threshold(thresholds: Sequence[float], table: np.ndarray, cost_ratio: float, verify_factor: float = 1.0) -> Adaptive | None:
+def verify_at(drafted: float, verify: Sequence[float]) -> float:
+    """v for a verify pass after `drafted` tokens on average: linear between the measured
+    v_K (verify[K−1]), with v_0 = 1 (a pass over one token is one decode step)."""
+    xs = np.arange(len(verify) + 1, dtype=float)
+    ys = np.concatenate([[1.0], np.nan_to_num(np.asarray(verify, dtype=float), nan=1.0)])
+    return float(np.interp(drafted, xs, ys))
+
+
+def adaptive_threshold(
+    thresholds: Sequence[float],
+    table: np.ndarray,
+    cost_ratio: float,
+    verify_factor: float | None = 1.0,
+    verify: Sequence[float] | None = None,
+) -> Adaptive | None:
     """table[i] = (Σ expected accepted, Σ drafter passes, Σ drafted, windows) for thresholds[i].
-    Speedup is a ratio of expectations: tokens per step over cost per step."""
+    Speedup is a ratio of expectations: tokens per step over cost per step — with v given,
+    (1 + c·passes)·v; else c·passes + v at the mean drafted count (`verify_at`)."""
     best: Adaptive | None = None
     for theta, (acc, passes, drafted, n) in zip(thresholds, table, strict=True):
         if n <= 0:
             continue
         t = 1.0 + acc / n
-        s = t / (1.0 + cost_ratio * passes / n) / verify_factor
-        cand = Adaptive(float(theta), float(t), float(s), float(drafted / n))
+        if verify_factor is not None or not verify:
+            cost = (1.0 + cost_ratio * passes / n) * (verify_factor if verify_factor is not None else 1.0)
+        else:
+            cost = cost_ratio * passes / n + verify_at(drafted / n, verify)
+        cand = Adaptive(float(theta), float(t), float(t / cost), float(drafted / n))
         if best is None or cand.speedup > best.speedup + 1e-12:
             best = cand
     return best

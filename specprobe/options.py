@@ -71,16 +71,20 @@ KEYS: tuple[Key, ...] = (
     _k("reference", "--reference", _RUNS),
     _k("seed", "--seed", _RUNS),
     _k("batch_size", "--batch-size", _RUNS),
+    _k("batch_sizes", "--batch-sizes", _RUNS),
     _k("k_max", "--k-max", _RUNS),
-    _k("k", "--k", frozenset({SIMULATE})),
+    _k("k", "--k", frozenset({SIMULATE, COMPARE})),
     _k("adaptive_threshold", "--adaptive-threshold", frozenset({SIMULATE})),
     _k("verify_factor", "--verify-factor", _RUNS),
     _k("cost_ratio", "--cost-ratio", _RUNS),
     _k("device", "--device", _RUNS),
     _k("dtype", "--dtype", _RUNS),
+    _k("device_map", "--device-map", frozenset({DIAGNOSE})),
+    _k("max_memory", "--max-memory", frozenset({DIAGNOSE})),
     _k("force", "--force", _RUNS),
     _k("no_cache", "--no-cache", _RUNS),
     _k("brief", "--brief", frozenset({DIAGNOSE})),
+    _k("shard", "--shard", frozenset({DIAGNOSE})),
     _k("rules", "--rules", _MODELS | {COMPARE}),
     _k("fail_on", "--fail-on", _MODELS | {COMPARE}),
     # A file's outputs are where the run it configures writes: `check` and `compare` write
@@ -131,16 +135,20 @@ class RunOptions:
     reference: str = "on-policy"
     seed: int = 0
     batch_size: int = 8
+    batch_sizes: list[int] | None = None
     k_max: int = 8
     k: list[int] = field(default_factory=lambda: [1, 2, 4])
     adaptive_threshold: float | None = None
-    verify_factor: float = 1.0
+    verify_factor: float | None = None
     cost_ratio: float | None = None
     device: str = "auto"
     dtype: str = "auto"
+    device_map: str | None = None
+    max_memory: str | None = None
     force: bool = False
     no_cache: bool = False
     brief: bool = False
+    shard: tuple[int, int] | None = None  # (index, count) of a sharded run
     rules: list[Path] = field(default_factory=list)
     fail_on: str = "error"
     json_path: Path | None = None
@@ -190,11 +198,15 @@ class RunOptions:
             sampling=self.sampling_flags(),
             seed=self.seed,
             batch_size=self.batch_size,
+            batch_sizes=self.batch_sizes,
             k_max=self.k_max,
             verify_factor=self.verify_factor,
             cost_ratio=self.cost_ratio,
+            cost_origins={p: self.source(p) for p in ("cost_ratio", "verify_factor") if getattr(self, p) is not None},
             device=self.device,
             dtype=self.dtype,
+            device_map=self.device_map,
+            max_memory=self.max_memory,
             rules=[str(r) for r in self.rules],
             fail_on=self.fail_on,
             force=self.force,
@@ -221,8 +233,20 @@ def _from_cli(param: str, value: Any, where: str) -> Any:
         return [d.strip() for d in str(value).split(",") if d.strip()] or None
     if param == "k":
         return parse_ks(str(value), where)
+    if param == "batch_sizes":
+        return parse_batch_sizes(str(value), where)
     if param in ("rules", "serving_config"):
         return [Path(v) for v in value]
+    if param == "max_memory":
+        from specprobe.models.loader import parse_max_memory
+
+        parse_max_memory(str(value), where)
+        return str(value)
+    if param == "shard":
+        from specprobe.shards import parse_shard
+
+        sh = parse_shard(str(value), where)
+        return (sh.index, sh.count)
     return value
 
 
@@ -249,7 +273,7 @@ def merge(command: str, params: Mapping[str, Any], given: Collection[str], confi
         file_vals = pc.explicit()
         for spec in KEYS:
             if spec.key in file_vals and spec.file_applies(command) and spec.param not in given and spec.param in params:
-                values[spec.param] = file_vals[spec.key]
+                values[spec.param] = file_vals[spec.key] if spec.param != "shard" else _from_cli("shard", file_vals[spec.key], f"{name}: shard")
                 origins[spec.param] = f"{name}: {spec.key}"
         # diagnose tabulates τ(K) for every K up to the largest one a file's k lists
         if command == DIAGNOSE and "k" in file_vals and "k_max" not in file_vals and "k_max" not in given:
@@ -306,8 +330,10 @@ def validate_options(o: RunOptions) -> None:
             t = o.adaptive_threshold
             if t is not None and not 0.0 <= t <= 1.0:
                 raise bad("adaptive_threshold", "is outside [0, 1]", "it is a drafter confidence max q; use e.g. 0.4")
-        if o.verify_factor <= 0:
-            raise bad("verify_factor", "must be positive", "use e.g. 1.0")
+        if o.verify_factor is not None and o.verify_factor <= 0:
+            raise bad("verify_factor", "must be positive", "use e.g. 1.5, or leave it out to measure it on the device")
+        if o.batch_sizes is not None and (not o.batch_sizes or min(o.batch_sizes) < 1):
+            raise bad("batch_sizes", "must list positive batch sizes", "use e.g. --batch-sizes 1,8,32")
         if o.cost_ratio is not None and o.cost_ratio <= 0:
             raise bad("cost_ratio", "must be positive", "leave it out to measure it on the device")
     if o.command in _RUNS | {DEMO}:
@@ -352,8 +378,9 @@ class DiagnoseConfig:
     sampling: SamplingFlags = field(default_factory=_default_sampling)
     seed: int = 0
     batch_size: int = 8
+    batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
     k_max: int = 8
-    verify_factor: float = 1.0
+    verify_factor: float | None = None  # None: measure v_K on the device
     cost_ratio: float | None = None  # None: measure on the device
     device: str = "auto"
     dtype: str = "auto"
@@ -363,13 +390,34 @@ class DiagnoseConfig:
     use_cache: bool = True
     chunk_positions: int = DEFAULT_CHUNK_POSITIONS
     keep_positions: bool = True
+    # one shard (index, count) of a sharded run: --shard I/N, or this rank of torchrun;
+    # its part (specprobe.shards) is also written to part_path when given. Not recorded:
+    # every shard of a run records the same settings
+    shard: tuple[int, int] | None = None
+    part_path: str | None = None
+    # a target larger than one device: accelerate's device_map ("auto", "balanced", …) and
+    # the memory per device ("0=70GiB,1=70GiB"); recorded only when given
+    device_map: str | None = None
+    max_memory: str | None = None
     # where each explicit sampling setting came from ("--temperature", "probe.yaml"),
     # by SamplingPair.sources slot; not part of the recorded config
     sampling_origins: dict[str, str] = field(default_factory=dict)
+    # where a given cost_ratio / verify_factor came from ("--cost-ratio", "probe.yaml"); not recorded
+    cost_origins: dict[str, str] = field(default_factory=dict)
+
+    def cost_batch_sizes(self) -> list[int]:
+        """The batch sizes costs are timed at: --batch-sizes and the run's own."""
+        return sorted({self.batch_size, *(self.batch_sizes or [])})
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("sampling_origins")
+        d.pop("cost_origins")
+        d.pop("shard")
+        d.pop("part_path")
+        for k in ("device_map", "max_memory"):
+            if d[k] is None:
+                d.pop(k)
         d.update(d.pop("sampling"))
         return d
 
@@ -398,6 +446,17 @@ def parse_ks(text: str, where: str = "--k") -> list[int]:
     if not ks or ks[0] < 1 or ks[-1] > K_LIMIT:
         raise ConfigError(f"{where} {text!r} must list draft lengths between 1 and {K_LIMIT}", "use e.g. --k 1,2,4")
     return ks
+
+
+def parse_batch_sizes(text: str, where: str = "--batch-sizes") -> list[int]:
+    """'1,8,32' -> [1, 8, 32] (sorted, unique); ConfigError on anything else."""
+    try:
+        sizes = sorted({int(x) for x in text.replace(" ", "").split(",") if x})
+    except ValueError:
+        raise ConfigError(f"{where} {text!r} is not a comma-separated list of integers", "use e.g. --batch-sizes 1,8,32") from None
+    if not sizes or sizes[0] < 1:
+        raise ConfigError(f"{where} {text!r} must list positive batch sizes", "use e.g. --batch-sizes 1,8,32")
+    return sizes
 
 
 def validate(cfg: SimulateConfig) -> None:

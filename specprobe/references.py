@@ -88,9 +88,11 @@ def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: Diagn
     return cache_root() / "references" / f"{key}.jsonl"
 
 
-def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, progress: Progress) -> list[list[int]]:
+def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, progress: Progress, shard: Any = None) -> list[list[int]]:
     """On-policy continuations: sampled from the target with its own settings, seeded,
-    batched (left padding), cached per batch on disk so an interrupted run resumes."""
+    batched (left padding), cached per batch on disk so an interrupted run resumes.
+    shard (index, count): only batches b with b % count == index are generated (the
+    others stay []), each exactly as an unsharded run would sample it."""
     from transformers import GenerationConfig
 
     tok = target.tokenizer
@@ -99,6 +101,8 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
     batches = [list(range(i, min(i + cfg.batch_size, len(encoded)))) for i in range(0, len(encoded), cfg.batch_size)]
     # checked line by line, locked around each batch (specprobe.refcache)
     cache = ReferenceCache(_cache_file(target, encoded, sampling, cfg), [len(b) for b in batches], target.vocab_size, cfg.max_new_tokens, progress.note) if cfg.use_cache else None
+    if shard is not None:  # another shard's batches: skipped here, seeds and cache keys unchanged
+        batches = [b if bi % shard[1] == shard[0] else [] for bi, b in enumerate(batches)]
     out = References([] for _ in encoded)
     gen_cfg = GenerationConfig(
         max_new_tokens=cfg.max_new_tokens,
@@ -111,7 +115,8 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
         eos_token_id=eos,
         remove_invalid_values=True,  # NaN/inf logits sample something; scoring then names those positions
     )
-    with progress.task(f"generating on-policy references ({len(encoded)} prompts × ≤{cfg.max_new_tokens} tokens)", len(encoded)) as advance:
+    todo = sum(len(b) for b in batches)
+    with progress.task(f"generating on-policy references ({todo} prompts × ≤{cfg.max_new_tokens} tokens)", todo) as advance:
         try:
             _generate_batches(target, encoded, batches, out, gen_cfg, pad, eos, cache, cfg, advance)
         except KeyboardInterrupt:
@@ -191,8 +196,11 @@ def references_by_turn(target: Any, prompts: list[Prompt], cfg: DiagnoseConfig, 
     Spec-Bench's evaluation does; dataset references exist for the first turn only."""
     encoded = encode_prompts(target, prompts, cfg.max_new_tokens)
     if cfg.reference == "dataset":
-        return TurnReferences(list(prompts), encoded, dataset_references(target.tokenizer, prompts, cfg.max_new_tokens))
-    conts = generate_references(target, encoded, sampling, cfg, progress)
+        ds = dataset_references(target.tokenizer, prompts, cfg.max_new_tokens)
+        if cfg.shard is not None:  # the other shards' prompts are scored there
+            ds = [c if (i // cfg.batch_size) % cfg.shard[1] == cfg.shard[0] else [] for i, c in enumerate(ds)]
+        return TurnReferences(list(prompts), encoded, ds)
+    conts = generate_references(target, encoded, sampling, cfg, progress, shard=cfg.shard)
     out = TurnReferences(list(prompts), list(encoded), list(conts), bool(getattr(conts, "interrupted", False)))
     tok = target.tokenizer
     answers = {p.id: [tok.decode(c, skip_special_tokens=True)] for p, c in zip(prompts, conts, strict=True) if c}

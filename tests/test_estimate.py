@@ -289,3 +289,26 @@ def test_k_table_speedup_uses_the_renewal_tau_and_keeps_the_window_columns() -> 
         assert row.accept_rate_renewal == pytest.approx((ren[row.k - 1] - 1) / row.k)
     plain = estimate.k_table(cum, float(a.mean()), cost_ratio=0.1)
     assert all(math.isnan(r.tau_renewal_tokens) and r.speedup == r.speedup_window for r in plain)
+
+
+# ----------------------------------------------------------------------------- measured verify cost
+def test_adaptive_k_prices_the_verify_pass_at_its_mean_draft_length() -> None:
+    # one threshold: 10 windows, 12 expected accepted, 25 drafter passes, 15 drafted (1.5 per round)
+    table = np.array([[12.0, 25.0, 15.0, 10.0]])
+    c, verify = 0.2, [1.2, 1.6, 2.0]
+    measured = estimate.adaptive_threshold([0.5], table, c, None, verify)
+    assert estimate.verify_at(1.5, verify) == pytest.approx(1.4)  # between v_1 = 1.2 and v_2 = 1.6
+    assert estimate.verify_at(0.0, verify) == 1.0 and estimate.verify_at(9.0, verify) == 2.0
+    assert measured is not None and measured.speedup == pytest.approx(2.2 / (0.2 * 2.5 + 1.4))
+    given = estimate.adaptive_threshold([0.5], table, c, 1.3)
+    assert given is not None and given.speedup == pytest.approx(2.2 / ((1 + 0.2 * 2.5) * 1.3))
+
+
+def test_k_table_with_measured_round_costs_and_their_quartiles() -> None:
+    rounds = estimate.round_costs(2, draft_ratios=[0.1, 0.2, 0.3], verify_ratios=[[1.1, 1.2, 1.3], [1.4, 1.5, 1.9]])
+    rows = estimate.k_table([0.8, 0.5], 0.7, 0.2, 1.0, renewal=[1.75, 2.2], rounds=rounds)
+    for row, rc in zip(rows, rounds, strict=True):
+        assert row.speedup == pytest.approx([1.75, 2.2][row.k - 1] / rc.cost)
+        assert row.speedup_low <= row.speedup <= row.speedup_high
+        assert row.verify_factor == rc.verify_factor
+    assert rounds[1].cost == pytest.approx(2 * 0.2 + 1.5)  # per repeat 2·c_i + v_2,i: [1.6, 1.9, 2.5] -> median 1.9

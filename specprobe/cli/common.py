@@ -93,8 +93,9 @@ ReferenceOpt = Annotated[str, typer.Option("--reference", help="on-policy (sampl
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for sampling (on-policy references; the simulate loop).")]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
 KMaxOpt = Annotated[int, typer.Option("--k-max", help="Largest draft length K in the estimated τ(K)/speedup table (at most 32).")]
-VerifyFactorOpt = Annotated[float, typer.Option("--verify-factor", help="Verify-cost factor v (≈1 for a memory-bound target at small batch).")]
-CostRatioOpt = Annotated[float | None, typer.Option("--cost-ratio", help="Drafter/target cost per step for the estimate; default: measured on the device.")]
+VerifyFactorOpt = Annotated[float | None, typer.Option("--verify-factor", help="Override: a round costs (1 + K·c)·v target steps; default: the verify pass over K+1 tokens timed on the device for every K.")]
+CostRatioOpt = Annotated[float | None, typer.Option("--cost-ratio", help="Override: drafter/target cost per step c; default: timed on the device.")]
+BatchSizesOpt = Annotated[str | None, typer.Option("--batch-sizes", help="Also time the costs at these batch sizes, e.g. 1,8,32, and estimate the speedup at each (the run's --batch-size is always timed).", show_default=False)]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even when alignment errors make the numbers meaningless.")]
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Regenerate on-policy references instead of reusing the disk cache.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto: cuda when available).")]
@@ -111,6 +112,12 @@ JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the full resu
 CsvOpt = Annotated[str | None, typer.Option("--csv", help="Write CSV tables (summary, per-position rows, …) into this folder.", metavar="DIR", show_default=False)]
 HtmlOpt = Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (inline CSS and SVG; opens offline).", metavar="FILE", show_default=False)]
 JunitOpt = Annotated[str | None, typer.Option("--junit", help="Write JUnit XML: one testcase per rule evaluated.", metavar="FILE", show_default=False)]
+DeviceMapOpt = Annotated[str | None, typer.Option("--device-map", help="Spread a target larger than one GPU over the devices with accelerate: auto | balanced | sequential | cpu.", show_default=False)]
+MaxMemoryOpt = Annotated[str | None, typer.Option("--max-memory", help="Memory per device for --device-map, e.g. 0=70GiB,1=70GiB (cpu=… too).", metavar="DEV=SIZE,…", show_default=False)]
+ShardOpt = Annotated[
+    str | None,
+    typer.Option("--shard", help="Score shard I of N (whole reference batches, b % N == I) and write its part to --json; `specprobe merge` joins the parts. Under torchrun the ranks shard by themselves.", metavar="I/N", show_default=False),
+]
 MarkdownOpt = Annotated[str | None, typer.Option("--markdown", help="Write a Markdown summary (for $GITHUB_STEP_SUMMARY or a PR comment).", metavar="FILE", show_default=False)]
 
 

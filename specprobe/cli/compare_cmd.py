@@ -41,11 +41,12 @@ def compare(
     csv_dir: Annotated[str | None, typer.Option("--csv", help="Write the delta tables as CSV into this folder.", metavar="DIR", show_default=False)] = None,
     allow_target_change: Annotated[bool, typer.Option("--allow-target-change", help="Compare even when the two were measured on different target models.")] = False,
     allow_prompt_change: Annotated[bool, typer.Option("--allow-prompt-change", help="Compare even when the two used different prompt sets.")] = False,
+    k: Annotated[str | None, typer.Option("--k", help="Draft length(s) to compare τ and speedup at, e.g. 4 (default: the baseline's best K); the gate judges the K where τ fell most.", show_default=False)] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Compare a candidate drafter's result against a baseline's; exit 1 on a regression.
 
-    Judged by the SP5xx rules ('specprobe rules list --family 5'): acceptance dropped more than 20% relative; a domain fell below 70% while the overall rate held; the depth curve decays faster; KL rose past a band boundary. Results from another target model or prompt set are refused unless allowed.
+    Judged by the SP5xx rules ('specprobe rules list --family 5'): acceptance dropped more than 20% relative; a domain fell below 70% while the overall rate held; the depth curve decays faster; KL rose past a band boundary; τ fell more than 15% at the compared K (the baseline's best K, or --k: never each side's own best K, which a cost timing can move). Results from another target model or prompt set are refused unless allowed.
 
     With --config, the probe config's baseline is the baseline and its outputs.json (what its diagnose run wrote) the candidate; its rules and fail_on apply unless given here.
 
@@ -71,7 +72,10 @@ def compare(
     table = load_table(opts.rules)
     base = load_result(opts.baseline)
     cand = load_result(opts.candidate)
-    comparison = compare_results(base, cand, table=table, allow_target_change=allow_target_change, allow_prompt_change=allow_prompt_change, files=(str(opts.baseline), str(opts.candidate)))
+    ks = opts.k if opts.origins.get("k", "default") != "default" else None  # --k or the config's k
+    comparison = compare_results(
+        base, cand, table=table, allow_target_change=allow_target_change, allow_prompt_change=allow_prompt_change, files=(str(opts.baseline), str(opts.candidate)), ks=ks,
+    )
     comparison = judge(comparison, table, fail_on=opts.fail_on)
     render_comparison(comparison, out)
     write_outputs(comparison, opts, fail_on=opts.fail_on)

@@ -9,9 +9,11 @@ import typer
 
 from specprobe.cli.common import (
     BatchSizeOpt,
+    BatchSizesOpt,
     ConfigOpt,
     CostRatioOpt,
     CsvOpt,
+    DeviceMapOpt,
     DeviceOpt,
     DomainsOpt,
     DrafterArg,
@@ -26,6 +28,7 @@ from specprobe.cli.common import (
     JunitOpt,
     KMaxOpt,
     MarkdownOpt,
+    MaxMemoryOpt,
     MaxPromptsOpt,
     MinPOpt,
     NoCacheOpt,
@@ -34,6 +37,7 @@ from specprobe.cli.common import (
     RulesOpt,
     SeedOpt,
     SemanticsOpt,
+    ShardOpt,
     TargetArg,
     TempOpt,
     TopKOpt,
@@ -68,8 +72,9 @@ def diagnose(
     sampling_semantics: SemanticsOpt = "vllm",
     seed: SeedOpt = 0,
     batch_size: BatchSizeOpt = 8,
+    batch_sizes: BatchSizesOpt = None,
     k_max: KMaxOpt = 8,
-    verify_factor: VerifyFactorOpt = 1.0,
+    verify_factor: VerifyFactorOpt = None,
     cost_ratio: CostRatioOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -83,6 +88,9 @@ def diagnose(
     force: ForceOpt = False,
     no_cache: NoCacheOpt = False,
     brief: Annotated[bool, typer.Option("--brief", help="Verdict and findings only.")] = False,
+    shard: ShardOpt = None,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Teacher-forced diagnosis: acceptance α, KL(target‖draft), depth curves, τ(K),
@@ -106,6 +114,12 @@ def diagnose(
     table = load_table(opts.rules)
     cfg = opts.diagnose_config()
     load_prompt_set(cfg)
+    from specprobe.distributed import from_env
+
+    if opts.shard is not None or from_env() is not None:  # --shard I/N, or one rank of torchrun
+        from specprobe.cli.merge_cmd import diagnose_sharded
+
+        diagnose_sharded(opts, cfg, table)
     result = Result.model_validate(run_diagnose(cfg, RichProgress(err), table=table, on_partial=keep_partial(opts)))
     finish(result, opts, lambda: render(result, out, full=not opts.brief))
 

@@ -45,7 +45,9 @@ simulate_cmd.register(app)
 from specprobe.cli import demo_cmd  # noqa: E402
 
 demo_cmd.register(app)
-from specprobe.cli import compare_cmd, report_cmd  # noqa: E402
+from specprobe.cli import compare_cmd, merge_cmd, report_cmd  # noqa: E402
+
+merge_cmd.register(app)
 
 report_cmd.register(app)
 compare_cmd.register(app)

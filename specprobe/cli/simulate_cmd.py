@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from specprobe.cli.common import (
+    BatchSizesOpt,
     ConfigOpt,
     CostRatioOpt,
     CsvOpt,
@@ -70,8 +71,9 @@ def simulate(
     sampling_semantics: SemanticsOpt = "vllm",
     seed: SeedOpt = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together; each row advances by its own accepted count.")] = 8,
+    batch_sizes: BatchSizesOpt = None,
     k_max: KMaxOpt = 8,
-    verify_factor: VerifyFactorOpt = 1.0,
+    verify_factor: VerifyFactorOpt = None,
     cost_ratio: CostRatioOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",

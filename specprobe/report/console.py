@@ -140,22 +140,61 @@ def depth_k_table(result: Result) -> Grid:
             Column("r_K cumulative", "r_K", "right"),
             Column("a_K conditional", "a_K", "right", "drop", 2),
             Column("τ(K) tokens", "τ(K)", "right"),
+            Column("τ window", "τ win", "right", "drop", 5),
             Column("accept rate", "acc", "right", "drop", 3),
             Column("i.i.d. τ", "iid τ", "right", "drop", 4),
+            Column("v_K", None, "right", "drop", 6),
             Column("speedup", justify="left"),
         ],
-        title="by draft depth / K (teacher-forced estimate; depth from 1)",
+        title="by draft depth / K (teacher-forced; τ(K) renewal, τ win window)",
     )
     cum = result.depth.cumulative if result.depth else []
     cond = result.depth.conditional if result.depth else []
     best = result.best_k
     for i, row in enumerate(result.k_table):
         mark = " ◀ best" if row.k == best else ""
+        tau = row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
+        rate = row.accept_rate_renewal if row.accept_rate_renewal is not None else row.accept_rate
         g.add(
             str(row.k), _pct(cum[i] if i < len(cum) else None), _pct(cond[i] if i < len(cond) else None),
-            _f(row.tau_tokens, ".2f"), _pct(row.accept_rate), _f(row.iid_tau_tokens, ".2f"), f"{_f(row.speedup, '.2f')}×{mark}",
+            _f(tau, ".2f"), _f(row.tau_tokens, ".2f"), _pct(rate), _f(row.iid_tau_tokens, ".2f"), _f(row.verify_factor, ".2f"),
+            f"{_f(row.speedup, '.2f')}×{mark}",
         )
     return g
+
+
+def batch_table(result: Result) -> Grid | None:
+    """Estimated speedup per (batch size, K) when several batch sizes were timed."""
+    c = result.cost
+    if c is None or len(c.batches) < 2:
+        return None
+    ks = [r.k for r in c.batches[0].rows]
+    cols = [Column("batch", justify="right"), Column("c", None, "right", "drop", 1)]
+    cols += [Column(f"K={k}", None, "right", "drop", 10 + k) for k in ks]
+    g = Grid([*cols, Column("best K", "K*", "right"), Column("best", justify="left")], title="estimated speedup by batch size and K (costs timed at each)")
+    for b in c.batches:
+        by_k = {r.k: r.speedup for r in b.rows}
+        mark = " ◀ run" if b.batch_size == c.batch_size else ""
+        g.add(str(b.batch_size), _f(b.cost_ratio, ".3f"), *[f"{_f(by_k.get(k), '.2f')}×" for k in ks], str(b.best_k), f"{_f(b.speedup_best, '.2f')}×{mark}")
+    return g
+
+
+def cost_line(result: Result) -> str | None:
+    """How the speedups were priced: what was timed (where, how often, how noisy) and
+    what was given."""
+    c = result.cost
+    if c is None:
+        return None
+    src = c.sources or {}
+    where = f" at batch size {c.batch_size}" + (f" over a {c.context_tokens}-token context" if c.context_tokens else "")
+    head = next((b for b in c.batches if b.batch_size == c.batch_size), None)
+    parts = [f"round cost K·c + v_K{where}: c = {_f(c.cost_ratio, '.3f')} ({src.get('cost_ratio', 'measured' if c.measured else 'given')}), v_K {src.get('verify_factor', 'given')}"]
+    if c.verify_factor is not None:
+        parts[0] = f"round cost (1 + K·c)·v{where}: c = {_f(c.cost_ratio, '.3f')} ({src.get('cost_ratio', 'given')}), v = {_f(c.verify_factor, '.2f')} ({src.get('verify_factor', 'given')})"
+    if head is not None and head.repeats:
+        spread = f", spread {_pct(c.spread_rel)} (IQR ÷ median)" if c.spread_rel is not None else ""
+        parts.append(f"{head.repeats} interleaved repeats{spread}, {_f(c.elapsed_s, '.0f')} s")
+    return "; ".join(parts) + "".join(f"\n  {n}" for n in c.notes)
 
 
 def check_facts_table(result: Result) -> Grid:
@@ -195,8 +234,10 @@ def render(result: Result, console: Console, full: bool = True) -> None:
         if note:
             console.print(f"[yellow]{note}[/]", highlight=False)
         else:
-            how = "measured on the device" if c.measured else "given"
-            console.print(f"cost ratio c = {_f(c.cost_ratio)} ({how}; target step {_f(c.target_step_ms, '.1f')} ms, drafter step {_f(c.draft_step_ms, '.1f')} ms), verify factor v = {c.verify_factor}")
+            console.print(cost_line(result), highlight=False, markup=False)
+        bt = batch_table(result)
+        if bt is not None:
+            console.print(bt)
     console.print("[dim]KL is computed on the untruncated tempered softmax (T=1 when greedy) so it stays finite; α uses each side's sampling distribution.[/]")
 
 
@@ -213,9 +254,11 @@ def measured_tables(result: Result, console: Console) -> None:
             Column("K", justify="right"),
             Column("τ measured", "τ meas", "right"),
             Column("τ estimate", "τ est", "right"),
+            Column("τ window", "τ win", "right", "drop", 8),
             Column("gap est−meas", "gap", "right", "drop", 4),
             Column("accept rate", "acc", "right", "drop", 3),
             Column("tokens/s", "tok/s", "right"),
+            Column("speedup est", "S est", "right", "drop", 2),
             Column("speedup"),
             Column("drafts", None, "right", "drop", 5),
             Column("draft ms/step", "draft ms", "right", "drop", 7),
@@ -227,8 +270,8 @@ def measured_tables(result: Result, console: Console) -> None:
     for r in m.k_table:
         mark = " ◀ best" if r is best else ""
         g.add(
-            str(r.k), _f(r.tau_tokens, ".2f"), _f(r.tau_estimate, ".2f"), _f(r.tau_gap, "+.2f"), _pct(r.accept_rate),
-            _f(r.tokens_per_s, ".1f"), f"{_f(r.speedup, '.2f')}×{mark}", str(r.num_drafts),
+            str(r.k), _f(r.tau_tokens, ".2f"), _f(r.tau_estimate, ".2f"), _f(r.tau_window, ".2f"), _f(r.tau_gap, "+.2f"), _pct(r.accept_rate),
+            _f(r.tokens_per_s, ".1f"), f"{_f(r.speedup_estimate, '.2f')}×", f"{_f(r.speedup, '.2f')}×{mark}", str(r.num_drafts),
             _f(r.draft_ms_per_step, ".1f"), _f(r.target_ms_per_step, ".1f"),
         )
     console.print(g)

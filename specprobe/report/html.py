@@ -196,6 +196,7 @@ def render_html(result: Result) -> str:
     parts.append('<section id="charts"><h2>Acceptance and speedup</h2>')
     parts.append(_depth_section(result))
     parts.append(_speedup_section(result))
+    parts.append(_batch_section(result))
     parts.append(_histogram_sections(result))
     parts.append(_bucket_section(result.by_domain, "chart-domain", "α by domain", "domain"))
     if result.categories:
@@ -257,23 +258,61 @@ def _speedup_section(result: Result) -> str:
         y_label="speedup ×", x_label="draft length K", y_fmt=lambda v: f"{v:.2g}×",
         hline=(1.0, "no speedup (1×)"), mark_x=(best, f"best K = {best}") if best is not None else None,
     )
-    head = ["K", "τ(K) est.", "acc. rate", "τ i.i.d.", "speedup est."] + (["τ meas.", "speedup meas.", "tok/s"] if mk else [])
+    head = ["K", "τ(K) est.", "τ window", "acc. rate", "τ i.i.d.", "v_K", "speedup est."] + (["τ meas.", "speedup meas.", "tok/s"] if mk else [])
     body = []
     for k in ks:
         e = est.get(k)
-        r: list[Any] = [k, fnum(e.tau_tokens if e else None, ".2f"), pct(e.accept_rate if e else None), fnum(e.iid_tau_tokens if e else None, ".2f"), fnum(e.speedup if e else None, ".2f") + "×"]
+        tau = (e.tau_renewal_tokens if e.tau_renewal_tokens is not None else e.tau_tokens) if e else None
+        rate = (e.accept_rate_renewal if e.accept_rate_renewal is not None else e.accept_rate) if e else None
+        r: list[Any] = [
+            k, fnum(tau, ".2f"), fnum(e.tau_tokens if e else None, ".2f"), pct(rate), fnum(e.iid_tau_tokens if e else None, ".2f"),
+            fnum(e.verify_factor if e else None, ".2f"), fnum(e.speedup if e else None, ".2f") + "×",
+        ]
         if mk:
             mm = mea.get(k)
             r += [fnum(mm.tau_tokens if mm else None, ".2f"), fnum(mm.speedup if mm else None, ".2f") + "×", fnum(mm.tokens_per_s if mm else None, ".1f")]
         body.append(r)
     cost, adaptive = result.cost, result.adaptive
+    src = cost.sources if cost else {}
     caption = (
-        f"speedup(K) = τ(K) / (1 + K·c) / v with cost ratio c = {fnum(cost.cost_ratio if cost else None, '.3f')}"
-        f" ({'measured' if cost and cost.measured else 'assumed'}) and verify factor v = {fnum(cost.verify_factor if cost else None, '.2f')}. τ includes the bonus token."
+        f"speedup(K) = τ(K) / (K·c + v_K): a round costs K drafter steps and one target pass over K + 1 tokens, in target decode steps"
+        f" (with a given v: (1 + K·c)·v). Cost ratio c = {fnum(cost.cost_ratio if cost else None, '.3f')} ({esc(src.get('cost_ratio', 'measured' if cost and cost.measured else 'assumed'))}),"
+        f" v_K {esc(src.get('verify_factor', 'given'))}{f' at batch size {cost.batch_size}' if cost and cost.batch_size else ''}."
+        " τ(K): renewal estimate (rounds start where the previous one ended); τ window: every start position averaged. τ includes the bonus token."
     )
     if adaptive:
         caption += f" Adaptive K (stop below confidence {fnum(adaptive.threshold, '.2f')}): {fnum(adaptive.speedup, '.2f')}× at mean K {fnum(adaptive.mean_k, '.2f')}."
     return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if ks[i] == best else ""), "τ and speedup by K")
+
+
+def _batch_section(result: Result) -> str:
+    """Estimated speedup per (batch size, K), when more than one batch size was timed."""
+    cost = result.cost
+    if cost is None or len(cost.batches) < 2:
+        return ""
+    ks = [r.k for r in cost.batches[0].rows]
+    palette = ("#2563eb", "#7c3aed", "#db2777", "#ea580c", "#16a34a", "#0891b2")
+    series = [
+        Series(f"batch {b.batch_size}", [{r.k: r.speedup for r in b.rows}.get(k) for k in ks], palette[i % len(palette)], "" if b.batch_size == cost.batch_size else "6 4")
+        for i, b in enumerate(cost.batches)
+    ]
+    chart = line_chart(
+        "chart-batch", "Estimated speedup by batch size and draft length K", ks, series,
+        y_label="speedup ×", x_label="draft length K", y_fmt=lambda v: f"{v:.2g}×", hline=(1.0, "no speedup (1×)"),
+    )
+    head = ["batch size", "c", "target step ms", "best K", "speedup at best K", "range (IQR)"]
+    body = []
+    for b in cost.batches:
+        best = next((r for r in b.rows if r.k == b.best_k), None)
+        body.append([
+            b.batch_size, fnum(b.cost_ratio, ".3f"), fnum(b.target_step.median_ms if b.target_step else None, ".1f"), b.best_k if b.best_k is not None else "n/a",
+            fnum(b.speedup_best, ".2f") + "×", f"{fnum(best.speedup_low if best else None, '.2f')}–{fnum(best.speedup_high if best else None, '.2f')}×",
+        ])
+    caption = (
+        f"Each line: τ(K) over a round's cost timed at that batch size (solid: the run's batch size {cost.batch_size}). "
+        "Where a line stays under 1×, speculative decoding slows that batch size down."
+    )
+    return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if cost.batches[i].batch_size == cost.batch_size else ""), "Speedup by batch size")
 
 
 def _histogram_sections(result: Result) -> str:

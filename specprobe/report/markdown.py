@@ -75,21 +75,51 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
     if result.k_table:
         best = result.best_k
         lines += ["#### τ and speedup by K (estimate" + (", measured" if mk else "") + ")", ""]
-        head = ["K", "τ(K)", "accept rate", "speedup"] + (["τ measured", "speedup measured"] if mk else [])
+        head = ["K", "τ(K)", "τ window", "accept rate", "v_K", "speedup"] + (["τ measured", "speedup measured"] if mk else [])
         body = []
         for r in result.k_table:
-            row: list[Any] = [f"**{r.k}** (best)" if r.k == best else r.k, f"{r.tau_tokens or 0:.2f}", pct(r.accept_rate), f"{r.speedup or 0:.2f}×"]
+            tau = r.tau_renewal_tokens if r.tau_renewal_tokens is not None else r.tau_tokens
+            rate = r.accept_rate_renewal if r.accept_rate_renewal is not None else r.accept_rate
+            row: list[Any] = [
+                f"**{r.k}** (best)" if r.k == best else r.k, fixed(tau, ".2f"), fixed(r.tau_tokens, ".2f"), pct(rate), fixed(r.verify_factor, ".2f"), f"{r.speedup or 0:.2f}×",
+            ]
             if mk:
                 mm = mk.get(r.k)
                 row += [fixed(mm.tau_tokens if mm else None, ".2f"), fixed(mm.speedup if mm else None, ".2f") + ("×" if mm and mm.speedup is not None else "")]
             body.append(row)
         lines += _table(head, body)
+        lines += _cost_lines(result)
     d = result.depth
     if d and d.cumulative:
         lines += ["#### Acceptance by draft depth (estimate; depth from 1)", ""]
         lines += _table(("depth", "cumulative r_j", "conditional a_j"), [[j, pct(c), pct(a)] for j, c, a in zip(d.depth, d.cumulative, d.conditional, strict=False)])
     lines.append("_Estimates from teacher forcing" + ("; measured values from real speculative decoding._" if mk else "._"))
     return "\n".join(lines) + "\n"
+
+
+def _cost_lines(result: Result) -> list[str]:
+    """How the speedups were priced, and the speedup per (batch size, K) when several
+    batch sizes were timed."""
+    c = result.cost
+    if c is None:
+        return []
+    src = c.sources or {}
+    spread = f", spread (IQR ÷ median) {pct(c.spread_rel)}" if c.spread_rel is not None else ""
+    lines = [
+        f"_τ(K): renewal estimate (rounds start where the previous one ended); τ window: every start averaged. "
+        f"speedup = τ ÷ (K·c + v_K) with c = {fixed(c.cost_ratio, '.3f')} ({src.get('cost_ratio', 'measured' if c.measured else 'given')}) and v_K "
+        f"({src.get('verify_factor', 'measured')}) at batch size {c.batch_size}{spread}._",
+        "",
+    ]
+    if len(c.batches) > 1:
+        ks = [r.k for r in c.batches[0].rows]
+        lines += ["#### Estimated speedup by batch size and K", ""]
+        body = []
+        for b in c.batches:
+            by_k = {r.k: r.speedup for r in b.rows}
+            body.append([b.batch_size, fixed(b.cost_ratio, ".3f")] + [fixed(by_k.get(k), ".2f") + ("×" if by_k.get(k) is not None else "") for k in ks] + [b.best_k, fixed(b.speedup_best, ".2f") + "×"])
+        lines += _table(["batch", "c"] + [f"K={k}" for k in ks] + ["best K", "best"], body)
+    return lines
 
 
 def render_compare_markdown(comparison: Comparison, *, fail_on: str | None = None) -> str:

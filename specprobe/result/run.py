@@ -36,6 +36,7 @@ class RunConfig(Record):
     reference: str | None = None
     seed: int | None = None
     batch_size: int | None = None
+    batch_sizes: list[int] | None = None
     k_max: int | None = None
     verify_factor: float | None = None
     cost_ratio: float | None = None
@@ -201,6 +202,9 @@ class KRow(Part):
     tau_renewal_tokens: Num = None
     accept_rate_renewal: Num = None
     speedup_window: Num = None
+    verify_factor: Num = None
+    speedup_low: Num = None
+    speedup_high: Num = None
 
 
 class Adaptive(Part):
@@ -210,12 +214,70 @@ class Adaptive(Part):
     mean_k: Num
 
 
+class Timing(Part):
+    """One timed call over the interleaved repeats, in milliseconds."""
+
+    median_ms: Num
+    q1_ms: Num = None
+    q3_ms: Num = None
+    min_ms: Num = None
+    max_ms: Num = None
+    repeats: int = 0
+
+
+class CostK(Part):
+    """One K at one batch size: a round's cost in target decode steps (drafting K tokens +
+    verifying K + 1), its quartiles over the repeats, and the speedup it gives."""
+
+    k: int
+    tau_tokens: Num = Field(description="The τ(K) used: renewal estimate, else window.")
+    verify_factor: Num = Field(description="v_K: target pass over K + 1 tokens ÷ one decode step (median over repeats, or --verify-factor).")
+    round_cost: Num
+    round_cost_q1: Num = None
+    round_cost_q3: Num = None
+    speedup: Num
+    speedup_low: Num = Field(default=None, description="τ over the round cost's third quartile.")
+    speedup_high: Num = Field(default=None, description="τ over the round cost's first quartile.")
+    verify: Timing | None = None
+
+
+class BatchCost(Part):
+    """Costs and estimated speedups at one batch size (--batch-sizes)."""
+
+    batch_size: int
+    repeats: int = 0
+    target_step: Timing | None = None
+    draft_step: Timing | None = None
+    cost_ratio: Num = None
+    cost_ratio_q1: Num = None
+    cost_ratio_q3: Num = None
+    best_k: int | None = None
+    speedup_best: Num = None
+    rows: list[CostK] = Field(default_factory=list)
+    draft_ratios: list[Num] = Field(default_factory=list, description="Drafter step ÷ target step, repeat by repeat.")
+    verify_ratios: list[list[Num]] = Field(default_factory=list, description="Per K (from 1): target pass over K + 1 tokens ÷ target step, repeat by repeat.")
+
+
 class Cost(Part):
+    """What a round costs. cost_ratio/target_step_ms/draft_step_ms: at the run's batch size
+    (the headline); batches: every batch size timed. verify_factor: the value given
+    (--verify-factor), null when v is measured per K."""
+
     cost_ratio: Num
     target_step_ms: Num = None
     draft_step_ms: Num = None
     measured: bool = False
-    verify_factor: Num = 1.0
+    verify_factor: Num = None
+    sources: dict[str, str] = Field(default_factory=dict, description="Where c and v came from: measured, or the flag / config key that gave them.")
+    batch_size: int | None = None
+    context_tokens: int | None = Field(default=None, description="KV-cache length the timings ran over: the prompts' median length + half the continuation.")
+    budget_s: Num = Field(default=None, description="Time the cost measurement aimed at: a quarter of the scoring time.")
+    cap_s: Num = Field(default=None, description="Time it may not pass (beyond its first repeat): the scoring time.")
+    elapsed_s: Num = None
+    stopped_by_budget: bool = False
+    spread_rel: Num = Field(default=None, description="(q3 − q1) ÷ median of the round cost at the best K, at the run's batch size.")
+    batches: list[BatchCost] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
 
 
 class Positions(Part):
@@ -245,18 +307,25 @@ class MeasuredRow(Part):
     num_drafts: int
     draft_ms_per_step: Num
     target_ms_per_step: Num
-    tau_estimate: Num
+    tau_estimate: Num = Field(description="Estimated τ(K): the renewal estimate (window when unknown).")
     tau_gap: Num
+    tau_window: Num = None
+    speedup_estimate: Num = None
+    speedup_gap: Num = Field(default=None, description="(estimated − measured speedup) ÷ measured.")
     emitted_tokens: int
     wall_s: Num
     prompts: int
 
 
 class MeasuredDepth(Depth):
+    """cumulative: accepted at position i ÷ drafts that proposed it (the r_i the estimate
+    predicts); cumulative_vllm: vLLM's per-position rate, ÷ all drafts."""
+
     k: int
     accepted_per_position: list[int]
     drafted_per_position: list[int]
     num_drafts: int
+    cumulative_vllm: list[Num] = Field(default_factory=list)
     source: Literal["estimate", "measured"] = "measured"
 
 

@@ -4,7 +4,8 @@ draft → verify loop) on the same prompts, and the result's "measured" block.""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from math import nan
 from pathlib import Path
 from typing import Any
 
@@ -31,28 +32,45 @@ def eos_ids(target: Any) -> set[int]:
     return ids
 
 
-def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, float]) -> dict[str, Any]:
-    est = estimate.get(c.k, float("nan"))
+def estimate_by_k(rows: Sequence[Any]) -> dict[int, tuple[float, float, float]]:
+    """The estimate's K table -> K: (renewal τ, window τ, estimated speedup); the renewal τ
+    falls back to the window τ where it is unknown (as the speedup does)."""
+    out = {}
+    for r in rows:
+        window = r.tau_tokens if r.tau_tokens is not None else nan
+        renewal = r.tau_renewal_tokens if r.tau_renewal_tokens is not None else window
+        out[r.k] = (renewal, window, r.speedup if r.speedup is not None else nan)
+    return out
+
+
+def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, tuple[float, float, float]]) -> dict[str, Any]:
+    """One measured K beside the estimate at that K: renewal and window τ, and the
+    estimated speedup against the measured one (gaps relative to the measurement)."""
+    est, window, est_speedup = estimate.get(c.k, (nan, nan, nan))
     tau = c.tau_tokens
+    speedup = c.tokens_per_s / baseline_tps if baseline_tps and baseline_tps > 0 else nan
     return {
         "k": c.k,
         "tau_tokens": tau,
         "tokens_per_verify": c.tokens_per_verify,
         "accept_rate": c.accept_rate,
-        "speedup": c.tokens_per_s / baseline_tps if baseline_tps and baseline_tps > 0 else float("nan"),
+        "speedup": speedup,
         "tokens_per_s": c.tokens_per_s,
         "num_drafts": c.num_drafts,
         "draft_ms_per_step": 1e3 * c.draft_s / c.draft_calls if c.draft_calls else float("nan"),
         "target_ms_per_step": 1e3 * c.target_s / c.target_calls if c.target_calls else float("nan"),
         "tau_estimate": est,
         "tau_gap": est - tau,
+        "tau_window": window,
+        "speedup_estimate": est_speedup,
+        "speedup_gap": (est_speedup - speedup) / speedup if speedup and speedup > 0 else nan,
         "emitted_tokens": c.emitted_tokens,
         "wall_s": c.wall_s,
         "prompts": c.prompts,
     }
 
 
-def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, float]) -> dict[str, Any]:
+def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, tuple[float, float, float]]) -> dict[str, Any]:
     """The result's "measured" block (depth indexed from 1; τ includes the bonus token)."""
     base_tps = baseline.tokens_per_s if baseline is not None else float("nan")
     k_rows = [_measured_row(c, base_tps, estimate) for c in runs if c.num_drafts]
@@ -63,6 +81,7 @@ def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adap
             "k": deepest.k,
             "depth": list(range(1, deepest.k + 1)),
             "cumulative": deepest.cumulative(),
+            "cumulative_vllm": deepest.cumulative_vllm(),
             "conditional": deepest.conditional(),
             "accepted_per_position": [int(x) for x in deepest.accepted_at],
             "drafted_per_position": [int(x) for x in deepest.drafted_at],
@@ -119,7 +138,7 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
         progress.note("interrupted before the measurement: nothing was measured")
         return simulate_result(estimate, cfg, None, table).model_copy(update={"interrupted": True})
     encoded = refs.encoded
-    tau_estimate = {r.k: r.tau_tokens for r in estimate.k_table if r.tau_tokens is not None}
+    tau_estimate = estimate_by_k(estimate.k_table)
     kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size}
     runs: list[SimCounters] = []
     baseline: SimCounters | None = None
