@@ -97,13 +97,16 @@ def run_diagnose(
             done = sum(1 for c in refs.conts if c)
             progress.note(f"interrupted while generating references: finishing — scoring the {done} prompts whose references are done, then the cost ratio; press Ctrl-C again to stop now")
         drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max, every=drill_every)
+        t_score = time.perf_counter()
         scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *extra])
+        scoring_s.append(time.perf_counter() - t_score)
         scored.drill = drill
         scored.second_press = refs.interrupted and scored.interrupted
         scored.interrupted = scored.interrupted or refs.interrupted
         return refs, scored
 
     t0 = time.perf_counter()
+    scoring_s: list[float] = []  # the teacher-forced scoring's own time (references not included)
     record_cost: Callable[[dict[str, Any]], None] = lambda cost: None  # noqa: E731
     # a shard's share of the prompts (every shard samples the same counterfactual prompts)
     drill_every = default_every(len(prompt_set.prompts)) if cfg.shard is not None else None
@@ -114,8 +117,9 @@ def run_diagnose(
 
         ids = [p.id for p in prompt_set.prompts]
         refs, scored, record_cost = run_shard(cfg, pair, header, metrics, ids, progress, references_and_scores, drafter.kind, align.evidence, drill_every)
-    # costs are timed at the context these prompts reach, within a budget set by this time
-    timing = timing_settings(cfg, refs.encoded, refs.conts, time.perf_counter() - t0)
+    # costs are timed at the context these prompts reach, within a budget set by the
+    # scoring's time (a shard reused from disk: this run's time)
+    timing = timing_settings(cfg, refs.encoded, refs.conts, sum(scoring_s) if scoring_s else time.perf_counter() - t0)
     second_press = scored.second_press
 
     # 4. cost: the drafter's price per step, then estimates and rules
