@@ -15,7 +15,8 @@ so T = 0 runs one seed by default (--greedy-seeds); T = 0.7 runs --seeds.
 
 Slow on a CPU: every run is cached as JSON under --out, keyed by its settings, so an
 interrupted benchmark resumes where it stopped and a finished one only prints. --quick
-runs a subset (built-in prompts, the 28-layer draft, one seed, fewer prompts).
+runs a subset (built-in prompts, the 28-layer draft, one seed, fewer prompts); --prompts,
+--layers and --temperature pick one prompt set, draft or temperature.
 Asserts nothing. Run: python benchmarks/bench_calibration.py [--quick] [--out DIR]
 """
 
@@ -38,11 +39,15 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every run to make, as the settings that key its cache file."""
     prompt_sets = ["builtin"] if args.quick else ["builtin", str(SPEC_BENCH)]
     drafters = ["self:layers=28"] if args.quick else ["self:layers=28", "self:layers=24"]
+    if args.prompts:
+        prompt_sets = [str(SPEC_BENCH) if args.prompts == "spec-bench" else "builtin"]
+    if args.layers:
+        drafters = [f"self:layers={args.layers}"]
     seeds = list(range(1 if args.quick else args.seeds))
     runs = []
     for prompts in prompt_sets:
         for drafter in drafters:
-            for temp in (0.0, 0.7):
+            for temp in (0.0, 0.7) if args.temperature is None else (args.temperature,):
                 for seed in seeds[: args.greedy_seeds] if temp == 0 else seeds:
                     runs.append({
                         "target": "smollm2", "drafter": drafter, "prompts": prompts, "temperature": temp, "seed": seed, "k": K,
@@ -142,6 +147,9 @@ def main() -> None:
     ap.add_argument("--max-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--prompts", choices=("builtin", "spec-bench"), help="only this prompt set")
+    ap.add_argument("--layers", type=int, choices=(24, 28), help="only this self-draft")
+    ap.add_argument("--temperature", type=float, choices=(0.0, 0.7), help="only this temperature")
     ap.add_argument("--print-only", action="store_true", help="print what is cached, run nothing")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
