@@ -38,7 +38,7 @@ def test_diagnose_layer_skip_on_smollm2(tmp_path) -> None:
     assert r["drafter"]["kind"] == "layer_skip" and r["target"]["num_layers"] == 30
     assert 0.1 < m["accept_prob_mean"] < 0.95  # a real, imperfect drafter
     assert m["num_positions"] > 0 and m["cost_ratio"] > 0.5  # 28 of 30 layers costs most of a step
-    assert len(r["k_table"]) == 8 and r["best_k"] >= 1
+    assert len(r["k_table"]) == 8 and r["metrics"]["best_k"] >= 1
     assert "SP0" not in " ".join(f["rule_id"] for f in r["findings"] if f["severity"] == "error")
 
 
