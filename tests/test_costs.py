@@ -355,3 +355,29 @@ def test_reports_show_the_speedup_by_batch_size(real_results: Any) -> None:
     assert "Estimated speedup by batch size and K" in md and "| 32 |" in md
     page = render_html(r)
     assert 'id="chart-batch"' in page and "batch 32" in page
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "eagle1", "medusa", "mtp"])
+def test_a_head_drafters_step_is_timed(layout: str, tiny_pair: Any, tmp_path: Any) -> None:
+    from specprobe.models.drafters import build_drafter
+    from specprobe.models.loader import load_model
+    from tests.helpers import heads as hh
+
+    t = tiny_pair["target"]
+    target_path, spec = {
+        "eagle3": lambda: (t, str(hh.eagle3_speculators(tmp_path / "e3", t, vd=150))),
+        "eagle1": lambda: (t, str(hh.eagle1(tmp_path / "e1", t))),
+        "medusa": lambda: (t, str(hh.medusa_fasterdecoding(tmp_path / "m", t))),
+        "mtp": lambda: (hh.target_with_mtp(tmp_path / "t", t, "deepseek"), "mtp"),
+    }[layout]()
+    target = load_model(str(target_path), "cpu", "float32")
+    drafter = build_drafter(spec, target)
+    assert drafter.step_model() is None  # a head: its features and logits are what is timed
+    clock = FakeClock()
+
+    def tick() -> float:
+        clock.now += 0.001
+        return clock.now
+
+    raw = costs.cost_block(target, drafter, None, k_max=2, batch_sizes=[2], context_tokens=6, budget_s=0.0, clock=tick)
+    assert len(raw["batches"][0]["draft_ratios"]) == costs.MIN_REPEATS, raw["notes"]
