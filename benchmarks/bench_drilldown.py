@@ -9,7 +9,7 @@
    from synthetic chunks (no model), as JSON the way a result file writes it (goal
    < 20 MB), and the time to build it.
 
-Prints; asserts nothing. Run: python benchmarks/bench_drilldown.py [--pairs 5] [--prompts 8]
+Prints; asserts nothing. Run: python benchmarks/bench_drilldown.py [--pairs 5] [--prompts 24] [--new-tokens 48]
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ def overhead(pairs: int, n_prompts: int, new_tokens: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--skip-overhead", action="store_true")
     args = ap.parse_args()
     size(480, 128)

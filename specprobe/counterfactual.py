@@ -10,9 +10,9 @@ on the same positions:
   vocabulary, on every id the map leaves out); α cannot exceed it;
 - α per domain against the overall, ranked by what matching the best domain would add.
 
-The logit what-ifs cost a few passes over [N, V] each, so they run on every n-th prompt
-(`default_every`; whole prompts, so τ can be chained along each sequence). τ what-ifs
-chain the depth-1 acceptance, as for an autoregressive drafter.
+The logit what-ifs cost passes over [N, V], so they run on every n-th prompt
+(`default_every`), one what-if per sampled prompt in turn; whole prompts, so τ can be
+chained along each sequence (the depth-1 acceptance, as for an autoregressive drafter).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ TEMPERATURE_GRID = (0.5, 0.7, 1.0)
 
 
 def default_every(num_prompts: int) -> int:
-    """Counterfactual sample stride: every prompt of a run of up to 16; beyond, about 16
-    prompts, and 1 in 8 from 128 prompts on — which keeps the extra passes a few % of
-    scoring (each what-if costs about one more metrics pass on the prompts it covers)."""
-    if num_prompts <= 16:
+    """Counterfactual sample stride: every prompt of a run of up to 8; beyond, every
+    second prompt, fewer from 48 prompts on (about 16), and 1 in 8 from 128 on. Each
+    sampled position costs about half a metrics pass, so this keeps the what-ifs a few %
+    of scoring."""
+    if num_prompts <= 8:
         return 1
-    return min(8, -(-num_prompts // 16))
+    return max(2, min(8, -(-num_prompts // 16)))
 
 
 def _transform(s: Any) -> tuple[Any, ...]:
@@ -97,13 +98,14 @@ def vocab_ceiling(target_logits: Any, draft_logits: Any, target_sampling: Any, n
 
 class CounterfactualProbe:
     """A scoring probe (`scoring.Probe`): on the rows of every `every`-th prompt, α under
-    the what-if settings and the vocabulary ceiling, as [N] arrays (NaN elsewhere).
+    one what-if setting and the vocabulary ceiling, as [N] arrays (NaN elsewhere).
 
-    The grid temperatures take turns over the sampled prompts (prompt i gets one of them),
-    so the grid costs one α computation per sampled position whatever its size; a grid
-    temperature that reproduces the run's own settings is not computed at all: its α is
-    the real one (`same_as_real`, filled in by the collector). The ids the drafter can
-    never propose are a property of the drafter, read from the first chunk."""
+    The what-ifs take turns over the sampled prompts — the drafter at the target's
+    settings (when they differ), then each grid temperature — so each sampled position
+    costs one α computation however many what-ifs there are. A grid temperature that
+    reproduces the run's own settings is not computed at all: its α is the real one
+    (`same_as_real`, filled in by the collector). The ids the drafter can never propose
+    are a property of the drafter, read from the first chunk."""
 
     def __init__(self, pair: Any, every: int) -> None:
         self.pair = pair
@@ -112,7 +114,9 @@ class CounterfactualProbe:
         grid = [(t, replace(pair.target, temperature=t)) for t in TEMPERATURE_GRID]
         real = None if self.aligned else _transform(pair.target)
         self.same_as_real = {f"cf_temperature_{t:g}" for t, s in grid if _transform(s) == real}
-        self.grid = [(t, s) for t, s in grid if f"cf_temperature_{t:g}" not in self.same_as_real]
+        # (key, target side, drafter side), one per turn
+        self.turns = [("cf_aligned_sampling", pair.target, pair.target)] if self.aligned else []
+        self.turns += [(f"cf_temperature_{t:g}", s, s) for t, s in grid if f"cf_temperature_{t:g}" not in self.same_as_real]
         self._never: Any = None
 
     def sampled(self, prompt_index: np.ndarray) -> np.ndarray:
@@ -121,37 +125,33 @@ class CounterfactualProbe:
     def __call__(self, chunk: Any, target_logits: Any, draft_logits: Any) -> dict[str, np.ndarray]:
         import torch
 
-        rows = np.flatnonzero(self.sampled(chunk.prompt))
+        prompt = np.asarray(chunk.prompt)
+        rows = np.flatnonzero(self.sampled(prompt))
         if rows.size == 0:
             return {}
-        n = len(chunk.prompt)
-        if rows.size == n:
-            tl, dl = target_logits, draft_logits
-        else:
-            idx = torch.from_numpy(rows).to(target_logits.device)
-            tl, dl = target_logits[idx], draft_logits[idx]  # [n, V], [n, V']
+        n = len(prompt)
         if self._never is None:
-            self._never = never_proposed(dl, tl.shape[-1])
-        out: dict[str, np.ndarray] = {}
+            self._never = never_proposed(draft_logits, target_logits.shape[-1])
 
-        def put(name: str, v: Any) -> None:
+        def pick(r: np.ndarray) -> tuple[Any, Any]:
+            if r.size == n:  # the whole chunk: no copy
+                return target_logits, draft_logits
+            idx = torch.from_numpy(r).to(target_logits.device)
+            return target_logits[idx], draft_logits[idx]  # [n, V], [n, V']
+
+        def put(name: str, r: np.ndarray, v: Any) -> None:
             a = np.full(n, np.nan, dtype=np.float32)
-            a[rows] = v.float().cpu().numpy()
+            a[r] = v.float().cpu().numpy()
             out[name] = a
 
-        ts = self.pair.target
-        if self.aligned:
-            put("cf_aligned_sampling", accept_prob(tl, dl, ts, ts))
-        if self.grid:
-            turn = (np.asarray(chunk.prompt)[rows] // self.every) % len(self.grid)  # [n] whose turn
-            for g, (t, s) in enumerate(self.grid):
-                mine = np.flatnonzero(turn == g)
-                if mine.size:
-                    sel = torch.from_numpy(mine).to(tl.device)
-                    a = np.full(n, np.nan, dtype=np.float32)
-                    a[rows[mine]] = accept_prob(tl[sel], dl[sel], s, s).float().cpu().numpy()
-                    out[f"cf_temperature_{t:g}"] = a
-        put("cf_vocab_ceiling", vocab_ceiling(tl, dl, ts, self._never))
+        out: dict[str, np.ndarray] = {}
+        turn = (prompt[rows] // self.every) % max(len(self.turns), 1)  # whose turn each row's prompt is
+        for g, (key, ts, ds) in enumerate(self.turns):
+            mine = rows[turn == g]
+            if mine.size:
+                put(key, mine, accept_prob(*pick(mine), ts, ds))
+        tl, dl = pick(rows)
+        put("cf_vocab_ceiling", rows, vocab_ceiling(tl, dl, self.pair.target, self._never))
         return out
 
 
