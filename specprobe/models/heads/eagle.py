@@ -257,14 +257,21 @@ class Eagle1Drafter(_EagleBase):
 
         b, s = ids.shape
         e = self.embed(shifted_tokens(ids, j)).to(hidden.dtype)
+        x = self.step_at(e, hidden, positions(b, s, j, e.device), chain_mask(s, j, torch.float32, e.device), caches)
+        return x, x
+
+    def step_at(self, e: Any, hidden: Any, pos: Any, mask: Any, caches: list[Any]) -> Any:
+        """fc([embedding; hidden]) through the layers at position ids pos [B, S] under an
+        additive mask; -> the output (the next step's hidden and the LM head's input)."""
+        import torch
+
         x = self.fc(torch.cat([e, hidden], dim=-1))
-        cos, sin = self.rotary(x, positions(b, s, j, x.device))
-        mask = chain_mask(s, j, torch.float32, x.device)
+        cos, sin = self.rotary(x, pos)
         for lay, cache in zip(self.layers, caches, strict=True):
             a = lay.input_layernorm(x) if lay.input_layernorm is not None else x
             x = x + lay.self_attn(a, cos, sin, mask, cache)
             x = x + lay.mlp(lay.post_attention_layernorm(x))
-        return x, x
+        return x
 
     def features(self, tp: Any) -> ChainedFeatures:
         caches: list[list[Any]] = [[] for _ in self.layers]

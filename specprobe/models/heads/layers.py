@@ -128,8 +128,12 @@ class Eagle3Head(nn.Module):
         from specprobe.models.heads.chain import chain_mask, positions
 
         b, s, _ = embeds.shape
-        cos, sin = self.rotary(embeds, positions(b, s, step, embeds.device))
-        mask = chain_mask(s, step, torch.float32, embeds.device)
+        return self.step_at(embeds, hidden, positions(b, s, step, embeds.device), chain_mask(s, step, torch.float32, embeds.device), cache)
+
+    def step_at(self, embeds: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step at explicit position ids [B, S] under an additive mask [B|1, 1, S, L+S]
+        (the live draft loop's slots, which may be holes) -> (next hidden, normed output)."""
+        cos, sin = self.rotary(embeds, pos)
         lay = self.layer
         assert lay.input_layernorm is not None and lay.hidden_norm is not None  # built with both
         en = lay.input_layernorm(embeds)

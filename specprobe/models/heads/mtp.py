@@ -178,22 +178,27 @@ class MTPDrafter(HeadDrafter):
         return emb(ids.to(emb.weight.device))
 
     def _step(self, ids: Any, caches: list[Any], uses: list[int], j: int, hidden: Any) -> tuple[Any, Any]:
-        import torch
-
         k = j % len(self.mods)
-        m: Any = self.mods[k]
         b, s = ids.shape
         e = self._embed(shifted_tokens(ids, j)).to(hidden.dtype)
         if j == 0 and self.style in ("deepseek", "mimo"):
             e = e.clone()
             e[:, 0] = 0  # vLLM masks the embedding at position 0
+        pos = positions(b, s, j, e.device)
+        mask = chain_mask(s, uses[k], e.dtype, e.device).expand(b, -1, -1, -1)
+        uses[k] += 1
+        return self.step_at(k, e, hidden, pos, mask, caches[k])
+
+    def step_at(self, k: int, e: Any, hidden: Any, pos: Any, mask: Any, cache: Any) -> tuple[Any, Any]:
+        """MTP layer k on embeddings e and hidden [B, S, H] at position ids pos under an
+        additive mask [B, 1, S, L+S] -> (the next step's hidden, the LM head's input)."""
+        import torch
+
+        m: Any = self.mods[k]
         en, hn = m.enorm(e), m.hnorm(hidden)
         x = m.proj(torch.cat([hn, en] if self.style == "mimo" else [en, hn], dim=-1))
-        pos = positions(b, s, j, x.device)
-        mask = chain_mask(s, uses[k], x.dtype, x.device).expand(b, -1, -1, -1)
-        out = m.block(x, attention_mask=mask, position_ids=pos, position_embeddings=self.rotary(x, pos), use_cache=True, **{_block_kwargs(m.block): caches[k]})
+        out = m.block(x, attention_mask=mask.to(x.dtype), position_ids=pos, position_embeddings=self.rotary(x, pos), use_cache=True, **{_block_kwargs(m.block): cache})
         x = out[0] if isinstance(out, tuple) else out
-        uses[k] += 1
         normed = m.out_norm(x)
         # DeepSeek chains the pre-norm output; Qwen3-Next and MiMo return (and chain) the normed one
         return (x if self.style == "deepseek" else normed), normed
