@@ -12,7 +12,12 @@ Each round, for every live row of a batch:
 
 Like transformers' assisted generation, a row drafts at most `remaining − 1` tokens
 near the end of its budget, so it never overshoots it. k = 0 (or no drafter) is plain
-autoregressive decoding with the same machinery: the baseline."""
+autoregressive decoding with the same machinery: the baseline.
+
+The drafter is a causal LM (its own `Stream`) or a head drafter (EAGLE-1/2, EAGLE-3,
+Medusa, MTP; `models.heads.live.LiveHead`), which reads the target's states from every
+verify pass, drafts from the round after the prefill and keeps only verified tokens in
+its cache."""
 
 from __future__ import annotations
 
@@ -50,7 +55,8 @@ def speculate(
 ) -> SimRun:
     """Speculative decoding of every prompt (token id lists) -> SimRun.
 
-    k = 0 (or no drafter) is plain autoregressive decoding with the same machinery: the
+    draft_model: a causal LM, a head drafter (`models.heads.chain.HeadDrafter`, over
+    this target), or None. k = 0 (or no drafter) is plain autoregressive decoding with the same machinery: the
     baseline. `threshold` stops a row's drafting at the first depth whose drafter
     confidence max q is below it (adaptive K; max q is 1 for a greedy drafter, as in the
     estimate). `run` is filled as it goes, so a caller that catches KeyboardInterrupt
@@ -105,6 +111,7 @@ class Batch:
 
     target: Stream
     drafter: Stream | None
+    head: Any  # LiveHead for a head drafter (then drafter is None), else None
     rows: list[int]  # live row -> prompt index
     t_todo: list[list[int]]  # per live row: tokens not yet in the target's cache
     d_todo: list[list[int]]  # … not yet in the drafter's cache
@@ -114,9 +121,15 @@ class Batch:
     @classmethod
     def start(cls, target_model: Any, draft_model: Any | None, prompts: list[Sequence[int]], index: list[int], max_new: int, gen: torch.Generator, device: Any) -> Batch:
         b = len(prompts)
+        head = None
+        if is_head(draft_model):
+            from specprobe.models.heads.live import LiveHead
+
+            head, draft_model = LiveHead(draft_model, b, device), None
         return cls(
             target=Stream(target_model, b, device),
             drafter=Stream(draft_model, b, device) if draft_model is not None else None,
+            head=head,
             rows=list(index),
             t_todo=[list(p) for p in prompts],  # round 1 feeds the prompts
             d_todo=[list(p) for p in prompts],
@@ -133,7 +146,7 @@ class Proposal:
     drafted: torch.Tensor  # [B] tokens proposed
     fed: torch.Tensor  # [B] drafts written back into the drafter's cache
     q: list[torch.Tensor]  # K × [B, V] drafter probabilities per depth (empty: no drafter ran)
-    first_slot: int  # drafter-cache slot of d_1 (its roll-back point)
+    first_slot: int  # drafter-cache slot of d_1 (its roll-back point); a head's first chain slot
 
     @property
     def drafter_ran(self) -> bool:
@@ -148,22 +161,27 @@ def decode_batch(batch: Batch, s: Settings, run: SimRun) -> None:
         while batch.rows:
             prop = draft(batch, s)
             n, nxt = verify(batch, s, prop)  # [B] accepted drafts, [B] next token
+            if batch.head is not None:
+                _queue_head(batch, prop, n, nxt)
             roll_back(batch, prop, n)
             count(c, prop, n, s.k)
             emit(batch, run, prop, n, nxt, s.eos)
     finally:
         c.target_calls += batch.target.calls
         c.target_s += batch.target.seconds
-        if batch.drafter is not None:
-            c.draft_calls += batch.drafter.calls
-            c.draft_s += batch.drafter.seconds
+        for d in (batch.drafter, batch.head):
+            if d is not None:
+                c.draft_calls += d.calls
+                c.draft_s += d.seconds
 
 
 def draft(batch: Batch, s: Settings) -> Proposal:
     """Up to K autoregressive drafter steps; the first one also catches the drafter up on
-    last round's tokens (1–2 per row; the prompt in round 1)."""
+    last round's tokens (1–2 per row; the prompt in round 1). A head catches up on the
+    positions the last verify accepted (nothing to draft from before the prefill)."""
     nb, k, dev = len(batch.rows), s.k, s.device
-    cap = torch.tensor([max(0, min(k, r - 1)) for r in batch.remaining], device=dev)  # [B] draft length cap
+    limit = batch.head.max_depth if batch.head is not None and batch.head.max_depth else k  # Medusa: one depth per head
+    cap = torch.tensor([max(0, min(k, limit, r - 1)) for r in batch.remaining], device=dev)  # [B] draft length cap
     prop = Proposal(
         tokens=torch.zeros((nb, max(k, 1)), dtype=torch.long, device=dev),
         drafted=torch.zeros(nb, dtype=torch.long, device=dev),
@@ -171,14 +189,27 @@ def draft(batch: Batch, s: Settings) -> Proposal:
         q=[],
         first_slot=0,
     )
-    dft = batch.drafter
-    if dft is None or not bool((cap > 0).any()):
+    dft, head = batch.drafter, batch.head
+    if not bool((cap > 0).any()):
         return prop
-    ids, valid = right_align(batch.d_todo, dev)
-    prop.first_slot = dft.length + ids.shape[1]
+    if head is not None:
+        if not head.has_pending:
+            return prop  # round 1: the target has not run yet
+        logits = head.catch_up()  # [B, V]
+        prop.first_slot = head.length
+        step: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] = head.step
+    elif dft is not None:
+        ids, valid = right_align(batch.d_todo, dev)
+        prop.first_slot = dft.length + ids.shape[1]
+        logits = dft.forward(ids, valid, keep=1)[:, -1]  # [B, V']
+
+        def step(x: torch.Tensor, feed: torch.Tensor, depth: int) -> torch.Tensor:
+            return dft.forward(x[:, None], feed[:, None], keep=1)[:, -1]
+    else:
+        return prop
     live = cap > 0  # [B] rows still drafting
     for j in range(k):
-        logits = _numbers(dft.forward(ids, valid, keep=1)[:, -1])  # [B, V']
+        logits = _numbers(logits)
         q = probs(align_vocab(logits, s.vocab), s.draft_sampling)  # [B, V] over the target's ids
         if s.threshold is not None:
             live &= q.amax(dim=-1) >= s.threshold  # stop at the first unconfident depth
@@ -190,7 +221,7 @@ def draft(batch: Batch, s: Settings) -> Proposal:
         feed = live & (j + 1 < cap)  # rows that need depth j+2
         if j + 1 >= k or not bool(feed.any()):
             break
-        ids, valid = x[:, None], feed[:, None]
+        logits = step(x, feed, j + 2)
         prop.fed += feed.long()
     prop.q += [prop.q[-1]] * (k - len(prop.q))  # rows never reach these; keep shapes [B, K, V]
     return prop
@@ -204,7 +235,9 @@ def verify(batch: Batch, s: Settings, prop: Proposal) -> tuple[torch.Tensor, tor
     blocks = [batch.t_todo[r] + prop.tokens[r, : dl[r]].tolist() for r in range(nb)]
     ids, valid = right_align(blocks, dev)
     last = min(k + 1, ids.shape[1])
-    logits = _numbers(batch.target.forward(ids, valid, keep=last))  # [B, K+1, V]: the last K+1 columns
+    forward = lambda: batch.target.forward(ids, valid, keep=last)  # noqa: E731
+    # a head reads the target's states at every verified position
+    logits = _numbers(batch.head.watch(ids, forward) if batch.head is not None else forward())  # [B, K+1, V]: the last K+1 columns
     # p_0 (after the last todo token) … p_n (bonus) sit in the last n+1 columns
     col = (last - 1 - drafted[:, None] + torch.arange(k + 1, device=dev)[None, :]).clamp_(max=last - 1)  # [B, K+1]
     tl = logits.gather(1, col[..., None].expand(-1, -1, logits.shape[-1]))  # [B, K+1, V]
@@ -217,11 +250,22 @@ def verify(batch: Batch, s: Settings, prop: Proposal) -> tuple[torch.Tensor, tor
 
 
 def roll_back(batch: Batch, prop: Proposal, n: torch.Tensor) -> None:
-    """Rejected drafts become holes in both caches."""
+    """Rejected drafts become holes in both caches; a head drops its whole chain (the
+    accepted drafts come back as entries from the target's states at the next catch-up)."""
     tgt = batch.target
     tgt.invalidate_from(tgt.length - (prop.drafted - n))
     if prop.drafter_ran and batch.drafter is not None:
         batch.drafter.invalidate_from(prop.first_slot + n)
+    if prop.drafter_ran and batch.head is not None:
+        batch.head.invalidate_from(prop.first_slot)
+
+
+def _queue_head(batch: Batch, prop: Proposal, n: torch.Tensor, nxt: torch.Tensor) -> None:
+    """The verify block of row r is [todo, d_1..d_drafted] right-aligned: its first
+    len(todo) + n positions were accepted, and `nxt` follows them."""
+    todo = torch.tensor([len(t) for t in batch.t_todo], device=n.device)  # [B]
+    block = int((todo + prop.drafted).max())
+    batch.head.queue(block - todo - prop.drafted, todo + n, nxt)
 
 
 def count(c: SimCounters, prop: Proposal, n: torch.Tensor, k: int) -> None:
@@ -249,7 +293,9 @@ def emit(batch: Batch, run: SimRun, prop: Proposal, n: torch.Tensor, nxt: torch.
         run.counters.emitted_tokens += len(out)
         batch.remaining[r] -= len(out)
         batch.t_todo[r] = [xl[r]]
-        if prop.drafter_ran:
+        if batch.drafter is None:
+            pass  # a head or plain decoding: no drafter cache to feed
+        elif prop.drafter_ran:
             # the drafter saw d_1..d_fed; a last accepted draft it never saw comes first
             batch.d_todo[r] = ([int(prop.tokens[r, nl[r] - 1])] if nl[r] > fl[r] else []) + [xl[r]]
         else:
@@ -259,8 +305,9 @@ def emit(batch: Batch, run: SimRun, prop: Proposal, n: torch.Tensor, nxt: torch.
     if len(keep) < len(batch.rows):
         _retire(batch, keep)
     batch.target.compact()
-    if batch.drafter is not None:
-        batch.drafter.compact()
+    for d in (batch.drafter, batch.head):
+        if d is not None:
+            d.compact()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -268,12 +315,19 @@ def _retire(batch: Batch, keep: list[int]) -> None:
     """Keep only rows `keep` (finished rows leave the batch and both caches)."""
     sel = torch.tensor(keep, dtype=torch.long, device=batch.target.device)
     batch.target.select(sel)
-    if batch.drafter is not None:
-        batch.drafter.select(sel)
+    for d in (batch.drafter, batch.head):
+        if d is not None:
+            d.select(sel)
     batch.rows = [batch.rows[r] for r in keep]
     batch.t_todo = [batch.t_todo[r] for r in keep]
     batch.d_todo = [batch.d_todo[r] for r in keep]
     batch.remaining = [batch.remaining[r] for r in keep]
+
+
+def is_head(drafter: Any) -> bool:
+    from specprobe.models.heads.chain import HeadDrafter
+
+    return isinstance(drafter, HeadDrafter)
 
 
 def _batches(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:

@@ -18,7 +18,7 @@ from specprobe.references import load_prompt_set, references_by_turn
 from specprobe.result import Result
 from specprobe.rules import load_table
 from specprobe.simulate.counters import SimCounters, SimRun
-from specprobe.simulate.loop import speculate
+from specprobe.simulate.loop import is_head, speculate
 
 
 def eos_ids(target: Any) -> set[int]:
@@ -111,6 +111,24 @@ def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adap
     }
 
 
+def _fit_head(cfg: SimulateConfig, drafter: Any, progress: Any) -> SimulateConfig:
+    """A head drafter: a one-line error for what the live loop cannot run; Medusa drafts
+    at most one token per head, so a larger K is measured at the number of heads (said)."""
+    if not is_head(drafter):
+        return cfg
+    from specprobe.models.heads.live import draft_limit, unsupported
+
+    why = unsupported(drafter)
+    if why:
+        raise ConfigError(why, "use diagnose for this head, or a checkpoint with one MTP layer")
+    limit = draft_limit(drafter)
+    if limit is None or max(cfg.ks) <= limit:
+        return cfg
+    ks = sorted({min(k, limit) for k in cfg.ks})
+    progress.note(f"{drafter.name} has {limit} Medusa heads and drafts at most {limit} tokens per step: K={','.join(map(str, cfg.ks))} is measured as K={','.join(map(str, ks))}")
+    return dataclasses.replace(cfg, ks=ks)
+
+
 def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, pair: Any = None, on_partial: Callable[[Result], None] | None = None) -> Result:
     """Estimate (diagnose, teacher-forced) + measurement (this loop) on the same prompts ->
     a simulate result with a "measured" block. Ctrl-C during the estimate is handled as
@@ -122,15 +140,17 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     dcfg = dataclasses.replace(cfg.diagnose, k_max=max(cfg.diagnose.k_max, max(cfg.ks)))
     table = table or load_table([Path(p) for p in dcfg.rules])
     pair = pair or load_pair(dcfg, progress)
+    cfg = _fit_head(cfg, pair.drafter, progress)  # refuse what the live loop cannot run before the estimate
     keep = None if on_partial is None else (lambda est: on_partial(simulate_result(est, cfg, None, table)))
     estimate = run_diagnose(dcfg, progress, table=table, pair=pair, on_partial=keep)
     if estimate.stopped or estimate.interrupted:
         return simulate_result(estimate, cfg, None, table)  # nothing meaningful (or nothing asked for, after Ctrl-C) to measure
 
     target, drafter = pair.target, pair.drafter
-    step = drafter.step_model()
+    # a head drafter runs as itself (models.heads.live), reading the target's states
+    step = drafter if is_head(drafter) else drafter.step_model()
     if step is None:
-        raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N and independent causal LMs")
+        raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N, independent causal LMs and head drafters (EAGLE-1/2, EAGLE-3, Medusa, MTP)")
     # the same items diagnose scored: every turn, later ones after the target's own earlier
     # answers (its references, read back from the on-disk cache)
     refs = references_by_turn(target, list(load_prompt_set(dcfg).prompts), dcfg, pair.sampling.target, progress)
