@@ -1,0 +1,253 @@
+"""`simulate` with head drafters (EAGLE-1/2, EAGLE-3, Medusa, MTP) in the real draft →
+verify loop, on the tiny checkpoints of tests/helpers/heads.py: greedy output
+token-identical to plain target decoding for every layout; oracle heads accepted at
+every depth, greedy and sampled; the live head's logits equal the teacher-forced
+scorer's at the same positions round after round (its cache holds the verified tokens
+only); the pipeline's calibration block and the CLI, with its one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specprobe.cli.main import app
+from specprobe.metrics.sampling import Sampling
+from specprobe.simulate import speculate
+from tests.helpers import heads as hh
+from tests.helpers.tiny import prompts_file
+
+runner = CliRunner()
+GREEDY = Sampling(temperature=0.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # tiny models gain nothing from threads; on a shared box OpenMP spin-waits cost more
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _load(target: Path, spec: str) -> tuple[Any, Any]:
+    from specprobe.models.drafters import build_drafter, drafter_info
+    from specprobe.models.loader import load_model
+
+    t = load_model(str(target), device="cpu", dtype="float32")
+    return t, build_drafter(spec, t, info=drafter_info(spec, t.info))
+
+
+def _prompts(n: int = 5, seed: int = 5) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 284, (int(L),), generator=g).tolist() for L in torch.randint(3, 14, (n,), generator=g)]
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_pair, tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """name -> (target, drafter spec): one random (poor) head of every layout."""
+    root = tmp_path_factory.mktemp("sim-heads")
+    t = tiny_pair["target"]
+    out = {
+        "eagle3-speculators": (t, "eagle3:" + str(hh.eagle3_speculators(root / "e3s", t, vd=150))),
+        "eagle3-export": (t, str(hh.eagle3_export(root / "e3x", t, vd=150, embed=True))),
+        "eagle1": (t, "eagle:" + str(hh.eagle1(root / "e1", t))),
+        "medusa-fd-v2": (t, "medusa:" + str(hh.medusa_fasterdecoding(root / "m2", t))),
+        "medusa-fd-v1": (t, str(hh.medusa_fasterdecoding(root / "m1", t, version=1, layers=2))),
+        "medusa-vllm": (t, str(hh.medusa_vllm(root / "mv", t, vd=200))),
+    }
+    for style in ("deepseek", "qwen3_next", "mimo"):
+        out[f"mtp-{style}"] = (hh.target_with_mtp(root / f"t-{style}", t, style), "mtp")
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracles(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """Heads whose depth-d distribution is the target's (see tests/helpers/heads.py)."""
+    root = tmp_path_factory.mktemp("sim-oracles")
+    bg = hh.bigram_target(root / "bigram")
+    uni = hh.bigram_target(root / "uni", unigram=True)
+    out = {
+        "eagle3-speculators": (bg, str(hh.eagle3_speculators(root / "e3s", bg, oracle=True, verifier="bigram"))),
+        "eagle3-norm-before-residual": (bg, str(hh.eagle3_speculators(root / "e3n", bg, oracle=True, verifier="bigram", norm_before_residual=True))),
+        "eagle3-export": (bg, str(hh.eagle3_export(root / "e3x", bg, oracle=True))),
+        "eagle1": (bg, str(hh.eagle1(root / "e1", bg, oracle=True))),
+        "medusa": (uni, str(hh.medusa_fasterdecoding(root / "mo", uni, heads=4, version=2, oracle=True))),
+    }
+    for style in ("deepseek", "qwen3_next", "mimo"):
+        out[f"mtp-{style}"] = (hh.target_with_mtp(root / f"t-{style}", bg, style, oracle=True), "mtp")
+    return out
+
+
+# ----------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("name", ["eagle3-speculators", "eagle3-export", "eagle1", "medusa-fd-v2", "medusa-fd-v1", "medusa-vllm", "mtp-deepseek", "mtp-qwen3_next", "mtp-mimo"])
+def test_greedy_output_is_the_targets_for_every_head(layouts, name) -> None:
+    target, spec = layouts[name]
+    t, d = _load(target, spec)
+    prompts = _prompts()
+    plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=20, batch_size=3)
+    run = speculate(t.model, d, prompts, k=3, target_sampling=GREEDY, max_new_tokens=20, batch_size=3)
+    assert run.outputs == plain.outputs
+    c = run.counters
+    assert c.num_drafts > 0 and c.draft_calls > 0 and c.drafted_tokens >= c.num_drafts
+    # round 1 is the prefill (a head has no target state to draft from yet): it proposes nothing
+    assert c.verify_steps - c.num_drafts >= len(prompts)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_oracle_heads_accept_every_draft(oracles, temperature) -> None:
+    """α = 1 at every depth: each row verifies the prefill, then 4 rounds of K+1 = 5."""
+    prompts = _prompts()
+    for name, (target, spec) in oracles.items():
+        t, d = _load(target, spec)
+        run = speculate(t.model, d, prompts, k=4, target_sampling=Sampling(temperature=temperature), max_new_tokens=21, batch_size=3, seed=1)
+        c = run.counters
+        assert c.accept_rate == 1.0 and c.tau_tokens == 5.0, name
+        assert c.cumulative() == [1.0] * 4, name
+        assert (c.num_drafts, c.verify_steps) == (4 * len(prompts), 5 * len(prompts)), name
+        assert all(len(o) == 21 for o in run.outputs), name
+
+
+def test_oracle_cut_to_a_draft_vocabulary_is_mapped_with_d2t(oracles, tmp_path) -> None:
+    """An oracle cut to 150 draft ids: proposals are target ids (via d2t), never an id
+    outside the draft vocabulary, and greedy output is still the target's."""
+    bg = oracles["eagle1"][0]
+    head = hh.eagle3_speculators(tmp_path / "cut", bg, oracle=True, vd=150, verifier="bigram")
+    t, d = _load(bg, str(head))
+    allowed = set(hh.draft_vocab(int(t.vocab_size), 150).tolist())
+    proposed: list[int] = []
+    real = d.logits
+
+    def spy(features: Any, depth: int) -> Any:
+        out = real(features, depth)
+        proposed.extend(out.argmax(-1).tolist())
+        assert torch.isneginf(out[:, sorted(set(range(out.shape[1])) - allowed)]).all()
+        return out
+
+    d.logits = spy  # type: ignore[method-assign]
+    prompts = _prompts()
+    plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=16, batch_size=5)
+    run = speculate(t.model, d, prompts, k=3, target_sampling=GREEDY, max_new_tokens=16, batch_size=5)
+    assert run.outputs == plain.outputs
+    assert proposed and set(proposed) <= allowed
+    assert 0.0 < run.counters.accept_rate < 1.0
+
+
+def _replay(t: Any, d: Any, prompt: list[int], k: int = 3) -> tuple[int, int, float]:
+    """Run the loop (batch of one, greedy) recording every logits the head returns, then
+    compare each with the teacher-forced scorer's at the same position -> (logits
+    compared, of which at depth > 1, acceptance)."""
+    from specprobe.models.drafters import TargetPass
+    from specprobe.scoring import capture_layers
+
+    calls: list[tuple[int, torch.Tensor]] = []
+    real = d.logits
+
+    def spy(features: Any, depth: int) -> Any:
+        out = real(features, depth)
+        calls.append((depth, out[0].clone()))
+        return out
+
+    d.logits = spy
+    try:
+        run = speculate(t.model, d, [prompt], k=k, target_sampling=GREEDY, max_new_tokens=30, batch_size=1)
+    finally:
+        d.logits = real
+    seq = prompt + run.outputs[0]
+    ids = torch.tensor([seq])
+    mask = torch.ones_like(ids)
+    compared, deep, known = 0, 0, len(prompt) + 1  # round 1: the prefill emits one token
+    with torch.inference_mode(), capture_layers(t.model, d.target_layers_needed()) as cap:
+        feats = d.hidden(TargetPass(ids, mask, t.last_hidden(ids, mask), dict(cap)))
+        i = 0
+        while i < len(calls):  # one round: depth 1, then its chain
+            chain = [calls[i][1]]
+            i += 1
+            while i < len(calls) and calls[i][0] > 1:
+                chain.append(calls[i][1])
+                i += 1
+            n = 0
+            for j, lg in enumerate(chain, start=1):
+                want = d.logits(feats[j][0, known - 1 : known], j)[0]  # depth j predicting token `known + j − 1`
+                assert torch.allclose(lg, want, atol=1e-4), (known, j, float((lg - want).abs().max()))
+                compared, deep = compared + 1, deep + (j > 1)
+                if int(lg.argmax()) != seq[known + j - 1]:
+                    break  # deeper steps were fed a draft the reference does not have
+                n = j
+            known += n + 1
+    return compared, deep, run.counters.accept_rate
+
+
+@pytest.mark.parametrize("kind", ["eagle3-speculators", "eagle1", "mtp-deepseek", "mtp-mimo"])
+def test_live_head_equals_teacher_forced_scoring(layouts, oracles, kind) -> None:
+    """The head in the loop computes what the scorer computes teacher-forced on the final
+    sequence: depth-1 logits at every round (its cache holds the verified tokens only,
+    after any number of roll-backs) and depth j wherever drafts 1..j−1 were the
+    reference's tokens. A random head (attention that reads the whole cache) and a
+    perturbed oracle (accepts some chains, rejects others)."""
+    prompt = _prompts(1, seed=11)[0]
+    t, d = _load(*layouts[kind])
+    compared, _, _ = _replay(t, d, prompt)
+    assert compared >= 10
+    t, d = _load(*oracles[kind])
+    d.ensure_built()
+    g = torch.Generator().manual_seed(3)
+    mods = [d.head] if kind.startswith("eagle3") else [d.fc, *d.layers] if kind == "eagle1" else list(d.mods)
+    with torch.no_grad():
+        for m in mods:
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    compared, deep, acc = _replay(t, d, prompt)
+    assert 0.0 < acc < 1.0, acc  # roll-backs after accepted and rejected drafts
+    assert deep >= 3, (compared, deep)
+
+
+# ----------------------------------------------------------------------------- pipeline and CLI
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> Path:
+    return prompts_file(tmp_path_factory.mktemp("shp") / "p.jsonl", n=4, words=8)
+
+
+def test_simulate_cli_calibrates_a_head(oracles, prompts, tmp_path) -> None:
+    """`simulate TARGET eagle3:PATH`: the measured block carries renewal, window and
+    measured τ per K, and the SP601 calibration metrics, as for a causal drafter; an
+    oracle measures τ = K+1 and the estimate agrees."""
+    target, spec = oracles["eagle3-speculators"]
+    out = tmp_path / "sim.json"
+    res = runner.invoke(app, ["simulate", str(target), "eagle3:" + spec, "--prompts", str(prompts), "--k", "2,3", "--max-new-tokens", "13", "--batch-size", "4",
+                              "--temperature", "0", "--cost-ratio", "0.1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    rows = {row["k"]: row for row in r["measured"]["k_table"]}
+    assert sorted(rows) == [2, 3]
+    for k, row in rows.items():
+        assert row["accept_rate"] == 1.0 and row["tau_tokens"] == pytest.approx(k + 1)
+        assert row["tau_estimate"] == pytest.approx(k + 1, abs=1e-3) and row["tau_window"] == pytest.approx(k + 1, abs=1e-3)
+    m = r["metrics"]
+    assert m["calibration_k"] == 3 and m["tau_measured_tokens"] == pytest.approx(4.0)
+    assert m["tau_gap_rel_abs"] == pytest.approx(0.0, abs=1e-3)
+    assert "SP601" not in [f["rule_id"] for f in r["findings"]]
+    assert r["drafter"]["kind"] == "eagle3" and r["measured"]["depth"]["cumulative"] == [1.0, 1.0, 1.0]
+
+
+def test_medusa_k_beyond_its_heads_is_measured_at_the_heads(layouts, prompts, tmp_path) -> None:
+    target, spec = layouts["medusa-fd-v2"]  # 3 heads
+    out = tmp_path / "m.json"
+    res = runner.invoke(app, ["simulate", str(target), spec, "--prompts", str(prompts), "--k", "2,5", "--max-new-tokens", "8", "--cost-ratio", "0.1", "--fail-on", "never", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "3 Medusa heads" in res.output and "measured as K=2,3" in res.output
+    r = json.loads(out.read_text())
+    assert [row["k"] for row in r["measured"]["k_table"]] == [2, 3]
+
+
+def test_unsupported_head_is_a_one_line_error(tiny_pair, prompts, tmp_path) -> None:
+    """Two MTP layers cannot be rolled back like one (a later layer's context is its own
+    teacher-forced step): refused before anything runs, exit 2, no traceback."""
+    two = hh.target_with_mtp(tmp_path / "t2", tiny_pair["target"], "deepseek", layers=2)
+    res = runner.invoke(app, ["simulate", str(two), "mtp", "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "6", "--cost-ratio", "0.1"])
+    assert res.exit_code == 2, res.output
+    assert "one layer" in res.output and "Traceback" not in res.output
