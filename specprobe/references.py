@@ -78,29 +78,37 @@ def _model_identity(loaded: Any) -> str:
     return json.dumps([str(path), stamp])
 
 
-def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig) -> Path:
+def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, batching: Any = None) -> Path:
     """One file per (weights, dtype, device, sampling, budget, seed, batching, prompts):
     anything that changes what generation would produce changes the key."""
     from specprobe.models.loader import cache_root
 
-    key_src = json.dumps([_model_identity(target), str(target.dtype), target.device, sampling.to_dict(), cfg.max_new_tokens, cfg.seed, cfg.batch_size, encoded])
+    key_src = json.dumps([_model_identity(target), str(target.dtype), target.device, sampling.to_dict(), cfg.max_new_tokens, cfg.seed, cfg.batch_size, encoded] + ([batching] if batching is not None else []))
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     return cache_root() / "references" / f"{key}.jsonl"
 
 
-def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, progress: Progress, shard: Any = None) -> list[list[int]]:
+def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, progress: Progress, shard: Any = None, groups: Sequence[int] | None = None, turn: int = 0) -> list[list[int]]:
     """On-policy continuations: sampled from the target with its own settings, seeded,
     batched (left padding), cached per batch on disk so an interrupted run resumes.
     shard (index, count): only batches b with b % count == index are generated (the
-    others stay []), each exactly as an unsharded run would sample it."""
+    others stay []), each exactly as an unsharded run would sample it.
+    groups: the batch each entry belongs to (entries of one group in order), instead of
+    consecutive batches of --batch-size; with `turn`, it keeps a later turn's batches and
+    seeds those of its first turn, so a shard samples them as a whole run does."""
     from transformers import GenerationConfig
 
     tok = target.tokenizer
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-    batches = [list(range(i, min(i + cfg.batch_size, len(encoded)))) for i in range(0, len(encoded), cfg.batch_size)]
+    if groups is None:
+        batches = [list(range(i, min(i + cfg.batch_size, len(encoded)))) for i in range(0, len(encoded), cfg.batch_size)]
+    else:
+        batches = [[] for _ in range(max(groups, default=-1) + 1)]
+        for i, g in enumerate(groups):
+            batches[g].append(i)
     # checked line by line, locked around each batch (specprobe.refcache)
-    cache = ReferenceCache(_cache_file(target, encoded, sampling, cfg), [len(b) for b in batches], target.vocab_size, cfg.max_new_tokens, progress.note) if cfg.use_cache else None
+    cache = ReferenceCache(_cache_file(target, encoded, sampling, cfg, None if groups is None else [list(groups), turn]), [len(b) for b in batches], target.vocab_size, cfg.max_new_tokens, progress.note) if cfg.use_cache else None
     if shard is not None:  # another shard's batches: skipped here, seeds and cache keys unchanged
         batches = [b if bi % shard[1] == shard[0] else [] for bi, b in enumerate(batches)]
     out = References([] for _ in encoded)
@@ -118,13 +126,13 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
     todo = sum(len(b) for b in batches)
     with progress.task(f"generating on-policy references ({todo} prompts × ≤{cfg.max_new_tokens} tokens)", todo) as advance:
         try:
-            _generate_batches(target, encoded, batches, out, gen_cfg, pad, eos, cache, cfg, advance)
+            _generate_batches(target, encoded, batches, out, gen_cfg, pad, eos, cache, cfg, advance, turn)
         except KeyboardInterrupt:
             out.interrupted = True  # finished batches are kept (and cached); score those
     return out
 
 
-def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[int]], out: list[list[int]], gen_cfg: Any, pad: int, eos: int | None, cache: ReferenceCache | None, cfg: DiagnoseConfig, advance: Any) -> None:
+def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[int]], out: list[list[int]], gen_cfg: Any, pad: int, eos: int | None, cache: ReferenceCache | None, cfg: DiagnoseConfig, advance: Any, turn: int = 0) -> None:
     """Generate batch by batch (reusing cached batches), appending each to the cache."""
     for bi, idx in enumerate(batches):
         if not idx:
@@ -133,7 +141,7 @@ def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[
         # waits for it here, so each batch is generated once.
         with cache.locked() if cache is not None else nullcontext():
             done = cache.read() if cache is not None else {}
-            conts = done[bi] if bi in done else _generate_batch(target, encoded, idx, bi, gen_cfg, pad, eos, cfg)
+            conts = done[bi] if bi in done else _generate_batch(target, encoded, idx, bi, gen_cfg, pad, eos, cfg, turn)
             if cache is not None and bi not in done:
                 cache.append(bi, conts)
         for r, i in enumerate(idx):
@@ -141,8 +149,8 @@ def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[
         advance(len(idx))
 
 
-def _generate_batch(target: Any, encoded: list[list[int]], idx: list[int], bi: int, gen_cfg: Any, pad: int, eos: int | None, cfg: DiagnoseConfig) -> list[list[int]]:
-    """One batch sampled from the target (left-padded), seeded by its index."""
+def _generate_batch(target: Any, encoded: list[list[int]], idx: list[int], bi: int, gen_cfg: Any, pad: int, eos: int | None, cfg: DiagnoseConfig, turn: int = 0) -> list[list[int]]:
+    """One batch sampled from the target (left-padded), seeded by its index and turn."""
     import torch
 
     width = max(len(encoded[i]) for i in idx)
@@ -152,7 +160,7 @@ def _generate_batch(target: Any, encoded: list[list[int]], idx: list[int], bi: i
         ids[r, width - len(encoded[i]) :] = torch.tensor(encoded[i])
         mask[r, width - len(encoded[i]) :] = 1
     # seeded per batch, so a resumed run regenerates exactly the batches it lacks
-    torch.manual_seed(cfg.seed * 100_003 + bi)
+    torch.manual_seed(cfg.seed * 100_003 + bi + turn * 1_000_003)
     with torch.inference_mode():
         gen = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=gen_cfg)
     return [_trim(gen[r, width:].tolist(), pad, eos) for r in range(len(idx))]
@@ -207,8 +215,8 @@ def references_by_turn(target: Any, prompts: list[Prompt], cfg: DiagnoseConfig, 
     ctx = getattr(target.config, "max_position_embeddings", None)
     turn = 1
     while not out.interrupted:
-        later, enc = [], []
-        for p in prompts:
+        later, enc, groups = [], [], []
+        for i, p in enumerate(prompts):
             if p.num_turns > turn and len(answers.get(p.id, ())) == turn:
                 e = encode_prompt(tok, p, turn, answers[p.id])
                 if ctx and len(e) + cfg.max_new_tokens > ctx:
@@ -216,10 +224,11 @@ def references_by_turn(target: Any, prompts: list[Prompt], cfg: DiagnoseConfig, 
                     continue
                 later.append(p)
                 enc.append(e)
+                groups.append(i // cfg.batch_size)  # the first turn's batch: shards batch it alike
         if not later:
             break
         progress.note(f"turn {turn + 1}: {len(later)} prompts continue after the target's own answers")
-        conts = generate_references(target, enc, sampling, cfg, progress)
+        conts = generate_references(target, enc, sampling, cfg, progress, groups=groups, turn=turn)
         out.interrupted = bool(getattr(conts, "interrupted", False))
         for p, e, c in zip(later, enc, conts, strict=True):
             if not c:

@@ -134,3 +134,27 @@ def test_device_map_loads_through_accelerate_and_hooks_read_the_layers(sharded: 
     assert differences(sharded["whole"]["by_domain"], spread["by_domain"], rel=1e-6) == []
     r = runner.invoke(app, [*_args(tiny_pair, sharded["prompts"]), "--max-memory", "lots"])
     assert r.exit_code == 2 and "--max-memory" in r.output
+
+
+def test_sampled_second_turns_are_batched_and_seeded_as_in_the_whole_run(tiny_pair: dict[str, Path], session_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spec-Bench questions with two turns, sampled at T = 1: the second turns follow the
+    target's own first answers; each is batched with its first turn's batch and seeded by
+    it, so three shards merged give the whole run's second turns too."""
+    qs = [{"question_id": 81 + i, "category": ["writing", "math", "coding"][i % 3], "turns": [f"Question {i} about {w}?"] + ([f"Now say more about {w}."] if i % 4 != 1 else [])} for i, w in enumerate(("cats", "primes", "sorting", "rivers", "poems", "graphs", "tides"))]
+    pf = tmp_path / "question.jsonl"
+    pf.write_text("".join(json.dumps(q) + "\n" for q in qs))
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(session_cache))
+    whole = runner.invoke(app, [*_args(tiny_pair, pf), "--json", str(tmp_path / "whole.json")])
+    assert whole.exit_code in (0, 1), whole.output
+    parts = []
+    for i in range(3):
+        r = runner.invoke(app, [*_args(tiny_pair, pf), "--shard", f"{i}/3", "--json", str(tmp_path / f"part{i}.json")])
+        assert r.exit_code == 0, r.output
+        parts.append(str(tmp_path / f"part{i}.json"))
+    r = runner.invoke(app, ["merge", *parts, "--json", str(tmp_path / "merged.json")])
+    assert r.exit_code in (0, 1), r.output
+    w, m = (json.loads((tmp_path / f).read_text()) for f in ("whole.json", "merged.json"))
+    second = [p for p in w["positions"]["prompt_id"] if str(p).endswith("#2")]
+    assert len(set(second)) == 5  # every two-turn question was asked its second turn
+    assert sorted(m["positions"]["prompt_id"]) == sorted(w["positions"]["prompt_id"])
+    assert differences(w["metrics"], m["metrics"], rel=1e-9) == []
