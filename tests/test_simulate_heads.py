@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
-from specprobe.metrics.sampling import Sampling
+from specprobe.metrics.sampling import Sampling, probs
 from specprobe.simulate import speculate
 from tests.helpers import heads as hh
 from tests.helpers.tiny import prompts_file
@@ -194,16 +194,49 @@ def test_live_head_equals_teacher_forced_scoring(layouts, oracles, kind) -> None
     compared, _, _ = _replay(t, d, prompt)
     assert compared >= 10
     t, d = _load(*oracles[kind])
-    d.ensure_built()
-    g = torch.Generator().manual_seed(3)
-    mods = [d.head] if kind.startswith("eagle3") else [d.fc, *d.layers] if kind == "eagle1" else list(d.mods)
-    with torch.no_grad():
-        for m in mods:
-            for p in m.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    _perturb(d, 0.05)
     compared, deep, acc = _replay(t, d, prompt)
     assert 0.0 < acc < 1.0, acc  # roll-backs after accepted and rejected drafts
     assert deep >= 3, (compared, deep)
+
+
+def _perturb(d: Any, scale: float, seed: int = 3, lm_head_only: bool = False) -> None:
+    """Noise on every weight of a built head (an oracle becomes a good, imperfect head).
+    The EAGLE-3 oracle cancels the incoming hidden state exactly (v = ê − ĥ), so noise on
+    its layer ruins it; noise on its own LM head alone degrades it gradually."""
+    d.ensure_built()
+    g = torch.Generator().manual_seed(seed)
+    mods = [d.head] if d.kind == "eagle3" else [d.fc, *d.layers] if d.kind == "eagle" else list(d.mods) if d.kind == "mtp" else [d.blocks]
+    mods = [d.head.lm_head] if lm_head_only else mods
+    with torch.no_grad():
+        for m in mods:
+            for p in m.parameters():
+                p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("name", ["eagle3-speculators", "mtp-qwen3_next"])
+def test_sampled_output_follows_target_distribution(oracles, name) -> None:
+    """Many draws of one prompt in one batch: the second and third emitted tokens (the
+    first a head drafts for, after the prefill) follow the target's exact marginals
+    through the same rejection sampling, while the head's q differs from p."""
+    from tests.test_simulate import _chi2
+
+    target, spec = oracles[name]
+    t, d = _load(target, spec)
+    _perturb(d, 3.0, lm_head_only=True) if name.startswith("eagle3") else _perturb(d, 0.05)
+    s = Sampling(temperature=1.5)  # a spread target distribution
+    prompt, n = [7, 30, 101], 2000
+    run = speculate(t.model, d, [prompt] * n, k=2, target_sampling=s, max_new_tokens=3, batch_size=n, seed=7)
+    c = run.counters
+    assert 0.05 < c.accept_rate < 0.95, c.accept_rate  # both branches (accept / residual)
+    with torch.inference_mode():
+        m = t.model
+        p1 = probs(m(torch.tensor([prompt])).logits[0, -1], s).double()  # [V]
+        v = p1.shape[0]
+        ids = torch.cat([torch.tensor([prompt]).expand(v, -1), torch.arange(v)[:, None]], 1)
+        p2 = (p1[:, None] * probs(m(ids).logits[:, -1], s).double()).sum(0)  # [V] marginal of token 2
+    assert _chi2([o[0] for o in run.outputs], p1.numpy()) > 1e-3
+    assert _chi2([o[1] for o in run.outputs], p2.numpy()) > 1e-3
 
 
 # ----------------------------------------------------------------------------- pipeline and CLI
