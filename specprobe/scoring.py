@@ -62,11 +62,15 @@ class ChunkScores:
 Probe = Callable[[Chunk, Any, Any], dict[str, np.ndarray]]
 
 
-def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], token_pos: Any, sampling: Any, top: int = 0, probes: Sequence[Probe] = (), chunk: Chunk | None = None) -> ChunkScores:
+def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], token_pos: Any, sampling: Any, top: int = 0, probes: Sequence[Probe] = (), chunk: Chunk | None = None, vocab: Any = None) -> ChunkScores:
     """target_logits [N, V]; draft_logits yields (depth d, [N, V'] logits of the depth-d
     prediction of each position's token), lazily so one [N, V'] block is alive at a time;
     token_pos [N] (tensor) the predicted token's index; sampling the (target, draft) pair.
-    top > 0: each side's top-`top` tokens too; probes: run on the depth-1 logits."""
+    top > 0: each side's top-`top` tokens too; probes: run on the depth-1 logits.
+    vocab: a head drafter's `ScoringVocab` — its logits are then over its own draft
+    vocabulary, scored there (`score_head_chunk`)."""
+    if vocab is not None:
+        return score_head_chunk(target_logits, draft_logits, token_pos, sampling, vocab, top, probes, chunk)
     from specprobe.metrics import core  # looked up per call: tests swap position_metrics
 
     out = ChunkScores({})
@@ -86,6 +90,43 @@ def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], tok
             out.confidence_by_depth[d] = pm.draft_confidence.float().cpu().numpy()
             out.broken = _broken([out.alpha_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
         del dl, pm
+    return out
+
+
+def score_head_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], token_pos: Any, sampling: Any, vocab: Any, top: int = 0, probes: Sequence[Probe] = (), chunk: Chunk | None = None) -> ChunkScores:
+    """`score_chunk` for a head drafter: draft_logits yields [N, Vd] logits over the head's
+    draft vocabulary (its `ScoringVocab`). The target's side is computed once and shared by
+    every depth; depth 1 gets every metric (KL over the draft vocabulary), depths ≥ 2 the
+    α and max q the depth curves read. Same values as mapping each depth into the target
+    vocabulary and running `position_metrics` (tests/test_heads.py), KL aside."""
+    from specprobe.metrics.core import align_vocab
+    from specprobe.models.heads.vocab import depth_scores, map_logits, target_side
+
+    out = ChunkScores({})
+    ts = target_side(target_logits, sampling.target, vocab, top)
+    for d, dl in draft_logits:
+        if vocab.keep is not None:
+            dl = dl.index_select(1, vocab.keep.to(dl.device))  # [N, Vs]
+        elif vocab.ids is None and dl.shape[-1] != vocab.vocab:
+            dl = align_vocab(dl, vocab.vocab)  # the head's own LM head, another width
+        sc = depth_scores(ts, dl, sampling.draft, full=d == 1, top=top if d == 1 else 0)
+        if d == 1:
+            got = {"accept_prob": sc.alpha, "greedy_agree": sc.agree, "kl_target_draft_nats": sc.kl.clamp_(min=0.0), "target_entropy_nats": ts.entropy, "draft_confidence": sc.confidence}
+            out.values = {f: got[f].float().cpu().numpy() for f in ROW_FIELDS}
+            out.extra = {k: v.cpu().numpy() for k, v in (sc.top or {}).items()}
+            if probes:  # they read [N, V] logits: the draft's mapped into the target vocabulary
+                mapped = dl if vocab.ids is None else map_logits(dl, vocab.ids.to(dl.device), vocab.vocab)
+                for probe in probes:
+                    assert chunk is not None
+                    out.extra.update(probe(chunk, target_logits, mapped))
+                del mapped
+            out.broken = _broken(list(out.values.values()), target_logits, dl, out.broken)
+        else:
+            ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
+            out.alpha_by_depth[d] = (sc.alpha * ok).cpu().numpy()
+            out.confidence_by_depth[d] = sc.confidence.float().cpu().numpy()
+            out.broken = _broken([out.alpha_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
+        del dl, sc
     return out
 
 
@@ -258,13 +299,22 @@ def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[in
         tp = TargetPass(ids, mask, target.last_hidden(ids, mask), dict(captured))
         feats = drafter.hidden(tp)  # depth -> [B, S, H']
         depths = sorted(d for d in feats if 1 <= d <= cfg.k_max)
+        # a head: logits over its own draft vocabulary, scored there (score_head_chunk)
+        vocab = drafter.scoring_vocab() if hasattr(drafter, "scoring_vocab") else None
+        draft_logits = drafter.draft_logits if vocab is not None else drafter.logits
+        # a head that stops short of k_max (Medusa: one depth per head) drafts nothing
+        # deeper: those depths are accepted with probability 0, not chained from depth 1
+        beyond = range(max(depths, default=0) + 1, cfg.k_max + 1) if drafter.head_depths is not None else range(0)
         for c0 in range(0, rows.numel(), step):
             bb, tt = rows[c0 : c0 + step], t[c0 : c0 + step]  # [N]
             tl = head(tp.last_hidden[bb, tt])  # [N, V]
             # the depth-d prediction of token t+1 is made at position t+1−d
-            drafts = ((d, drafter.logits(feats[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in depths)  # [N, V'] each
+            drafts = ((d, draft_logits(feats[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in depths)  # [N, V'] each
             chunk = Chunk(prompt_of[c0 : c0 + step], t_np[c0 : c0 + step] + 1)
-            scores = score_chunk(tl, drafts, tt + 1, pair, top, probes, chunk)
+            scores = score_chunk(tl, drafts, tt + 1, pair, top, probes, chunk, vocab)
+            for d in beyond:
+                scores.alpha_by_depth[d] = np.zeros(len(chunk.prompt))
+                scores.confidence_by_depth[d] = np.zeros(len(chunk.prompt), dtype=np.float32)
             for s in sinks:
                 s.chunk(chunk, scores)
             del tl

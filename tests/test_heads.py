@@ -370,3 +370,111 @@ def test_chain_mask_and_aux_conventions() -> None:
     assert default_aux_layers(30) == (2, 15, 27)
     assert aux_layers_by_engine(None, 30) == {"vllm": (2, 15, 27), "sglang": (2, 15, 27)}
     assert aux_layers_by_engine((1, 14, 26), 30) == {"vllm": (1, 14, 26), "sglang": (2, 15, 27)}
+
+
+# ----------------------------------------------------------------------------- the head scoring path
+def _reference_chunk(tl: torch.Tensor, raw: list[torch.Tensor], ids: torch.Tensor | None, pair: Any, top: int = 0) -> Any:
+    """The plain path: every depth mapped into the target vocabulary (−inf elsewhere) and
+    scored by `position_metrics`, the target's softmax redone per depth."""
+    from specprobe.models.heads.vocab import map_logits
+    from specprobe.scoring import score_chunk
+
+    v = tl.shape[-1]
+    drafts = ((d, r if ids is None else map_logits(r, ids, v)) for d, r in enumerate(raw, 1))
+    return score_chunk(tl, drafts, torch.arange(10, 10 + tl.shape[0]), pair, top=top)
+
+
+def _draft_vocab_kl(tl: torch.Tensor, dl: torch.Tensor, ids: torch.Tensor, t: float, dt: float) -> torch.Tensor:
+    """Closed form: KL(p̃ ‖ q), p̃ the tempered target renormalised over the draft ids."""
+    p = torch.softmax(tl.double() / t, -1)[:, ids]
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.softmax(dl.double() / dt, -1)
+    return (p * (p.log() - q.log())).sum(-1)
+
+
+@pytest.mark.parametrize("case", ["warm", "greedy", "truncated", "greedy-target", "greedy-draft", "sglang-top"])
+def test_head_scoring_path_equals_the_mapped_reference(case) -> None:
+    """`score_head_chunk` (target side once per chunk, every depth in the draft vocabulary)
+    gives what mapping every depth into the target vocabulary gives, to 1e-5: α and max q
+    at every depth; α, agreement, entropy, max q and the top-k columns at depth 1. KL is
+    over the draft vocabulary (closed form); with the full vocabulary it is the reference's."""
+    from specprobe.alignment import SamplingPair
+    from specprobe.metrics.sampling import Sampling
+    from specprobe.models.heads.vocab import scoring_vocab
+    from specprobe.scoring import score_chunk
+
+    warm = Sampling(temperature=0.7)
+    sides = {
+        "warm": (warm, warm), "greedy": (Sampling(temperature=0.0), Sampling(temperature=0.0)),
+        "truncated": (Sampling(temperature=0.9, top_k=20, top_p=0.9, min_p=0.01), Sampling(temperature=0.9, top_k=20, top_p=0.9, min_p=0.01)),
+        "greedy-target": (Sampling(temperature=0.0), warm), "greedy-draft": (warm, Sampling(temperature=0.0)),
+        "sglang-top": (Sampling(temperature=1.0, top_k=7, top_p=0.8, semantics="sglang"), Sampling(temperature=1.0, top_k=7, top_p=0.8, semantics="sglang")),
+    }[case]
+    pair = SamplingPair(*sides)
+    g = torch.Generator().manual_seed(7)
+    v, vd, n = 300, 120, 24
+    ids = torch.randperm(v, generator=g)[:vd].sort().values
+    tl = torch.randn(n, v, generator=g) * 3
+    tl[:, ids[::3]] += 2.0  # the target's mass mostly, not only, inside the draft vocabulary
+    tl[0, ids[5]] = 40.0  # one position whose argmax is in the draft vocabulary for sure
+    raw = [torch.randn(n, vd, generator=g) * 3 for _ in range(4)]
+    raw[0][0, 5] = 40.0  # …and the drafter agrees with it there
+    for with_ids in (True, False):
+        vocab = scoring_vocab(ids if with_ids else None, v)
+        rw = raw if with_ids else [torch.randn(n, v, generator=g) * 3 for _ in range(4)]
+        ref = _reference_chunk(tl, rw, ids if with_ids else None, pair, top=5)
+        fast = score_chunk(tl, iter(enumerate(rw, 1)), torch.arange(10, 10 + n), pair, top=5, vocab=vocab)
+        for f in ("accept_prob", "greedy_agree", "target_entropy_nats", "draft_confidence"):
+            assert fast.values[f] == pytest.approx(ref.values[f], abs=1e-5), (case, with_ids, f)
+        for d in (2, 3, 4):
+            assert fast.alpha_by_depth[d] == pytest.approx(ref.alpha_by_depth[d], abs=1e-5), (case, d)
+            assert fast.confidence_by_depth[d] == pytest.approx(ref.confidence_by_depth[d], abs=1e-5), (case, d)
+        for k in ("target_ids", "draft_ids"):
+            assert (fast.extra[k][:, 0] == ref.extra[k][:, 0]).all(), (case, k)
+        for k in ("target_probs", "draft_probs", "target_probs_at_draft", "draft_probs_at_target"):
+            assert fast.extra[k][:, 0] == pytest.approx(ref.extra[k][:, 0], abs=1e-5), (case, k)
+        if with_ids:
+            t = 1.0 if pair.target.greedy else pair.target.temperature
+            dt = 1.0 if pair.draft.greedy else pair.draft.temperature
+            want = _draft_vocab_kl(tl, raw[0], ids, t, dt).float().numpy()
+            assert fast.values["kl_target_draft_nats"] == pytest.approx(want, abs=1e-4)
+            assert ref.values["kl_target_draft_nats"].mean() > 10 * fast.values["kl_target_draft_nats"].mean()  # the −1e4 clamp's share
+            assert fast.values["greedy_agree"][0] == 1.0  # the agreement was forced there
+        else:
+            assert fast.values["kl_target_draft_nats"] == pytest.approx(ref.values["kl_target_draft_nats"], abs=1e-4)
+
+
+def test_a_broken_id_map_is_scored_as_the_engine_maps_it() -> None:
+    """Ids past the target vocabulary are dropped and a target id reached twice keeps its
+    last draft id — what the [N, V] mapping leaves — so α equals the mapped reference's."""
+    from specprobe.alignment import SamplingPair
+    from specprobe.metrics.sampling import Sampling
+    from specprobe.models.heads.vocab import scoring_vocab
+    from specprobe.scoring import score_chunk
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.tensor([0, 2, 2, 5, 7, 9, 40])  # 2 twice, 40 past a 10-id vocabulary
+    vocab = scoring_vocab(ids, 10)
+    assert vocab.keep.tolist() == [0, 2, 3, 4, 5] and vocab.ids.tolist() == [0, 2, 5, 7, 9]
+    tl, raw = torch.randn(6, 10, generator=g), [torch.randn(6, 7, generator=g) for _ in range(2)]
+    pair = SamplingPair(Sampling(temperature=0.8), Sampling(temperature=0.8))
+    ref = _reference_chunk(tl, raw, ids, pair)
+    fast = score_chunk(tl, iter(enumerate(raw, 1)), torch.arange(10, 16), pair, vocab=vocab)
+    assert fast.values["accept_prob"] == pytest.approx(ref.values["accept_prob"], abs=1e-6)
+    assert fast.alpha_by_depth[2] == pytest.approx(ref.alpha_by_depth[2], abs=1e-6)
+
+
+def test_medusa_depths_beyond_its_heads_are_never_accepted(tmp_path, prompts) -> None:
+    """Two Medusa heads draft two tokens at most: depths 3 and 4 count α = 0 (they used to
+    chain depth 1's α), so τ(K = 4) equals τ(K = 2), in the window and the renewal estimate."""
+    from specprobe.diagnose import run_diagnose
+
+    uni = hh.bigram_target(tmp_path / "uni", unigram=True)
+    two = hh.medusa_fasterdecoding(tmp_path / "m2", uni, heads=2, version=2, oracle=True)
+    r = run_diagnose(_cfg(uni, str(two), prompts, k_max=4))
+    assert r.depth.cumulative == pytest.approx([1.0, 1.0, 0.0, 0.0], abs=1e-5)  # type: ignore[union-attr]
+    rows = {row.k: row for row in r.k_table}
+    assert rows[2].tau_tokens == pytest.approx(3.0, abs=1e-4)  # oracle heads: both drafts accepted
+    assert rows[4].tau_tokens == pytest.approx(rows[2].tau_tokens, abs=1e-9)
+    assert rows[4].tau_renewal_tokens == pytest.approx(rows[2].tau_renewal_tokens, abs=1e-9)
+    assert rows[4].speedup < rows[2].speedup  # two more drafts for nothing

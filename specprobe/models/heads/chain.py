@@ -96,6 +96,7 @@ class HeadDrafter(Drafter):
         self._info = info
         self.ids: Any = None  # [Vd] target ids, None when draft id = target id
         self._mask: Any = None
+        self._scoring_vocab: Any = None
         self._params = 0
         self._built = False
         # Medusa answers one depth per head; chained heads (EAGLE, MTP) any depth
@@ -157,6 +158,19 @@ class HeadDrafter(Drafter):
 
     def head_logits(self, features: Any, depth: int) -> Any:
         raise NotImplementedError
+
+    def scoring_vocab(self) -> Any:
+        """The draft vocabulary as the scorer reads it (`vocab.ScoringVocab`), built once."""
+        self.ensure_built()
+        if self._scoring_vocab is None:
+            from specprobe.models.heads.vocab import scoring_vocab
+
+            self._scoring_vocab = scoring_vocab(self.ids, self.vocab)
+        return self._scoring_vocab
+
+    def draft_logits(self, hidden: Any, depth: int) -> Any:
+        """[N, H'] -> [N, Vd] logits over the head's own draft vocabulary (the scorer's input)."""
+        return self.head_logits(hidden, depth)
 
     def logits(self, hidden: Any, depth: int) -> Any:
         from specprobe.models.heads.vocab import map_logits

@@ -1,6 +1,8 @@
 """Draft vocabularies smaller than the target's (EAGLE-3 `d2t`, vLLM Medusa `token_map`):
 the id map, the mapping of draft logits into the target vocabulary, the d2t/t2d sanity
-checks, and α of a depth computed inside the draft vocabulary. Pure tensor functions.
+checks, and a head's per-position metrics computed inside its draft vocabulary (the
+scorer's head path: `target_side` once per chunk, `depth_scores` per depth). Pure tensor
+functions.
 
 vLLM maps draft id i to target id i + d2t[i] and fills every other target id with −inf;
 a checkpoint without d2t leaves the offsets at zero, so draft id i is read as target id
@@ -11,6 +13,8 @@ target's mass the head can propose at all, an upper bound on α) is measured fro
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -87,3 +91,205 @@ def depth_accept(p: Any, draft_logits: Any, ids: Any | None, sampling: Any) -> t
     conf = q.amax(-1)
     alpha = torch.minimum(pd, q, out=q).sum(-1)  # q is not needed afterwards
     return alpha.clamp_(0.0, 1.0), conf
+
+
+# ----------------------------------------------------------------------------- scoring a head
+# Teacher-forced scoring of a head, chunk by chunk: the target's side is computed once per
+# chunk and shared by every depth (all depths of a chunk predict the same tokens), each
+# depth is scored in the head's own draft vocabulary — gathering the target's
+# probabilities at the draft ids instead of writing the draft logits into an [N, V]
+# buffer of −inf — and every op writes into a reused buffer: on a CPU each fresh [N, V]
+# tensor costs its page faults, and each op a thread hand-off.
+@dataclass(frozen=True)
+class ScoringVocab:
+    """A head's draft vocabulary as the scorer reads it. ids None: draft id = target id."""
+
+    vocab: int  # V, the target's
+    ids: Any = None  # [Vs] target id of each kept draft column: unique, inside [0, V)
+    keep: Any = None  # [Vs] the draft columns kept (None: all, in order)
+    inv: Any = None  # [V] kept draft column of each target id, −1 where none
+
+
+def scoring_vocab(ids: Any | None, vocab: int) -> ScoringVocab:
+    """The scorer's view of a draft vocabulary: ids mapped outside the target vocabulary are
+    dropped and, where several draft ids land on one target id, the last one is kept — what
+    `map_logits` leaves in the [N, V] buffer."""
+    import torch
+
+    if ids is None:
+        return ScoringVocab(vocab)
+    ids = ids.to(torch.long).cpu()
+    ok = (ids >= 0) & (ids < vocab)
+    col = torch.full((vocab,), -1, dtype=torch.long)
+    col[ids[ok]] = torch.arange(ids.shape[0])[ok]  # last write wins, as index_put on CPU
+    keep = torch.sort(col[col >= 0]).values  # [Vs] kept draft columns, in draft order
+    if keep.shape[0] == ids.shape[0]:
+        if ids.shape[0] == vocab and bool((ids == torch.arange(vocab)).all()):
+            return ScoringVocab(vocab)
+        kept, ids_kept = None, ids
+    else:
+        kept, ids_kept = keep, ids[keep]
+    inv = torch.full((vocab,), -1, dtype=torch.long)
+    inv[ids_kept] = torch.arange(ids_kept.shape[0])
+    return ScoringVocab(vocab, ids_kept, kept, inv)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(tag: str, n: int, width: int, device: Any) -> Any:
+    """A reused float32 buffer [n, width] (a row view of one that only grows)."""
+    import torch
+
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
+    key = (tag, width, str(device))
+    b = bufs.get(key)
+    if b is None or b.shape[0] < n:
+        b = bufs[key] = torch.empty((n, width), dtype=torch.float32, device=device)
+    return b[:n]
+
+
+def _tempered(logits: Any, s: Any, tag: str) -> Any:
+    """logits / T as float32 (T = 1 when greedy), in a reused buffer unless nothing changes."""
+    import torch
+
+    c = 1.0 if s.greedy else 1.0 / float(s.temperature)
+    if c == 1.0 and logits.dtype == torch.float32:
+        return logits
+    return torch.mul(logits, c, out=_scratch(tag, logits.shape[0], logits.shape[1], logits.device))
+
+
+def _log_softmax(x: Any, tag: str) -> Any:
+    import torch
+
+    return torch.ops.aten._log_softmax.out(x, -1, False, out=_scratch(tag, x.shape[0], x.shape[1], x.device))
+
+
+@dataclass
+class TargetSide:
+    """The target's side of one chunk, shared by every depth. 'Draft vocabulary' below is
+    the kept draft columns (`ScoringVocab`), the whole target vocabulary when ids is None."""
+
+    entropy: Any  # [N] of the untruncated tempered target distribution (T = 1 when greedy)
+    xd: Any  # [N, Vs] untruncated tempered target log-probabilities at the draft ids
+    top_logp: Any  # [N, 1] their largest value over the whole vocabulary (greedy agreement)
+    pt: Any  # [N, Vs] p̃: the untruncated target renormalised over the draft vocabulary
+    pt_log_pt: Any  # [N] Σ p̃ log p̃
+    pd: Any  # [N, Vs] the target's sampling distribution at the draft ids; None when greedy
+    col: Any  # [N] draft column of the target's argmax (−1: outside), greedy target only
+    ids: Any  # [Vs] target ids, or None
+    inv: Any  # [V] or None
+    pu: Any = None  # [N, V] untruncated target distribution, only when top-k is asked for
+    top: dict[str, Any] | None = None
+
+
+def target_side(tl: Any, s: Any, sv: ScoringVocab, top: int = 0) -> TargetSide:
+    """tl [N, V] the target's logits, s its sampling -> everything a depth compares with."""
+    import torch
+
+    from specprobe.metrics.sampling import truncate_
+
+    ids = None if sv.ids is None else sv.ids.to(tl.device)
+    inv = None if sv.inv is None else sv.inv.to(tl.device)
+    logp = _log_softmax(_tempered(tl, s, "tx"), "tlogp")  # [N, V] untruncated
+    p = torch.exp(logp, out=_scratch("tp", logp.shape[0], logp.shape[1], tl.device))  # [N, V]
+    entropy = -torch.linalg.vecdot(p, logp)
+    ta: Any = None
+    if s.greedy:
+        mx, ta = logp.max(-1, keepdim=True)
+    else:
+        mx = logp.amax(-1, keepdim=True)
+    truncating = not s.greedy and s.truncates
+    pu = tops = None
+    if top:
+        pu = p.clone() if truncating else p
+        tp, ti = torch.topk(pu, top, dim=-1)
+        tops = {"target_ids": ti, "target_probs": tp}
+    pd: Any = None
+    if ids is None:
+        xd, pt, pt_log_pt = logp, p, -entropy
+        if truncating:
+            pd = truncate_(p.clone(), s)
+        elif not s.greedy:
+            pd = p
+    else:
+        xd = logp.index_select(1, ids)  # [N, Vs]
+        ped = p.index_select(1, ids)  # [N, Vs]
+        zd = ped.sum(-1, keepdim=True)  # the target's mass on the draft vocabulary
+        if truncating:  # truncation needs the whole distribution
+            pd = truncate_(p, s).index_select(1, ids)
+        elif not s.greedy:
+            pd = ped
+        pt = ped / zd if pd is ped else ped.div_(zd)
+        pt_log_pt = torch.linalg.vecdot(pt, xd) - zd.log().squeeze(-1)  # Σ p̃ (log p − log zd)
+    col = None
+    if ta is not None:
+        col = ta.squeeze(-1) if inv is None else inv[ta.squeeze(-1)]
+    return TargetSide(entropy, xd, mx, pt, pt_log_pt, pd, col, ids, inv, pu, tops)
+
+
+@dataclass
+class DepthScores:
+    """One depth's metrics [N]; kl, agree and top only for a depth scored in full."""
+
+    alpha: Any
+    confidence: Any
+    kl: Any = None
+    agree: Any = None
+    top: dict[str, Any] | None = None
+
+
+def depth_scores(ts: TargetSide, dl: Any, s: Any, full: bool, top: int = 0) -> DepthScores:
+    """dl [N, Vs] the head's logits over the draft vocabulary (kept columns), s the drafter's
+    sampling. Always α and max q; `full` adds KL over the draft vocabulary (KL(p̃ ‖ q): the
+    target renormalised over the draft ids, so ids the head cannot propose do not count),
+    greedy agreement (a tie at the target's top counts as agreement) and top-`top`."""
+    import torch
+
+    from specprobe.metrics.sampling import truncate_
+
+    n, w = dl.shape
+    y = _tempered(dl, s, "dy")  # [N, Vs]
+    out = DepthScores(alpha=None, confidence=None)
+    da: Any = None  # [N, 1] the drafter's argmax, where needed
+    q: Any = None  # [N, Vs] the drafter's distribution, untruncated until truncated below
+    if full:
+        logq = _log_softmax(y, "dlogq")  # [N, Vs]
+        mq, da = logq.max(-1, keepdim=True)
+        agree = (ts.col == da.squeeze(-1)) if ts.col is not None else (ts.xd.gather(-1, da) >= ts.top_logp).squeeze(-1)
+        out.agree = agree.float()
+        q = torch.exp(logq, out=_scratch("dq", n, w, dl.device))
+        # KL(p̃ ‖ q) = Σ p̃ log p̃ − Σ p̃ log q; a −inf draft logit costs a finite 1e4 nats
+        out.kl = ts.pt_log_pt - torch.linalg.vecdot(ts.pt, logq.clamp_(min=-1e4))
+        if top:
+            dp, dcol = torch.topk(q, top, dim=-1)
+            di = dcol if ts.ids is None else ts.ids[dcol]
+            tcol = ts.top["target_ids"] if ts.inv is None else ts.inv[ts.top["target_ids"]]  # type: ignore[index]
+            at_t = q.gather(-1, tcol.clamp(min=0)).masked_fill_(tcol < 0, 0.0)
+            out.top = {**(ts.top or {}), "draft_ids": di, "draft_probs": dp, "target_probs_at_draft": ts.pu.gather(-1, di), "draft_probs_at_target": at_t}
+        out.confidence = mq.squeeze(-1).exp()  # max q, untruncated (truncation below)
+    elif s.greedy:
+        da = y.max(-1, keepdim=True)[1]
+    else:
+        q = torch.ops.aten._softmax.out(y, -1, False, out=_scratch("dq", n, w, dl.device))
+    if s.greedy:
+        out.confidence = torch.ones(n, device=dl.device)
+        if ts.pd is None:  # both greedy: α = 1 when the argmaxes meet
+            out.alpha = (ts.col == da.squeeze(-1)).float()
+        else:
+            out.alpha = ts.pd.gather(-1, da).squeeze(-1)
+        return out
+    if s.truncates:
+        q = truncate_(q, s)
+        out.confidence = q.amax(-1)
+    elif not full:
+        out.confidence = q.amax(-1)
+    if ts.pd is None:  # greedy target: α = q at its argmax (0 outside the draft vocabulary)
+        c = ts.col.clamp(min=0)[:, None]
+        out.alpha = q.gather(-1, c).squeeze(-1).masked_fill_(ts.col < 0, 0.0)
+    else:
+        out.alpha = torch.minimum(ts.pd, q, out=q).sum(-1)
+    out.alpha = out.alpha.clamp_(0.0, 1.0)
+    return out
