@@ -217,9 +217,18 @@ def read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
-def normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
-    # Accept CLI spelling (max-new-tokens) as well as field spelling (max_new_tokens).
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+def normalise_keys(data: Mapping[str, Any], where: Path | str = "config") -> dict[str, Any]:
+    """CLI spelling (max-new-tokens) and field spelling (max_new_tokens) both accepted; a key
+    given under both spellings is refused, never resolved by whichever came last."""
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for k, v in data.items():
+        key = str(k).replace("-", "_")
+        if key in spelled:
+            raise ConfigError(f"{where}: {spelled[key]!r} and {str(k)!r} are the same key given twice", f"keep one of them (as {key!r})")
+        spelled[key] = str(k)
+        out[key] = v
+    return out
 
 
 def _resolve(base: Path, value: Any, where: str) -> Any:
@@ -238,7 +247,7 @@ def probe_config_from_mapping(data: Mapping[str, Any], source: Path | str = "<co
     """Validate an already-parsed mapping (paths resolved against source's folder)."""
     src = Path(source)
     base = src.parent.resolve() if src.name != "<config>" else Path.cwd()
-    raw = normalise_keys(data)
+    raw = normalise_keys(data, src)
     allowed = set(ProbeConfig.model_fields) - {"source"}
     for key in raw:
         if key not in allowed:
@@ -246,7 +255,7 @@ def probe_config_from_mapping(data: Mapping[str, Any], source: Path | str = "<co
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(f"{src}: unknown key {key!r}", f"{hint}allowed keys: {', '.join(sorted(allowed))}")
     if isinstance(raw.get("outputs"), Mapping):
-        outs = normalise_keys(raw["outputs"])
+        outs = normalise_keys(raw["outputs"], f"{src}: outputs")
         for key in outs:
             if key not in _OUTPUT_FIELDS:
                 close = difflib.get_close_matches(key, _OUTPUT_FIELDS, n=1)

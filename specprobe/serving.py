@@ -147,14 +147,14 @@ def read_serving_config(path: str | Path) -> ServingConfig:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"serving config {p} does not exist", "pass the JSON given to vLLM's --speculative-config or SGLang's launch config")
-    data = normalise_keys(read_mapping(p))
+    data = normalise_keys(read_mapping(p), p)
     if any(k.startswith("speculative_") and k not in ("speculative_config",) for k in data) or "model_path" in data:
         return _sglang(data, p)
     if "speculative_config" in data:
         spec = _json_value(data["speculative_config"], str(p), "speculative-config")
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{p}: speculative-config must be a mapping", "write it as a JSON object")
-        return _vllm(normalise_keys(spec), data, p)
+        return _vllm(normalise_keys(spec, f"{p}: speculative-config"), data, p)
     if any(k in data for k in ("method", "num_speculative_tokens")) or ("model" in data and len(data) > 1):
         return _vllm(data, {}, p)
     raise ConfigError(

@@ -189,6 +189,8 @@ def test_monitor_url_reports_the_servers_acceptance_to_the_token(traffic: Traffi
     now = model["now"]
     drafted, accepted = _sum(traffic.timings, "draft_n"), _sum(traffic.timings, "draft_n_accepted")
     drafts = traffic.after["llamacpp:spec_decode_num_drafts_total"] - traffic.before["llamacpp:spec_decode_num_drafts_total"]
+    print(f"\nmonitor --url: accepted {now['accepted_tokens']}, drafted {now['draft_tokens']}, verify steps {now['drafts']}"
+          f" | server timings: accepted {accepted}, drafted {drafted}; server counter: verify steps {drafts:.0f}")
     assert (now["accepted_tokens"], now["draft_tokens"], now["drafts"]) == (accepted, drafted, drafts)
     assert now["accept_rate"] == pytest.approx(accepted / drafted)
     assert now["mean_accept_len_tokens"] == pytest.approx(1 + accepted / drafts)
@@ -213,6 +215,8 @@ def test_monitor_log_reports_the_same_tokens(traffic: Traffic, tmp_path: Path):
     assert res.returncode in (0, 1), res.stderr
     (model,) = json.loads(out.read_text())["models"]
     now = model["now"]
+    print(f"\nmonitor --log: accepted {now['accepted_tokens']}, drafted {now['draft_tokens']}, verify steps {now['drafts']}"
+          f" | server timings: accepted {_sum(traffic.timings, 'draft_n_accepted')}, drafted {_sum(traffic.timings, 'draft_n')}")
     assert (now["accepted_tokens"], now["draft_tokens"]) == (_sum(traffic.timings, "draft_n_accepted"), _sum(traffic.timings, "draft_n"))
     # Verify steps are not printed; they are recovered from the rounded mean length and
     # per-position rates (see fit_llamacpp_drafts): exact here, or one low per request.

@@ -357,13 +357,14 @@ def test_R06_bomb_is_refused_by_counting_not_expanding(tmp_path: Path) -> None:
 
 
 def test_R13_rules_file_unreadable(tmp_path: Path) -> None:
-    """Named on the command line, click refuses it (a usage error, exit 2); named in a
-    probe config, the rules loader does."""
+    """On the command line or named in a probe config, the rules loader refuses it in one
+    line (not click's usage box)."""
     path = tmp_path / "rules.yaml"
     path.write_text(_rules_yaml([_RULE]))
     path.chmod(0o000)
-    proc = run_unprivileged(["rules", "list", "--rules", str(path)], tmp_path)
-    assert proc.returncode == 2 and "is not readable" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    for args in (["rules", "list", "--rules", str(path)], ["diagnose", "--rules", str(path), str(tmp_path / "nope"), "self"]):
+        line = subprocess_error(run_unprivileged(args, tmp_path))
+        assert line == f"error: cannot read rules file {path}: Permission denied — check the path and its permissions"
     cfg = tmp_path / "probe.yaml"
     cfg.write_text(f"target: {tmp_path / 'nope'}\ndrafter: self\nrules: [{path}]\n")
     line = subprocess_error(run_unprivileged(["check", "--config", str(cfg)], tmp_path))
@@ -410,8 +411,8 @@ def test_C13_config_missing_and_unreadable(tmp_path: Path) -> None:
     path = tmp_path / "probe.yaml"
     path.write_text("k_max: 4\n")
     path.chmod(0o000)
-    proc = run_unprivileged(["check", "--config", str(path)], tmp_path)  # click checks --config paths
-    assert proc.returncode == 2 and "is not readable" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    line = subprocess_error(run_unprivileged(["check", "--config", str(path)], tmp_path))
+    assert line == f"error: cannot read config file {path}: Permission denied — check the path and its permissions"
     serving = tmp_path / "serving.yaml"  # a serving config is read by specprobe itself
     serving.write_text("speculative_config: {num_speculative_tokens: 4}\n")
     serving.chmod(0o000)
@@ -419,6 +420,30 @@ def test_C13_config_missing_and_unreadable(tmp_path: Path) -> None:
     cfg.write_text(f"serving_configs: [{serving}]\n")
     line = subprocess_error(run_unprivileged(["check", "--config", str(cfg)], tmp_path))
     assert "Permission denied" in line
+    line = subprocess_error(run_unprivileged(["check", "--serving-config", str(serving), str(tmp_path / "nope"), "self"], tmp_path))
+    assert line.startswith(f"error: cannot read config file {serving}: Permission denied")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        pytest.param("p.yaml", "k-max: 4\nseed: 1\nk_max: 8\n", "p.yaml: 'k-max' and 'k_max' are the same key given twice", id="C14-two-spellings"),
+        pytest.param("p.toml", 'max_new_tokens = 4\n"max-new-tokens" = 8\n', "'max_new_tokens' and 'max-new-tokens' are the same key given twice", id="C14-two-spellings-toml"),
+    ],
+)
+def test_config_key_given_under_both_spellings(tmp_path: Path, name: str, text: str, needle: str) -> None:
+    """Never resolved by whichever came last: the line names both spellings."""
+    path = tmp_path / name
+    path.write_text(text)
+    line = one_line_error(cli("check", "--config", path))
+    assert needle in line and "keep one of them" in line
+
+
+def test_C14_two_spellings_in_a_serving_config(tmp_path: Path) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text('{"num_speculative_tokens": 4, "num-speculative-tokens": 8, "method": "draft_model", "model": "x"}')
+    line = one_line_error(cli("check", "--serving-config", path, tmp_path / "nope", "self"))
+    assert "'num_speculative_tokens' and 'num-speculative-tokens' are the same key given twice" in line
 
 
 # ============================================================================= N: non-finite logits
@@ -705,6 +730,78 @@ def test_cache_entry_damage_is_detected_and_rebuilt(loaded_target: Any, tmp_path
         assert isinstance(rec, dict) and all(isinstance(t, int) and 0 <= t < 400 for c in rec["continuations"] for t in c)
 
 
+# ============================================================================= G: the GGUF dequantisation cache
+def _gguf_cache(tiny_pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[int], list[str]]:
+    """A tiny GGUF and a cache in tmp_path whose conversion copies the tiny checkpoint
+    (transformers cannot load a synthetic GGUF): counts conversions, collects notes."""
+    from specprobe.models import loader
+
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    calls: list[int] = []
+
+    def convert(path: Path, folder: Path) -> None:
+        calls.append(1)
+        for f in tiny_pair["target"].iterdir():
+            if f.is_file():
+                shutil.copy(f, folder / f.name)
+
+    monkeypatch.setattr(loader, "_dequantise_into", convert)
+    return _tiny_gguf(tmp_path / "m.gguf"), calls, []
+
+
+def _cut(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _foreign(entry: Path) -> None:
+    marker = entry / "specprobe-cache.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "sha256": "0" * 64}))
+
+
+@pytest.mark.parametrize(
+    ("spoil", "why"),
+    [
+        pytest.param(lambda d: (d / "model.safetensors").write_bytes(b"\x00\xff garbage " * 100), "model.safetensors", id="G01-weights-garbage"),
+        pytest.param(lambda d: _cut(d / "model.safetensors"), "model.safetensors is", id="G02-weights-truncated"),
+        pytest.param(lambda d: (d / "config.json").write_text('{"model_type": "ll'), "config.json", id="G03-config-not-json"),
+        pytest.param(lambda d: (d / "tokenizer.json").unlink(), "tokenizer.json is missing", id="G04-file-missing"),
+        pytest.param(_foreign, "made from another file", id="G05-foreign-entry"),
+        pytest.param(lambda d: (d / "specprobe-cache.json").unlink(), "no specprobe-cache.json", id="G06-no-marker"),
+    ],
+)
+def test_gguf_cache_entry_damage_is_detected_and_rebuilt(tiny_pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: Callable[[Path], Any], why: str) -> None:
+    from specprobe.models.cache_check import entry_problem
+    from specprobe.models.loader import ensure_gguf_cached, file_sha256
+
+    gguf_file, calls, notes = _gguf_cache(tiny_pair, tmp_path, monkeypatch)
+    entry = ensure_gguf_cached(gguf_file, notes.append)
+    assert calls == [1] and entry_problem(entry, file_sha256(gguf_file)) is None
+    good = {f.name: f.read_bytes() for f in entry.iterdir() if f.name != "specprobe-cache.json"}
+    spoil(entry)
+    assert ensure_gguf_cached(gguf_file, notes.append) == entry
+    assert calls == [1, 1]  # rebuilt, not trusted
+    (warning,) = [n for n in notes if "cannot be used" in n]
+    assert str(entry) in warning and why in warning and warning.endswith("rebuilding it")
+    assert {f.name: f.read_bytes() for f in entry.iterdir() if f.name != "specprobe-cache.json"} == good
+    assert not [p for p in entry.parent.iterdir() if p.name.startswith(".tmp-")]  # no half-built folder left
+    ensure_gguf_cached(gguf_file, notes.append)
+    assert calls == [1, 1]  # the rebuilt entry is trusted
+
+
+def test_G07_entry_from_an_older_specprobe_is_kept(tiny_pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole entry whose marker predates the sha256 and file sizes is checked by its
+    structure and used, not converted again."""
+    from specprobe.models.loader import ensure_gguf_cached
+
+    gguf_file, calls, notes = _gguf_cache(tiny_pair, tmp_path, monkeypatch)
+    entry = ensure_gguf_cached(gguf_file, notes.append)
+    (entry / "specprobe-cache.json").write_text(json.dumps({"source": str(gguf_file), "created": 0}))
+    assert ensure_gguf_cached(gguf_file, notes.append) == entry and calls == [1]
+    _cut(entry / "model.safetensors")  # still caught without the recorded sizes
+    ensure_gguf_cached(gguf_file, notes.append)
+    assert calls == [1, 1] and any("model.safetensors is" in n for n in notes)
+
+
 # ============================================================================= J: result files
 def _edited(tmp_path: Path, edit: Callable[[dict[str, Any]], Any]) -> Path:
     path = _v2_result(tmp_path)
@@ -782,6 +879,18 @@ def test_J13_compare_given_a_newer_schema_or_a_broken_file(tmp_path: Path) -> No
     assert str(cand) in line and "schema_version 3" in line
     cand.write_text(base.read_text()[:100])
     assert "is truncated" in one_line_error(cli("compare", base, cand))
+
+
+def test_J14_result_file_unreadable(tmp_path: Path) -> None:
+    """report, explain, compare and merge read their files themselves: one line naming the
+    file and the reason, not click's usage box."""
+    path = _v2_result(tmp_path)
+    path.chmod(0o000)
+    for args in (["report", str(path)], ["explain", str(path)], ["compare", str(path), str(path)]):
+        line = subprocess_error(run_unprivileged(args, tmp_path))
+        assert line == f"error: cannot read {path}: Permission denied — check the path and its permissions", args
+    line = subprocess_error(run_unprivileged(["merge", str(path)], tmp_path))
+    assert line.startswith(f"error: part {path} cannot be read (PermissionError)")
 
 
 # ============================================================================= W: monitor sources

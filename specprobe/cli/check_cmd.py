@@ -37,6 +37,7 @@ ServingConfigOpt = Annotated[
         "--serving-config",
         help="vLLM --speculative-config JSON / vllm serve YAML / SGLang launch config (repeatable): its sampling settings, drafter and K are what the engine runs with.",
         metavar="FILE",
+        readable=False,  # read by specprobe: an unreadable file is our one-line error
     ),
 ]
 

@@ -74,7 +74,9 @@ def is_tty() -> bool:
 # caught by name instead of turning into the current folder.
 TargetArg = Annotated[str | None, typer.Argument(help="Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", metavar="TARGET", show_default=False)]
 DrafterArg = Annotated[str | None, typer.Argument(help="Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self' or 'self:layers=N'.", metavar="DRAFTER", show_default=False)]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML or TOML); flags given on the command line override it.", metavar="FILE")]
+# Input paths are read by specprobe itself (readable=False: not click's usage box), so an
+# unreadable file is one line naming the file, the reason and what to do, like any other.
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML or TOML); flags given on the command line override it.", metavar="FILE", readable=False)]
 TempOpt = Annotated[float | None, typer.Option("--temperature", help="Target sampling temperature (0 = greedy). Default: generation_config, else 1.")]
 DraftTempOpt = Annotated[float | None, typer.Option("--draft-temperature", help="Drafter temperature. Default: its generation_config, else the target's.")]
 TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Target top-k (0 = off).")]
@@ -102,7 +104,7 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cu
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
 RulesOpt = Annotated[
     list[Path] | None,
-    typer.Option("--rules", help="Extra rules YAML file(s): add rules or override/disable default ones by id.", metavar="FILE"),
+    typer.Option("--rules", help="Extra rules YAML file(s): add rules or override/disable default ones by id.", metavar="FILE", readable=False),
 ]
 FailOnOpt = Annotated[
     str,

@@ -30,8 +30,8 @@ from specprobe.cli.common import (
 @handle_errors
 def compare(
     ctx: typer.Context,
-    baseline: Annotated[Path | None, typer.Argument(help="The baseline result JSON (the drafter in production). Default: the --config file's baseline.", metavar="BASELINE.json", show_default=False)] = None,
-    candidate: Annotated[Path | None, typer.Argument(help="The candidate result JSON (the release under test). Default: the --config file's outputs.json, where its diagnose run writes.", metavar="CANDIDATE.json", show_default=False)] = None,
+    baseline: Annotated[Path | None, typer.Argument(help="The baseline result JSON (the drafter in production). Default: the --config file's baseline.", metavar="BASELINE.json", show_default=False, readable=False)] = None,
+    candidate: Annotated[Path | None, typer.Argument(help="The candidate result JSON (the release under test). Default: the --config file's outputs.json, where its diagnose run writes.", metavar="CANDIDATE.json", show_default=False, readable=False)] = None,
     fail_on: FailOnOpt = "error",
     rules: RulesOpt = None,
     html: HtmlOpt = None,

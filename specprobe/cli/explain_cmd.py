@@ -156,7 +156,7 @@ def load_drilldown(path: Path) -> tuple[Result, DrillDown]:
 
 @handle_errors
 def explain(
-    result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json")],
+    result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json", readable=False)],
     prompt: Annotated[str | None, typer.Option("--prompt", help="Show this prompt's text with each token coloured by α.", metavar="ID")] = None,
     worst: Annotated[int | None, typer.Option("--worst", help="Show the N worst positions with both sides' top-5 side by side.", metavar="N", min=1)] = None,
     by: Annotated[str, typer.Option("--by", help="Rank --worst by 'alpha' (lowest first) or 'kl' (highest first).")] = "alpha",

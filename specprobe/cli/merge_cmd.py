@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 @handle_errors
 def merge(
     ctx: typer.Context,
-    parts: Annotated[list[Path], typer.Argument(help="Every part of one run: the files `diagnose --shard I/N --json PART` wrote.", metavar="PART…")],
+    parts: Annotated[list[Path], typer.Argument(help="Every part of one run: the files `diagnose --shard I/N --json PART` wrote.", metavar="PART…", readable=False)],
     json_path: JsonOpt = None,
     csv_dir: CsvOpt = None,
     html: HtmlOpt = None,

@@ -42,7 +42,7 @@ def print_summary(result: Result) -> None:
 @handle_errors
 def report(
     ctx: typer.Context,
-    result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json")],
+    result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json", readable=False)],
     html: HtmlOpt = None,
     csv_dir: CsvOpt = None,
     junit: JunitOpt = None,

@@ -125,23 +125,42 @@ def _check_gguf_header(path: Path) -> None:
         raise ModelLoadError(f"GGUF file {path} is corrupt or truncated ({type(e).__name__}: {str(e)[:80]})", "download or convert the file again") from e
 
 
-def gguf_cache_dir(path: Path) -> Path:
-    digest = file_sha256(path)[:20]
+def gguf_cache_dir(path: Path, sha256: str | None = None) -> Path:
+    digest = (sha256 or file_sha256(path))[:20]
     return cache_root() / "gguf" / f"{path.stem}-{digest}"
 
 
 def ensure_gguf_cached(path: Path, progress: Any = None) -> Path:
-    """Dequantise a GGUF once into a safetensors checkpoint folder (atomic) and return it."""
+    """Dequantise a GGUF once into a safetensors checkpoint folder (atomic) and return it.
+    An entry that is damaged, incomplete or made from another file is rebuilt, never
+    trusted (specprobe.models.cache_check)."""
+    from specprobe.models.cache_check import entry_problem, manifest
+
     _offline()
-    target = gguf_cache_dir(path)
-    if (target / "specprobe-cache.json").is_file():
-        return target
+    sha256 = file_sha256(path)
+    target = gguf_cache_dir(path, sha256)
+    if target.exists():
+        why = entry_problem(target, sha256)
+        if why is None:
+            return target
+        if progress:
+            progress(f"GGUF cache entry {target} cannot be used ({why}); rebuilding it")
     _check_gguf_header(path)
+    if progress:
+        progress(f"dequantising {path.name} once (cached in {target.parent})")
+    with atomic_dir(target) as tmp:
+        _dequantise_into(path, tmp)
+        # written last, so a folder without it is never a finished entry
+        (tmp / "specprobe-cache.json").write_text(json.dumps(manifest(tmp, sha256, path, time.time())))
+    return target
+
+
+def _dequantise_into(path: Path, folder: Path) -> None:
+    """The GGUF loaded by transformers (dequantised to fp32) and saved into `folder` as a
+    safetensors checkpoint with its tokenizer and generation config."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if progress:
-        progress(f"dequantising {path.name} once (cached in {target.parent})")
     try:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
@@ -154,12 +173,9 @@ def ensure_gguf_cached(path: Path, progress: Any = None) -> Path:
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict(), strict=False)
     fresh.tie_weights()
-    with atomic_dir(target) as tmp:
-        fresh.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        loaded.generation_config.save_pretrained(tmp)
-        (tmp / "specprobe-cache.json").write_text(json.dumps({"source": str(path), "created": time.time()}))
-    return target
+    fresh.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    loaded.generation_config.save_pretrained(folder)
 
 
 @contextmanager
