@@ -137,11 +137,13 @@ def test_rules_file_any_text(text: str) -> None:
 
 
 # ----------------------------------------------------------------------------- probe configs
-CONFIG_KEYS = ["target", "drafter", "temperature", "top_k", "top_p", "k_max", "k", "max-new-tokens", "batch_sizes", "domains", "prompts", "rules", "outputs", "device", "dtype", "fail_on", "seed", "baseline", "serving_configs", "typo_key"]
+# both spellings of two keys, so a key given twice under its two spellings is drawn too
+CONFIG_KEYS = ["target", "drafter", "temperature", "top_k", "top_p", "k_max", "k-max", "k", "max-new-tokens", "max_new_tokens", "batch_sizes", "domains", "prompts", "rules", "outputs", "device", "dtype", "fail_on", "seed", "baseline", "serving_configs", "typo_key"]
 
 
 @FAST
 @given(st.dictionaries(st.sampled_from(CONFIG_KEYS), json_value, max_size=5))
+@example({"k_max": 4, "k-max": 8})
 def test_probe_config_mapping(data: dict[str, Any]) -> None:
     from specprobe.config import probe_config_from_mapping
 
@@ -149,6 +151,8 @@ def test_probe_config_mapping(data: dict[str, Any]) -> None:
     if cfg is not None:
         cfg.explicit()
         assert cfg.k_values is None or all(1 <= k <= 32 for k in cfg.k_values)
+        # never one of two spellings silently dropped
+        assert not ({"k_max", "k-max"} <= data.keys() or {"max_new_tokens", "max-new-tokens"} <= data.keys())
 
 
 @FAST
