@@ -2,10 +2,15 @@
 
 1. Scoring overhead: time to compute the per-position metrics from the logits ÷ time of
    the target + drafter forward passes over the same positions (target ≤ 0.10), measured
-   in interleaved pairs (the machine's load swings both parts independently: a ratio
-   per pair, median and min–max shown), next to a naive unfused computation, the fused
-   (compiled) scorer with --fused, and a streaming floor — one read pass over both logit
-   tensors — printed as "N× the streaming floor".
+   in interleaved rounds (the machine's load swings both parts independently: a ratio
+   per round, median and min–max shown). Each round times the forward, a streaming
+   floor — one read pass over both logit tensors — and every scorer on the same logits:
+   the default (row-blocked, `metrics.blocked`), the previous whole-chunk eager one
+   (`position_metrics_reference`), a naive unfused computation, and with --fused the
+   torch.compile'd one (its compile timed apart). Each scorer is printed as a ratio to
+   the forward and as "N× the streaming floor", with the `uptime` load before and after.
+   The scorers are asked for the top-5 tokens as `diagnose` asks (the drill-down);
+   --top 0 leaves them out.
 2. Memory: peak RSS of a diagnose run with 4× the prompts ÷ with 1× (target ≤ 1.15),
    each in a fresh subprocess.
 
@@ -46,10 +51,17 @@ def _spread(xs: list[float], fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
 
 
-def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: bool = False, positions: int = 0) -> dict[str, float]:
-    """Forward and metrics measured in interleaved pairs (each repeat: forward, then the
-    metrics on its logits), a ratio per pair; and the metrics against a streaming floor
-    in the same repeat: one read pass over both logit tensors (a sum over each)."""
+def load() -> str:
+    """The 1/5/15-minute load averages, as `uptime` prints them."""
+    import os
+
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
+
+
+def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: bool = False, positions: int = 0, top: int = 5) -> dict[str, float]:
+    """Forward and metrics measured in interleaved rounds (each round: forward, floor,
+    then every scorer on the same logits), a ratio per round; and each scorer against a
+    streaming floor in the same round: one read pass over both logit tensors (a sum)."""
     import torch
 
     from specprobe.metrics import core
@@ -81,18 +93,23 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
         sync()
         return time.perf_counter()
 
-    paths = {"specprobe eager": core.position_metrics, "naive unfused": lambda a, b, s1, s2: naive_metrics(a, b, 0.7)}
+    paths = {
+        "specprobe (blocked, default)": lambda a, b, s1, s2: core.position_metrics(a, b, s1, s2, top=top),
+        "previous eager (whole chunk)": lambda a, b, s1, s2: core.position_metrics_reference(a, b, s1, s2, top=top),
+        "naive unfused": lambda a, b, s1, s2: naive_metrics(a, b, 0.7),
+    }
     if fused:
-        paths["specprobe fused"] = core.position_metrics_fused
+        paths["torch.compile fused"] = lambda a, b, s1, s2: core.position_metrics_fused(a, b, s1, s2, top=top)
     rows: dict[str, list[float]] = {"forward": [], "floor": [], **{k: [] for k in paths}}
     with torch.inference_mode():
         tl = target.model(input_ids=ids, attention_mask=mask).logits[sel].float()  # [N, V]
         n = tl.shape[0]
-        if fused:  # compile outside the timed pairs (reported apart)
+        print(f"before: {load()}")
+        if fused:  # compile outside the timed rounds (reported apart)
             t0 = clock()
-            core.position_metrics_fused(tl[:CH], tl[:CH], s, s)
-            print(f"  torch.compile of the fused scorer: {clock() - t0:.1f} s (once per process; {core._FUSED['broken'] or 'ok'})")
-        for _ in range(repeats):
+            core.position_metrics_fused(tl[:CH], tl[:CH], s, s, top=top)
+            print(f"  torch.compile of the fused scorer: {clock() - t0:.1f} s (once per process and sampling case; {core._FUSED['broken'] or 'ok'})")
+        for i in range(repeats):
             t0 = clock()
             tl = target.model(input_ids=ids, attention_mask=mask).logits[sel].float()  # [N, V]
             dl = dm(input_ids=ids, attention_mask=mask).logits[sel].float()  # [N, V]
@@ -102,14 +119,17 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
                 tl[c : c + CH].sum()
                 dl[c : c + CH].sum()
             rows["floor"].append(clock() - t0)
-            for name, fn in paths.items():
+            names = list(paths)
+            for name in names[i % len(names) :] + names[: i % len(names)]:  # each scorer takes its turn first
+                fn = paths[name]
                 t0 = clock()
                 for c in range(0, n, CH):
                     fn(tl[c : c + CH], dl[c : c + CH], s, s)
                 rows[name].append(clock() - t0)
     fwd, floor = rows["forward"], rows["floor"]
-    print(f"scoring overhead on SmolLM2 (V=49,152) on {device} {dtype}, {n} positions, chunk {CH}, {torch.get_num_threads()} threads; "
-          f"{repeats} interleaved pairs, median (min–max):")
+    print(f"after:  {load()}")
+    print(f"scoring overhead on SmolLM2 (V=49,152) on {device} {dtype}, {n} positions, chunk {CH}, top-{top}, T=0.7, "
+          f"{torch.get_num_threads()} threads; {repeats} interleaved rounds, median (min–max):")
     print(f"  target + drafter forward passes   {_spread([x * 1e3 for x in fwd], '{:.1f}')} ms")
     print(f"  streaming floor (1 read pass)     {_spread([x * 1e3 for x in floor], '{:.1f}')} ms")
     out: dict[str, float] = {"forward_s": statistics.median(fwd), "positions": n}
@@ -117,7 +137,8 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
         t = rows[name]
         ratio = [m / f for m, f in zip(t, fwd, strict=True)]
         floors = [m / fl for m, fl in zip(t, floor, strict=True)]
-        print(f"  {name:<32}  {_spread([x * 1e3 for x in t], '{:.1f}')} ms   ratio to forward {_spread(ratio)}   {statistics.median(floors):.1f}× the streaming floor")
+        print(f"  {name:<32}  {_spread([x * 1e3 for x in t], '{:.1f}')} ms   ratio to forward {_spread(ratio)}   "
+              f"{_spread(floors, '{:.1f}')}× the streaming floor")
         out[name] = statistics.median(ratio)
     return out
 
@@ -150,9 +171,15 @@ if __name__ == "__main__":
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--fused", action="store_true", help="also time the torch.compile'd scorer (compiled once first)")
+    ap.add_argument("--top", type=int, default=5, help="top-k tokens asked of the scorers (diagnose's drill-down asks 5; 0: none)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-memory", action="store_true", help="skip the RSS comparison")
     ap.add_argument("--prompts", type=int, default=12, help="prompts in the 1× memory run (4× uses four times as many)")
     args = ap.parse_args()
-    overhead(args.repeats, args.device, args.dtype, args.fused)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    overhead(args.repeats, args.device, args.dtype, args.fused, top=args.top)
     if not args.no_memory:
         memory(args.prompts)

@@ -1,7 +1,8 @@
-"""The fused scorer equals the eager one: its formula (run uncompiled, every sampling
-case) to 1e-5, the compiled function when SPECPROBE_TEST_COMPILE=1 (a CPU compile
-takes minutes here; benchmarks/gpu_check.sh sets it), and a failing compiler falls back
-to eager."""
+"""Every scorer equals the eager reference (`core.position_metrics_reference`) to 1e-5:
+the default, computed in cache-sized row blocks (`metrics.blocked`), for every sampling
+case, block size, vocabulary shape and dtype; the fused formula (run uncompiled), and the
+compiled function when SPECPROBE_TEST_COMPILE=1 (a CPU compile takes minutes here;
+benchmarks/gpu_check.sh sets it); a failing compiler falls back to eager."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import pytest
 import torch
 
-from specprobe.metrics import core
+from specprobe.metrics import blocked, core
 from specprobe.metrics.sampling import Sampling
 
 FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
@@ -30,7 +31,7 @@ CASES = [(Sampling(temperature=0.7), Sampling(temperature=0.7)), (Sampling(tempe
 def test_fused_formula_equals_eager(ts: Sampling, ds: Sampling) -> None:
     for draft_v in (None, 280):  # same vocabulary, and a drafter missing the last ids
         tl, dl = _logits(draft_v=draft_v)
-        eager = core.position_metrics(tl, dl, ts, ds, top=5)
+        eager = core.position_metrics_reference(tl, dl, ts, ds, top=5)
         out = core._fused_body(tl, core.align_vocab(dl, tl.shape[-1]), 1.0 if ts.greedy else ts.temperature, 1.0 if ds.greedy else ds.temperature, ts.greedy, ds.greedy, 5)
         for f, got in zip(FIELDS, out[:5], strict=True):
             want = getattr(eager, f)
@@ -65,6 +66,98 @@ def test_compiled_scorer_equals_eager() -> None:
     for ts, ds in CASES[:2]:
         fused = core.position_metrics_fused(tl, dl, ts, ds, top=5)
         assert core.fused_available(), core._FUSED["broken"]
-        eager = core.position_metrics(tl, dl, ts, ds, top=5)
+        eager = core.position_metrics_reference(tl, dl, ts, ds, top=5)
         for f in FIELDS:
             torch.testing.assert_close(getattr(fused, f), getattr(eager, f), atol=1e-5, rtol=1e-5, msg=f)
+
+
+# ----------------------------------------------------------------------------- blocked default
+TRUNCATING = [Sampling(temperature=0.8, top_p=0.9), Sampling(temperature=0.9, top_k=20, min_p=0.05, semantics="sglang"), Sampling(temperature=1.1, top_k=7, top_p=0.8, semantics="transformers")]
+ALL_CASES = CASES + [(t, Sampling(temperature=0.7)) for t in TRUNCATING] + [(Sampling(temperature=0.7), d) for d in TRUNCATING] + [(Sampling(temperature=0.0), TRUNCATING[0]), (TRUNCATING[1], Sampling(temperature=0.0))]
+
+
+def _assert_same(got: core.PositionMetrics, want: core.PositionMetrics, tops: bool = True) -> None:
+    for f in FIELDS:
+        torch.testing.assert_close(getattr(got, f), getattr(want, f), atol=1e-5, rtol=1e-5, msg=f)
+    if tops:
+        assert got.top is not None and want.top is not None and got.top.keys() == want.top.keys()
+        for k, v in want.top.items():
+            torch.testing.assert_close(got.top[k], v, atol=1e-6, rtol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("ts,ds", ALL_CASES)
+@pytest.mark.parametrize("v", [300, 512])  # 300: no 32-wide segments (plain argmax/top-k); 512: 16 segments of 32
+def test_blocked_default_equals_reference(ts: Sampling, ds: Sampling, v: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    for draft_v in (None, v - 20):  # same vocabulary, and a drafter missing the last ids
+        tl, dl = _logits(n=23, v=v, draft_v=draft_v)
+        want = core.position_metrics_reference(tl, dl, ts, ds, top=5)
+        for rows in (1, 4, 23, 64):  # one row per block, a ragged last block, one block, more than N
+            monkeypatch.setattr(blocked, "block_rows", lambda *_a, rows=rows: rows)
+            _assert_same(core.position_metrics(tl, dl, ts, ds, top=5), want)
+        assert core.position_metrics(tl, dl, ts, ds).top is None
+
+
+def test_blocked_floors_log_q_in_the_rows_that_need_it() -> None:
+    """−inf drafter logits (a head's vocabulary mapped into the target's) only in rows the
+    first block does not hold: those rows get the reference's finite KL, the others stay
+    untouched; NaN/inf logits stay NaN in the metrics (scoring names those positions)."""
+    tl, dl = _logits(n=20, v=512)
+    dl[9, 5:60] = float("-inf")
+    dl[17, 100:] = float("-inf")
+    s = Sampling(temperature=0.7)
+    want = core.position_metrics_reference(tl, dl, s, s, top=3)
+    for rows in (1, 3, 8):
+        got = blocked.blocked_metrics(tl, dl, s, s, top=3, rows=rows)
+        assert torch.isfinite(got["kl"]).all()
+        torch.testing.assert_close(got["kl"].clamp(min=0.0), want.kl_target_draft_nats, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got["alpha"], want.accept_prob, atol=1e-5, rtol=1e-5)
+    tl[3, 7], dl[12, 0], tl[15] = float("nan"), float("inf"), float("-inf")
+    got = core.position_metrics(tl, dl, s, s)
+    bad = ~torch.isfinite(got.kl_target_draft_nats)
+    assert bad.nonzero().flatten().tolist() == [3, 12, 15]
+
+
+def test_blocked_argmax_and_top_k_are_the_first_maximal_ids() -> None:
+    """Per-segment maxima find argmax and top-k: a maximum repeated in two segments, or
+    twice in one, gives the first id, as torch.argmax does; top-k across segments."""
+    tl = torch.zeros(3, 512)
+    tl[0, [40, 300]] = 5.0  # two segments
+    tl[1, [33, 34]] = 5.0  # one segment
+    tl[2, [1, 100, 200, 300, 400, 500]] = torch.tensor([1.0, 6.0, 2.0, 5.0, 4.0, 3.0])
+    g = Sampling(temperature=0.0)
+    pm = core.position_metrics(tl, tl.clone(), g, g, top=4)
+    assert pm.top is not None
+    assert pm.top["target_ids"][2].tolist() == [100, 300, 400, 500]
+    ch = blocked._Chunk(tl, tl, g, g)
+    ch.run(3)
+    assert ch.argmax(0).tolist() == [40, 33, 100] == tl.argmax(-1).tolist()
+
+
+def test_blocked_upcasts_half_precision_logits() -> None:
+    tl, dl = _logits(n=12, v=512)
+    s = Sampling(temperature=0.7)
+    for dt in (torch.bfloat16, torch.float16):
+        got = core.position_metrics(tl.to(dt), dl.to(dt), s, s, top=5)
+        want = core.position_metrics_reference(tl.to(dt), dl.to(dt), s, s, top=5)
+        _assert_same(got, want, tops=False)
+        # half-precision logits tie often: the top probabilities agree, the ids among ties may not
+        assert got.top is not None and want.top is not None
+        for k in ("target_probs", "draft_probs"):
+            torch.testing.assert_close(got.top[k], want.top[k], atol=1e-6, rtol=1e-5, msg=k)
+    mixed = core.position_metrics(tl.to(torch.bfloat16), dl, s, s)
+    _assert_same(mixed, core.position_metrics_reference(tl.to(torch.bfloat16), dl, s, s), tops=False)
+
+
+def test_block_rows_fit_the_l2_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked.l2_bytes.cache_clear()
+    monkeypatch.setenv("SPECPROBE_L2_BYTES", str(2 * 1024 * 1024))
+    try:
+        cores = min(torch.get_num_threads(), os.cpu_count() or 1)
+        assert blocked.l2_bytes() == 2 * 1024 * 1024
+        # six float32 [rows, V] arrays per block, split over the cores
+        assert blocked.block_rows(49_152, torch.device("cpu"), 64) == max(1, 2 * 1024 * 1024 * cores // (6 * 4 * 49_152))
+        assert blocked.block_rows(256_000, torch.device("cpu"), 64) == max(1, 2 * 1024 * 1024 * cores // (6 * 4 * 256_000))
+        assert blocked.block_rows(49_152, torch.device("meta"), 64) == 64  # not a CPU: the whole chunk
+    finally:
+        blocked.l2_bytes.cache_clear()
+    assert blocked.segment(49_152) == 256 and blocked.segment(151_936) == 128 and blocked.segment(50_257) == 50_257

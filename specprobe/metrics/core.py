@@ -90,7 +90,35 @@ def position_metrics(
     draft_sampling: Sampling,
     top: int = 0,
 ) -> PositionMetrics:
-    """[N, V] target and [N, V'] drafter logits -> metrics per position.
+    """[N, V] target and [N, V'] drafter logits -> metrics per position. `top` > 0 also
+    returns each side's top-`top` tokens (for the token-level drill-down).
+
+    Computed a few rows at a time, in the CPU's cache (`metrics.blocked`); equal to
+    `position_metrics_reference` to float rounding."""
+    from specprobe.metrics.blocked import blocked_metrics
+
+    draft_logits = align_vocab(draft_logits, target_logits.shape[-1])
+    m = blocked_metrics(target_logits, draft_logits, target_sampling, draft_sampling, top=top)
+    tops = {k[4:]: val for k, val in m.items() if k.startswith("top_")} or None
+    return PositionMetrics(
+        accept_prob=m["alpha"].clamp_(0.0, 1.0),
+        greedy_agree=m["agree"],
+        kl_target_draft_nats=m["kl"].clamp_(min=0.0),
+        target_entropy_nats=m["entropy"],
+        draft_confidence=m["confidence"],
+        top=tops,
+    )
+
+
+def position_metrics_reference(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    target_sampling: Sampling,
+    draft_sampling: Sampling,
+    top: int = 0,
+) -> PositionMetrics:
+    """The straightforward eager computation over the whole chunk at once, kept as the
+    reference the default (`position_metrics`) and the fused scorer are tested against.
 
     Written to touch each [N, V] buffer as few times as possible and to allocate none:
     log-softmax and exp land in reused buffers, the two sums over p are row-wise dot

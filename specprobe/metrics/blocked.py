@@ -1,0 +1,257 @@
+"""The default scorer behind `core.position_metrics`: the metrics of a chunk computed a
+few rows at a time, so that every pass after the first over a row reads the CPU's L2
+cache instead of main memory, in as few passes as the algebra allows.
+
+Per side and row: one max over the logits (taken per 256-wide segment, which is as cheap
+as a plain max and gives argmax and top-k almost for free, below), one pass writing the
+tempered, max-shifted logits x = (l − max l) / T, one exp, one sum z = Σ eˣ. Then
+p log p and p log q need no [V] buffer of their own, since with e = eˣ
+
+    Σ p log p = Σ e_p·x_p / z_p − log z_p,      Σ p log q = Σ e_p·x_q / z_p − log z_q,
+
+(one product and one sum over both sides) and α = Σ min(p, q) = Σ min(e_p, e_q·z_p/z_q) / z_p
+(one scale, one minimum, one sum).
+
+argmax and top-k: a row's top-k tokens lie in the k segments with the largest maxima,
+so they are found among k × 256 logits gathered after the loop, and their probabilities
+are recomputed from those logits; the reference's `torch.topk` over the whole row costs
+twice all the rest. Truncating sampling (top-k/top-p/min-p) materialises p and q in the
+block and runs the engine's transform (`sampling.truncate_`) on them.
+
+Each row's numbers are the reference's (`core.position_metrics_reference`) up to float
+rounding (tested to 1e-5); ties among equal logits may pick another (equally maximal) id."""
+
+from __future__ import annotations
+
+import os
+import threading
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from specprobe.metrics.sampling import Sampling, truncate_
+
+# Floor on log q: ids the drafter gives probability 0 (−inf logits) cost a large, finite
+# penalty instead of an infinite KL.
+LOGQ_FLOOR = -1e4
+# [rows, V] float32 arrays a block touches: each side's logits, x and e
+_ARRAYS = 6
+_FALLBACK_CACHE = 2 * 1024 * 1024  # bytes of L2 per core when sysfs does not say
+_SEGMENTS = (256, 128, 64, 32)  # segment widths tried, widest first (must divide V)
+
+
+@lru_cache(maxsize=1)
+def l2_bytes() -> int:
+    """L2 cache per core (bytes), from sysfs; SPECPROBE_L2_BYTES overrides."""
+    env = os.environ.get("SPECPROBE_L2_BYTES", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for idx in sorted(os.listdir(base)):
+            with open(f"{base}/{idx}/level") as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(f"{base}/{idx}/size") as f:
+                s = f.read().strip().upper()
+            return int(s.rstrip("KMB")) * {"K": 1024, "M": 1024 * 1024}.get(s.rstrip("B")[-1:], 1)
+    except (OSError, ValueError):
+        pass
+    return _FALLBACK_CACHE
+
+
+def block_rows(v: int, device: torch.device, n: int) -> int:
+    """Rows per block. On a CPU as many as keep a block's arrays inside the L2 caches of
+    the cores that work on it (each op splits its block across the threads), at least 1;
+    on other devices the whole chunk (a GPU gains nothing from host-cache blocking and
+    loses to per-block launches)."""
+    if device.type != "cpu":
+        return max(n, 1)
+    cores = min(torch.get_num_threads(), os.cpu_count() or 1)
+    return max(1, l2_bytes() * cores // (_ARRAYS * 4 * v))
+
+
+def segment(v: int) -> int:
+    """Segment width for the per-segment maxima: the widest of 256…32 dividing V, else V."""
+    return next((c for c in _SEGMENTS if v % c == 0 and v // c >= 8), v)
+
+
+class _Scratch:
+    """Reusable float32 buffers per thread, grown on demand: allocating (and faulting in)
+    fresh ones per block would cost more than the arithmetic."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.x = self.e = torch.empty(0)
+
+    def get(self, rows: int, v: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.key is None or self.key[1:] != (v, device) or self.key[0] < rows:
+            # [rows, 2, V]: side 0 the target, side 1 the drafter
+            self.x, self.e = (torch.empty((rows, 2, v), dtype=torch.float32, device=device) for _ in range(2))
+            self.key = (rows, v, device)
+        return self.x, self.e
+
+
+_TLS = threading.local()
+
+
+def _scratch() -> _Scratch:
+    s = getattr(_TLS, "s", None)
+    if s is None:
+        s = _TLS.s = _Scratch()
+    return s
+
+
+def _temperature(s: Sampling) -> float:
+    """The temperature each side's p (KL, entropy, α) uses: 1 when greedy."""
+    return 1.0 if s.greedy else float(s.temperature)
+
+
+class _Chunk:
+    """Per-chunk state: per-segment maxima, shifts, sums and dot products of every row."""
+
+    def __init__(self, tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampling) -> None:
+        n, v = tl.shape
+        dev = tl.device
+        self.tl, self.dl, self.ts, self.ds = tl, dl, ts, ds
+        self.c = segment(v)
+        self.inv_t = (1.0 / _temperature(ts), 1.0 / _temperature(ds))
+        self.neg_inv_t = torch.tensor([-self.inv_t[0], -self.inv_t[1]], device=dev)  # [2]
+        self.seg = torch.empty((n, 2, v // self.c), dtype=tl.dtype, device=dev)  # per-segment maxima
+        self.shift = torch.empty((n, 2), device=dev)  # −max / T per side: x = l / T + shift
+        self.z = torch.empty((n, 2), device=dev)  # Σ eˣ per side
+        self.dots = torch.empty((n, 2), device=dev)  # Σ e_p·x_p, Σ e_p·x_q (x_q floored)
+        self.alpha = torch.empty(n, device=dev)  # Σ min(p, q) when computed in the blocks
+        self.conf: torch.Tensor | None = None  # max q, when the drafter truncates
+        self.floor_logq = False  # floor log q at LOGQ_FLOOR (set once a −inf q meets p)
+        self.truncating = (ts.truncates and not ts.greedy) or (ds.truncates and not ds.greedy)
+        self.both_sample = not ts.greedy and not ds.greedy
+
+    def block(self, r: slice, x: torch.Tensor, e: torch.Tensor, check: bool = False) -> None:
+        """Rows r, with x, e the [b, 2, V] scratch. `check`: look for q = 0 under p > 0
+        (−inf drafter logits) in this block and, if so, floor log q from here on."""
+        tl, dl, c, seg = self.tl[r], self.dl[r], self.c, self.seg[r]
+        b, v = tl.shape
+        x0, x1, ep = x[:, 0], x[:, 1], e[:, :1]
+        torch.amax(tl.view(b, v // c, c), -1, out=seg[:, 0])  # the one read from DRAM
+        torch.amax(dl.view(b, v // c, c), -1, out=seg[:, 1])
+        sh = torch.mul(seg.amax(-1), self.neg_inv_t, out=self.shift[r])  # [b, 2]
+        torch.add(sh[:, :1], tl, alpha=self.inv_t[0], out=x0)  # x = l/T − max/T
+        torch.add(sh[:, 1:], dl, alpha=self.inv_t[1], out=x1)
+        torch.exp(x, out=e)
+        z = torch.sum(e, -1, out=self.z[r])  # [b, 2]
+        if self.floor_logq:
+            x1.clamp_(min=(z[:, 1:].log() + LOGQ_FLOOR))
+        dots = torch.sum(x.mul_(ep), -1, out=self.dots[r])  # x is free after this
+        if check and not self.floor_logq and not bool(torch.isfinite(dots[:, 1]).all()):
+            self.floor_logq = True
+            self.block(r, x, e)
+            return
+        if self.truncating:
+            self._truncated(r, e, z)
+        elif self.both_sample:
+            # α = Σ min(e_p, e_q·z_p/z_q) / z_p (divided by z_p after the loop); with a
+            # greedy side α is one probability per row, read after the loop
+            e1 = e[:, 1]
+            e1.mul_(z[:, :1] / z[:, 1:])
+            torch.sum(torch.minimum(e[:, 0], e1, out=x0), -1, out=self.alpha[r])
+
+    def run(self, rows: int) -> None:
+        """Every block; then the blocks with rows whose Σ p log q came out infinite or NaN
+        (q = 0 where p > 0: −inf drafter logits) again, log q floored."""
+        n, v = self.tl.shape
+        x, e = _scratch().get(min(rows, n), v, self.tl.device)
+        starts = range(0, n, rows)
+        for i in starts:
+            b = min(rows, n - i)
+            self.block(slice(i, i + b), x[:b], e[:b], check=i == 0)
+        bad = ~torch.isfinite(self.dots[:, 1])
+        if not self.floor_logq and bool(bad.any()):
+            self.floor_logq = True
+            for i in sorted({j - j % rows for j in bad.nonzero().flatten().tolist()}):
+                b = min(rows, n - i)
+                self.block(slice(i, i + b), x[:b], e[:b])
+
+    def _truncated(self, r: slice, e: torch.Tensor, z: torch.Tensor) -> None:
+        """α (and max q) under the engines' truncation: p and q materialised in e."""
+        ts, ds = self.ts, self.ds
+        e.div_(z[..., None])
+        ps = None if ts.greedy else truncate_(e[:, 0], ts)
+        qs = None if ds.greedy else truncate_(e[:, 1], ds)
+        if qs is not None and ds.truncates:
+            if self.conf is None:
+                self.conf = torch.empty_like(self.alpha)
+            self.conf[r] = qs.amax(-1)
+        if ps is not None and qs is not None:
+            self.alpha[r] = torch.minimum(ps, qs).sum(-1)
+        elif qs is not None:
+            self.alpha[r] = qs.gather(-1, self.argmax(0, r)[:, None]).squeeze(-1)
+        elif ps is not None:
+            self.alpha[r] = ps.gather(-1, self.argmax(1, r)[:, None]).squeeze(-1)
+
+    def argmax(self, side: int, r: slice = slice(None)) -> torch.Tensor:
+        """[rows] argmax of one side's logits: the first segment holding the max, then the
+        first max inside it (so the first maximal id, as `torch.argmax`)."""
+        logits, c = (self.tl, self.dl)[side][r], self.c
+        if c == logits.shape[-1]:
+            return logits.argmax(-1)
+        n = logits.shape[0]
+        si = self.seg[r, side].argmax(-1)  # [n]
+        inside = logits.view(n, -1, c)[torch.arange(n, device=logits.device), si].argmax(-1)  # [n]
+        return si * c + inside
+
+    def topk(self, side: int, k: int, r: slice = slice(None)) -> torch.Tensor:
+        """[rows, k] ids of one side's k largest logits, largest first."""
+        logits, c = (self.tl, self.dl)[side][r], self.c
+        n, v = logits.shape
+        if k * c >= v:
+            return torch.topk(logits, k, dim=-1).indices
+        si = torch.topk(self.seg[r, side], k, dim=-1).indices  # [n, k] segments holding the top k
+        cand = logits.view(n, -1, c)[torch.arange(n, device=logits.device)[:, None], si].reshape(n, k * c)
+        pos = torch.topk(cand, k, dim=-1).indices  # [n, k] in the candidates
+        return si.gather(-1, pos // c) * c + pos % c
+
+    def prob(self, side: int, ids: torch.Tensor) -> torch.Tensor:
+        """[n, k] untruncated tempered probability of `ids` ([n, k]) on one side, computed
+        from the logits as the blocks compute eˣ / z."""
+        logits = (self.tl, self.dl)[side]
+        x = torch.add(self.shift[:, side : side + 1], logits.gather(-1, ids), alpha=self.inv_t[side])
+        return x.exp_().div_(self.z[:, side : side + 1])
+
+
+def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampling, top: int = 0, rows: int | None = None) -> dict[str, torch.Tensor]:
+    """[N, V] target and drafter logits (same vocabulary) -> the metrics as [N] float32
+    tensors: alpha, agree, kl, entropy, confidence (unclamped); with `top`, also
+    top_{target,draft}_{ids,probs} and top_target_probs_at_draft /
+    top_draft_probs_at_target [N, top]. `rows`: rows per block (default `block_rows`)."""
+    n, v = tl.shape
+    if dl.dtype != tl.dtype:  # one dtype for the per-segment maxima of both sides
+        common = torch.promote_types(tl.dtype, dl.dtype)
+        tl, dl = tl.to(common), dl.to(common)
+    ch = _Chunk(tl, dl, ts, ds)
+    ch.run(rows or block_rows(v, tl.device, n))
+    z, logz = ch.z, ch.z.log()
+    plogp = ch.dots[:, 0] / z[:, 0] - logz[:, 0]
+    plogq = ch.dots[:, 1] / z[:, 0] - logz[:, 1]  # weights e_p: divided by z_p
+    ta, da = ch.argmax(0), ch.argmax(1)
+    agree = (ta == da).float()
+    out = {"kl": plogp - plogq, "entropy": -plogp, "agree": agree}
+    if ts.greedy and ds.greedy:
+        out["alpha"] = agree.clone()
+    elif ch.truncating:
+        out["alpha"] = ch.alpha
+    elif ts.greedy:  # q of the target's token
+        out["alpha"] = ch.prob(1, ta[:, None])[:, 0]
+    elif ds.greedy:  # p of the drafter's token
+        out["alpha"] = ch.prob(0, da[:, None])[:, 0]
+    else:
+        out["alpha"] = ch.alpha / z[:, 0]
+    if ds.greedy:
+        out["confidence"] = torch.ones_like(plogp)
+    else:
+        out["confidence"] = ch.conf if ch.conf is not None else 1.0 / z[:, 1]  # max q = e⁰ / z
+    if top:
+        ti, di = ch.topk(0, top), ch.topk(1, top)
+        out.update(top_target_ids=ti, top_draft_ids=di, top_target_probs=ch.prob(0, ti), top_draft_probs=ch.prob(1, di), top_target_probs_at_draft=ch.prob(0, di), top_draft_probs_at_target=ch.prob(1, ti))
+    return out
