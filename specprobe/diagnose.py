@@ -63,13 +63,16 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
 # ----------------------------------------------------------------------------- the pipeline
 def run_diagnose(
     cfg: DiagnoseConfig, progress: Progress | None = None, table: RuleTable | None = None, pair: Pair | None = None, on_partial: Callable[[Result], None] | None = None,
+    on_references: Callable[[Any], None] | None = None,
 ) -> Result:
     """The whole diagnose job -> its result.
 
     Ctrl-C (or SIGTERM) stops the step that is running and keeps what it finished. The
     first press hands what was computed to `on_partial` (the CLI writes it) before
     anything else runs, then the run finishes (the prompts whose references were done are
-    scored, the cost ratio measured); a second press skips what is left."""
+    scored, the cost ratio measured); a second press skips what is left.
+    `on_references` receives the references once made (`TurnReferences`), for a caller
+    that needs them too (simulate), so they are not generated twice."""
     from specprobe.rules import load_table
 
     progress = progress or Progress()
@@ -93,6 +96,8 @@ def run_diagnose(
     #    (+ the token-level drill-down and what-ifs, from the same logits)
     def references_and_scores(extra: Sequence[Any] = ()) -> tuple[Any, Scored]:
         refs = references_by_turn(target, list(prompt_set.prompts), cfg, pair.sampling.target, progress)
+        if on_references is not None:
+            on_references(refs)
         if refs.interrupted:
             done = sum(1 for c in refs.conts if c)
             progress.note(f"interrupted while generating references: finishing — scoring the {done} prompts whose references are done, then the cost ratio; press Ctrl-C again to stop now")

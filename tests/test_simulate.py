@@ -411,3 +411,22 @@ def test_simulate_smollm2_layer_skip_greedy_matches_target() -> None:
     run = speculate(tm.model, drafter.step_model(), enc, k=3, target_sampling=GREEDY, max_new_tokens=12, batch_size=2)
     assert run.outputs == ref
     assert 0.0 < run.counters.accept_rate < 1.0
+
+
+def test_no_cache_generates_the_references_once(tiny_pair, tmp_path, monkeypatch) -> None:
+    """simulate measures on the references its estimate (diagnose) made: with --no-cache
+    they are generated once, not again for the measurement."""
+    import specprobe.references as references
+    from specprobe.simulate import run_simulate
+
+    real = references.generate_references
+    calls: list[int] = []
+
+    def counting(*a, **kw):
+        calls.append(len(a[1]))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(references, "generate_references", counting)
+    r = run_simulate(_sim_cfg(tiny_pair, tmp_path, "self:layers=1", use_cache=False))  # --no-cache
+    assert r.measured is not None and not r.interrupted
+    assert calls == [6]  # one call for the six single-turn prompts

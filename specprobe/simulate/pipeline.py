@@ -142,7 +142,8 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     pair = pair or load_pair(dcfg, progress)
     cfg = _fit_head(cfg, pair.drafter, progress)  # refuse what the live loop cannot run before the estimate
     keep = None if on_partial is None else (lambda est: on_partial(simulate_result(est, cfg, None, table)))
-    estimate = run_diagnose(dcfg, progress, table=table, pair=pair, on_partial=keep)
+    made: list[Any] = []  # the references diagnose made (none when a finished shard was reused)
+    estimate = run_diagnose(dcfg, progress, table=table, pair=pair, on_partial=keep, on_references=made.append)
     if estimate.stopped or estimate.interrupted:
         return simulate_result(estimate, cfg, None, table)  # nothing meaningful (or nothing asked for, after Ctrl-C) to measure
 
@@ -152,9 +153,9 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     if step is None:
         raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N, independent causal LMs and head drafters (EAGLE-1/2, EAGLE-3, Medusa, MTP)")
     # the same items diagnose scored: every turn, later ones after the target's own earlier
-    # answers (its references, read back from the on-disk cache)
-    refs = references_by_turn(target, list(load_prompt_set(dcfg).prompts), dcfg, pair.sampling.target, progress)
-    if refs.interrupted:  # only with --no-cache are they generated again
+    # answers (the references diagnose made; else read back from the on-disk cache)
+    refs = made[-1] if made else references_by_turn(target, list(load_prompt_set(dcfg).prompts), dcfg, pair.sampling.target, progress)
+    if refs.interrupted:
         progress.note("interrupted before the measurement: nothing was measured")
         return simulate_result(estimate, cfg, None, table).model_copy(update={"interrupted": True})
     encoded = refs.encoded
