@@ -152,12 +152,33 @@ def test_block_rows_fit_the_l2_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     blocked.l2_bytes.cache_clear()
     monkeypatch.setenv("SPECPROBE_L2_BYTES", str(2 * 1024 * 1024))
     try:
-        cores = min(torch.get_num_threads(), os.cpu_count() or 1)
         assert blocked.l2_bytes() == 2 * 1024 * 1024
-        # six float32 [rows, V] arrays per block, split over the cores
-        assert blocked.block_rows(49_152, torch.device("cpu"), 64) == max(1, 2 * 1024 * 1024 * cores // (6 * 4 * 49_152))
-        assert blocked.block_rows(256_000, torch.device("cpu"), 64) == max(1, 2 * 1024 * 1024 * cores // (6 * 4 * 256_000))
+        # six float32 [rows, V] arrays per block in one core's L2
+        assert blocked.block_rows(32_000, torch.device("cpu"), 64) == 2
+        assert blocked.block_rows(49_152, torch.device("cpu"), 64) == 1
+        assert blocked.block_rows(256_000, torch.device("cpu"), 64) == 1
+        monkeypatch.setenv("SPECPROBE_L2_BYTES", str(8 * 1024 * 1024))
+        blocked.l2_bytes.cache_clear()
+        assert blocked.block_rows(49_152, torch.device("cpu"), 64) == 7
         assert blocked.block_rows(49_152, torch.device("meta"), 64) == 64  # not a CPU: the whole chunk
     finally:
         blocked.l2_bytes.cache_clear()
     assert blocked.segment(49_152) == 256 and blocked.segment(151_936) == 128 and blocked.segment(50_257) == 50_257
+
+
+@pytest.mark.parametrize("ts,ds", [CASES[0], (TRUNCATING[0], TRUNCATING[1]), (Sampling(temperature=0.0), TRUNCATING[2])])
+def test_blocks_spread_over_threads_give_the_same_metrics(ts: Sampling, ds: Sampling, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more than one torch thread the blocks go to worker threads (each op on one
+    core): the same numbers as one thread, −inf drafter rows handled wherever they fall,
+    and torch's thread count is given back."""
+    tl, dl = _logits(n=29, v=512)
+    dl[13, 40:] = float("-inf")
+    want = core.position_metrics_reference(tl, dl, ts, ds, top=5)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        monkeypatch.setattr(blocked, "block_rows", lambda *_a: 2)
+        _assert_same(core.position_metrics(tl, dl, ts, ds, top=5), want)
+        assert torch.get_num_threads() == 3 and blocked._POOL["n"] == 3
+    finally:
+        torch.set_num_threads(before)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -35,7 +36,7 @@ from specprobe.metrics.sampling import Sampling, truncate_
 # Floor on log q: ids the drafter gives probability 0 (−inf logits) cost a large, finite
 # penalty instead of an infinite KL.
 LOGQ_FLOOR = -1e4
-# [rows, V] float32 arrays a block touches: each side's logits, x and e
+# [rows, V] float32 arrays a block keeps in cache: each side's logits (read twice), x and e
 _ARRAYS = 6
 _FALLBACK_CACHE = 2 * 1024 * 1024  # bytes of L2 per core when sysfs does not say
 _SEGMENTS = (256, 128, 64, 32)  # segment widths tried, widest first (must divide V)
@@ -62,14 +63,13 @@ def l2_bytes() -> int:
 
 
 def block_rows(v: int, device: torch.device, n: int) -> int:
-    """Rows per block. On a CPU as many as keep a block's arrays inside the L2 caches of
-    the cores that work on it (each op splits its block across the threads), at least 1;
+    """Rows per block. On a CPU as many as keep a block's arrays inside one core's L2
+    cache (each core works through blocks of its own, `blocked_metrics`), at least 1;
     on other devices the whole chunk (a GPU gains nothing from host-cache blocking and
     loses to per-block launches)."""
     if device.type != "cpu":
         return max(n, 1)
-    cores = min(torch.get_num_threads(), os.cpu_count() or 1)
-    return max(1, l2_bytes() * cores // (_ARRAYS * 4 * v))
+    return max(1, l2_bytes() // (_ARRAYS * 4 * v))
 
 
 def segment(v: int) -> int:
@@ -94,6 +94,17 @@ class _Scratch:
 
 
 _TLS = threading.local()
+_POOL: dict[str, Any] = {"n": 0, "pool": None}
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """Threads that run blocks side by side, each op on one core (see `blocked_metrics`)."""
+    if _POOL["n"] != workers:
+        if _POOL["pool"] is not None:
+            _POOL["pool"].shutdown(wait=False)
+        _POOL.update(n=workers, pool=ThreadPoolExecutor(workers, thread_name_prefix="specprobe-metrics"))
+    pool: ThreadPoolExecutor = _POOL["pool"]
+    return pool
 
 
 def _scratch() -> _Scratch:
@@ -123,7 +134,8 @@ class _Chunk:
         self.z = torch.empty((n, 2), device=dev)  # Σ eˣ per side
         self.dots = torch.empty((n, 2), device=dev)  # Σ e_p·x_p, Σ e_p·x_q (x_q floored)
         self.alpha = torch.empty(n, device=dev)  # Σ min(p, q) when computed in the blocks
-        self.conf: torch.Tensor | None = None  # max q, when the drafter truncates
+        # max q, when the drafter truncates (made here: blocks run on several threads)
+        self.conf = torch.empty(n, device=dev) if ds.truncates and not ds.greedy else None
         self.floor_logq = False  # floor log q at LOGQ_FLOOR (set once a −inf q meets p)
         self.truncating = (ts.truncates and not ts.greedy) or (ds.truncates and not ds.greedy)
         self.both_sample = not ts.greedy and not ds.greedy
@@ -157,21 +169,29 @@ class _Chunk:
             e1.mul_(z[:, :1] / z[:, 1:])
             torch.sum(torch.minimum(e[:, 0], e1, out=x0), -1, out=self.alpha[r])
 
-    def run(self, rows: int) -> None:
-        """Every block; then the blocks with rows whose Σ p log q came out infinite or NaN
-        (q = 0 where p > 0: −inf drafter logits) again, log q floored."""
+    def run(self, rows: int, workers: int = 1) -> None:
+        """Every block, spread over `workers` threads (block i to worker i mod workers);
+        then, once more with log q floored, the blocks whose Σ p log q came out infinite
+        or NaN (q = 0 where p > 0: −inf drafter logits; or logits that are not numbers)."""
+        n = self.tl.shape[0]
+        starts = list(range(0, n, rows))
+        if workers > 1 and len(starts) > 1:
+            jobs = [_pool(workers).submit(self._blocks, starts[w::workers], rows, w == 0) for w in range(min(workers, len(starts)))]
+            for j in jobs:
+                j.result()
+        else:
+            self._blocks(starts, rows, True)
+        bad = ~torch.isfinite(self.dots[:, 1])
+        if bool(bad.any()):
+            self.floor_logq = True
+            self._blocks(sorted({j - j % rows for j in bad.nonzero().flatten().tolist()}), rows, False)
+
+    def _blocks(self, starts: list[int], rows: int, check: bool) -> None:
         n, v = self.tl.shape
         x, e = _scratch().get(min(rows, n), v, self.tl.device)
-        starts = range(0, n, rows)
         for i in starts:
             b = min(rows, n - i)
-            self.block(slice(i, i + b), x[:b], e[:b], check=i == 0)
-        bad = ~torch.isfinite(self.dots[:, 1])
-        if not self.floor_logq and bool(bad.any()):
-            self.floor_logq = True
-            for i in sorted({j - j % rows for j in bad.nonzero().flatten().tolist()}):
-                b = min(rows, n - i)
-                self.block(slice(i, i + b), x[:b], e[:b])
+            self.block(slice(i, i + b), x[:b], e[:b], check=check and i == 0)
 
     def _truncated(self, r: slice, e: torch.Tensor, z: torch.Tensor) -> None:
         """α (and max q) under the engines' truncation: p and q materialised in e."""
@@ -179,9 +199,7 @@ class _Chunk:
         e.div_(z[..., None])
         ps = None if ts.greedy else truncate_(e[:, 0], ts)
         qs = None if ds.greedy else truncate_(e[:, 1], ds)
-        if qs is not None and ds.truncates:
-            if self.conf is None:
-                self.conf = torch.empty_like(self.alpha)
+        if qs is not None and self.conf is not None:
             self.conf[r] = qs.amax(-1)
         if ps is not None and qs is not None:
             self.alpha[r] = torch.minimum(ps, qs).sum(-1)
@@ -230,7 +248,19 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
         common = torch.promote_types(tl.dtype, dl.dtype)
         tl, dl = tl.to(common), dl.to(common)
     ch = _Chunk(tl, dl, ts, ds)
-    ch.run(rows or block_rows(v, tl.device, n))
+    step = rows or block_rows(v, tl.device, n)
+    threads = torch.get_num_threads()
+    if tl.device.type == "cpu" and threads > 1 and n > step and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
+        # Each block's ops are small: split across cores inside every op, each op ends in a
+        # barrier that waits for the slowest core (on a busy machine, for a time slice).
+        # Instead every core takes whole blocks of its own, its ops single-threaded.
+        torch.set_num_threads(1)
+        try:
+            ch.run(step, workers=threads)
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        ch.run(step)
     z, logz = ch.z, ch.z.log()
     plogp = ch.dots[:, 0] / z[:, 0] - logz[:, 0]
     plogq = ch.dots[:, 1] / z[:, 0] - logz[:, 1]  # weights e_p: divided by z_p
