@@ -180,5 +180,10 @@ def test_blocks_spread_over_threads_give_the_same_metrics(ts: Sampling, ds: Samp
         monkeypatch.setattr(blocked, "block_rows", lambda *_a: 2)
         _assert_same(core.position_metrics(tl, dl, ts, ds, top=5), want)
         assert torch.get_num_threads() == 3 and blocked._POOL["n"] == 3
+        with torch.inference_mode():  # as scoring calls it: the workers write inference tensors too
+            _assert_same(core.position_metrics(tl, dl, ts, ds, top=5), want)
+        with torch.no_grad():
+            got = core.position_metrics(tl.requires_grad_(), dl, ts, ds)
+        assert not got.accept_prob.requires_grad
     finally:
         torch.set_num_threads(before)

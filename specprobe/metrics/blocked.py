@@ -86,7 +86,8 @@ class _Scratch:
         self.x = self.e = torch.empty(0)
 
     def get(self, rows: int, v: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.key is None or self.key[1:] != (v, device) or self.key[0] < rows:
+        stale = self.x.is_inference() and not torch.is_inference_mode_enabled()  # made under inference mode: read-only outside it
+        if self.key is None or self.key[1:] != (v, device) or self.key[0] < rows or stale:
             # [rows, 2, V]: side 0 the target, side 1 the drafter
             self.x, self.e = (torch.empty((rows, 2, v), dtype=torch.float32, device=device) for _ in range(2))
             self.key = (rows, v, device)
@@ -176,7 +177,9 @@ class _Chunk:
         n = self.tl.shape[0]
         starts = list(range(0, n, rows))
         if workers > 1 and len(starts) > 1:
-            jobs = [_pool(workers).submit(self._blocks, starts[w::workers], rows, w == 0) for w in range(min(workers, len(starts)))]
+            # autograd and inference mode are per thread: the workers take the caller's
+            modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+            jobs = [_pool(workers).submit(self._blocks, starts[w::workers], rows, w == 0, modes) for w in range(min(workers, len(starts)))]
             for j in jobs:
                 j.result()
         else:
@@ -186,7 +189,10 @@ class _Chunk:
             self.floor_logq = True
             self._blocks(sorted({j - j % rows for j in bad.nonzero().flatten().tolist()}), rows, False)
 
-    def _blocks(self, starts: list[int], rows: int, check: bool) -> None:
+    def _blocks(self, starts: list[int], rows: int, check: bool, modes: tuple[bool, bool] | None = None) -> None:
+        if modes is not None:  # on a worker thread: the caller's inference mode and grad mode
+            with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
+                return self._blocks(starts, rows, check)
         n, v = self.tl.shape
         x, e = _scratch().get(min(rows, n), v, self.tl.device)
         for i in starts:

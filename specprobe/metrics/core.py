@@ -55,7 +55,8 @@ class _Workspace:
 
     def get(self, shape: tuple[int, int], device: torch.device) -> list[torch.Tensor]:
         key = (shape, device)
-        if key != self.key:
+        stale = bool(self.bufs) and self.bufs[0].is_inference() and not torch.is_inference_mode_enabled()  # read-only outside inference mode
+        if key != self.key or stale:
             self.bufs = [torch.empty(shape, dtype=torch.float32, device=device) for _ in range(4)]
             self.key = key
         return self.bufs
