@@ -8,8 +8,9 @@ captured) + the head's four chained steps + its LM head. Metrics, two ways, A/B
 interleaved (their order alternates between repeats):
 
   mapped   every depth's logits written into the target vocabulary (−inf elsewhere, as
-           vLLM does) and scored by `position_metrics`, the target's softmax redone per
-           depth — the path heads took before `scoring.score_head_chunk`;
+           vLLM does) and scored by the eager whole-chunk `position_metrics` (its
+           `position_metrics_reference` where that exists), the target's softmax redone
+           per depth — the path heads took before `scoring.score_head_chunk`;
   head     `score_head_chunk`: the target's side once per chunk, every depth in the draft
            vocabulary (the target's probabilities gathered at the draft ids), reused buffers.
 
@@ -18,7 +19,11 @@ min–max over the repeats, with the load average before and after (the machine 
 shared). Target ≤ 0.10, as for independent drafters (benchmarks/bench_diagnose.py).
 Prints; asserts nothing.
 
-Run: python benchmarks/bench_heads.py [--repeats 5] [--draft-vocab 32000]
+`--head PATH` scores a head checkpoint of any layout instead (e.g. one written by
+benchmarks/train_heads.py), at the depths it has up to K; `--top 5` adds the top-k columns
+the drill-down asks for.
+
+Run: python benchmarks/bench_heads.py [--repeats 5] [--draft-vocab 32000] [--head PATH] [--top 5]
 """
 
 from __future__ import annotations
@@ -57,10 +62,11 @@ def _spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(statistics.median(xs) * scale)} ({fmt.format(min(xs) * scale)}–{fmt.format(max(xs) * scale)})"
 
 
-def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0) -> None:
+def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, head_path: str | None = None, block: int = 0) -> None:
     import torch
 
     from specprobe.alignment import SamplingPair
+    from specprobe.metrics import core
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
     from specprobe.models.heads.vocab import map_logits
@@ -73,10 +79,11 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0) -
     load_before = _load()
     target = load_model("smollm2", "cpu", "float32")
     with tempfile.TemporaryDirectory() as tmp:
-        head_dir = write_random_head(target, Path(tmp) / "eagle3", draft_vocab)
-        drafter = build_drafter(str(head_dir), target, info=drafter_info(str(head_dir), target.info))
+        spec = head_path or str(write_random_head(target, Path(tmp) / "eagle3", draft_vocab))
+        drafter = build_drafter(spec, target, info=drafter_info(spec, target.info))
         drafter.ensure_built()
     vocab = drafter.scoring_vocab()
+    vd = vocab.vocab if vocab.ids is None else int(vocab.ids.shape[0])
     prompts = select(builtin_suite(), max_prompts=8).prompts
     seqs = [encode_prompt(target.tokenizer, p)[:96] for p in prompts]
     width = max(len(s) for s in seqs)
@@ -92,30 +99,42 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0) -
     s = Sampling(temperature=0.7)
     pair = SamplingPair(s, s)
 
+    # the eager whole-chunk computation (before any cache blocking of position_metrics)
+    eager = getattr(core, "position_metrics_reference", core.position_metrics)
+
     def mapped(tl, raw) -> None:
         for c in range(0, n, CH):
-            drafts = ((d, map_logits(raw[d - 1][c : c + CH], drafter.ids, drafter.vocab)) for d in range(1, k + 1))
-            score_chunk(tl[c : c + CH], drafts, pos[c : c + CH], pair, top)
+            for d, r in raw.items():
+                eager(tl[c : c + CH], _mapped(r[c : c + CH]), s, s, top=top if d == 1 else 0)
 
-    def head(tl, raw) -> None:
-        for c in range(0, n, CH):
-            drafts = ((d, raw[d - 1][c : c + CH]) for d in range(1, k + 1))
-            score_chunk(tl[c : c + CH], drafts, pos[c : c + CH], pair, top, vocab=vocab)
+    def _mapped(r):
+        return r if drafter.ids is None else map_logits(r, drafter.ids, drafter.vocab)
+
+    def head(tl, raw, ch: int = CH) -> None:
+        for c in range(0, n, ch):
+            drafts = ((d, r[c : c + ch]) for d, r in raw.items())
+            score_chunk(tl[c : c + ch], drafts, pos[c : c + ch], pair, top, vocab=vocab)
+
+    variants = {"mapped": mapped, "head": head}
+    labels = {"mapped": "mapped into V, position_metrics per depth", "head": "score_head_chunk (draft vocabulary)"}
+    if block:
+        variants["blocked"] = lambda tl, raw: head(tl, raw, block)
+        labels["blocked"] = f"score_head_chunk, {block} rows at a time"
 
     fwd: list[float] = []
-    times: dict[str, list[float]] = {"mapped": [], "head": []}
-    ratios: dict[str, list[float]] = {"mapped": [], "head": []}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
     with torch.inference_mode():
         for r in range(repeats + 1):  # the first round warms up and is not counted
             t0 = time.perf_counter()
             with capture_layers(target.model, drafter.target_layers_needed()) as cap:
-                out = target.model(input_ids=ids, attention_mask=mask, output_hidden_states=False)
-            tl = out.logits[rows, cols]  # [N, V]
-            tp = TargetPass(ids, mask, None, dict(cap))
+                last = target.last_hidden(ids, mask)  # [B, S, H]
+            tl = target.head(last[rows, cols])  # [N, V], as the scorer applies the LM head
+            tp = TargetPass(ids, mask, last, dict(cap))
             feats = drafter.hidden(tp)
-            raw = [drafter.draft_logits(feats[d][rows, cols - d + 1], d) for d in range(1, k + 1)]  # K × [N, Vd]
+            raw = {d: drafter.draft_logits(feats[d][rows, cols - d + 1], d) for d in feats if d <= k}  # depth -> [N, Vd]
             f = time.perf_counter() - t0
-            order = [("mapped", mapped), ("head", head)]
+            order = list(variants.items())
             for name, fn in order if r % 2 == 0 else order[::-1]:
                 t0 = time.perf_counter()
                 fn(tl, raw)
@@ -125,12 +144,13 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0) -
                     ratios[name].append(dt / f)
             if r:
                 fwd.append(f)
-            del out, tl, raw, feats
-    print(f"EAGLE-3 head scoring overhead on SmolLM2 (V={target.vocab_size:,}, draft vocab {draft_vocab:,}), K={k}, "
-          f"{n} positions × {k} depths, chunks of {CH}, top-k {top}, {torch.get_num_threads()} threads; "
+            feats_depths = sorted(raw)
+            del last, tl, raw, feats
+    print(f"{drafter.name}: head scoring overhead on SmolLM2 (V={target.vocab_size:,}, draft vocab {vd:,}), K={k}, "
+          f"{n} positions × {len(feats_depths)} depths, chunks of {CH}, top-k {top}, {torch.get_num_threads()} threads; "
           f"{repeats} interleaved repeats, median (min–max); load average {load_before} before, {_load()} after")
-    print(f"  forward: target + head (4 chained steps + LM head)   {_spread(fwd, 1e3, '{:.0f}')} ms")
-    for name, label in (("mapped", "mapped into V, position_metrics per depth"), ("head", "score_head_chunk (draft vocabulary)")):
+    print(f"  forward: target + head (its steps + LM head)         {_spread(fwd, 1e3, '{:.0f}')} ms")
+    for name, label in labels.items():
         print(f"  {label:45s} {_spread(times[name], 1e3, '{:.0f}')} ms   ratio {_spread(ratios[name])}  (target ≤ 0.10)")
 
 
@@ -138,6 +158,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--draft-vocab", type=int, default=32000)
+    ap.add_argument("--head", default=None, help="a head checkpoint (any layout) instead of the random EAGLE-3 head")
+    ap.add_argument("--block", type=int, default=0, help="also score_head_chunk on this many rows at a time (cache blocking)")
     ap.add_argument("--top", type=int, default=0, help="also each side's top-k at depth 1 (the drill-down asks for 5)")
     a = ap.parse_args()
-    overhead(a.repeats, draft_vocab=a.draft_vocab, top=a.top)
+    overhead(a.repeats, draft_vocab=a.draft_vocab, top=a.top, head_path=a.head, block=a.block)

@@ -293,3 +293,16 @@ def depth_scores(ts: TargetSide, dl: Any, s: Any, full: bool, top: int = 0) -> D
         out.alpha = torch.minimum(ts.pd, q, out=q).sum(-1)
     out.alpha = out.alpha.clamp_(0.0, 1.0)
     return out
+
+
+def cat_scores(parts: list[DepthScores]) -> DepthScores:
+    """One depth's scores of consecutive row blocks -> the chunk's."""
+    import torch
+
+    def cat(xs: list[Any]) -> Any:
+        return None if xs[0] is None else torch.cat(xs)
+
+    top = None
+    if parts[0].top is not None:
+        top = {k: torch.cat([p.top[k] for p in parts]) for k in parts[0].top}  # type: ignore[index]
+    return DepthScores(cat([p.alpha for p in parts]), cat([p.confidence for p in parts]), cat([p.kl for p in parts]), cat([p.agree for p in parts]), top)
