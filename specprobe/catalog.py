@@ -69,7 +69,7 @@ _METRICS: list[Metric] = [
     # --- divergence and acceptance (diagnose): teacher-forced estimates ----------
     _m("accept_prob_mean", "frac", True, "diagnose", "Mean per-position acceptance probability α = Σ min(p, q) = 1 − TV."),
     _m("greedy_agree_frac", "frac", True, "diagnose", "Fraction of positions where argmax q = argmax p."),
-    _m("kl_target_draft_nats", "nats", False, "diagnose", "Mean KL(p ‖ q) in nats on the untruncated tempered softmax."),
+    _m("kl_target_draft_nats", "nats", False, "diagnose", "Mean KL(p ‖ q) in nats on the untruncated tempered softmax; for a head with a smaller draft vocabulary, over that vocabulary (p renormalised over its ids)."),
     _m("kl_target_draft_p90_nats", "nats", False, "diagnose", "90th percentile of per-position KL(p ‖ q)."),
     _m("tv_mean", "frac", False, "diagnose", "Mean total-variation distance between p and q."),
     _m("target_entropy_nats", "nats", None, "diagnose", "Mean entropy of the target distribution."),
