@@ -9,7 +9,7 @@
    from synthetic chunks (no model), as JSON the way a result file writes it (goal
    < 20 MB), and the time to build it.
 
-Prints; asserts nothing. Run: python benchmarks/bench_drilldown.py [--pairs 5] [--prompts 24] [--new-tokens 48]
+Prints; asserts nothing. Run: python benchmarks/bench_drilldown.py [--pairs 5] [--prompts 24] [--new-tokens 48] [--threads 1]
 """
 
 from __future__ import annotations
@@ -101,21 +101,24 @@ def overhead(pairs: int, n_prompts: int, new_tokens: int) -> None:
 
     def run(with_drill: bool) -> float:
         sinks = [DrillCollector(pair.target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max)] if with_drill else []
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         score(pair.target, pair.drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=sinks)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     run(False), run(True)  # warm-up: caches, allocator, thread pool
     a, b = [], []
     for _ in range(pairs):
         a.append(run(False))
         b.append(run(True))
-    ratios = [y / x for x, y in zip(a, b, strict=True)]
     n = sum(len(c) for c in refs.conts)
     print(f"scoring {len(refs.items)} prompts, {n} positions on SmolLM2 (V=49,152), self:layers=24, {torch.get_num_threads()} threads, {pairs} interleaved pairs:")
-    print(f"  without drill-down  median {statistics.median(a):.2f} s (min {min(a):.2f}, max {max(a):.2f})")
-    print(f"  with drill-down     median {statistics.median(b):.2f} s (min {min(b):.2f}, max {max(b):.2f})")
-    print(f"  ratio with/without  median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})  goal ≤ 1.10")
+    # wall time swings with other processes' load; the process's CPU time much less so
+    for k, what in ((0, "wall"), (1, "CPU")):
+        x, y = [t[k] for t in a], [t[k] for t in b]
+        r = [q / p for p, q in zip(x, y, strict=True)]
+        print(f"  {what:4} without drill-down  median {statistics.median(x):.2f} s (min {min(x):.2f}, max {max(x):.2f})")
+        print(f"  {what:4} with drill-down     median {statistics.median(y):.2f} s (min {min(y):.2f}, max {max(y):.2f})")
+        print(f"  {what:4} ratio with/without  median {statistics.median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})  goal ≤ 1.10")
 
 
 if __name__ == "__main__":
@@ -124,7 +127,12 @@ if __name__ == "__main__":
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); 1 is steadier on a busy machine")
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     size(480, 128)
     if not args.skip_overhead:
         overhead(args.pairs, args.prompts, args.new_tokens)
