@@ -84,6 +84,7 @@ class _Scratch:
     def __init__(self) -> None:
         self.key: tuple[Any, ...] | None = None
         self.x = self.e = torch.empty(0)
+        self._views: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def get(self, rows: int, v: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         stale = self.x.is_inference() and not torch.is_inference_mode_enabled()  # made under inference mode: read-only outside it
@@ -91,7 +92,16 @@ class _Scratch:
             # [rows, 2, V]: side 0 the target, side 1 the drafter
             self.x, self.e = (torch.empty((rows, 2, v), dtype=torch.float32, device=device) for _ in range(2))
             self.key = (rows, v, device)
+            self._views = {}
         return self.x, self.e
+
+    def views(self, b: int) -> tuple[torch.Tensor, ...]:
+        """x, e (first b rows) and their per-side views x0, x1, e_p ([b, 1, V]), e0, e1."""
+        got = self._views.get(b)
+        if got is None:
+            x, e = self.x[:b], self.e[:b]
+            got = self._views[b] = (x, e, x[:, 0], x[:, 1], e[:, :1], e[:, 0], e[:, 1])
+        return got
 
 
 _TLS = threading.local()
@@ -141,63 +151,73 @@ class _Chunk:
         self.truncating = (ts.truncates and not ts.greedy) or (ds.truncates and not ds.greedy)
         self.both_sample = not ts.greedy and not ds.greedy
 
-    def block(self, r: slice, x: torch.Tensor, e: torch.Tensor, check: bool = False) -> None:
-        """Rows r, with x, e the [b, 2, V] scratch. `check`: look for q = 0 under p > 0
-        (−inf drafter logits) in this block and, if so, floor log q from here on."""
-        tl, dl, c, seg = self.tl[r], self.dl[r], self.c, self.seg[r]
-        b, v = tl.shape
-        x0, x1, ep = x[:, 0], x[:, 1], e[:, :1]
-        torch.amax(tl.view(b, v // c, c), -1, out=seg[:, 0])  # the one read from DRAM
-        torch.amax(dl.view(b, v // c, c), -1, out=seg[:, 1])
-        sh = torch.mul(seg.amax(-1), self.neg_inv_t, out=self.shift[r])  # [b, 2]
-        torch.add(sh[:, :1], tl, alpha=self.inv_t[0], out=x0)  # x = l/T − max/T
-        torch.add(sh[:, 1:], dl, alpha=self.inv_t[1], out=x1)
+    def _split(self, rows: int) -> None:
+        """Every block's views of the logits and of the per-chunk arrays, made in one go
+        (a view made per block costs more than a block's small ops on a 1-row block)."""
+        n, v = self.tl.shape
+        segs = v // self.c
+        parts = (self.tl, self.dl, self.tl.view(n, segs, self.c), self.dl.view(n, segs, self.c), self.seg, self.seg[:, 0], self.seg[:, 1],
+                 self.shift, self.shift[:, :1], self.shift[:, 1:], self.z, self.z[:, :1], self.z[:, 1:], self.dots, self.dots[:, 1], self.alpha)
+        self.views = list(zip(*(t.split(rows) for t in parts), strict=True))
+        self.rows = rows
+
+    def block(self, k: int, sv: tuple[torch.Tensor, ...], check: bool = False) -> None:
+        """Block k (rows k·rows …), with sv the scratch's views for its size
+        (`_Scratch.views`). `check`: look for q = 0 under p > 0 (−inf drafter logits) in
+        this block and, if so, floor log q from here on."""
+        tl, dl, tls, dls, seg, seg0, seg1, sh, sh0, sh1, z, z0, z1, dots, dots1, alpha = self.views[k]
+        x, e, x0, x1, ep, e0, e1 = sv
+        torch.amax(tls, -1, out=seg0)  # per-segment maxima: the one read from DRAM
+        torch.amax(dls, -1, out=seg1)
+        torch.mul(seg.amax(-1), self.neg_inv_t, out=sh)  # [b, 2]: −max / T
+        torch.add(sh0, tl, alpha=self.inv_t[0], out=x0)  # x = l/T − max/T
+        torch.add(sh1, dl, alpha=self.inv_t[1], out=x1)
         torch.exp(x, out=e)
-        z = torch.sum(e, -1, out=self.z[r])  # [b, 2]
+        torch.sum(e, -1, out=z)  # [b, 2]
         if self.floor_logq:
-            x1.clamp_(min=(z[:, 1:].log() + LOGQ_FLOOR))
-        dots = torch.sum(x.mul_(ep), -1, out=self.dots[r])  # x is free after this
-        if check and not self.floor_logq and not bool(torch.isfinite(dots[:, 1]).all()):
+            x1.clamp_(min=z1.log().add_(LOGQ_FLOOR))
+        torch.sum(x.mul_(ep), -1, out=dots)  # Σ e_p·x per side; x is free after this
+        if check and not self.floor_logq and not bool(torch.isfinite(dots1).all()):
             self.floor_logq = True
-            self.block(r, x, e)
+            self.block(k, sv)
             return
         if self.truncating:
+            r = slice(k * self.rows, k * self.rows + tl.shape[0])
             self._truncated(r, e, z)
         elif self.both_sample:
             # α = Σ min(e_p, e_q·z_p/z_q) / z_p (divided by z_p after the loop); with a
             # greedy side α is one probability per row, read after the loop
-            e1 = e[:, 1]
-            e1.mul_(z[:, :1] / z[:, 1:])
-            torch.sum(torch.minimum(e[:, 0], e1, out=x0), -1, out=self.alpha[r])
+            e1.mul_(z0 / z1)
+            torch.sum(torch.minimum(e0, e1, out=x0), -1, out=alpha)
 
     def run(self, rows: int, workers: int = 1) -> None:
         """Every block, spread over `workers` threads (block i to worker i mod workers);
         then, once more with log q floored, the blocks whose Σ p log q came out infinite
         or NaN (q = 0 where p > 0: −inf drafter logits; or logits that are not numbers)."""
-        n = self.tl.shape[0]
-        starts = list(range(0, n, rows))
-        if workers > 1 and len(starts) > 1:
+        self._split(rows)
+        blocks = list(range(len(self.views)))
+        if workers > 1 and len(blocks) > 1:
             # autograd and inference mode are per thread: the workers take the caller's
             modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
-            jobs = [_pool(workers).submit(self._blocks, starts[w::workers], rows, w == 0, modes) for w in range(min(workers, len(starts)))]
+            jobs = [_pool(workers).submit(self._blocks, blocks[w::workers], w == 0, modes) for w in range(min(workers, len(blocks)))]
             for j in jobs:
                 j.result()
         else:
-            self._blocks(starts, rows, True)
+            self._blocks(blocks, True)
         bad = ~torch.isfinite(self.dots[:, 1])
         if bool(bad.any()):
             self.floor_logq = True
-            self._blocks(sorted({j - j % rows for j in bad.nonzero().flatten().tolist()}), rows, False)
+            self._blocks(sorted({j // rows for j in bad.nonzero().flatten().tolist()}), False)
 
-    def _blocks(self, starts: list[int], rows: int, check: bool, modes: tuple[bool, bool] | None = None) -> None:
+    def _blocks(self, blocks: list[int], check: bool, modes: tuple[bool, bool] | None = None) -> None:
         if modes is not None:  # on a worker thread: the caller's inference mode and grad mode
             with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
-                return self._blocks(starts, rows, check)
+                return self._blocks(blocks, check)
         n, v = self.tl.shape
-        x, e = _scratch().get(min(rows, n), v, self.tl.device)
-        for i in starts:
-            b = min(rows, n - i)
-            self.block(slice(i, i + b), x[:b], e[:b], check=check and i == 0)
+        scratch = _scratch()
+        scratch.get(min(self.rows, n), v, self.tl.device)
+        for k in blocks:
+            self.block(k, scratch.views(self.views[k][0].shape[0]), check=check and k == 0)
 
     def _truncated(self, r: slice, e: torch.Tensor, z: torch.Tensor) -> None:
         """α (and max q) under the engines' truncation: p and q materialised in e."""
@@ -253,6 +273,7 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
     if dl.dtype != tl.dtype:  # one dtype for the per-segment maxima of both sides
         common = torch.promote_types(tl.dtype, dl.dtype)
         tl, dl = tl.to(common), dl.to(common)
+    tl, dl = tl.contiguous(), dl.contiguous()  # rows viewed as segments
     ch = _Chunk(tl, dl, ts, ds)
     step = rows or block_rows(v, tl.device, n)
     threads = torch.get_num_threads()
