@@ -5,8 +5,10 @@ caught by hooks), then the scored positions in chunks: position t predicts refer
 token t+1, so every chunk is a [N, V] slice of target logits and, per drafter depth d,
 [N, V'] drafter logits made at position t+1−d. `score_chunk` turns one chunk into
 per-position metrics — a pure function of those logits; everything else here is
-batching and bookkeeping. Memory stays bounded by batch_size × chunk_positions × vocab,
-whatever the number of prompts.
+batching and bookkeeping. A head drafter's chunk goes to `score_head_chunk` instead: its
+logits stay in its own draft vocabulary and the target's side is computed once for every
+depth; depths past a Medusa checkpoint's last head count α = 0. Memory stays bounded by
+batch_size × chunk_positions × vocab, whatever the number of prompts.
 
 Collectors receive every chunk's scores: `SequenceCollector` feeds the accumulator and
 the per-position rows; token-level drill-down or a distributed reduction plug in as
