@@ -95,6 +95,8 @@ def test_blocked_default_equals_reference(ts: Sampling, ds: Sampling, v: int, mo
             monkeypatch.setattr(blocked, "block_rows", lambda *_a, rows=rows: rows)
             _assert_same(core.position_metrics(tl, dl, ts, ds, top=5), want)
         assert core.position_metrics(tl, dl, ts, ds).top is None
+    empty = core.position_metrics(tl[:0], dl[:0], ts, ds, top=5)  # a chunk with no positions
+    assert empty.accept_prob.shape == (0,) and empty.top is not None and empty.top["target_ids"].shape == (0, 5)
 
 
 def test_blocked_floors_log_q_in_the_rows_that_need_it() -> None:

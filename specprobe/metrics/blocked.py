@@ -15,8 +15,12 @@ p log p and p log q need no [V] buffer of their own, since with e = eˣ
 argmax and top-k: a row's top-k tokens lie in the k segments with the largest maxima,
 so they are found among k × 256 logits gathered after the loop, and their probabilities
 are recomputed from those logits; the reference's `torch.topk` over the whole row costs
-twice all the rest. Truncating sampling (top-k/top-p/min-p) materialises p and q in the
+more than all the rest together. Truncating sampling (top-k/top-p/min-p) materialises p and q in the
 block and runs the engine's transform (`sampling.truncate_`) on them.
+
+Threads: with more than one torch thread each thread takes whole blocks, its ops
+single-threaded (an op split across cores ends in a barrier, and a 1-row block's ops are
+small); SPECPROBE_METRICS_THREADS=0 splits every op instead.
 
 Each row's numbers are the reference's (`core.position_metrics_reference`) up to float
 rounding (tested to 1e-5); ties among equal logits may pick another (equally maximal) id."""
@@ -242,7 +246,7 @@ class _Chunk:
             return logits.argmax(-1)
         n = logits.shape[0]
         si = self.seg[r, side].argmax(-1)  # [n]
-        inside = logits.view(n, -1, c)[torch.arange(n, device=logits.device), si].argmax(-1)  # [n]
+        inside = logits.view(n, logits.shape[-1] // c, c)[torch.arange(n, device=logits.device), si].argmax(-1)  # [n]
         return si * c + inside
 
     def topk(self, side: int, k: int, r: slice = slice(None)) -> torch.Tensor:
@@ -252,7 +256,7 @@ class _Chunk:
         if k * c >= v:
             return torch.topk(logits, k, dim=-1).indices
         si = torch.topk(self.seg[r, side], k, dim=-1).indices  # [n, k] segments holding the top k
-        cand = logits.view(n, -1, c)[torch.arange(n, device=logits.device)[:, None], si].reshape(n, k * c)
+        cand = logits.view(n, logits.shape[-1] // c, c)[torch.arange(n, device=logits.device)[:, None], si].reshape(n, k * c)
         pos = torch.topk(cand, k, dim=-1).indices  # [n, k] in the candidates
         return si.gather(-1, pos // c) * c + pos % c
 
