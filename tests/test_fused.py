@@ -189,3 +189,22 @@ def test_blocks_spread_over_threads_give_the_same_metrics(ts: Sampling, ds: Samp
         assert not got.accept_prob.requires_grad
     finally:
         torch.set_num_threads(before)
+
+
+
+def test_a_pool_from_another_process_is_made_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked child's copy of the worker pool has no threads behind it: one made in
+    another process (another pid) is replaced, not waited on."""
+    tl, dl = _logits(n=9, v=512)
+    s = Sampling(temperature=0.7)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(blocked, "block_rows", lambda *_a: 1)
+        want = core.position_metrics(tl, dl, s, s).accept_prob
+        old = blocked._POOL["pool"]
+        monkeypatch.setitem(blocked._POOL, "pid", -1)  # as a forked child sees it
+        torch.testing.assert_close(core.position_metrics(tl, dl, s, s).accept_prob, want)
+        assert blocked._POOL["pool"] is not old and blocked._POOL["pid"] == os.getpid()
+    finally:
+        torch.set_num_threads(before)

@@ -109,15 +109,16 @@ class _Scratch:
 
 
 _TLS = threading.local()
-_POOL: dict[str, Any] = {"n": 0, "pool": None}
+_POOL: dict[str, Any] = {"n": 0, "pool": None, "pid": 0}
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """Threads that run blocks side by side, each op on one core (see `blocked_metrics`)."""
-    if _POOL["n"] != workers:
-        if _POOL["pool"] is not None:
+    """Threads that run blocks side by side, each op on one core (see `blocked_metrics`).
+    Made again in a forked child, whose copy of the pool has no threads behind it."""
+    if _POOL["n"] != workers or _POOL["pid"] != os.getpid():
+        if _POOL["pool"] is not None and _POOL["pid"] == os.getpid():
             _POOL["pool"].shutdown(wait=False)
-        _POOL.update(n=workers, pool=ThreadPoolExecutor(workers, thread_name_prefix="specprobe-metrics"))
+        _POOL.update(n=workers, pid=os.getpid(), pool=ThreadPoolExecutor(workers, thread_name_prefix="specprobe-metrics"))
     pool: ThreadPoolExecutor = _POOL["pool"]
     return pool
 
