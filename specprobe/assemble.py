@@ -80,7 +80,7 @@ def _sampling(pair: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- diagnose
 def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict[str, Any]:
     """What was run, on what, where: the fields every diagnose/simulate result starts with."""
-    from specprobe.costs import environment
+    from specprobe.timing import environment
 
     target, drafter, align = pair.target, pair.drafter, pair.alignment
     return {
@@ -146,6 +146,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     priced = price(
         cost, cumulative=cum if acc.num_positions else [], alpha_mean=float(s["accept_prob_mean"]), renewal=acc.renewal_tau().tolist(),
         k_max=cfg.k_max, batch_size=cfg.batch_size, cost_ratio=cfg.cost_ratio, verify_factor=cfg.verify_factor, origins=cfg.cost_origins,
+        budget=(acc.renewal_tokens, acc.renewal_rounds, acc.renewal_drafted),  # the renewal sums: speedup at this run's token budget
     )
     ktab, c = priced.k_table, priced.cost_ratio
     adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor, priced.verify) if acc.num_positions else None

@@ -148,7 +148,7 @@ _METRICS: list[Metric] = [
     _m("speedup_measured", "x", True, "simulate", "Measured tokens/s of speculative decoding ÷ plain target decoding of the same prompts, at the best measured K."),
     _m("best_k_measured", "count", None, "simulate", "The measured K with the highest measured speedup."),
     _m("tokens_per_s_measured", "count", True, "simulate", "Generated tokens per second at best_k_measured (all rows of a batch together)."),
-    _m("speedup_estimated_cal_k", "x", True, "simulate", "Estimated speedup at calibration_k (renewal τ over the timed round cost)."),
+    _m("speedup_estimated_cal_k", "x", True, "simulate", "Estimated speedup at calibration_k on these prompts at this token budget: tokens ÷ the expected cost of the rounds the loop runs (renewal counts, final short rounds included, timed costs)."),
     _m("speedup_measured_cal_k", "x", True, "simulate", "Measured speedup at calibration_k: tokens/s against plain target decoding."),
     _m("speedup_gap_rel", "ratio", None, "simulate", "(estimated − measured speedup) ÷ measured at calibration_k; > 0 when the estimate is optimistic."),
     _m("speedup_gap_rel_abs", "ratio", False, "simulate", "|speedup_gap_rel|: how far the estimated speedup is from the real loop's."),

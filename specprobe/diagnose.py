@@ -13,7 +13,6 @@ from typing import Any
 
 from specprobe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.assemble import build_result, evaluate_rules, result_header, stopped_result
-from specprobe.costs import cost_block, timing_settings
 from specprobe.counterfactual import default_every
 from specprobe.drilldown import DrillCollector
 from specprobe.errors import ConfigError
@@ -28,6 +27,7 @@ from specprobe.references import (  # noqa: F401  (encode_prompt, load_prompt_se
 from specprobe.result import Result
 from specprobe.rules import RuleTable
 from specprobe.scoring import Scored, score
+from specprobe.timing import cost_block, timing_settings
 
 
 # ----------------------------------------------------------------------------- the pair

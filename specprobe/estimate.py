@@ -116,7 +116,9 @@ class KRow:
     position); tau_renewal_tokens, accept_rate_renewal: the renewal estimate (rounds start
     where the previous one ended). speedup uses the renewal τ when it is known, else the
     window τ; speedup_low/high: the same τ over the round cost's third/first quartile
-    (timing noise); verify_factor: v_K used."""
+    (timing noise); verify_factor: v_K used. speedup_budget: these prompts at this token
+    budget, the final short rounds included (`budget_speedups`) — what `simulate`
+    measures; speedup is the steady state of long generations."""
 
     k: int
     tau_tokens: float
@@ -129,6 +131,7 @@ class KRow:
     verify_factor: float = math.nan
     speedup_low: float = math.nan
     speedup_high: float = math.nan
+    speedup_budget: float = math.nan
 
 
 def k_table(
@@ -138,9 +141,11 @@ def k_table(
     verify_factor: float = 1.0,
     renewal: Sequence[float] | None = None,
     rounds: Sequence[RoundCost] | None = None,
+    budget: Sequence[float] | None = None,
 ) -> list[KRow]:
     """One row per K = 1..len(cumulative); renewal[K−1] is the renewal τ(K) (`renewal_tau`).
-    rounds[K−1]: the round's cost (`round_costs`); without it (1 + K·c)·v."""
+    rounds[K−1]: the round's cost (`round_costs`); without it (1 + K·c)·v. budget[K−1]:
+    the speedup at the run's own token budget (`budget_speedups`)."""
     rows = []
     for k in range(1, len(cumulative) + 1):
         rc = rounds[k - 1] if rounds is not None and k <= len(rounds) else None
@@ -153,6 +158,7 @@ def k_table(
         rows.append(KRow(
             k, t, accept_rate(t, k), iid_tau(alpha_mean, k), head / rc.cost, tr, accept_rate(tr, k), t / rc.cost,
             rc.verify_factor, head / rc.high, head / rc.low,
+            float(budget[k - 1]) if budget is not None and k <= len(budget) else math.nan,
         ))
     return rows
 
@@ -299,3 +305,38 @@ def renewal_tokens_per_verify(tokens: float, rounds: np.ndarray) -> np.ndarray:
     tokens_per_verify, in expectation."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(rounds > 0, tokens / np.where(rounds > 0, rounds, 1.0), math.nan)
+
+
+def budget_cost(rounds: float, drafted: Sequence[float] | np.ndarray, cost_ratio: float, verify: Sequence[float], verify_factor: float | None = None) -> float:
+    """Expected cost, in target decode steps, of the rounds one K runs over whole sequences
+    (summed renewal counts: `rounds` = Σ expected rounds, drafted[i−1] = Σ expected rounds
+    that drafted depth i, i = 1..K). Near the end of its budget a round drafts fewer than K
+    tokens (m = min(K, remaining − 1)); a round drafting m costs m·c + v_m, with v_m the
+    verify pass over m + 1 tokens (verify[m−1]) and v_0 = 1 — or (1 + m·c)·v when
+    `verify_factor` v is given."""
+    d = [float(x) for x in drafted] + [0.0]
+    k = len(d) - 1
+    exact = [float(rounds) - d[0]] + [d[m - 1] - d[m] for m in range(1, k + 1)]  # rounds drafting exactly m
+    if verify_factor is not None:
+        return float(sum(e * round_cost(m, cost_ratio, verify_factor) for m, e in enumerate(exact)))
+    v = [1.0] + [float(x) for x in verify[:k]]
+    return float(sum(e * (m * cost_ratio + v[m]) for m, e in enumerate(exact)))
+
+
+def budget_speedups(
+    tokens: float,
+    rounds: Sequence[float],
+    drafted: np.ndarray,
+    cost_ratio: float,
+    verify: Sequence[float],
+    verify_factor: float | None = None,
+) -> list[float]:
+    """[K] speedup over the sequences the renewal counts were summed over (tokens, rounds[K−1],
+    drafted[K−1, :K]), the final short rounds priced as they run (`budget_cost`), against
+    plain decoding's one step per token: Σ tokens ÷ Σ expected cost. nan for a K no
+    round reached."""
+    out = []
+    for k in range(1, len(rounds) + 1):
+        cost = budget_cost(rounds[k - 1], drafted[k - 1, :k], cost_ratio, verify, verify_factor) if rounds[k - 1] > 0 else math.nan
+        out.append(tokens / cost if cost > 0 else math.nan)
+    return out

@@ -172,7 +172,6 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from specprobe import __version__
     from specprobe.alignment import BLOCKING_RULES
     from specprobe.assemble import build_result, evaluate_rules, result_header, stopped_result
-    from specprobe.costs import cost_block, timing_settings
     from specprobe.diagnose import _check_ranges, load_pair
     from specprobe.drilldown import DrillCollector
     from specprobe.metrics.accumulate import Accumulator
@@ -180,6 +179,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from specprobe.references import load_prompt_set, references_by_turn
     from specprobe.rules import load_table
     from specprobe.scoring import Scored, SequenceCollector
+    from specprobe.timing import cost_block, timing_settings
 
     if not drafters:
         raise ConfigError("sweep needs at least one drafter", "give DRAFTER arguments or --layers, e.g. --layers 16..29")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specprobe import costs, estimate
+from specprobe import costs, estimate, timing
 from specprobe.rules import load_table
 
 
@@ -104,8 +104,8 @@ def test_budget_and_cap_are_fractions_of_the_scoring_time() -> None:
 
 
 def test_context_is_the_median_prompt_plus_half_its_continuation() -> None:
-    assert costs.context_length([10, 20, 30], [40, 40, 40]) == 40
-    assert costs.context_length([], []) == 64
+    assert timing.context_length([10, 20, 30], [40, 40, 40]) == 40
+    assert timing.context_length([], []) == 64
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -122,7 +122,7 @@ def test_the_cost_model_reproduces_the_overrides_exactly(c: float, v: float) -> 
         assert a.speedup_window == b.speedup_window == estimate.speedup(a.tau_tokens, a.k, c, v)
     # through the whole pricing, with nothing timed: the models are never touched
     untouchable = SimpleNamespace()
-    raw = costs.cost_block(untouchable, untouchable, c, verify_factor=v, k_max=4, batch_sizes=[1, 8])
+    raw = timing.cost_block(untouchable, untouchable, c, verify_factor=v, k_max=4, batch_sizes=[1, 8])
     assert not raw["measured"] and [b["batch_size"] for b in raw["batches"]] == [1, 8]
     p = costs.price(raw, cumulative=cum, alpha_mean=0.8, renewal=renewal, k_max=4, batch_size=8, cost_ratio=c, verify_factor=v, origins={"cost_ratio": "--cost-ratio", "verify_factor": "probe.yaml"})
     assert [r.speedup for r in p.k_table] == [estimate.speedup(renewal[k - 1], k, c, v) for k in range(1, 5)]
@@ -227,7 +227,7 @@ def test_the_timed_passes_run_over_the_same_context_every_time() -> None:
 
     model = _tiny_model()
     with torch.inference_mode():
-        dec = costs._Decoder(model, batch=3, context=11, device="cpu", gen=torch.Generator().manual_seed(0))
+        dec = timing._Decoder(model, batch=3, context=11, device="cpu", gen=torch.Generator().manual_seed(0))
         run = dec.call(5)
         for _ in range(3):
             run()
@@ -245,14 +245,14 @@ def test_cost_block_times_every_k_at_every_batch_size() -> None:
         clock.now += 0.001
         return clock.now
 
-    raw = costs.cost_block(target, drafter, None, k_max=3, batch_sizes=[2, 1, 2], context_tokens=9, budget_s=0.0, clock=tick)
+    raw = timing.cost_block(target, drafter, None, k_max=3, batch_sizes=[2, 1, 2], context_tokens=9, budget_s=0.0, clock=tick)
     assert raw["measured"] and [b["batch_size"] for b in raw["batches"]] == [1, 2]
     for b in raw["batches"]:
         assert b["repeats"] == costs.MIN_REPEATS  # the budget is spent at once: the minimum
         assert len(b["draft_ratios"]) == costs.MIN_REPEATS and len(b["verify_ratios"]) == 3
         assert all(len(v) == costs.MIN_REPEATS for v in b["verify_ratios"])
     # only the verify passes are timed when the cost ratio is given
-    raw = costs.cost_block(target, drafter, 0.2, k_max=2, batch_sizes=[1], context_tokens=9, budget_s=0.0, clock=tick)
+    raw = timing.cost_block(target, drafter, 0.2, k_max=2, batch_sizes=[1], context_tokens=9, budget_s=0.0, clock=tick)
     assert raw["batches"][0]["draft_ratios"] == [] and len(raw["batches"][0]["verify_ratios"]) == 2
 
 
@@ -379,5 +379,24 @@ def test_a_head_drafters_step_is_timed(layout: str, tiny_pair: Any, tmp_path: An
         clock.now += 0.001
         return clock.now
 
-    raw = costs.cost_block(target, drafter, None, k_max=2, batch_sizes=[2], context_tokens=6, budget_s=0.0, clock=tick)
+    raw = timing.cost_block(target, drafter, None, k_max=2, batch_sizes=[2], context_tokens=6, budget_s=0.0, clock=tick)
     assert len(raw["batches"][0]["draft_ratios"]) == costs.MIN_REPEATS, raw["notes"]
+
+
+def test_simulate_compares_the_measurement_with_the_speedup_at_its_own_token_budget() -> None:
+    from specprobe.simulate.pipeline import estimate_by_k
+
+    # one sequence of 10 tokens, α = 0.6 throughout, K ≤ 2: the renewal sums of a real run
+    cnt = estimate.renewal_counts(np.full((2, 10), 0.6))
+    raw = {"measured": True, "batches": [{"batch_size": 1, "repeats": 3, "draft_ratios": [0.3, 0.3, 0.3], "verify_ratios": [[1.1] * 3, [1.2] * 3]}]}
+    renewal = estimate.renewal_tau(cnt.accepted, cnt.drafted).tolist()
+    priced = costs.price(raw, cumulative=[0.6, 0.36], alpha_mean=0.6, renewal=renewal, k_max=2, batch_size=1, budget=(cnt.tokens, cnt.rounds, cnt.drafted))
+    for row in priced.k_table:
+        k = row.k
+        expected = 10 / estimate.budget_cost(float(cnt.rounds[k - 1]), cnt.drafted[k - 1, :k], 0.3, [1.1, 1.2])
+        assert row.speedup_budget == pytest.approx(expected)
+        assert row.speedup == pytest.approx(renewal[k - 1] / (k * 0.3 + [1.1, 1.2][k - 1]))  # the headline stays the steady state
+    assert estimate_by_k(priced.k_table)[2][2] == pytest.approx(priced.k_table[1].speedup_budget)
+    # without the renewal sums (an old result) simulate falls back to the steady state
+    plain = costs.price(raw, cumulative=[0.6, 0.36], alpha_mean=0.6, renewal=renewal, k_max=2, batch_size=1)
+    assert math.isnan(plain.k_table[1].speedup_budget) and estimate_by_k(plain.k_table)[2][2] == plain.k_table[1].speedup

@@ -312,3 +312,59 @@ def test_k_table_with_measured_round_costs_and_their_quartiles() -> None:
         assert row.speedup_low <= row.speedup <= row.speedup_high
         assert row.verify_factor == rc.verify_factor
     assert rounds[1].cost == pytest.approx(2 * 0.2 + 1.5)  # per repeat 2·c_i + v_2,i: [1.6, 1.9, 2.5] -> median 1.9
+
+
+# ----------------------------------------------------------------------------- cost over a budget
+def test_budget_cost_prices_full_rounds_as_the_round_cost() -> None:
+    # every round drafts K (a long sequence of sure acceptances is the limit): the budget cost
+    # is rounds × (K·c + v_K), and with --verify-factor exactly rounds × (1 + K·c)·v
+    drafted = [10.0, 10.0, 10.0]
+    assert estimate.budget_cost(10.0, drafted, 0.4, [1.2, 1.3, 1.5]) == pytest.approx(10 * (3 * 0.4 + 1.5))
+    assert estimate.budget_cost(10.0, drafted, 0.4, [], verify_factor=1.1) == pytest.approx(10 * estimate.round_cost(3, 0.4, 1.1))
+
+
+def test_budget_cost_by_hand_with_short_final_rounds() -> None:
+    # n = 3, K = 2, α = 1: round 1 at t = 0 drafts 2 (accepts both, emits 3 tokens). n = 4:
+    # round 1 emits 3, round 2 at t = 3 has one token left and drafts 0 (a plain step, v_0 = 1)
+    c, v = 0.5, [1.2, 1.4]
+    for n, expected in [(3, 2 * c + v[1]), (4, 2 * c + v[1] + 1.0)]:
+        cnt = estimate.renewal_counts(np.ones((2, n)))
+        cost = estimate.budget_cost(float(cnt.rounds[1]), cnt.drafted[1].tolist(), c, v)
+        assert cost == pytest.approx(expected)
+
+
+def test_budget_speedup_tends_to_the_steady_state_one_on_long_sequences() -> None:
+    k, alpha, c, v = 4, 0.7, 0.3, [1.1, 1.2, 1.3, 1.4]
+    steady = estimate.iid_tau(alpha, k) / (k * c + v[k - 1])
+    gaps = []
+    for n in (32, 320, 3200):
+        cnt = estimate.renewal_counts(np.full((k, n), alpha))
+        budget = cnt.tokens / estimate.budget_cost(float(cnt.rounds[k - 1]), cnt.drafted[k - 1].tolist(), c, v)
+        gaps.append(abs(budget - steady) / steady)
+    assert gaps[0] > 5 * gaps[1] > 25 * gaps[2]
+    assert gaps[0] > 0.005  # on 32 tokens the final short rounds show
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_monte_carlo_cost_of_real_rounds_agrees_with_the_budget_cost(k: int) -> None:
+    # the real rounds as in simulate's loop at batch 1: a round at t drafts m = min(K, n − t − 1)
+    # and costs m·c + v_m (v_0 = 1)
+    rng = np.random.default_rng(99 + k)
+    alpha = _bursty(40, k, rng)
+    c, v = 0.35, [1.0, *np.linspace(1.1, 1.6, k)]
+    n, reps = alpha.shape[1], 20_000
+    t = np.zeros(reps, dtype=np.int64)
+    cost = np.zeros(reps)
+    depth = np.arange(1, k + 1)
+    while (live := np.flatnonzero(t < n)).size:
+        tt = t[live]
+        cap = np.minimum(k, n - 1 - tt)
+        pos = np.minimum(tt[:, None] + depth[None, :] - 1, n - 1)
+        ok = (rng.random((live.size, k)) < alpha[depth[None, :] - 1, pos]) & (depth[None, :] <= cap[:, None])
+        j = np.cumprod(ok, axis=1).sum(axis=1)
+        cost[live] += cap * c + np.asarray(v)[cap]
+        t[live] = tt + j + 1
+    cnt = estimate.renewal_counts(alpha)
+    expected = estimate.budget_cost(float(cnt.rounds[k - 1]), cnt.drafted[k - 1].tolist(), c, list(v[1:]))
+    se = cost.std(ddof=1) / math.sqrt(reps)
+    assert abs(cost.mean() - expected) <= 4 * se, (cost.mean(), expected, se)

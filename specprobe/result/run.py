@@ -205,6 +205,7 @@ class KRow(Part):
     verify_factor: Num = None
     speedup_low: Num = None
     speedup_high: Num = None
+    speedup_budget: Num = Field(default=None, description="Speedup on these prompts at this token budget, the final short rounds included (renewal counts): what simulate measures; speedup is the steady state.")
 
 
 class Adaptive(Part):
@@ -271,7 +272,7 @@ class Cost(Part):
     sources: dict[str, str] = Field(default_factory=dict, description="Where c and v came from: measured, or the flag / config key that gave them.")
     batch_size: int | None = None
     context_tokens: int | None = Field(default=None, description="KV-cache length the timings ran over: the prompts' median length + half the continuation.")
-    budget_s: Num = Field(default=None, description="Time the cost measurement aimed at: a quarter of the scoring time.")
+    budget_s: Num = Field(default=None, description="Time the cost measurement aimed at: half the scoring time.")
     cap_s: Num = Field(default=None, description="Time it may not pass (beyond its first repeat): the scoring time.")
     elapsed_s: Num = None
     stopped_by_budget: bool = False

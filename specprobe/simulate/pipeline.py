@@ -34,12 +34,18 @@ def eos_ids(target: Any) -> set[int]:
 
 def estimate_by_k(rows: Sequence[Any]) -> dict[int, tuple[float, float, float]]:
     """The estimate's K table -> K: (renewal τ, window τ, estimated speedup); the renewal τ
-    falls back to the window τ where it is unknown (as the speedup does)."""
+    falls back to the window τ where it is unknown (as the speedup does). The speedup is
+    the one at this run's token budget (final short rounds included), as the loop runs
+    it, where the estimate has it; else the steady-state one."""
     out = {}
     for r in rows:
         window = r.tau_tokens if r.tau_tokens is not None else nan
         renewal = r.tau_renewal_tokens if r.tau_renewal_tokens is not None else window
-        out[r.k] = (renewal, window, r.speedup if r.speedup is not None else nan)
+        speedup = r.speedup if r.speedup is not None else nan
+        budget = getattr(r, "speedup_budget", None)
+        if budget is not None and budget == budget:  # nan: not known
+            speedup = float(budget)
+        out[r.k] = (renewal, window, speedup)
     return out
 
 
