@@ -103,11 +103,12 @@ def score_head_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]]
     vocabulary and running `position_metrics` (tests/test_heads.py), KL aside.
 
     On a CPU the chunk is scored HEAD_BLOCK_ROWS rows at a time (the block's buffers stay
-    in cache) on one intra-op thread (`metric_threads`): ops this small lose more to
-    thread hand-offs than they gain, most of all on a shared machine (benchmarks/
-    bench_heads.py). Every depth's logits are computed first, at full threads. Elsewhere
-    the chunk is one block and one depth's logits are alive at a time. block_rows: rows per
-    block (0: the whole chunk, lazily), None: as just said."""
+    in cache), each of torch's threads taking whole blocks with its ops on one core, as
+    `metrics.blocked` does (SPECPROBE_METRICS_THREADS=0: every op split across the threads
+    instead): ops this small lose more to thread hand-offs than they gain, most of all on
+    a shared machine (benchmarks/bench_heads.py). Every depth's logits are computed first,
+    at full threads. Elsewhere the chunk is one block and one depth's logits are alive at
+    a time. block_rows: rows per block (0: the whole chunk, lazily), None: as just said."""
     from specprobe.models.heads.vocab import cat_scores, depth_scores, target_side
 
     out = ChunkScores({})
@@ -120,49 +121,50 @@ def score_head_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]]
             _emit(out, d, depth_scores(ts, dl, sampling.draft, full=d == 1, top=top if d == 1 else 0), ts.entropy, target_logits, dl, token_pos, vocab, probes, chunk)
             del dl
         return out
+    import os
+
     import torch
 
     drafts = list(prepped)  # [N, Vs] per depth
     n = target_logits.shape[0]
-    per: dict[int, list[Any]] = {d: [] for d, _ in drafts}
-    ent = []
-    with metric_threads():
-        for r0 in range(0, n, block_rows):
+    done: dict[int, tuple[Any, dict[int, Any]]] = {}  # block start -> (entropy, depth -> scores)
+
+    def blocks(starts: list[int], modes: tuple[bool, bool] | None = None) -> None:
+        if modes is not None:  # on a worker thread: the caller's inference and grad modes
+            with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
+                return blocks(starts)
+        for r0 in starts:
             r = slice(r0, r0 + block_rows)
             ts = target_side(target_logits[r], sampling.target, vocab, top)
-            ent.append(ts.entropy)
-            for d, dl in drafts:
-                per[d].append(depth_scores(ts, dl[r], sampling.draft, full=d == 1, top=top if d == 1 else 0))
-        entropy = torch.cat(ent)
-        for d, dl in drafts:
-            _emit(out, d, cat_scores(per[d]), entropy, target_logits, dl, token_pos, vocab, probes, chunk)
+            done[r0] = (ts.entropy, {d: depth_scores(ts, dl[r], sampling.draft, full=d == 1, top=top if d == 1 else 0) for d, dl in drafts})
+        return None
+
+    starts = list(range(0, n, block_rows))
+    threads = torch.get_num_threads()
+    if threads > 1 and len(starts) > 1 and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
+        # as `metrics.blocked` does: each thread takes whole blocks, its ops on one core (an
+        # op split across cores ends in a barrier: on a busy machine, a time slice)
+        from specprobe.metrics.blocked import _pool
+
+        modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+        torch.set_num_threads(1)
+        try:
+            jobs = [_pool(threads).submit(blocks, starts[w::threads], modes) for w in range(min(threads, len(starts)))]
+            for j in jobs:
+                j.result()
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        blocks(starts)
+    entropy = torch.cat([done[r0][0] for r0 in starts])
+    for d, dl in drafts:
+        _emit(out, d, cat_scores([done[r0][1][d] for r0 in starts]), entropy, target_logits, dl, token_pos, vocab, probes, chunk)
     return out
 
 
 # Rows per block of a head's CPU scoring: 4–16 rows score within 10 % of each other on
 # SmolLM2 (V = 49,152), 64 rows (the default chunk) 30 % slower.
 HEAD_BLOCK_ROWS = 16
-
-
-@contextmanager
-def metric_threads() -> Iterator[None]:
-    """Intra-op threads for a head's CPU metrics: 1, or SPECPROBE_METRIC_THREADS (on a
-    many-core CPU with cores to spare, more threads can pay off)."""
-    import os
-
-    import torch
-
-    env = os.environ.get("SPECPROBE_METRIC_THREADS", "")
-    want = int(env) if env.isdigit() and int(env) > 0 else 1
-    before = torch.get_num_threads()
-    if want == before:
-        yield
-        return
-    torch.set_num_threads(want)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _in_draft_vocab(dl: Any, vocab: Any) -> Any:
