@@ -167,6 +167,10 @@ def load_part(path: str | Path) -> dict[str, Any]:
         part = json.loads(p.read_text())
     except FileNotFoundError:
         raise InputError(f"part {p} does not exist", "pass the files written by diagnose --shard I/N --json PART") from None
+    except PermissionError:
+        raise InputError(f"part {p} is not readable (permission denied)", "give this user read access to it, or copy it somewhere readable") from None
+    except IsADirectoryError:
+        raise InputError(f"part {p} is a directory", "pass the files written by diagnose --shard I/N --json PART") from None
     except (OSError, ValueError) as e:
         raise InputError(f"part {p} cannot be read ({type(e).__name__})", "the file is damaged or not a part; rerun that shard") from None
     if not isinstance(part, dict) or part.get("format") != FORMAT:

@@ -67,6 +67,7 @@ def test_merge_refuses_parts_of_another_run_or_a_missing_or_repeated_shard(shard
         "missing": ([p0, p2], "shard(s) 1/3 missing"),
         "twice": ([p0, p1, p1, p2], "shard 1/3 is given twice"),
         "not a part": ([p0, tmp_path / "nope.json"], "does not exist"),
+        "a directory": ([p0, tmp_path], "is a directory"),
     }
     for name, (paths, message) in cases.items():
         r = runner.invoke(app, ["merge", *map(str, paths), "--json", str(tmp_path / "m.json")])
