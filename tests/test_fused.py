@@ -208,3 +208,26 @@ def test_a_pool_from_another_process_is_made_again(monkeypatch: pytest.MonkeyPat
         assert blocked._POOL["pool"] is not old and blocked._POOL["pid"] == os.getpid()
     finally:
         torch.set_num_threads(before)
+
+
+def test_scoring_from_a_worker_thread_runs_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller already on one of the pool's threads (a head's blocks in scoring) scores
+    its rows itself instead of waiting on the pool it occupies."""
+    import threading
+
+    tl, dl = _logits(n=9, v=512)
+    s = Sampling(temperature=0.7)
+    want = core.position_metrics_reference(tl, dl, s, s).accept_prob
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    release = threading.Event()
+    try:
+        monkeypatch.setitem(blocked._POOL, "pid", -1)  # fresh workers: they start at torch's 2 threads
+        pool = blocked._pool(2)
+        busy = pool.submit(release.wait, 60)  # the other worker is taken
+        job = pool.submit(lambda: blocked.blocked_metrics(tl, dl, s, s, rows=1)["alpha"])
+        torch.testing.assert_close(job.result(timeout=60).clamp(0.0, 1.0), want)  # through the pool: no worker left
+    finally:
+        release.set()
+        torch.set_num_threads(before)
+    assert busy.result(timeout=60)

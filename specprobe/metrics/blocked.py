@@ -282,7 +282,8 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
     ch = _Chunk(tl, dl, ts, ds)
     step = rows or block_rows(v, tl.device, n)
     threads = torch.get_num_threads()
-    if tl.device.type == "cpu" and threads > 1 and n > step and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
+    on_worker = threading.current_thread().name.startswith("specprobe-metrics")  # never wait on our own pool
+    if tl.device.type == "cpu" and threads > 1 and n > step and not on_worker and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
         # Each block's ops are small: split across cores inside every op, each op ends in a
         # barrier that waits for the slowest core (on a busy machine, for a time slice).
         # Instead every core takes whole blocks of its own, its ops single-threaded.
