@@ -341,22 +341,6 @@ def test_vocab_ceiling_closed_form_and_oracle(bigram, tmp_path) -> None:
     assert lowest < 0.99  # the cut vocabulary does lose mass somewhere
 
 
-def test_depth_accept_equals_the_full_metrics() -> None:
-    """The lean per-depth path (target p shared, α in the draft vocabulary) gives the same α
-    and max q as position_metrics on the mapped logits, for sampled, truncated and greedy sides."""
-    from specprobe.metrics.core import position_metrics
-    from specprobe.metrics.sampling import Sampling, probs
-    from specprobe.models.heads.vocab import depth_accept, map_logits
-
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randperm(300, generator=g)[:200].sort().values
-    raw, tl = torch.randn(16, 200, generator=g) * 2, torch.randn(16, 300, generator=g) * 3
-    for s in (Sampling(temperature=0.7), Sampling(temperature=0.0), Sampling(temperature=1.0, top_k=20, top_p=0.9)):
-        pm = position_metrics(tl, map_logits(raw, ids, 300), s, s)
-        a, c = depth_accept(probs(tl, s), raw, ids, s)
-        assert torch.allclose(a, pm.accept_prob, atol=1e-6) and torch.allclose(c, pm.draft_confidence, atol=1e-6)
-
-
 # ----------------------------------------------------------------------------- conventions
 def test_chain_mask_and_aux_conventions() -> None:
     from specprobe.models.heads.chain import chain_mask, shifted_tokens, slots_to_positions

@@ -75,24 +75,6 @@ def d2t_problems(d2t: Any, t2d: Any | None, vocab: int) -> dict[str, Any]:
     return res
 
 
-def depth_accept(p: Any, draft_logits: Any, ids: Any | None, sampling: Any) -> tuple[Any, Any]:
-    """α and drafter confidence of one depth, for scorers that need no more than that at
-    depths ≥ 2: p [N, V] the target's sampling distribution (computed once per chunk and
-    shared by every depth), draft_logits [N, Vd] the head's own (draft-vocabulary) logits,
-    ids [Vd] their target ids (None: the target's ids). Works in the draft vocabulary —
-    q is 0 outside it, so Σ_v min(p, q) needs p only there — with no [N, V] mapping.
-    -> (alpha [N], confidence max q [N])."""
-    import torch
-
-    from specprobe.metrics.sampling import probs
-
-    q = probs(draft_logits, sampling)  # [N, Vd], truncated as the engine samples
-    pd = p if ids is None else p[:, ids.to(p.device)]  # [N, Vd]
-    conf = q.amax(-1)
-    alpha = torch.minimum(pd, q, out=q).sum(-1)  # q is not needed afterwards
-    return alpha.clamp_(0.0, 1.0), conf
-
-
 # ----------------------------------------------------------------------------- scoring a head
 # Teacher-forced scoring of a head, chunk by chunk: the target's side is computed once per
 # chunk and shared by every depth (all depths of a chunk predict the same tokens), each
