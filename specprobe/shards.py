@@ -168,7 +168,7 @@ def load_part(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise InputError(f"part {p} does not exist", "pass the files written by diagnose --shard I/N --json PART") from None
     except PermissionError:
-        raise InputError(f"part {p} is not readable (permission denied)", "give this user read access to it, or copy it somewhere readable") from None
+        raise InputError(f"part {p} cannot be read (PermissionError)", "check the path and its permissions") from None
     except IsADirectoryError:
         raise InputError(f"part {p} is a directory", "pass the files written by diagnose --shard I/N --json PART") from None
     except (OSError, ValueError) as e:

@@ -890,7 +890,7 @@ def test_J14_result_file_unreadable(tmp_path: Path) -> None:
         line = subprocess_error(run_unprivileged(args, tmp_path))
         assert line == f"error: cannot read {path}: Permission denied — check the path and its permissions", args
     line = subprocess_error(run_unprivileged(["merge", str(path)], tmp_path))
-    assert line.startswith(f"error: part {path} cannot be read (PermissionError)")
+    assert line == f"error: part {path} cannot be read (PermissionError) — check the path and its permissions"
 
 
 # ============================================================================= W: monitor sources
