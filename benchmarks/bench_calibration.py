@@ -213,6 +213,13 @@ def tau_se(res: dict[str, Any]) -> float | None:
     return math.sqrt(max(var, 0.0) / n)
 
 
+def cost_err(res: dict[str, Any]) -> float | None:
+    """The estimated speedup's error with the τ error taken out: per token of τ, estimated
+    against measured — what is left is the round-cost model and its timing."""
+    e, m, te, tm = res.get("speedup_estimated"), res.get("speedup_measured"), res.get("tau_renewal"), res.get("tau_measured")
+    return rel(e / te, m / tm) if e and m and te and tm else None
+
+
 def _label(run: dict[str, Any]) -> str:
     ps = "builtin" if run["prompts"] == "builtin" else "spec-bench"
     return f"{ps:10} {run['drafter'].split('=')[-1] + ' lay':8} {run['temperature']:>4g}"
@@ -257,6 +264,7 @@ def pooled(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, float
         "speedup_estimated": statistics.fmean(e for e, _, _ in sp) if sp else None,
         "speedup_measured": statistics.fmean(m for _, m, _ in sp) if sp else None,
         "speedup_steady": statistics.fmean(x for _, _, x in sp) if sp else None,
+        "cost_err": statistics.fmean(c for _, r in rows if (c := cost_err(r)) is not None) if any(cost_err(r) is not None for _, r in rows) else None,
     }
 
 
@@ -266,7 +274,10 @@ def summary(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
         groups.setdefault(_label(run), []).append((run, res))
     print()
     print("per configuration (seeds pooled: τ weighted by tokens, speedup averaged)")
-    head = f"{'prompts':10} {'drafter':8} {'T':>4} {'runs':>4} | {'τ ren':>6} {'τ meas':>6} {'±se':>5} {'ren err':>8} {'win err':>8} | {'S ss':>6} {'S est':>6} {'S meas':>6} {'ss err':>7} {'S err':>7}"
+    head = (
+        f"{'prompts':10} {'drafter':8} {'T':>4} {'runs':>4} | {'τ ren':>6} {'τ meas':>6} {'±se':>5} {'ren err':>8} {'win err':>8} | "
+        f"{'S ss':>6} {'S est':>6} {'S meas':>6} {'ss err':>7} {'S err':>7} {'cost':>6}"
+    )
     print(head)
     print("-" * len(head))
     for label, g in groups.items():
@@ -277,8 +288,10 @@ def summary(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
             f"{label} {len(g):>4} | {p['tau_renewal']:>6.3f} {p['tau_measured']:>6.3f} {p['tau_se']:>5.3f} "
             f"{_f(rel(p['tau_renewal'], p['tau_measured']), '+.1%'):>8} {_f(rel(p['tau_window'], p['tau_measured']), '+.1%'):>8} | "
             f"{_f(p['speedup_steady'], '.3f'):>6} {_f(p['speedup_estimated'], '.3f'):>6} {_f(p['speedup_measured'], '.3f'):>6} "
-            f"{_f(rel(p['speedup_steady'], p['speedup_measured']), '+.1%'):>7} {_f(rel(p['speedup_estimated'], p['speedup_measured']), '+.1%'):>7}"
+            f"{_f(rel(p['speedup_steady'], p['speedup_measured']), '+.1%'):>7} {_f(rel(p['speedup_estimated'], p['speedup_measured']), '+.1%'):>7} "
+            f"{_f(p['cost_err'], '+.1%'):>6}"
         )
+    print("cost: the error left in S est once τ is right, (S est ÷ τ renewal) ÷ (S meas ÷ τ measured) − 1: the round-cost model and its timing alone")
 
     def mean_abs(name_est: str, name_meas: str) -> float | None:
         xs = [abs(e) for _, r in rows if (e := rel(r[name_est], r[name_meas])) is not None]
@@ -299,6 +312,8 @@ def summary(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
     print(f"  window − measured:  {_f(win, '+.1%')} (the estimate the renewal one replaces)")
     print(f"  mean |renewal − measured| / measured over single runs: {_f(mean_abs('tau_renewal', 'tau_measured'), '.1%')} (sampling noise included)")
     print(f"speedup at the token budget: mean |estimated − measured| / measured over runs: {_f(sp, '.1%')}, mean signed {_f(statistics.fmean(sp_signed) if sp_signed else None, '+.1%')} (bar ≤ 10%: {'met' if sp is not None and sp <= 0.10 else 'NOT met'})")
+    ce = [e for _, r in rows if (e := cost_err(r)) is not None]
+    print(f"  of which the round cost (τ error taken out): mean |·| {_f(statistics.fmean(abs(x) for x in ce) if ce else None, '.1%')}, mean signed {_f(statistics.fmean(ce) if ce else None, '+.1%')}")
     ss = [e for _, r in rows if (e := rel(r["speedup_steady"], r["speedup_measured"])) is not None]
     print(f"steady-state speedup (τ / (K·c + v_K)):  mean |·| {_f(statistics.fmean(abs(x) for x in ss) if ss else None, '.1%')}, mean signed {_f(statistics.fmean(ss) if ss else None, '+.1%')}")
 
