@@ -284,3 +284,113 @@ def test_unsupported_head_is_a_one_line_error(tiny_pair, prompts, tmp_path) -> N
     res = runner.invoke(app, ["simulate", str(two), "mtp", "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "6", "--cost-ratio", "0.1"])
     assert res.exit_code == 2, res.output
     assert "one layer" in res.output and "Traceback" not in res.output
+
+
+# ----------------------------------------------------------------------------- the head's KV cache
+class _ConcatKV(list):  # type: ignore[type-arg]
+    """The cache KVList replaced: one entry, a `torch.cat` per append (the reference)."""
+
+    def append(self, kv: Any) -> None:
+        if self:
+            self[0] = (torch.cat([self[0][0], kv[0]], dim=2), torch.cat([self[0][1], kv[1]], dim=2))
+        else:
+            super().append(kv)
+
+    def update(self, key: Any, value: Any, *args: Any, **kw: Any) -> Any:
+        self.append((key, value))
+        return self[0]
+
+    def crop(self, keep: int) -> None:
+        if self:
+            self[0] = (self[0][0][:, :, :keep], self[0][1][:, :, :keep])
+
+    def select(self, rows: Any) -> None:
+        if self:
+            self[0] = (self[0][0][rows], self[0][1][rows])
+
+
+def _kv(b: int, t: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(b, 2, t, 4, generator=g), torch.randn(b, 2, t, 4, generator=g)  # [B, heads, T, D]
+
+
+def _moves(cache: Any, n: int, g: torch.Generator) -> int:
+    """n single-token appends -> how many of them left the keys in a different buffer."""
+    moved, last = 0, None
+    for _ in range(n):
+        cache.append(_kv(3, 1, g))
+        ptr = cache[0][0].untyped_storage().data_ptr()
+        moved += last is not None and ptr != last
+        last = ptr
+    return moved
+
+
+def test_kv_cache_grows_geometrically() -> None:
+    """300 single-token appends reallocate O(log L) times (each copying the live part:
+    O(L) slots in all), where a concatenation per append copies all of it every time."""
+    from specprobe.models.heads.live import KVList
+
+    g = torch.Generator().manual_seed(0)
+    kv = KVList()
+    moved = _moves(kv, 300, g)
+    assert kv.allocations <= 6 and moved == kv.allocations - 1, (kv.allocations, moved)  # 16, 32, …, 512
+    assert kv[0][0].shape == (3, 2, 300, 4) and kv.capacity == 512
+    assert _moves(_ConcatKV(), 300, g) == 299  # the count above can see a copy per append
+
+
+def test_kv_cache_equals_concatenation_through_crop_select_append() -> None:
+    """Appends of any width, crops (roll-backs), row selections (finished rows) and
+    appends after them: the entry, and what `update` returns, is exactly the live part."""
+    from specprobe.models.heads.live import KVList
+
+    g = torch.Generator().manual_seed(1)
+    new, ref = KVList(), _ConcatKV()
+    ops: list[tuple[str, Any]] = [("add", 7), ("add", 1), ("crop", 5), ("add", 3), ("add", 20), ("select", torch.tensor([0, 2, 3])), ("add", 1), ("crop", 29),
+                                  ("crop", 40), ("select", torch.tensor([True, False, True])), ("add", 2), ("crop", 0), ("add", 4), ("add", 30), ("crop", 33), ("update", 1)]
+    b = 4
+    for op, arg in ops:
+        if op in ("add", "update"):
+            k, v = _kv(b, arg, g)
+            got = new.update(k, v, 0) if op == "update" else new.append((k, v))
+            want = ref.update(k, v) if op == "update" else ref.append((k, v))
+            if op == "update":
+                assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+        elif op == "crop":
+            new.crop(arg), ref.crop(arg)
+        else:
+            new.select(arg), ref.select(arg)
+            b = int(arg.sum()) if arg.dtype == torch.bool else len(arg)
+        assert len(new) == 1 and torch.equal(new[0][0], ref[0][0]) and torch.equal(new[0][1], ref[0][1]), (op, arg)
+    assert new.allocations >= 4  # grew past its first buffer, and each select made one
+
+
+@pytest.mark.parametrize("name", ["eagle3-speculators", "eagle1", "mtp-deepseek", "mtp-qwen3_next"])
+def test_live_logits_bit_identical_to_a_concatenating_cache(layouts, monkeypatch, name) -> None:
+    """The same run with the old concatenating cache: every logits the head returns is
+    equal bit for bit (rows of several lengths finish apart: crops, selects, growth)."""
+    import specprobe.models.heads.live as live
+
+    made: list[Any] = []
+
+    class Tracked(live.KVList):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    def logits_of(cache_cls: Any) -> list[torch.Tensor]:
+        monkeypatch.setattr(live, "KVList", cache_cls)
+        t, d = _load(*layouts[name])
+        out: list[torch.Tensor] = []
+        real = d.logits
+
+        def spy(features: Any, depth: int) -> Any:
+            out.append(real(features, depth).clone())
+            return out[-1]
+
+        d.logits = spy
+        speculate(t.model, d, _prompts(), k=3, target_sampling=GREEDY, max_new_tokens=24, batch_size=3)
+        return out
+
+    ref, new = logits_of(_ConcatKV), logits_of(Tracked)
+    assert len(new) == len(ref) > 20
+    assert all(torch.equal(a, b) for a, b in zip(new, ref, strict=True))
+    assert made and max(kv.allocations for kv in made) >= 3  # grew while the run went on

@@ -40,30 +40,72 @@ from specprobe.errors import ConfigError
 
 class KVList(list):  # type: ignore[type-arg]
     """One attention module's keys/values [B, heads, L, D], in both protocols head layers
-    use: the list `layers.Attention` appends (kept as ONE concatenated entry, so it can be
-    cropped and row-selected) and transformers' `cache.update()` (MTP blocks are the
-    target's own decoder layers)."""
+    use: the list `layers.Attention` appends (kept as ONE entry, so it can be cropped and
+    row-selected) and transformers' `cache.update()` (MTP blocks are the target's own
+    decoder layers).
+
+    The entry is a view of the live part [:, :, :L] of a preallocated buffer whose
+    capacity doubles when an append does not fit, so L single-token appends copy O(L)
+    slots in all, not O(L²) as a `torch.cat` per append would; `crop` only moves L. A view
+    handed out before a crop sees later appends overwrite its cropped tail: the callers
+    use each view within the forward that asked for it."""
+
+    MIN_CAPACITY = 16
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._k: torch.Tensor | None = None  # [B, heads, capacity, D]
+        self._v: torch.Tensor | None = None
+        self._len = 0
+        self.allocations = 0  # buffers allocated so far (geometric growth: O(log L) of them)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._k is None else int(self._k.shape[2])
 
     def append(self, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
-        if self:
-            k0, v0 = self[0]
-            self[0] = (torch.cat([k0, kv[0]], dim=2), torch.cat([v0, kv[1]], dim=2))
-        else:
-            super().append(kv)
+        k, v = kv  # [B, heads, T, D]
+        end = self._len + int(k.shape[2])
+        if self._k is None or self._v is None or end > self.capacity:
+            cap = max(end, 2 * self.capacity, self.MIN_CAPACITY)
+            self._k, self._v = self._grown(self._k, k, cap), self._grown(self._v, v, cap)
+            self.allocations += 1
+        self._k[:, :, self._len : end] = k
+        self._v[:, :, self._len : end] = v
+        self._len = end
+        self._publish()
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int | None = None, *args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
         self.append((key, value))
         return self[0]  # type: ignore[no-any-return]
 
     def crop(self, keep: int) -> None:
-        if self:
-            k, v = self[0]
-            self[0] = (k[:, :, :keep], v[:, :, :keep])
+        """Keep the first `keep` slots (clamped to [0, L])."""
+        if self._k is not None:
+            self._len = min(max(keep, 0), self._len)
+            self._publish()
 
     def select(self, rows: torch.Tensor) -> None:
+        """Keep these rows (indices or a bool mask over B), at the same capacity."""
+        if self._k is not None and self._v is not None:
+            self._k, self._v = self._k[rows], self._v[rows]  # copies ≤ 2·max(L, MIN_CAPACITY) slots a row
+            self.allocations += 1
+            self._publish()
+
+    def _grown(self, old: torch.Tensor | None, new: torch.Tensor, cap: int) -> torch.Tensor:
+        """A buffer [B, heads, cap, D] like `new`, holding old's live part."""
+        buf = new.new_empty((new.shape[0], new.shape[1], cap, new.shape[3]))
+        if old is not None and self._len:
+            buf[:, :, : self._len] = old[:, :, : self._len]
+        return buf
+
+    def _publish(self) -> None:
+        assert self._k is not None and self._v is not None
+        entry = (self._k[:, :, : self._len], self._v[:, :, : self._len])
         if self:
-            k, v = self[0]
-            self[0] = (k[rows], v[rows])
+            super().__setitem__(0, entry)
+        else:
+            super().append(entry)
 
 
 def unsupported(drafter: Any) -> str | None:
