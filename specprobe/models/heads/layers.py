@@ -64,8 +64,11 @@ class Attention(nn.Module):
         q = q * c + _rotate_half(q) * sn
         k = k * c + _rotate_half(k) * sn
         cache.append((k, v))
-        keys = torch.cat([kk for kk, _ in cache], dim=2)
-        vals = torch.cat([vv for _, vv in cache], dim=2)
+        if len(cache) == 1:  # one entry (the live loop's KVList): read it in place, no copy
+            keys, vals = cache[0]
+        else:
+            keys = torch.cat([kk for kk, _ in cache], dim=2)
+            vals = torch.cat([vv for _, vv in cache], dim=2)
         rep = self.heads // self.kv_heads
         if rep > 1:
             keys, vals = keys.repeat_interleave(rep, dim=1), vals.repeat_interleave(rep, dim=1)
