@@ -39,8 +39,10 @@ class Pair:
     alignment: Any
 
 
-def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, drafter: Any = None) -> Pair:
-    """Load target + drafter and run the alignment check (no forward pass yet)."""
+def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, drafter: Any = None, vet: Callable[[Any], None] | None = None) -> Pair:
+    """Load target + drafter and run the alignment check (no forward pass yet). `vet`
+    receives the drafter's info (configs and headers, no weights) before the target
+    loads, to refuse what the caller cannot run (simulate: an MTP head with > 1 layer)."""
     from specprobe.models.drafters import build_drafter, drafter_info
     from specprobe.models.loader import check_paths, load_info, load_model, parse_max_memory
 
@@ -50,6 +52,8 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
         progress.note(f"loading target {cfg.target}")
         tinfo = load_info(cfg.target, progress)
         dinfo = drafter_info(cfg.drafter, tinfo, progress)
+        if vet is not None:
+            vet(dinfo)
         max_memory = parse_max_memory(cfg.max_memory) if cfg.max_memory else None  # a larger-than-one-GPU target
         target = load_model(cfg.target, cfg.device, cfg.dtype, progress, info=tinfo, device_map=cfg.device_map, max_memory=max_memory)
     if drafter is None:

@@ -277,13 +277,31 @@ def test_medusa_k_beyond_its_heads_is_measured_at_the_heads(layouts, prompts, tm
     assert [row["k"] for row in r["measured"]["k_table"]] == [2, 3]
 
 
-def test_unsupported_head_is_a_one_line_error(tiny_pair, prompts, tmp_path) -> None:
+def test_unsupported_head_is_a_one_line_error(tiny_pair, prompts, tmp_path, monkeypatch) -> None:
     """Two MTP layers cannot be rolled back like one (a later layer's context is its own
-    teacher-forced step): refused before anything runs, exit 2, no traceback."""
+    teacher-forced step): refused from the checkpoint's config and headers before the
+    target loads (minutes, for a big one), exit 2, no traceback."""
+    import specprobe.models.loader as loader
+
     two = hh.target_with_mtp(tmp_path / "t2", tiny_pair["target"], "deepseek", layers=2)
+    read: list[str] = []
+    real_info = loader.load_info
+
+    def info(spec: str, *a: Any, **k: Any) -> Any:
+        read.append(spec)
+        return real_info(spec, *a, **k)
+
+    def boom(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the target was loaded before the head was refused")
+
+    monkeypatch.setattr(loader, "load_info", info)
+    monkeypatch.setattr(loader, "load_model", boom)
     res = runner.invoke(app, ["simulate", str(two), "mtp", "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "6", "--cost-ratio", "0.1"])
     assert res.exit_code == 2, res.output
-    assert "one layer" in res.output and "Traceback" not in res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "one layer" in lines[0] and "has 2" in lines[0], res.output
+    assert "Traceback" not in res.output and "the target was loaded" not in res.output
+    assert read == [str(two)]  # its config was read, and nothing loaded
 
 
 # ----------------------------------------------------------------------------- the head's KV cache

@@ -122,11 +122,11 @@ def _fit_head(cfg: SimulateConfig, drafter: Any, progress: Any) -> SimulateConfi
     at most one token per head, so a larger K is measured at the number of heads (said)."""
     if not is_head(drafter):
         return cfg
-    from specprobe.models.heads.live import draft_limit, unsupported
+    from specprobe.models.heads.live import UNSUPPORTED_HINT, draft_limit, unsupported
 
     why = unsupported(drafter)
     if why:
-        raise ConfigError(why, "use diagnose for this head, or a checkpoint with one MTP layer")
+        raise ConfigError(why, UNSUPPORTED_HINT)
     limit = draft_limit(drafter)
     if limit is None or max(cfg.ks) <= limit:
         return cfg
@@ -145,7 +145,9 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     validate(cfg)
     dcfg = dataclasses.replace(cfg.diagnose, k_max=max(cfg.diagnose.k_max, max(cfg.ks)))
     table = table or load_table([Path(p) for p in dcfg.rules])
-    pair = pair or load_pair(dcfg, progress)
+    from specprobe.models.heads.live import refuse_unsupported
+
+    pair = pair or load_pair(dcfg, progress, vet=refuse_unsupported)  # refused before the target loads
     cfg = _fit_head(cfg, pair.drafter, progress)  # refuse what the live loop cannot run before the estimate
     keep = None if on_partial is None else (lambda est: on_partial(simulate_result(est, cfg, None, table)))
     made: list[Any] = []  # the references diagnose made (none when a finished shard was reused)

@@ -108,12 +108,31 @@ class KVList(list):  # type: ignore[type-arg]
             super().append(entry)
 
 
-def unsupported(drafter: Any) -> str | None:
-    """Why this head cannot run in the live loop (None: it can)."""
-    if drafter.kind == "mtp" and len(drafter.layout.details.get("prefixes") or [1]) > 1:
-        n = len(drafter.layout.details["prefixes"])
-        return f"simulate runs MTP heads with one layer; {drafter.layout.path.name} has {n} (diagnose scores all of them)"
+UNSUPPORTED_HINT = "use diagnose for this head, or a checkpoint with one MTP layer"
+
+
+def unsupported_layout(layout: Any) -> str | None:
+    """Why a head, as its files describe it (`HeadLayout`), cannot run in the live loop
+    (None: it can)."""
+    if layout.kind == "mtp" and len(layout.details.get("prefixes") or [1]) > 1:
+        n = len(layout.details["prefixes"])
+        return f"simulate runs MTP heads with one layer; {layout.path.name} has {n} (diagnose scores all of them)"
     return None
+
+
+def unsupported(drafter: Any) -> str | None:
+    """Why this built head cannot run in the live loop (None: it can)."""
+    return unsupported_layout(drafter.layout)
+
+
+def refuse_unsupported(info: Any) -> None:
+    """A drafter's ModelInfo, read from configs and headers before any weight loads: a
+    one-line error when it is a head the live loop cannot run (simulate checks it before
+    the target loads, which takes minutes for a big one)."""
+    layout = (getattr(info, "extra", None) or {}).get("head")
+    why = unsupported_layout(layout) if layout is not None else None
+    if why:
+        raise ConfigError(why, UNSUPPORTED_HINT)
 
 
 def draft_limit(drafter: Any) -> int | None:
@@ -129,7 +148,7 @@ class LiveHead:
     def __init__(self, drafter: Any, batch: int, device: Any) -> None:
         why = unsupported(drafter)
         if why:
-            raise ConfigError(why, "pass a checkpoint with one MTP layer, or use diagnose")
+            raise ConfigError(why, UNSUPPORTED_HINT)
         drafter.ensure_built()
         self.d = drafter
         self.kind = drafter.kind
