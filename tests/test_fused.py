@@ -88,6 +88,7 @@ def _assert_same(got: core.PositionMetrics, want: core.PositionMetrics, tops: bo
 @pytest.mark.parametrize("ts,ds", ALL_CASES)
 @pytest.mark.parametrize("v", [300, 512])  # 300: no 32-wide segments (plain argmax/top-k); 512: 16 segments of 32
 def test_blocked_default_equals_reference(ts: Sampling, ds: Sampling, v: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECPROBE_SCORER", "torch")  # the torch-op blocks (the compiled rows: tests/test_kernel.py)
     for draft_v in (None, v - 20):  # same vocabulary, and a drafter missing the last ids
         tl, dl = _logits(n=23, v=v, draft_v=draft_v)
         want = core.position_metrics_reference(tl, dl, ts, ds, top=5)
@@ -173,6 +174,7 @@ def test_blocks_spread_over_threads_give_the_same_metrics(ts: Sampling, ds: Samp
     """With more than one torch thread the blocks go to worker threads (each op on one
     core): the same numbers as one thread, −inf drafter rows handled wherever they fall,
     and torch's thread count is given back."""
+    monkeypatch.setenv("SPECPROBE_SCORER", "torch")  # the torch-op blocks
     tl, dl = _logits(n=29, v=512)
     dl[13, 40:] = float("-inf")
     want = core.position_metrics_reference(tl, dl, ts, ds, top=5)
@@ -195,6 +197,7 @@ def test_blocks_spread_over_threads_give_the_same_metrics(ts: Sampling, ds: Samp
 def test_a_pool_from_another_process_is_made_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A forked child's copy of the worker pool has no threads behind it: one made in
     another process (another pid) is replaced, not waited on."""
+    monkeypatch.setenv("SPECPROBE_SCORER", "torch")  # the torch-op blocks
     tl, dl = _logits(n=9, v=512)
     s = Sampling(temperature=0.7)
     before = torch.get_num_threads()

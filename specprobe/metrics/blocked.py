@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 
 from specprobe.metrics.sampling import Sampling, truncate_
@@ -123,6 +124,18 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return pool
 
 
+def _kernel() -> Any:
+    """`metrics.kernel` (numba-compiled rows), or None when numba cannot be imported."""
+    if "kernel" not in _POOL:
+        try:
+            from specprobe.metrics import kernel
+
+            _POOL["kernel"] = kernel
+        except Exception:  # numba missing or broken: the torch ops
+            _POOL["kernel"] = None
+    return _POOL["kernel"]
+
+
 def _scratch() -> _Scratch:
     s = getattr(_TLS, "s", None)
     if s is None:
@@ -152,7 +165,9 @@ class _Chunk:
         self.alpha = torch.empty(n, device=dev)  # Σ min(p, q) when computed in the blocks
         # max q, when the drafter truncates (made here: blocks run on several threads)
         self.conf = torch.empty(n, device=dev) if ds.truncates and not ds.greedy else None
-        self.floor_logq = False  # floor log q at LOGQ_FLOOR (set once a −inf q meets p)
+        # floor log q at LOGQ_FLOOR and the target's −inf x at a finite number (set once a
+        # −inf q meets p, or a −inf target logit makes 0·−inf): a finite sum, not inf/NaN
+        self.floor_logq = False
         self.truncating = (ts.truncates and not ts.greedy) or (ds.truncates and not ds.greedy)
         self.both_sample = not ts.greedy and not ds.greedy
 
@@ -181,8 +196,9 @@ class _Chunk:
         torch.sum(e, -1, out=z)  # [b, 2]
         if self.floor_logq:
             x1.clamp_(min=z1.log().add_(LOGQ_FLOOR))
+            x0.clamp_(min=-3.0e38)  # e_p = 0 there: the term is 0 (NaN logits stay NaN)
         torch.sum(x.mul_(ep), -1, out=dots)  # Σ e_p·x per side; x is free after this
-        if check and not self.floor_logq and not bool(torch.isfinite(dots1).all()):
+        if check and not self.floor_logq and not bool(torch.isfinite(dots).all()):
             self.floor_logq = True
             self.block(k, sv)
             return
@@ -197,8 +213,9 @@ class _Chunk:
 
     def run(self, rows: int, workers: int = 1) -> None:
         """Every block, spread over `workers` threads (block i to worker i mod workers);
-        then, once more with log q floored, the blocks whose Σ p log q came out infinite
-        or NaN (q = 0 where p > 0: −inf drafter logits; or logits that are not numbers)."""
+        then, once more with log q floored, the blocks whose Σ p log p or Σ p log q came
+        out infinite or NaN (q = 0 where p > 0: −inf drafter logits; 0·−inf: −inf target
+        logits; or logits that are not numbers, which stay NaN)."""
         self._split(rows)
         blocks = list(range(len(self.views)))
         if workers > 1 and len(blocks) > 1:
@@ -209,10 +226,51 @@ class _Chunk:
                 j.result()
         else:
             self._blocks(blocks, True)
-        bad = ~torch.isfinite(self.dots[:, 1])
+        bad = ~torch.isfinite(self.dots).all(-1)
         if bool(bad.any()):
             self.floor_logq = True
             self._blocks(sorted({j // rows for j in bad.nonzero().flatten().tolist()}), False)
+
+    def compiled(self) -> bool:
+        """Whether `run_compiled` can take this chunk: float32 logits on a CPU, untruncated
+        sampling, and the compiled rows (`metrics.kernel`: numba) importable and enabled."""
+        if self.tl.device.type != "cpu" or self.tl.dtype != torch.float32 or self.dl.dtype != torch.float32 or self.truncating:
+            return False
+        kernel = _kernel()
+        return kernel is not None and kernel.enabled()
+
+    def run_compiled(self, workers: int = 1) -> None:
+        """Every row through the compiled rows (`metrics.kernel`), rows dealt to `workers`
+        threads in turn; rows it flags (NaN or +inf logits, or all −inf) then go through
+        the torch ops one row at a time, as `run` does them. A compile failure falls back
+        to `run` for the whole chunk (and switches the compiled rows off)."""
+        kernel = _kernel()
+        assert kernel is not None
+        n = self.tl.shape[0]
+        if n == 0:
+            return
+        tl, dl = self.tl.detach().numpy(), self.dl.detach().numpy()
+        bad = np.zeros(n, dtype=np.uint8)
+        out = {"seg": self.seg.numpy(), "shift": self.shift.numpy(), "z": self.z.numpy(), "dots": self.dots.numpy(), "alpha": self.alpha.numpy(), "bad": bad}
+        def rows(r: np.ndarray) -> None:
+            kernel.run_rows(tl, dl, r, self.c, self.inv_t, self.both_sample, out)
+
+        try:
+            if workers > 1 and n > 1:
+                jobs = [_pool(workers).submit(rows, np.arange(w, n, workers)) for w in range(min(workers, n))]
+                for j in jobs:
+                    j.result()
+            else:
+                rows(np.arange(n))
+        except Exception:  # a compile/toolchain failure: the torch ops (kernel is now off)
+            self.run(block_rows(self.tl.shape[1], self.tl.device, n), workers)
+            return
+        flagged = np.flatnonzero(bad).tolist()
+        if flagged:
+            self._split(1)
+            self._blocks(flagged, False)
+            self.floor_logq = True  # as `run` does: finite where the logits are numbers
+            self._blocks([r for r in flagged if not bool(torch.isfinite(self.dots[r]).all())], False)
 
     def _blocks(self, blocks: list[int], check: bool, modes: tuple[bool, bool] | None = None) -> None:
         if modes is not None:  # on a worker thread: the caller's inference mode and grad mode
@@ -283,7 +341,9 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
     step = rows or block_rows(v, tl.device, n)
     threads = torch.get_num_threads()
     on_worker = threading.current_thread().name.startswith("specprobe-metrics")  # never wait on our own pool
-    if tl.device.type == "cpu" and threads > 1 and n > step and not on_worker and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
+    if rows is None and ch.compiled():
+        ch.run_compiled(1 if on_worker else threads)
+    elif tl.device.type == "cpu" and threads > 1 and n > step and not on_worker and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
         # Each block's ops are small: split across cores inside every op, each op ends in a
         # barrier that waits for the slowest core (on a busy machine, for a time slice).
         # Instead every core takes whole blocks of its own, its ops single-threaded.

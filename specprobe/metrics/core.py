@@ -138,6 +138,9 @@ def position_metrics_reference(
     # the drafter lacks: clamp those so they cost a large but finite penalty, not inf/nan.
     if padded:
         logq.clamp_(min=-1e4)
+    # a target's −inf logits (masked ids): p = 0 there, and 0·log 0 counts 0, not NaN
+    if bool(torch.isneginf(target_logits).any()):
+        logp.clamp_(min=-1e4)
     tops = None
     if top:
         tp, ti = torch.topk(p, top, dim=-1)  # [N, k]
@@ -200,7 +203,7 @@ def _fused_body(tl: torch.Tensor, dl: torch.Tensor, t_temp: float, d_temp: float
     logq = (lb - zb.log()).clamp(min=-1e4)  # ids the drafter lacks: finite penalty
     p = logp.exp()
     q = (lb - zb.log()).exp()
-    plogp = (p * logp).sum(-1)
+    plogp = (p * logp.clamp(min=-1e4)).sum(-1)  # a −inf target logit: p = 0, 0·log 0 = 0
     kl = plogp - (p * logq).sum(-1)
     ta, da = tl.argmax(-1), dl.argmax(-1)
     agree = (ta == da).float()
