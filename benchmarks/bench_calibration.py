@@ -86,7 +86,7 @@ def measure(run: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
     """One simulate run -> the calibration numbers at K (and what the run took)."""
     from specprobe.alignment import SamplingFlags
     from specprobe.diagnose import load_pair
-    from specprobe.options import DiagnoseConfig, SimulateConfig
+    from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
     from specprobe.progress import Progress
     from specprobe.simulate import run_simulate
 

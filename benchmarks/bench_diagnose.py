@@ -68,7 +68,7 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import build_drafter
     from specprobe.models.loader import load_model
-    from specprobe.options import DEFAULT_CHUNK_POSITIONS as CH
+    from specprobe.pipeline_config import DEFAULT_CHUNK_POSITIONS as CH
     from specprobe.prompts import builtin_suite, select
     from specprobe.references import encode_prompt
 
@@ -146,7 +146,8 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
 _CHILD = """
 import json, resource, sys
 from specprobe.alignment import SamplingFlags
-from specprobe.diagnose import DiagnoseConfig, run_diagnose
+from specprobe.diagnose import run_diagnose
+from specprobe.pipeline_config import DiagnoseConfig
 cfg = DiagnoseConfig(target="smollm2", drafter="self:layers=24", max_prompts=int(sys.argv[1]), max_new_tokens=32,
                      sampling=SamplingFlags(temperature=0.7), cost_ratio=0.8, device="cpu")
 r = run_diagnose(cfg)

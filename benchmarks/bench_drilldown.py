@@ -89,7 +89,7 @@ def overhead(pairs: int, n_prompts: int, new_tokens: int) -> None:
     from specprobe.alignment import SamplingFlags
     from specprobe.diagnose import load_pair
     from specprobe.drilldown import DrillCollector
-    from specprobe.options import DiagnoseConfig
+    from specprobe.pipeline_config import DiagnoseConfig
     from specprobe.progress import Progress
     from specprobe.references import load_prompt_set, references_by_turn
     from specprobe.scoring import score

@@ -71,7 +71,7 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, h
     from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
     from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model
-    from specprobe.options import DEFAULT_CHUNK_POSITIONS as CH
+    from specprobe.pipeline_config import DEFAULT_CHUNK_POSITIONS as CH
     from specprobe.prompts import builtin_suite, select
     from specprobe.references import encode_prompt
     from specprobe.scoring import capture_layers, score_chunk

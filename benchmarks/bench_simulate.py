@@ -86,8 +86,8 @@ def ours(target: Any, step: Any, prompts: list[list[int]], k: int, max_new: int,
 
 def calibration(layers: int, n_prompts: int, max_new: int, k: int) -> dict[str, float]:
     from specprobe.alignment import SamplingFlags
-    from specprobe.diagnose import DiagnoseConfig
-    from specprobe.simulate import SimulateConfig, run_simulate
+    from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
+    from specprobe.simulate import run_simulate
 
     d = DiagnoseConfig(
         target="smollm2", drafter=f"self:layers={layers}", max_prompts=n_prompts, max_new_tokens=max_new,

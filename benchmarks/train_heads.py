@@ -78,7 +78,7 @@ def build_data(target: Any, out: Path, temperature: float, tokens: int, aux: tup
     import torch
 
     from specprobe.alignment import SamplingFlags, effective_sampling
-    from specprobe.options import DiagnoseConfig
+    from specprobe.pipeline_config import DiagnoseConfig
     from specprobe.progress import Progress
     from specprobe.references import encode_prompts, generate_references
     from specprobe.scoring import capture_layers

@@ -19,7 +19,7 @@ from specprobe.result import Evaluation, Measured, Result
 from specprobe.rules import RuleTable, sort_findings, verdict, worst_severity
 
 if TYPE_CHECKING:
-    from specprobe.options import DiagnoseConfig, SimulateConfig
+    from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
     from specprobe.prompts import PromptSet
     from specprobe.scoring import Scored
 

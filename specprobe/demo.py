@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.alignment import SamplingFlags
-from specprobe.diagnose import DiagnoseConfig, Pair, load_pair, run_diagnose
+from specprobe.diagnose import Pair, load_pair, run_diagnose
+from specprobe.pipeline_config import DiagnoseConfig
 from specprobe.progress import Progress
 from specprobe.result import Result
 

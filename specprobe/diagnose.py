@@ -17,7 +17,8 @@ from specprobe.counterfactual import default_every
 from specprobe.drilldown import DrillCollector
 from specprobe.errors import ConfigError
 from specprobe.interrupts import shielded
-from specprobe.options import DiagnoseConfig, relabel_sources  # noqa: F401  (DiagnoseConfig re-exported)
+from specprobe.options import relabel_sources
+from specprobe.pipeline_config import DiagnoseConfig
 from specprobe.progress import Progress
 from specprobe.references import (  # noqa: F401  (encode_prompt, load_prompt_set re-exported)
     encode_prompt,

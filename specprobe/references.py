@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.errors import InputError
-from specprobe.options import DiagnoseConfig
+from specprobe.pipeline_config import DiagnoseConfig
 from specprobe.progress import Progress
 from specprobe.prompts import Prompt, PromptSet, builtin_suite, load_prompts, select
 from specprobe.refcache import ReferenceCache

@@ -26,7 +26,7 @@ import numpy as np
 
 from specprobe.memory import Backoff, Buffered, chunk_for
 from specprobe.metrics.accumulate import Accumulator
-from specprobe.options import DiagnoseConfig
+from specprobe.pipeline_config import DiagnoseConfig
 from specprobe.progress import Progress
 from specprobe.prompts import Prompt
 

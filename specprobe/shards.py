@@ -287,7 +287,7 @@ def _replay(i: int, it: dict[str, Any]) -> tuple[Chunk, ChunkScores]:
 def config_from_part(part: dict[str, Any]) -> Any:
     """The run's DiagnoseConfig, from the settings a part records."""
     from specprobe.alignment import SamplingFlags
-    from specprobe.options import DiagnoseConfig
+    from specprobe.pipeline_config import DiagnoseConfig
 
     d = dict(part["header"]["config"])
     flag_names = {f.name for f in fields(SamplingFlags)}

@@ -91,7 +91,7 @@ def _get(result: Any, *keys: str) -> Any:
 def test_check_and_identical_pair(arch: str, arch_dir: dict[str, Path], tmp_path: Path) -> None:
     """The same checkpoint as target and as an independent drafter: α = 1, KL = 0."""
     from specprobe.diagnose import run_diagnose
-    from specprobe.options import DiagnoseConfig
+    from specprobe.pipeline_config import DiagnoseConfig
 
     path = str(arch_dir[arch])
     r = run_diagnose(DiagnoseConfig(target=path, drafter=path, prompts=str(_prompts(tmp_path)), max_new_tokens=6, batch_size=2, k_max=2, cost_ratio=0.1))
@@ -133,7 +133,7 @@ def test_alpha_equals_alpha_from_the_models_own_forward(arch: str, arch_dir: dic
     from specprobe.diagnose import run_diagnose
     from specprobe.models.anatomy import layer_view
     from specprobe.models.loader import load_model
-    from specprobe.options import DiagnoseConfig
+    from specprobe.pipeline_config import DiagnoseConfig
     from specprobe.prompts import load_prompts
 
     path = str(arch_dir[arch])

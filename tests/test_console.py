@@ -265,7 +265,7 @@ def test_vocab_shuffled_drafter_is_announced_only_when_written(tiny_pair, tmp_pa
 
 def test_dataset_reference_count_reads_as_english(tmp_path) -> None:
     from specprobe.errors import InputError
-    from specprobe.options import DiagnoseConfig
+    from specprobe.pipeline_config import DiagnoseConfig
     from specprobe.references import load_prompt_set
 
     p = tmp_path / "p.jsonl"

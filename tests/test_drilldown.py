@@ -26,7 +26,7 @@ from specprobe.diagnose import run_diagnose
 from specprobe.drilldown import token_class
 from specprobe.errors import ConfigError
 from specprobe.metrics.sampling import Sampling
-from specprobe.options import DiagnoseConfig
+from specprobe.pipeline_config import DiagnoseConfig
 from specprobe.report.html import render_html
 from specprobe.result import Result
 from specprobe.sweep import parse_layers

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from specprobe.alignment import SamplingFlags, compare, effective_sampling
 from specprobe.cli.main import app
 from specprobe.errors import ModelLoadError
-from specprobe.options import DiagnoseConfig
+from specprobe.pipeline_config import DiagnoseConfig
 from tests.helpers import heads as hh
 from tests.helpers.tiny import prompts_file
 

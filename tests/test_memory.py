@@ -48,7 +48,7 @@ def test_injected_oom_during_scoring_keeps_the_scores(tiny_pair: dict[str, Path]
     from specprobe import scoring
     from specprobe.alignment import SamplingFlags
     from specprobe.diagnose import run_diagnose
-    from specprobe.options import DiagnoseConfig
+    from specprobe.pipeline_config import DiagnoseConfig
     from tests.helpers.tiny import prompts_file
 
     pf = prompts_file(tmp_path / "p.jsonl", n=4)

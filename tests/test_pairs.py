@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specprobe.alignment import SamplingFlags
-from specprobe.diagnose import DiagnoseConfig, run_diagnose
+from specprobe.diagnose import run_diagnose
+from specprobe.pipeline_config import DiagnoseConfig
 from tests.helpers.tiny import prompts_file
 
 
@@ -293,7 +294,7 @@ def test_dataset_references_score_first_turns_only(tiny_pair, tmp_path) -> None:
 
 
 def test_simulate_runs_the_same_turns_diagnose_scored(tiny_pair, tmp_path) -> None:
-    from specprobe.options import SimulateConfig
+    from specprobe.pipeline_config import SimulateConfig
     from specprobe.simulate import run_simulate
 
     pf = _two_turn_file(tmp_path / "mt.jsonl")

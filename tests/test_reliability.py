@@ -666,7 +666,7 @@ def loaded_target(tiny_pair: dict[str, Path]) -> Any:
 
 def _refs(target: Any, cfg_kw: dict[str, Any] | None = None, use_cache: bool = True) -> list[list[int]]:
     from specprobe.alignment import SamplingFlags, effective_sampling
-    from specprobe.options import DiagnoseConfig
+    from specprobe.pipeline_config import DiagnoseConfig
     from specprobe.progress import Progress
     from specprobe.references import encode_prompts, generate_references
     from tests.helpers.tiny import prompts_file

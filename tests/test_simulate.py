@@ -295,7 +295,7 @@ def test_tau_agrees_with_transformers_assisted_generation(target, prompts) -> No
 
 # ----------------------------------------------------------------------------- pipeline and CLI (tiny checkpoints)
 def _sim_cfg(tiny_pair, tmp_path, drafter: str, **kw):
-    from specprobe.options import DiagnoseConfig, SimulateConfig
+    from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
     from tests.helpers.tiny import prompts_file
 
     pf = prompts_file(tmp_path / "p.jsonl")

@@ -30,7 +30,8 @@ from specprobe.cli.common import (
 from specprobe.errors import ConfigError
 
 if TYPE_CHECKING:
-    from specprobe.options import DiagnoseConfig, RunOptions
+    from specprobe.options import RunOptions
+    from specprobe.pipeline_config import DiagnoseConfig
     from specprobe.rules import RuleTable
 
 

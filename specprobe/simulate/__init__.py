@@ -10,7 +10,6 @@
                prompts, and the result's "measured" block
 """
 
-from specprobe.options import SimulateConfig, parse_ks, validate
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.kvcache import Stream, right_align
 from specprobe.simulate.loop import speculate
@@ -20,16 +19,13 @@ from specprobe.simulate.rejection import leading_accepts, verify_greedy, verify_
 __all__ = [
     "SimCounters",
     "SimRun",
-    "SimulateConfig",
     "Stream",
     "eos_ids",
     "leading_accepts",
     "measured_section",
-    "parse_ks",
     "right_align",
     "run_simulate",
     "speculate",
-    "validate",
     "verify_greedy",
     "verify_sampled",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 from specprobe.assemble import simulate_result
 from specprobe.diagnose import load_pair, run_diagnose
 from specprobe.errors import ConfigError
-from specprobe.options import SimulateConfig, validate
+from specprobe.pipeline_config import SimulateConfig, validate
 from specprobe.progress import Progress
 from specprobe.references import load_prompt_set, references_by_turn
 from specprobe.result import Result

@@ -1,0 +1,112 @@
+"""The pipeline's own settings: `DiagnoseConfig` (what `diagnose` runs with, and what its
+result records) and `SimulateConfig` (diagnose's settings plus the draft→verify loop's).
+
+A command builds them from its merged options (`specprobe.options.RunOptions`); the
+pipeline reads them and never merges again. `DEFAULT_CHUNK_POSITIONS` (the metrics'
+chunk size) and `validate` (a `SimulateConfig`'s own ranges, which `run_simulate` checks
+first) live here with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specprobe.config import K_LIMIT
+from specprobe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specprobe.alignment import SamplingFlags
+
+# Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
+# buffers stay warm in cache (measured best at 32–64 on a 2-core CPU with V = 49,152).
+DEFAULT_CHUNK_POSITIONS = 64
+
+
+def _default_sampling() -> SamplingFlags:
+    from specprobe.alignment import SamplingFlags
+
+    return SamplingFlags()
+
+
+@dataclass
+class DiagnoseConfig:
+    """What `diagnose` runs with; `to_dict()` is the config its result records."""
+
+    target: str
+    drafter: str
+    prompts: str = "builtin"
+    domains: list[str] | None = None
+    max_prompts: int | None = None
+    max_new_tokens: int = 64
+    reference: str = "on-policy"  # or "dataset"
+    sampling: SamplingFlags = field(default_factory=_default_sampling)
+    seed: int = 0
+    batch_size: int = 8
+    batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
+    k_max: int = 8
+    verify_factor: float | None = None  # None: measure v_K on the device
+    cost_ratio: float | None = None  # None: measure on the device
+    device: str = "auto"
+    dtype: str = "auto"
+    rules: list[str] = field(default_factory=list)
+    fail_on: str = "error"
+    force: bool = False
+    use_cache: bool = True
+    chunk_positions: int = DEFAULT_CHUNK_POSITIONS
+    keep_positions: bool = True
+    # one shard (index, count) of a sharded run: --shard I/N, or this rank of torchrun;
+    # its part (specprobe.shards) is also written to part_path when given. Not recorded:
+    # every shard of a run records the same settings
+    shard: tuple[int, int] | None = None
+    part_path: str | None = None
+    # a target larger than one device: accelerate's device_map ("auto", "balanced", …) and
+    # the memory per device ("0=70GiB,1=70GiB"); recorded only when given
+    device_map: str | None = None
+    max_memory: str | None = None
+    # where each explicit sampling setting came from ("--temperature", "probe.yaml"),
+    # by SamplingPair.sources slot; not part of the recorded config
+    sampling_origins: dict[str, str] = field(default_factory=dict)
+    # where a given cost_ratio / verify_factor came from ("--cost-ratio", "probe.yaml"); not recorded
+    cost_origins: dict[str, str] = field(default_factory=dict)
+
+    def cost_batch_sizes(self) -> list[int]:
+        """The batch sizes costs are timed at: --batch-sizes and the run's own."""
+        return sorted({self.batch_size, *(self.batch_sizes or [])})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("sampling_origins")
+        d.pop("cost_origins")
+        d.pop("shard")
+        d.pop("part_path")
+        for k in ("device_map", "max_memory"):
+            if d[k] is None:
+                d.pop(k)
+        d.update(d.pop("sampling"))
+        return d
+
+
+@dataclass
+class SimulateConfig:
+    """`simulate` = `diagnose`'s settings (the estimate on the same prompts) + the loop's."""
+
+    diagnose: DiagnoseConfig
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4])
+    adaptive_threshold: float | None = None
+    baseline: bool = True  # also time plain target decoding (the speedup's denominator)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.diagnose.to_dict()
+        d.update({"k": list(self.ks), "adaptive_threshold": self.adaptive_threshold})
+        return d
+
+
+
+def validate(cfg: SimulateConfig) -> None:
+    """The loop's own ranges (draft lengths, adaptive threshold), refused before any model loads."""
+    if not cfg.ks or min(cfg.ks) < 1 or max(cfg.ks) > K_LIMIT:
+        raise ConfigError(f"--k {cfg.ks} must list draft lengths between 1 and {K_LIMIT}", "use e.g. --k 1,2,4")
+    t = cfg.adaptive_threshold
+    if t is not None and not 0.0 <= t <= 1.0:
+        raise ConfigError(f"--adaptive-threshold {t} is outside [0, 1]", "it is a drafter confidence max q; use e.g. 0.4")
