@@ -35,7 +35,7 @@ timeout 150 python - "$SMOLLM2" <<'PY' 2>&1 | tail -8 | tee -a "$OUT/summary.txt
 import sys, time, torch
 from specprobe.alignment import SamplingFlags
 from specprobe.diagnose import run_diagnose
-from specprobe.options import DiagnoseConfig
+from specprobe.pipeline_config import DiagnoseConfig
 for fused in ("0", "1"):
     import os; os.environ["SPECPROBE_FUSED"] = fused
     torch.cuda.reset_peak_memory_stats()
