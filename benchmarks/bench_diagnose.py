@@ -5,7 +5,9 @@
    in interleaved rounds (the machine's load swings both parts independently: a ratio
    per round, median and min–max shown). Each round times the forward, a streaming
    floor — one read pass over both logit tensors — and every scorer on the same logits:
-   the default (row-blocked, `metrics.blocked`), the previous whole-chunk eager one
+   the default (`metrics.blocked` with its numba-compiled rows, `metrics.kernel`), the
+   same blocks in torch ops (SPECPROBE_SCORER=torch, the fallback without numba), the
+   previous whole-chunk eager one
    (`position_metrics_reference`), a naive unfused computation, and with --fused the
    torch.compile'd one (its compile timed apart). Each scorer is printed as a ratio to
    the forward and as "N× the streaming floor", with the `uptime` load before and after.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -93,8 +96,16 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
         sync()
         return time.perf_counter()
 
+    def torch_ops(a, b, s1, s2):  # the row blocks in torch ops: what runs without numba
+        os.environ["SPECPROBE_SCORER"] = "torch"
+        try:
+            return core.position_metrics(a, b, s1, s2, top=top)
+        finally:
+            os.environ.pop("SPECPROBE_SCORER")
+
     paths = {
-        "specprobe (blocked, default)": lambda a, b, s1, s2: core.position_metrics(a, b, s1, s2, top=top),
+        "specprobe (compiled rows, default)": lambda a, b, s1, s2: core.position_metrics(a, b, s1, s2, top=top),
+        "torch ops (SPECPROBE_SCORER=torch)": torch_ops,
         "previous eager (whole chunk)": lambda a, b, s1, s2: core.position_metrics_reference(a, b, s1, s2, top=top),
         "naive unfused": lambda a, b, s1, s2: naive_metrics(a, b, 0.7),
     }
@@ -105,6 +116,9 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
         tl = target.model(input_ids=ids, attention_mask=mask).logits[sel].float()  # [N, V]
         n = tl.shape[0]
         print(f"before: {load()}")
+        t0 = clock()  # the compiled rows: compiled, or read from numba's on-disk cache, on first use
+        core.position_metrics(tl[:2], tl[:2], s, s, top=top)
+        print(f"  first call of the default scorer (numba compile or cache load): {clock() - t0:.1f} s")
         if fused:  # compile outside the timed rounds (reported apart)
             t0 = clock()
             core.position_metrics_fused(tl[:CH], tl[:CH], s, s, top=top)
