@@ -257,7 +257,11 @@ class _Chunk:
 
         try:
             if workers > 1 and n > 1:
-                jobs = [_pool(workers).submit(rows, np.arange(w, n, workers)) for w in range(min(workers, n))]
+                # the calling thread takes the first share itself: handing the GIL back and
+                # forth with a pool thread that only waits costs up to a switch interval (5 ms)
+                shares = [np.arange(w, n, workers) for w in range(min(workers, n))]
+                jobs = [_pool(workers).submit(rows, r) for r in shares[1:]]
+                rows(shares[0])
                 for j in jobs:
                     j.result()
             else:
@@ -342,8 +346,19 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
     threads = torch.get_num_threads()
     on_worker = threading.current_thread().name.startswith("specprobe-metrics")  # never wait on our own pool
     if rows is None and ch.compiled():
-        ch.run_compiled(1 if on_worker else threads)
-    elif tl.device.type == "cpu" and threads > 1 and n > step and not on_worker and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
+        if on_worker or threads == 1:
+            ch.run_compiled(1)
+            return _finish(ch, top)
+        # No OpenMP region of torch's from here to the end (small ops, one thread): after
+        # one, torch's idle OpenMP threads spin for a while on the very cores the rows'
+        # threads need (measured: a 2-thread run no faster than 1 right after a torch sum)
+        torch.set_num_threads(1)
+        try:
+            ch.run_compiled(threads)
+            return _finish(ch, top)
+        finally:
+            torch.set_num_threads(threads)
+    if tl.device.type == "cpu" and threads > 1 and n > step and not on_worker and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
         # Each block's ops are small: split across cores inside every op, each op ends in a
         # barrier that waits for the slowest core (on a busy machine, for a time slice).
         # Instead every core takes whole blocks of its own, its ops single-threaded.
@@ -354,6 +369,12 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
             torch.set_num_threads(threads)
     else:
         ch.run(step)
+    return _finish(ch, top)
+
+
+def _finish(ch: _Chunk, top: int) -> dict[str, torch.Tensor]:
+    """The metrics from a chunk's per-row maxima, shifts, sums and dot products."""
+    ts, ds = ch.ts, ch.ds
     z, logz = ch.z, ch.z.log()
     plogp = ch.dots[:, 0] / z[:, 0] - logz[:, 0]
     plogq = ch.dots[:, 1] / z[:, 0] - logz[:, 1]  # weights e_p: divided by z_p
