@@ -169,6 +169,7 @@ class _Chunk:
         # −inf q meets p, or a −inf target logit makes 0·−inf): a finite sum, not inf/NaN
         self.floor_logq = False
         self.truncating = (ts.truncates and not ts.greedy) or (ds.truncates and not ds.greedy)
+        self.tops: torch.Tensor | None = None  # [N, 2, k] top ids per side, when the compiled rows found them
         self.both_sample = not ts.greedy and not ds.greedy
 
     def _split(self, rows: int) -> None:
@@ -239,7 +240,7 @@ class _Chunk:
         kernel = _kernel()
         return kernel is not None and kernel.enabled()
 
-    def run_compiled(self, workers: int = 1) -> None:
+    def run_compiled(self, workers: int = 1, top: int = 0) -> None:
         """Every row through the compiled rows (`metrics.kernel`), rows dealt to `workers`
         threads in turn; rows it flags (NaN or +inf logits, or all −inf) then go through
         the torch ops one row at a time, as `run` does them. A compile failure falls back
@@ -251,7 +252,8 @@ class _Chunk:
             return
         tl, dl = self.tl.detach().numpy(), self.dl.detach().numpy()
         bad = np.zeros(n, dtype=np.uint8)
-        out = {"seg": self.seg.numpy(), "shift": self.shift.numpy(), "z": self.z.numpy(), "dots": self.dots.numpy(), "alpha": self.alpha.numpy(), "bad": bad}
+        tops = torch.empty((n, 2, max(top, 1)), dtype=torch.int64)  # each side's top ids (argmax first)
+        out = {"seg": self.seg.numpy(), "shift": self.shift.numpy(), "z": self.z.numpy(), "dots": self.dots.numpy(), "alpha": self.alpha.numpy(), "bad": bad, "tops": tops.numpy()}
         def rows(r: np.ndarray) -> None:
             kernel.run_rows(tl, dl, r, self.c, self.inv_t, self.both_sample, out)
 
@@ -270,6 +272,13 @@ class _Chunk:
             self.run(block_rows(self.tl.shape[1], self.tl.device, n), workers)
             return
         flagged = np.flatnonzero(bad).tolist()
+        # rows whose ids the compiled rows left out (flagged, or under k logits above −inf)
+        redo = sorted(set(flagged) | set(np.flatnonzero((tops < 0).any(-1).any(-1).numpy()).tolist()))
+        if redo:
+            r = torch.tensor(redo)
+            for side in (0, 1):
+                tops[r, side] = self.topk(side, tops.shape[-1], r)
+        self.tops = tops
         if flagged:
             self._split(1)
             self._blocks(flagged, False)
@@ -301,9 +310,11 @@ class _Chunk:
         elif ps is not None:
             self.alpha[r] = ps.gather(-1, self.argmax(1, r)[:, None]).squeeze(-1)
 
-    def argmax(self, side: int, r: slice = slice(None)) -> torch.Tensor:
+    def argmax(self, side: int, r: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """[rows] argmax of one side's logits: the first segment holding the max, then the
         first max inside it (so the first maximal id, as `torch.argmax`)."""
+        if self.tops is not None and isinstance(r, slice) and r == slice(None):
+            return self.tops[:, side, 0]
         logits, c = (self.tl, self.dl)[side][r], self.c
         if c == logits.shape[-1]:
             return logits.argmax(-1)
@@ -312,8 +323,10 @@ class _Chunk:
         inside = logits.view(n, logits.shape[-1] // c, c)[torch.arange(n, device=logits.device), si].argmax(-1)  # [n]
         return si * c + inside
 
-    def topk(self, side: int, k: int, r: slice = slice(None)) -> torch.Tensor:
+    def topk(self, side: int, k: int, r: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """[rows, k] ids of one side's k largest logits, largest first."""
+        if self.tops is not None and isinstance(r, slice) and r == slice(None) and k <= self.tops.shape[-1]:
+            return self.tops[:, side, :k]
         logits, c = (self.tl, self.dl)[side][r], self.c
         n, v = logits.shape
         if k * c >= v:
@@ -347,14 +360,14 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
     on_worker = threading.current_thread().name.startswith("specprobe-metrics")  # never wait on our own pool
     if rows is None and ch.compiled():
         if on_worker or threads == 1:
-            ch.run_compiled(1)
+            ch.run_compiled(1, top)
             return _finish(ch, top)
         # No OpenMP region of torch's from here to the end (small ops, one thread): after
         # one, torch's idle OpenMP threads spin for a while on the very cores the rows'
         # threads need (measured: a 2-thread run no faster than 1 right after a torch sum)
         torch.set_num_threads(1)
         try:
-            ch.run_compiled(threads)
+            ch.run_compiled(threads, top)
             return _finish(ch, top)
         finally:
             torch.set_num_threads(threads)

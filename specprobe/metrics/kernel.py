@@ -153,8 +153,46 @@ def _jit(fn: Any) -> Any:
         return numba.njit(nogil=True, fastmath=_FLAGS)(fn)
 
 
+@numba.njit(nogil=True)  # type: ignore[misc]
+def _top_ids(row, segmax, c, ids):  # type: ignore[no-untyped-def]
+    """ids[:k] = the row's k largest logits' ids, largest first, the first id among equal
+    ones (as torch.argmax): they lie in the k segments with the largest maxima, so only
+    those k·c logits are read. Unfilled places (fewer than k logits above −inf) stay −1."""
+    k = ids.shape[0]
+    ns = segmax.shape[0]
+    best = np.full(k, -np.inf, dtype=np.float32)
+    segs = np.full(k, ns, dtype=np.int64)
+    for s in range(ns):  # the k segments with the largest maxima (the first on ties)
+        m = segmax[s]
+        if m > best[k - 1]:
+            j = k - 1
+            while j > 0 and best[j - 1] < m:
+                best[j] = best[j - 1]
+                segs[j] = segs[j - 1]
+                j -= 1
+            best[j] = m
+            segs[j] = s
+    segs.sort()  # read in id order, so that a tie keeps the first id
+    best[:] = -np.inf
+    ids[:] = -1
+    for q in range(k):
+        s = segs[q]
+        if s == ns:
+            continue
+        for j in range(s * c, s * c + c):
+            x = row[j]
+            if x > best[k - 1]:
+                p = k - 1
+                while p > 0 and best[p - 1] < x:
+                    best[p] = best[p - 1]
+                    ids[p] = ids[p - 1]
+                    p -= 1
+                best[p] = x
+                ids[p] = j
+
+
 @_jit
-def _rows(tl, dl, rows, c, itp, itq, want_alpha, seg, shift, z, dots, alpha, bad, e, loc):  # type: ignore[no-untyped-def]
+def _rows(tl, dl, rows, c, itp, itq, want_alpha, seg, shift, z, dots, alpha, bad, tops, e, loc):  # type: ignore[no-untyped-def]
     v = tl.shape[1]
     ns = v // c
     e0 = e[0].reshape(ns, c)  # segment views: loops over range(c) on a 1-D view vectorise best
@@ -223,6 +261,8 @@ def _rows(tl, dl, rows, c, itp, itq, want_alpha, seg, shift, z, dots, alpha, bad
         if ht >= _KEY_POS_INF or hd >= _KEY_POS_INF or lt < _KEY_NEG_INF or ld < _KEY_NEG_INF or ht == _KEY_NEG_INF or hd == _KEY_NEG_INF:
             bad[i] = 1  # NaN or +inf somewhere, or a row of −inf: the torch ops give NaN
             continue
+        _top_ids(tf, seg[i, 0], c, tops[i, 0])  # while the row is in cache
+        _top_ids(df, seg[i, 1], c, tops[i, 1])
         # the row's frame: x = l/T − max/T. A segment with tempered max m_s contributes
         # w·Σ e_s, w·(Σ e_s·x_s + (m_s − M)·Σ e_s) with w = e^(m_s − M)
         mt = _unkey(ht)
@@ -300,12 +340,13 @@ def _scratch(v: int, c: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_rows(tl: np.ndarray, dl: np.ndarray, rows: np.ndarray, c: int, inv_t: tuple[float, float], want_alpha: bool, out: dict[str, np.ndarray]) -> None:
-    """Fill out's seg [N, 2, V/c], shift, z, dots [N, 2], alpha and bad [N] for `rows`
+    """Fill out's seg [N, 2, V/c], shift, z, dots [N, 2], alpha, bad [N] and tops [N, 2, k]
+    (each side's k largest logits' ids, −1 where unfilled; not for bad rows) for `rows`
     (int64 row indices) of the C-contiguous float32 [N, V] logits (c divides V). Releases
     the GIL, so threads run rows side by side. A failure (a compile error) switches the
     compiled rows off for the process and is re-raised."""
     try:
-        _rows(tl, dl, rows, c, _F(inv_t[0]), _F(inv_t[1]), want_alpha, out["seg"], out["shift"], out["z"], out["dots"], out["alpha"], out["bad"], *_scratch(tl.shape[1], c))
+        _rows(tl, dl, rows, c, _F(inv_t[0]), _F(inv_t[1]), want_alpha, out["seg"], out["shift"], out["z"], out["dots"], out["alpha"], out["bad"], out["tops"], *_scratch(tl.shape[1], c))
     except Exception as err:
         _STATE["error"] = f"{type(err).__name__}: {err}"
         raise
