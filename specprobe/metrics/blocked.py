@@ -169,7 +169,8 @@ class _Chunk:
         # −inf q meets p, or a −inf target logit makes 0·−inf): a finite sum, not inf/NaN
         self.floor_logq = False
         self.truncating = (ts.truncates and not ts.greedy) or (ds.truncates and not ds.greedy)
-        self.tops: torch.Tensor | None = None  # [N, 2, k] top ids per side, when the compiled rows found them
+        self.tops: torch.Tensor | None = None  # [2, N, k] top ids per side, when the compiled rows found them
+        self.done: dict[str, torch.Tensor] | None = None  # the metrics, when the compiled rows finished every row
         self.both_sample = not ts.greedy and not ds.greedy
 
     def _split(self, rows: int) -> None:
@@ -252,10 +253,14 @@ class _Chunk:
             return
         tl, dl = self.tl.detach().numpy(), self.dl.detach().numpy()
         bad = np.zeros(n, dtype=np.uint8)
-        tops = torch.empty((n, 2, max(top, 1)), dtype=torch.int64)  # each side's top ids (argmax first)
-        out = {"seg": self.seg.numpy(), "shift": self.shift.numpy(), "z": self.z.numpy(), "dots": self.dots.numpy(), "alpha": self.alpha.numpy(), "bad": bad, "tops": tops.numpy()}
+        tops = torch.empty((2, n, max(top, 1)), dtype=torch.int64)  # each side's top ids (argmax first)
+        res = torch.empty((5, n))  # α, agreement, KL, entropy, max q
+        probs = torch.empty((4, n, top))
+        out = {"seg": self.seg.numpy(), "shift": self.shift.numpy(), "z": self.z.numpy(), "dots": self.dots.numpy(), "alpha": self.alpha.numpy(), "bad": bad, "tops": tops.numpy(), "res": res.numpy(), "probs": probs.numpy()}
+        greedy = (self.ts.greedy, self.ds.greedy)
+
         def rows(r: np.ndarray) -> None:
-            kernel.run_rows(tl, dl, r, self.c, self.inv_t, self.both_sample, out)
+            kernel.run_rows(tl, dl, r, self.c, self.inv_t, greedy, out)
 
         try:
             if workers > 1 and n > 1:
@@ -273,12 +278,16 @@ class _Chunk:
             return
         flagged = np.flatnonzero(bad).tolist()
         # rows whose ids the compiled rows left out (flagged, or under k logits above −inf)
-        redo = sorted(set(flagged) | set(np.flatnonzero((tops < 0).any(-1).any(-1).numpy()).tolist()))
+        redo = sorted(set(flagged) | set(np.flatnonzero((tops < 0).any(-1).any(0).numpy()).tolist()))
         if redo:
             r = torch.tensor(redo)
             for side in (0, 1):
-                tops[r, side] = self.topk(side, tops.shape[-1], r)
+                tops[side, r] = self.topk(side, tops.shape[-1], r)
         self.tops = tops
+        if not redo:  # every row finished in the compiled rows: `blocked_metrics` returns these
+            self.done = dict(zip(("alpha", "agree", "kl", "entropy", "confidence"), res, strict=True))
+            if top:
+                self.done.update(top_target_ids=tops[0], top_draft_ids=tops[1], top_target_probs=probs[0], top_draft_probs=probs[1], top_target_probs_at_draft=probs[2], top_draft_probs_at_target=probs[3])
         if flagged:
             self._split(1)
             self._blocks(flagged, False)
@@ -314,7 +323,7 @@ class _Chunk:
         """[rows] argmax of one side's logits: the first segment holding the max, then the
         first max inside it (so the first maximal id, as `torch.argmax`)."""
         if self.tops is not None and isinstance(r, slice) and r == slice(None):
-            return self.tops[:, side, 0]
+            return self.tops[side, :, 0]
         logits, c = (self.tl, self.dl)[side][r], self.c
         if c == logits.shape[-1]:
             return logits.argmax(-1)
@@ -326,7 +335,7 @@ class _Chunk:
     def topk(self, side: int, k: int, r: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """[rows, k] ids of one side's k largest logits, largest first."""
         if self.tops is not None and isinstance(r, slice) and r == slice(None) and k <= self.tops.shape[-1]:
-            return self.tops[:, side, :k]
+            return self.tops[side, :, :k]
         logits, c = (self.tl, self.dl)[side][r], self.c
         n, v = logits.shape
         if k * c >= v:
@@ -361,14 +370,14 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
     if rows is None and ch.compiled():
         if on_worker or threads == 1:
             ch.run_compiled(1, top)
-            return _finish(ch, top)
+            return ch.done or _finish(ch, top)
         # No OpenMP region of torch's from here to the end (small ops, one thread): after
         # one, torch's idle OpenMP threads spin for a while on the very cores the rows'
         # threads need (measured: a 2-thread run no faster than 1 right after a torch sum)
         torch.set_num_threads(1)
         try:
             ch.run_compiled(threads, top)
-            return _finish(ch, top)
+            return ch.done or _finish(ch, top)
         finally:
             torch.set_num_threads(threads)
     if tl.device.type == "cpu" and threads > 1 and n > step and not on_worker and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":

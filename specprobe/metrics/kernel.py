@@ -192,7 +192,7 @@ def _top_ids(row, segmax, c, ids):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _rows(tl, dl, rows, c, itp, itq, want_alpha, seg, shift, z, dots, alpha, bad, tops, e, loc):  # type: ignore[no-untyped-def]
+def _rows(tl, dl, rows, c, itp, itq, greedy_t, greedy_d, seg, shift, z, dots, alpha, bad, tops, res, probs, e, loc):  # type: ignore[no-untyped-def]
     v = tl.shape[1]
     ns = v // c
     e0 = e[0].reshape(ns, c)  # segment views: loops over range(c) on a 1-D view vectorise best
@@ -261,8 +261,8 @@ def _rows(tl, dl, rows, c, itp, itq, want_alpha, seg, shift, z, dots, alpha, bad
         if ht >= _KEY_POS_INF or hd >= _KEY_POS_INF or lt < _KEY_NEG_INF or ld < _KEY_NEG_INF or ht == _KEY_NEG_INF or hd == _KEY_NEG_INF:
             bad[i] = 1  # NaN or +inf somewhere, or a row of −inf: the torch ops give NaN
             continue
-        _top_ids(tf, seg[i, 0], c, tops[i, 0])  # while the row is in cache
-        _top_ids(df, seg[i, 1], c, tops[i, 1])
+        _top_ids(tf, seg[i, 0], c, tops[0, i])  # while the row is in cache
+        _top_ids(df, seg[i, 1], c, tops[1, i])
         # the row's frame: x = l/T − max/T. A segment with tempered max m_s contributes
         # w·Σ e_s, w·(Σ e_s·x_s + (m_s − M)·Σ e_s) with w = e^(m_s − M)
         mt = _unkey(ht)
@@ -309,7 +309,7 @@ def _rows(tl, dl, rows, c, itp, itq, want_alpha, seg, shift, z, dots, alpha, bad
         z[i, 1] = zq
         dots[i, 0] = dp
         dots[i, 1] = dq
-        if want_alpha:  # over the e just written: α·z_p = Σ min(e_p, e_q·z_p/z_q), each in the row's frame
+        if not greedy_t and not greedy_d:  # over the e just written: α·z_p = Σ min(e_p, e_q·z_p/z_q), each in the row's frame
             r = zp / zq
             acc = 0.0
             for s in range(ns):
@@ -322,6 +322,32 @@ def _rows(tl, dl, rows, c, itp, itq, want_alpha, seg, shift, z, dots, alpha, bad
                     a_s += min(es0[j] * fp, es1[j] * fq)
                 acc += a_s
             alpha[i] = acc
+        # the row's metrics, as `metrics.blocked._finish` makes them from the same numbers
+        ti = tops[0, i]
+        di = tops[1, i]
+        if ti[ti.shape[0] - 1] < 0 or di[di.shape[0] - 1] < 0:
+            continue  # ids left out: the torch ops finish this chunk
+        plogp = dp / zp - np.log(zp)
+        plogq = dq / zp - np.log(zq)  # weights e_p: divided by z_p
+        agree = 1.0 if ti[0] == di[0] else 0.0
+        if greedy_t and greedy_d:
+            a = agree
+        elif greedy_t:  # q of the target's token
+            a = np.exp(dl[i, ti[0]] * itq - gq) / zq
+        elif greedy_d:  # p of the drafter's token
+            a = np.exp(tl[i, di[0]] * itp - gp) / zp
+        else:
+            a = alpha[i] / zp
+        res[0, i] = a
+        res[1, i] = agree
+        res[2, i] = plogp - plogq
+        res[3, i] = -plogp
+        res[4, i] = 1.0 if greedy_d else 1.0 / zq  # max q = e⁰ / z_q
+        for j in range(probs.shape[2]):  # untruncated tempered probabilities of the top ids
+            probs[0, i, j] = np.exp(tl[i, ti[j]] * itp - gp) / zp
+            probs[1, i, j] = np.exp(dl[i, di[j]] * itq - gq) / zq
+            probs[2, i, j] = np.exp(tl[i, di[j]] * itp - gp) / zp
+            probs[3, i, j] = np.exp(dl[i, ti[j]] * itq - gq) / zq
 
 
 def enabled() -> bool:
@@ -339,14 +365,17 @@ def _scratch(v: int, c: int) -> tuple[np.ndarray, np.ndarray]:
     return got  # type: ignore[no-any-return]
 
 
-def run_rows(tl: np.ndarray, dl: np.ndarray, rows: np.ndarray, c: int, inv_t: tuple[float, float], want_alpha: bool, out: dict[str, np.ndarray]) -> None:
-    """Fill out's seg [N, 2, V/c], shift, z, dots [N, 2], alpha, bad [N] and tops [N, 2, k]
-    (each side's k largest logits' ids, −1 where unfilled; not for bad rows) for `rows`
+def run_rows(tl: np.ndarray, dl: np.ndarray, rows: np.ndarray, c: int, inv_t: tuple[float, float], greedy: tuple[bool, bool], out: dict[str, np.ndarray]) -> None:
+    """Fill out's seg [N, 2, V/c], shift, z, dots [N, 2], alpha, bad [N], tops [2, N, k]
+    (each side's k largest logits' ids, −1 where unfilled; not for bad rows), res [5, N]
+    (α, agreement, KL, entropy, max q) and probs [4, N, k] (p of the target's top ids, q of
+    the drafter's, p of the drafter's, q of the target's; res and probs only for rows with
+    every id filled) for `rows`
     (int64 row indices) of the C-contiguous float32 [N, V] logits (c divides V). Releases
     the GIL, so threads run rows side by side. A failure (a compile error) switches the
     compiled rows off for the process and is re-raised."""
     try:
-        _rows(tl, dl, rows, c, _F(inv_t[0]), _F(inv_t[1]), want_alpha, out["seg"], out["shift"], out["z"], out["dots"], out["alpha"], out["bad"], out["tops"], *_scratch(tl.shape[1], c))
+        _rows(tl, dl, rows, c, _F(inv_t[0]), _F(inv_t[1]), greedy[0], greedy[1], out["seg"], out["shift"], out["z"], out["dots"], out["alpha"], out["bad"], out["tops"], out["res"], out["probs"], *_scratch(tl.shape[1], c))
     except Exception as err:
         _STATE["error"] = f"{type(err).__name__}: {err}"
         raise
