@@ -30,6 +30,10 @@ import subprocess
 import sys
 import time
 
+from specprobe.openmp import shorten_spin
+
+shorten_spin()  # as the `specprobe` command does, before torch loads
+
 
 def naive_metrics(tl, dl, t: float):
     """What a first version typically writes: separate softmaxes, logs and reductions."""

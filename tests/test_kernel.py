@@ -172,3 +172,45 @@ def test_truncating_half_precision_and_explicit_blocks_keep_the_torch_ops(monkey
     assert seen == []
     core.position_metrics(tl, dl, Sampling(temperature=0.8), Sampling(temperature=0.8))
     assert len(seen) == 8
+
+
+def test_the_command_shortens_openmp_spinning_before_torch_loads() -> None:
+    """`specprobe` sets GOMP_SPINCOUNT before torch is imported (OpenMP reads it once),
+    never over the user's own spin count or wait policy."""
+    import os
+    import subprocess
+
+    from specprobe.openmp import SPIN_COUNT, shorten_spin
+
+    env = {"PATH": "/usr/bin"}
+    assert shorten_spin(env) and env["GOMP_SPINCOUNT"] == SPIN_COUNT
+    for mine in ({"GOMP_SPINCOUNT": "5"}, {"OMP_WAIT_POLICY": "passive"}):
+        assert not shorten_spin(dict(mine))
+    probe = "import os, sys; import specprobe.cli.main; print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)"
+    base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", probe], env=base, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [SPIN_COUNT, "False"]
+    out = subprocess.run([sys.executable, "-c", probe], env={**base, "GOMP_SPINCOUNT": "7"}, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["7", "False"]
+
+
+def test_512_bit_vectors_only_on_avx512_hosts_and_never_over_the_users_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llvmlite.binding as ll
+    from numba.core import config
+
+    class Features(dict):  # llvmlite's FeatureMap: a dict with flatten()
+        def flatten(self) -> str:
+            return ",".join(("+" if v else "-") + k for k, v in self.items())
+
+    for host, want in ((Features(avx2=True, avx512f=True), "+avx2,+avx512f,-prefer-256-bit"), (Features(avx2=True, avx512f=False), None)):
+        monkeypatch.setattr(ll, "get_host_cpu_features", lambda host=host: host)
+        monkeypatch.setattr(config, "CPU_FEATURES", None, raising=False)
+        kernel._prefer_512_bit_vectors()
+        assert want == config.CPU_FEATURES
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx2", raising=False)  # NUMBA_CPU_FEATURES set
+    kernel._prefer_512_bit_vectors()
+    assert config.CPU_FEATURES == "+avx2"
+    monkeypatch.setattr(config, "CPU_FEATURES", None, raising=False)
+    monkeypatch.setenv("SPECPROBE_KERNEL_512", "0")
+    kernel._prefer_512_bit_vectors()
+    assert config.CPU_FEATURES is None

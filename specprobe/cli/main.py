@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import typer
+from specprobe.openmp import shorten_spin
 
-from specprobe import __version__
-from specprobe.cli.help import App
+shorten_spin()  # before anything loads torch (OpenMP reads it once)
+
+import typer  # noqa: E402
+
+from specprobe import __version__  # noqa: E402
+from specprobe.cli.help import App  # noqa: E402
 
 app = App(
     name="specprobe",
