@@ -144,12 +144,12 @@ def score_head_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]]
     if threads > 1 and len(starts) > 1 and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
         # as `metrics.blocked` does: each thread takes whole blocks, its ops on one core (an
         # op split across cores ends in a barrier: on a busy machine, a time slice)
-        from specprobe.metrics.blocked import _pool
+        from specprobe.metrics.blocked import worker_pool
 
         modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
         torch.set_num_threads(1)
         try:
-            jobs = [_pool(threads).submit(blocks, starts[w::threads], modes) for w in range(min(threads, len(starts)))]
+            jobs = [worker_pool(threads).submit(blocks, starts[w::threads], modes) for w in range(min(threads, len(starts)))]
             for j in jobs:
                 j.result()
         finally:

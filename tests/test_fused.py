@@ -226,7 +226,7 @@ def test_scoring_from_a_worker_thread_runs_inline(monkeypatch: pytest.MonkeyPatc
     release = threading.Event()
     try:
         monkeypatch.setitem(blocked._POOL, "pid", -1)  # fresh workers: they start at torch's 2 threads
-        pool = blocked._pool(2)
+        pool = blocked.worker_pool(2)
         busy = pool.submit(release.wait, 60)  # the other worker is taken
         job = pool.submit(lambda: blocked.blocked_metrics(tl, dl, s, s, rows=1)["alpha"])
         torch.testing.assert_close(job.result(timeout=60).clamp(0.0, 1.0), want)  # through the pool: no worker left

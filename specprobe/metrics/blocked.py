@@ -113,8 +113,9 @@ _TLS = threading.local()
 _POOL: dict[str, Any] = {"n": 0, "pool": None, "pid": 0}
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """Threads that run blocks side by side, each op on one core (see `blocked_metrics`).
+def worker_pool(workers: int) -> ThreadPoolExecutor:
+    """The metrics' worker threads (shared with head scoring in `scoring`): blocks of torch
+    ops side by side, each op on one core, or shares of the compiled rows (`blocked_metrics`).
     Made again in a forked child, whose copy of the pool has no threads behind it."""
     if _POOL["n"] != workers or _POOL["pid"] != os.getpid():
         if _POOL["pool"] is not None and _POOL["pid"] == os.getpid():
@@ -223,7 +224,7 @@ class _Chunk:
         if workers > 1 and len(blocks) > 1:
             # autograd and inference mode are per thread: the workers take the caller's
             modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
-            jobs = [_pool(workers).submit(self._blocks, blocks[w::workers], w == 0, modes) for w in range(min(workers, len(blocks)))]
+            jobs = [worker_pool(workers).submit(self._blocks, blocks[w::workers], w == 0, modes) for w in range(min(workers, len(blocks)))]
             for j in jobs:
                 j.result()
         else:
@@ -267,7 +268,7 @@ class _Chunk:
                 # the calling thread takes the first share itself: handing the GIL back and
                 # forth with a pool thread that only waits costs up to a switch interval (5 ms)
                 shares = [np.arange(w, n, workers) for w in range(min(workers, n))]
-                jobs = [_pool(workers).submit(rows, r) for r in shares[1:]]
+                jobs = [worker_pool(workers).submit(rows, r) for r in shares[1:]]
                 rows(shares[0])
                 for j in jobs:
                     j.result()
