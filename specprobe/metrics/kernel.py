@@ -153,21 +153,6 @@ def _jit(fn: Any) -> Any:
         return numba.njit(nogil=True, fastmath=_FLAGS)(fn)
 
 
-@numba.njit(inline="always")  # type: ignore[misc]
-def _insert(best, ids, x, i):  # type: ignore[no-untyped-def]
-    """Put value x (id i) into best/ids, kept largest first, if it beats the last place;
-    an equal value stays behind the ones already there (the first id wins a tie)."""
-    p = best.shape[0] - 1
-    if not x > best[p]:
-        return
-    while p > 0 and best[p - 1] < x:
-        best[p] = best[p - 1]
-        ids[p] = ids[p - 1]
-        p -= 1
-    best[p] = x
-    ids[p] = i
-
-
 @numba.njit(nogil=True)  # type: ignore[misc]
 def _top_ids(row, segmax, c, ids):  # type: ignore[no-untyped-def]
     """ids[:k] = the row's k largest logits' ids, largest first, the first id among equal
@@ -177,16 +162,33 @@ def _top_ids(row, segmax, c, ids):  # type: ignore[no-untyped-def]
     ns = segmax.shape[0]
     best = np.full(k, -np.inf, dtype=np.float32)
     segs = np.full(k, ns, dtype=np.int64)
-    for s in range(ns):  # the k segments with the largest maxima
-        _insert(best, segs, segmax[s], s)
+    for s in range(ns):  # the k segments with the largest maxima (the first on ties)
+        m = segmax[s]
+        if m > best[k - 1]:
+            j = k - 1
+            while j > 0 and best[j - 1] < m:
+                best[j] = best[j - 1]
+                segs[j] = segs[j - 1]
+                j -= 1
+            best[j] = m
+            segs[j] = s
     segs.sort()  # read in id order, so that a tie keeps the first id
     best[:] = -np.inf
     ids[:] = -1
     for q in range(k):
         s = segs[q]
-        if s < ns:
-            for j in range(s * c, s * c + c):
-                _insert(best, ids, row[j], j)
+        if s == ns:
+            continue
+        for j in range(s * c, s * c + c):
+            x = row[j]
+            if x > best[k - 1]:
+                p = k - 1
+                while p > 0 and best[p - 1] < x:
+                    best[p] = best[p - 1]
+                    ids[p] = ids[p - 1]
+                    p -= 1
+                best[p] = x
+                ids[p] = j
 
 
 @_jit
