@@ -66,11 +66,12 @@ def test_compiled_rows_equal_the_reference(ts: Sampling, ds: Sampling, v: int, d
         _same(got, core.position_metrics_reference(tl, dl, ts, ds, top=5))
 
 
-def test_a_real_vocabulary_against_the_torch_blocks_and_float64(monkeypatch: pytest.MonkeyPatch) -> None:
-    """SmolLM2's width (49,152): the compiled rows equal the torch blocks, and both are
+@pytest.mark.parametrize("v", [49_152, 50_257, 151_936])  # SmolLM2; GPT-2 (no 32–256 divisor: one segment); Qwen (128-wide)
+def test_a_real_vocabulary_against_the_torch_blocks_and_float64(v: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real vocabulary widths: the compiled rows equal the torch blocks, and both are
     within 1e-5 of a float64 computation (the float32 whole-chunk reference itself drifts
-    ~3e-4 in KL at this width)."""
-    tl, dl = _logits(6, 49_152, scale=4.0)
+    ~3e-4 in KL at 49,152), top-5 ids included."""
+    tl, dl = _logits(4, v, scale=4.0)
     s = Sampling(temperature=0.7)
     got = core.position_metrics(tl, dl, s, s, top=5)
     monkeypatch.setenv("SPECPROBE_SCORER", "torch")
@@ -80,6 +81,7 @@ def test_a_real_vocabulary_against_the_torch_blocks_and_float64(monkeypatch: pyt
     torch.testing.assert_close(got.kl_target_draft_nats.double(), (p * (lp - lq)).sum(-1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got.target_entropy_nats.double(), -(p * lp).sum(-1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got.accept_prob.double(), torch.minimum(p, lq.exp()).sum(-1), atol=1e-6, rtol=1e-5)
+    assert got.top is not None and torch.equal(got.top["target_ids"], torch.topk(tl, 5).indices) and torch.equal(got.top["draft_ids"], torch.topk(dl, 5).indices)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
