@@ -216,3 +216,14 @@ def test_512_bit_vectors_only_on_avx512_hosts_and_never_over_the_users_choice(mo
     monkeypatch.setenv("SPECPROBE_KERNEL_512", "0")
     kernel._prefer_512_bit_vectors()
     assert config.CPU_FEATURES is None
+
+
+def test_denormals_are_flushed_inside_the_rows_only() -> None:
+    """The rows run with flush-to-zero on (denormal terms cost microcode assists) and
+    give the thread its floating-point modes back: a denormal product is still one after."""
+    tiny = np.array([1e-38], dtype=np.float32)
+    assert (tiny * np.float32(0.01))[0] != 0  # denormals on before
+    tl, dl = _logits(3, 512, scale=30.0)  # wide logits: tiny e times small weights
+    s = Sampling(temperature=0.5)
+    _same(core.position_metrics(tl, dl, s, s, top=2), core.position_metrics_reference(tl, dl, s, s, top=2))
+    assert (tiny * np.float32(0.01))[0] != 0

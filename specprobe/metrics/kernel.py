@@ -33,6 +33,7 @@ all −inf, is flagged for the torch ops, which give the reference's NaN."""
 from __future__ import annotations
 
 import os
+import platform
 import threading
 from typing import Any
 
@@ -123,6 +124,51 @@ def _prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
     return types.void(arr, idx), codegen
 
 
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+_FTZ_DAZ = 0x8040  # MXCSR bits: flush denormal results to zero, read denormal inputs as zero
+
+
+def _mxcsr_call(builder: Any, name: str, slot: Any) -> None:
+    ptr = builder.bitcast(slot, ir.IntType(8).as_pointer())
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type]), name)
+    builder.call(fn, [ptr])
+
+
+@intrinsic  # type: ignore[misc]
+def _flush_denormals(typingctx):  # type: ignore[no-untyped-def]
+    """Set this thread's flush-to-zero and denormals-are-zero modes; return the previous
+    MXCSR (for `_restore_mxcsr`). Terms under 1e-38 — a tiny e times a small weight — are
+    then 0 instead of denormals, each of which costs the CPU a slow microcode assist
+    (measured: 30 % of the rows' time on SmolLM2's logits). Off x86: nothing, returns 0."""
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        i32 = ir.IntType(32)
+        if not _X86:
+            return i32(0)
+        slot = cgutils.alloca_once(builder, i32)
+        _mxcsr_call(builder, "llvm.x86.sse.stmxcsr", slot)
+        old = builder.load(slot)
+        builder.store(builder.or_(old, i32(_FTZ_DAZ)), slot)
+        _mxcsr_call(builder, "llvm.x86.sse.ldmxcsr", slot)
+        return old
+
+    return types.int32(), codegen
+
+
+@intrinsic  # type: ignore[misc]
+def _restore_mxcsr(typingctx, old):  # type: ignore[no-untyped-def]
+    """Put back the MXCSR `_flush_denormals` returned (off x86: nothing)."""
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        if _X86:
+            slot = cgutils.alloca_once(builder, ir.IntType(32))
+            builder.store(args[0], slot)
+            _mxcsr_call(builder, "llvm.x86.sse.ldmxcsr", slot)
+        return context.get_dummy_value()
+
+    return types.void(types.int32), codegen
+
+
 @numba.njit(inline="always")  # type: ignore[misc]
 def _key(x):  # type: ignore[no-untyped-def]
     """An int32 ordered as the float32 x is (sign-magnitude to two's complement)."""
@@ -198,6 +244,7 @@ def _rows(tl, dl, rows, c, itp, itq, greedy_t, greedy_d, seg, shift, z, dots, al
     e0 = e[0].reshape(ns, c)  # segment views: loops over range(c) on a 1-D view vectorise best
     e1 = e[1].reshape(ns, c)
     inf = np.inf
+    mxcsr = _flush_denormals()
     for i in rows:
         t = tl[i].reshape(ns, c)
         d = dl[i].reshape(ns, c)
@@ -348,6 +395,7 @@ def _rows(tl, dl, rows, c, itp, itq, greedy_t, greedy_d, seg, shift, z, dots, al
             probs[1, i, j] = np.exp(dl[i, di[j]] * itq - gq) / zq
             probs[2, i, j] = np.exp(tl[i, di[j]] * itp - gp) / zp
             probs[3, i, j] = np.exp(dl[i, ti[j]] * itq - gq) / zq
+    _restore_mxcsr(mxcsr)
 
 
 def enabled() -> bool:
