@@ -25,6 +25,10 @@ x = n·ln 2 + f with |f| ≤ ln 2 / 2, eᶠ by a degree-5 near-minimax polynomia
 float's exponent bits: relative error ≤ 2.5e-7 for x ≥ −87, and 0 below (where float32's eˣ
 is a denormal or 0: under 1e-38 of the row's largest term).
 
+On x86 the rows run with flush-to-zero and denormals-are-zero set (and the thread's
+MXCSR put back after): products under 1e-38 — a tiny e times a small weight — are 0,
+not denormals, each of which would cost a microcode assist.
+
 Maxima are taken over integer keys (a float's bits, reordered so that integer order is
 float order), because the compiler vectorises integer max/min reductions and not float
 ones. The keys also reveal NaN (above +inf or below −inf): a row holding NaN or +inf, or
