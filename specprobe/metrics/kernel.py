@@ -5,13 +5,15 @@ and keeps its torch ops for everything else; the numbers are the same as those o
 and goes on without it.
 
 Per row, one read from memory, a 256-wide segment at a time (with the segments two ahead
-prefetched): the segment's maxima for both sides (argmax and top-k come from them later,
-as in the torch path), then — from L1 — e = eˣ of x = l/T − max_s/T in the segment's own
-frame, Σ e per side, Σ e_p·x_p and Σ e_p·x_q; the segments' sums are then put into the
-row's frame (x = l/T − max/T: a segment's sums scale by e^(max_s − max)/T), and a last
-pass over the kept e (a per-thread [2, V] buffer, in L2) gives α·z_p = Σ min(e_p,
-e_q·z_p/z_q) when both sides sample. Sums run in float32 within a segment and in float64
-across segments (more exact than the whole-row float32 reductions of the torch ops).
+prefetched): the segment's maxima for both sides, then — from L1 — e = eˣ of
+x = l/T − max_s/T in the segment's own frame, Σ e per side, Σ e_p·x_p and Σ e_p·x_q; the
+segments' sums are then put into the row's frame (x = l/T − max/T: a segment's sums
+scale by e^(max_s − max)/T), and a last pass over the kept e (a per-thread [2, V] buffer,
+in L2) gives α·z_p = Σ min(e_p, e_q·z_p/z_q) when both sides sample. Each side's top-k ids
+(argmax first) are read from the k segments with the largest maxima while the row is in
+cache, and the row's metrics and the top ids' probabilities are finished here too, so a
+chunk needs no torch op after. Sums run in float32 within a segment and in float64 across
+segments (more exact than the whole-row float32 reductions of the torch ops).
 
 Why numba: each torch op is one more pass over the row and one more dispatch, and a row
 of 49k logits is small, so the dozen ops per row cost several times one pass (measured in
@@ -21,9 +23,9 @@ few seconds, caches them on disk, and ships as a wheel.
 
 Why our own eˣ: numba's `math.exp` is a scalar libm call per element, which the compiler
 cannot vectorise without Intel's SVML (absent from current llvmlite builds). Here
-x = n·ln 2 + f with |f| ≤ ln 2 / 2, eᶠ by a degree-5 near-minimax polynomial and 2ⁿ written into a
-float's exponent bits: relative error ≤ 2.5e-7 for x ≥ −87, and 0 below (where float32's eˣ
-is a denormal or 0: under 1e-38 of the row's largest term).
+x = n·ln 2 + f with |f| ≤ ln 2 / 2, eᶠ by a degree-5 near-minimax polynomial and 2ⁿ
+written into a float's exponent bits: relative error ≤ 2.5e-7 for x ≥ −87, and 0 below
+(where float32's eˣ is a denormal or 0: under 1e-38 of the row's largest term).
 
 On x86 the rows run with flush-to-zero and denormals-are-zero set (and the thread's
 MXCSR put back after): products under 1e-38 — a tiny e times a small weight — are 0,
@@ -49,6 +51,8 @@ from numba.core import cgutils
 from numba.core import config as _numba_config
 from numba.extending import intrinsic
 
+from specprobe.metrics.blocked import LOGQ_FLOOR  # a drafter's −inf logits: a large, finite penalty
+
 
 def _prefer_512_bit_vectors() -> None:
     """Let numba's compiler use 512-bit vectors on a CPU with AVX-512. LLVM's tuning for
@@ -72,9 +76,6 @@ def _prefer_512_bit_vectors() -> None:
 
 _prefer_512_bit_vectors()
 
-# log q floor, as `metrics.blocked.LOGQ_FLOOR`: a drafter's −inf logits cost a large,
-# finite penalty, not an infinite KL
-LOGQ_FLOOR = -1e4
 _FLAGS = {"reassoc", "contract"}  # vectorised sums and fused multiply-add; NaN and ±inf keep their meaning
 _F = np.float32
 _LOG2E, _LN2_HI, _LN2_LO = _F(1.4426950408889634), _F(0.693145751953125), _F(1.428606765330187e-06)
