@@ -1,6 +1,10 @@
-"""The default scorer behind `core.position_metrics`: the metrics of a chunk computed a
-few rows at a time, so that every pass after the first over a row reads the CPU's L2
-cache instead of main memory, in as few passes as the algebra allows.
+"""The default scorer behind `core.position_metrics`. On a CPU, float32 logits under
+untruncated sampling go row by row to `metrics.kernel` (numba-compiled rows: one read of
+each row, the metrics finished there); everything else — truncating sampling, half
+precision, a GPU, rows with NaN/+inf, no numba, SPECPROBE_SCORER=torch — takes the torch
+ops below: the metrics of a chunk computed a few rows at a time, so that every pass after
+the first over a row reads the CPU's L2 cache instead of main memory, in as few passes as
+the algebra allows.
 
 Per side and row: one max over the logits (taken per 256-wide segment, which is as cheap
 as a plain max and gives argmax and top-k almost for free, below), one pass writing the
