@@ -165,15 +165,20 @@ def test_without_numba_the_torch_ops_score(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delitem(blocked._POOL, "kernel")
 
 
-def test_truncating_half_precision_and_explicit_blocks_keep_the_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_truncating_sampling_and_explicit_blocks_keep_the_torch_ops_half_precision_is_upcast(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = _spy(monkeypatch)
     tl, dl = _logits(8, 512)
-    core.position_metrics(tl, dl, Sampling(temperature=0.8, top_p=0.9), Sampling(temperature=0.8))
-    core.position_metrics(tl.bfloat16(), dl.bfloat16(), Sampling(temperature=0.8), Sampling(temperature=0.8))
-    blocked.blocked_metrics(tl, dl, Sampling(temperature=0.8), Sampling(temperature=0.8), rows=2)
+    s = Sampling(temperature=0.8)
+    core.position_metrics(tl, dl, Sampling(temperature=0.8, top_p=0.9), s)
+    core.position_metrics(tl.bfloat16(), dl.bfloat16(), Sampling(temperature=0.8, top_k=5), s)
+    blocked.blocked_metrics(tl, dl, s, s, rows=2)
     assert seen == []
-    core.position_metrics(tl, dl, Sampling(temperature=0.8), Sampling(temperature=0.8))
+    core.position_metrics(tl, dl, s, s)
     assert len(seen) == 8
+    for dt in (torch.bfloat16, torch.float16):  # --dtype bfloat16 on a CPU: a float32 copy for the rows
+        got = core.position_metrics(tl.to(dt), dl.to(dt), s, s, top=3)
+        _same(got, core.position_metrics_reference(tl.to(dt), dl.to(dt), s, s, top=3), tops=False)
+    assert len(seen) == 24
 
 
 def test_the_command_shortens_openmp_spinning_before_torch_loads() -> None:
