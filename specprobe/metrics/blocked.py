@@ -1,7 +1,8 @@
 """The default scorer behind `core.position_metrics`. On a CPU, float32 logits under
 untruncated sampling go row by row to `metrics.kernel` (numba-compiled rows: one read of
-each row, the metrics finished there); everything else — truncating sampling, half
-precision, a GPU, rows with NaN/+inf, no numba, SPECPROBE_SCORER=torch — takes the torch
+each row, the metrics finished there; half-precision logits are copied to float32 first);
+everything else — truncating sampling, a GPU, rows with NaN/+inf, no numba,
+SPECPROBE_SCORER=torch — takes the torch
 ops below: the metrics of a chunk computed a few rows at a time, so that every pass after
 the first over a row reads the CPU's L2 cache instead of main memory, in as few passes as
 the algebra allows.

@@ -1,5 +1,6 @@
 """The CPU scorer's inner loop compiled per row (numba): `metrics.blocked` calls it for
-float32 logits on a CPU under untruncated sampling (any temperature, either side greedy)
+logits on a CPU (float32; half precision copied to it) under untruncated sampling (any
+temperature, either side greedy)
 and keeps its torch ops for everything else; the numbers are the same as those ops'
 (tested to 1e-5). Importing this module imports numba; `metrics.blocked` does so lazily
 and goes on without it.
