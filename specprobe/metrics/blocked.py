@@ -142,7 +142,7 @@ def _kernel() -> Any:
     return _POOL["kernel"]
 
 
-def _rows_can_take(device: torch.device, ts: Sampling, ds: Sampling) -> bool:
+def compiled_rows_can_take(device: torch.device, ts: Sampling, ds: Sampling) -> bool:
     """A CPU, untruncated sampling on both sides, and the compiled rows importable and on."""
     if device.type != "cpu" or (ts.truncates and not ts.greedy) or (ds.truncates and not ds.greedy):
         return False
@@ -250,7 +250,7 @@ class _Chunk:
     def compiled(self) -> bool:
         """Whether `run_compiled` can take this chunk: float32 logits on a CPU, untruncated
         sampling, and the compiled rows (`metrics.kernel`: numba) importable and enabled."""
-        return self.tl.dtype == torch.float32 and self.dl.dtype == torch.float32 and _rows_can_take(self.tl.device, self.ts, self.ds)
+        return self.tl.dtype == torch.float32 and self.dl.dtype == torch.float32 and compiled_rows_can_take(self.tl.device, self.ts, self.ds)
 
     def run_compiled(self, workers: int = 1, top: int = 0) -> None:
         """Every row through the compiled rows (`metrics.kernel`), rows dealt to `workers`
@@ -374,7 +374,7 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
         common = torch.promote_types(tl.dtype, dl.dtype)
         tl, dl = tl.to(common), dl.to(common)
     half = (torch.bfloat16, torch.float16)
-    if rows is None and (tl.dtype in half or dl.dtype in half) and _rows_can_take(tl.device, ts, ds):
+    if rows is None and (tl.dtype in half or dl.dtype in half) and compiled_rows_can_take(tl.device, ts, ds):
         # half-precision logits on a CPU (--dtype bfloat16): one float32 copy for the
         # compiled rows beats the torch ops on the halves
         tl, dl = tl.float(), dl.float()
