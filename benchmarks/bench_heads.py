@@ -11,8 +11,11 @@ interleaved (their order alternates between repeats):
            vLLM does) and scored by the eager whole-chunk `position_metrics` (its
            `position_metrics_reference` where that exists), the target's softmax redone
            per depth — the path heads took before `scoring.score_head_chunk`;
-  head     `score_head_chunk`: the target's side once per chunk, every depth in the draft
-           vocabulary (the target's probabilities gathered at the draft ids), reused buffers.
+  head     `score_chunk` as `diagnose` calls it: `score_head_chunk` — the target's side once
+           per chunk, every depth in the draft vocabulary (the target's probabilities
+           gathered at the draft ids), reused buffers — or, for a head over the target's
+           whole vocabulary on a CPU (`--draft-vocab 49152`), the compiled rows per depth;
+           then `score_head_chunk` itself is timed too ("shared").
 
 Each repeat's ratio is metrics time ÷ that repeat's forward time; printed as median and
 min–max over the repeats, with the load average before and after (the machine may be
@@ -74,7 +77,7 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, h
     from specprobe.pipeline_config import DEFAULT_CHUNK_POSITIONS as CH
     from specprobe.prompts import builtin_suite, select
     from specprobe.references import encode_prompt
-    from specprobe.scoring import capture_layers, score_chunk
+    from specprobe.scoring import _plain_head, capture_layers, score_chunk, score_head_chunk
 
     load_before = _load()
     target = load_model("smollm2", "cpu", "float32")
@@ -115,8 +118,17 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, h
             drafts = ((d, r[c : c + ch]) for d, r in raw.items())
             score_chunk(tl[c : c + ch], drafts, pos[c : c + ch], pair, top, vocab=vocab)
 
+    def shared(tl, raw) -> None:  # score_head_chunk itself, even where score_chunk routes a head elsewhere
+        for c in range(0, n, CH):
+            drafts = ((d, r[c : c + CH]) for d, r in raw.items())
+            score_head_chunk(tl[c : c + CH], drafts, pos[c : c + CH], pair, vocab, top)
+
     variants = {"mapped": mapped, "head": head}
-    labels = {"mapped": "mapped into V, position_metrics per depth", "head": "score_head_chunk (draft vocabulary)"}
+    labels = {"mapped": "mapped into V, position_metrics per depth", "head": "score_chunk (as diagnose scores it)"}
+    if _plain_head(torch.empty(0), vocab, pair):  # a full-vocabulary head on a CPU: compiled rows per depth
+        variants["shared"] = shared
+        labels["head"] = "score_chunk: compiled rows per depth"
+        labels["shared"] = "score_head_chunk (shared target side)"
     if block:
         variants["blocked"] = lambda tl, raw: head(tl, raw, block)
         labels["blocked"] = f"score_head_chunk, {block} rows at a time"
