@@ -7,7 +7,9 @@ token t+1, so every chunk is a [N, V] slice of target logits and, per drafter de
 per-position metrics — a pure function of those logits; everything else here is
 batching and bookkeeping. A head drafter's chunk goes to `score_head_chunk` instead: its
 logits stay in its own draft vocabulary and the target's side is computed once for every
-depth; depths past a Medusa checkpoint's last head count α = 0. Memory stays bounded by
+depth (a head over the target's whole vocabulary on a CPU is scored as any drafter is,
+through the compiled rows: faster, `_plain_head`); depths past a Medusa checkpoint's last
+head count α = 0. Memory stays bounded by
 batch_size × chunk_positions × vocab, whatever the number of prompts.
 
 Collectors receive every chunk's scores: `SequenceCollector` feeds the accumulator and
