@@ -89,10 +89,7 @@ def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], tok
                 out.extra.update(probe(chunk, target_logits, dl))
             out.broken = _broken(list(out.values.values()), target_logits, dl, out.broken)
         else:
-            ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
-            out.alpha_by_depth[d] = (pm.accept_prob * ok).cpu().numpy()
-            out.confidence_by_depth[d] = pm.draft_confidence.float().cpu().numpy()
-            out.broken = _broken([out.alpha_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
+            _deeper(out, d, pm.accept_prob, pm.draft_confidence, token_pos, dl)
         del dl, pm
     return out
 
@@ -210,10 +207,16 @@ def _emit(out: ChunkScores, d: int, sc: Any, entropy: Any, target_logits: Any, d
             del mapped
         out.broken = _broken(list(out.values.values()), target_logits, dl, out.broken)
     else:
-        ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
-        out.alpha_by_depth[d] = (sc.alpha * ok).cpu().numpy()
-        out.confidence_by_depth[d] = sc.confidence.float().cpu().numpy()
-        out.broken = _broken([out.alpha_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
+        _deeper(out, d, sc.alpha, sc.confidence, token_pos, dl)
+
+
+def _deeper(out: ChunkScores, d: int, alpha: Any, confidence: Any, token_pos: Any, dl: Any) -> None:
+    """A depth d > 1 into `out`: α (0 where the prediction would start before the
+    sequence) and max q."""
+    ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
+    out.alpha_by_depth[d] = (alpha * ok).cpu().numpy()
+    out.confidence_by_depth[d] = confidence.float().cpu().numpy()
+    out.broken = _broken([out.alpha_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
 
 
 def _broken(values: list[np.ndarray], target_logits: Any, draft_logits: Any, seen: np.ndarray | None) -> np.ndarray | None:

@@ -82,3 +82,16 @@ def real_results(tiny_pair: dict[str, Path], session_cache: Path, tmp_path_facto
         broken = run_diagnose(cfg(str(tiny_pair["random"]), keep_positions=False))
         sim = run_simulate(SimulateConfig(cfg("self:layers=1", keep_positions=False, batch_size=3), ks=[1, 3], adaptive_threshold=0.5))
     return RealResults(twin, skip, broken, sim, pf)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests (`pytestmark = pytest.mark.usefixtures(...)`):
+    tiny models gain nothing from threads, and on a shared 2-core box OpenMP spin-waits
+    make them up to 100× slower under contention."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -26,19 +26,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def layouts(tiny_pair, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """name -> (target folder, drafter spec) for one good checkpoint of every layout."""
-    root = tmp_path_factory.mktemp("heads")
-    t = tiny_pair["target"]
-    out = {
-        "eagle3-speculators": (t, str(hh.eagle3_speculators(root / "e3s", t, vd=150))),
-        "eagle3-export": (t, str(hh.eagle3_export(root / "e3x", t, vd=150, embed=True))),
-        "eagle1": (t, str(hh.eagle1(root / "e1", t))),
-        "medusa-fd-v2": (t, str(hh.medusa_fasterdecoding(root / "m2", t))),
-        "medusa-fd-v1": (t, str(hh.medusa_fasterdecoding(root / "m1", t, version=1, layers=2))),
-        "medusa-vllm": (t, str(hh.medusa_vllm(root / "mv", t, vd=200))),
-    }
-    for style in ("deepseek", "qwen3_next", "mimo"):
-        out[f"mtp-{style}"] = (hh.target_with_mtp(root / f"t-{style}", t, style), "mtp")
-    return out
+    return hh.every_layout(tmp_path_factory.mktemp("heads"), tiny_pair["target"])
 
 
 @pytest.fixture(scope="module")

@@ -77,14 +77,7 @@ def hf_greedy(model, prompts: list[list[int]], max_new: int) -> list[list[int]]:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny models gain nothing from threads, and on a shared 2-core box OpenMP spin-waits
-    # make them 100× slower under contention
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

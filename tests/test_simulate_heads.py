@@ -25,13 +25,7 @@ runner = CliRunner()
 GREEDY = Sampling(temperature=0.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny models gain nothing from threads; on a shared box OpenMP spin-waits cost more
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _load(target: Path, spec: str) -> tuple[Any, Any]:
@@ -50,19 +44,7 @@ def _prompts(n: int = 5, seed: int = 5) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def layouts(tiny_pair, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """name -> (target, drafter spec): one random (poor) head of every layout."""
-    root = tmp_path_factory.mktemp("sim-heads")
-    t = tiny_pair["target"]
-    out = {
-        "eagle3-speculators": (t, "eagle3:" + str(hh.eagle3_speculators(root / "e3s", t, vd=150))),
-        "eagle3-export": (t, str(hh.eagle3_export(root / "e3x", t, vd=150, embed=True))),
-        "eagle1": (t, "eagle:" + str(hh.eagle1(root / "e1", t))),
-        "medusa-fd-v2": (t, "medusa:" + str(hh.medusa_fasterdecoding(root / "m2", t))),
-        "medusa-fd-v1": (t, str(hh.medusa_fasterdecoding(root / "m1", t, version=1, layers=2))),
-        "medusa-vllm": (t, str(hh.medusa_vllm(root / "mv", t, vd=200))),
-    }
-    for style in ("deepseek", "qwen3_next", "mimo"):
-        out[f"mtp-{style}"] = (hh.target_with_mtp(root / f"t-{style}", t, style), "mtp")
-    return out
+    return hh.every_layout(tmp_path_factory.mktemp("sim-heads"), tiny_pair["target"], prefixed=True)
 
 
 @pytest.fixture(scope="module")

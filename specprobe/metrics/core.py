@@ -94,7 +94,8 @@ def position_metrics(
     """[N, V] target and [N, V'] drafter logits -> metrics per position. `top` > 0 also
     returns each side's top-`top` tokens (for the token-level drill-down).
 
-    Computed a few rows at a time, in the CPU's cache (`metrics.blocked`); equal to
+    Computed by `metrics.blocked` — on a CPU row by row in numba-compiled rows
+    (`metrics.kernel`), otherwise a few rows at a time in torch ops; equal to
     `position_metrics_reference` to float rounding."""
     from specprobe.metrics.blocked import blocked_metrics
 

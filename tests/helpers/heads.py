@@ -284,3 +284,23 @@ def mtp_tensors(target: Path, style: str, *, layers: int = 1, oracle: bool = Fal
 def target_with_mtp(dest: Path, base: Path, style: str, **kw: Any) -> Path:
     tensors, cfg = mtp_tensors(base, style, **kw)
     return add_tensors(copy_target(base, dest), tensors, cfg)
+
+
+def every_layout(root: Path, target: Path, *, prefixed: bool = False) -> dict[str, tuple[Path, str]]:
+    """name -> (target folder, drafter spec): one random head of every layout under root.
+    `prefixed` writes some specs with their layout prefix (`eagle3:`, `eagle:`, `medusa:`),
+    as users do; otherwise the layout is detected from the folder."""
+    def spec(prefix: str, path: Path) -> str:
+        return f"{prefix}:{path}" if prefixed else str(path)
+
+    out = {
+        "eagle3-speculators": (target, spec("eagle3", eagle3_speculators(root / "e3s", target, vd=150))),
+        "eagle3-export": (target, str(eagle3_export(root / "e3x", target, vd=150, embed=True))),
+        "eagle1": (target, spec("eagle", eagle1(root / "e1", target))),
+        "medusa-fd-v2": (target, spec("medusa", medusa_fasterdecoding(root / "m2", target))),
+        "medusa-fd-v1": (target, str(medusa_fasterdecoding(root / "m1", target, version=1, layers=2))),
+        "medusa-vllm": (target, str(medusa_vllm(root / "mv", target, vd=200))),
+    }
+    for style in ("deepseek", "qwen3_next", "mimo"):
+        out[f"mtp-{style}"] = (target_with_mtp(root / f"t-{style}", target, style), "mtp")
+    return out
