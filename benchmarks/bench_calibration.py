@@ -84,10 +84,10 @@ def key(run: dict[str, Any]) -> str:
 
 def measure(run: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
     """One simulate run -> the calibration numbers at K (and what the run took)."""
-    from specprobe.alignment import SamplingFlags
-    from specprobe.diagnose import load_pair
-    from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
-    from specprobe.progress import Progress
+    from specprobe.core.progress import Progress
+    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.probe.diagnose import load_pair
+    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
     from specprobe.simulate import run_simulate
 
     d = DiagnoseConfig(
@@ -173,7 +173,7 @@ def budget_speedup(res: dict[str, Any]) -> float | None:
     (`estimate.budget_cost`), against one decode step per token."""
     import numpy as np
 
-    from specprobe.estimate import budget_cost, renewal_counts
+    from specprobe.estimates.estimate import budget_cost, renewal_counts
 
     alpha, c, v = res.get("alpha"), res.get("cost_c"), res.get("cost_v")
     if not alpha or c is None or not v:

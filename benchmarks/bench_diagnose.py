@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from specprobe.openmp import shorten_spin
+from specprobe.core.openmp import shorten_spin
 
 shorten_spin()  # as the `specprobe` command does, before torch loads
 
@@ -75,9 +75,9 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import build_drafter
     from specprobe.models.loader import load_model
-    from specprobe.pipeline_config import DEFAULT_CHUNK_POSITIONS as CH
+    from specprobe.probe.references import encode_prompt
     from specprobe.prompts import builtin_suite, select
-    from specprobe.references import encode_prompt
+    from specprobe.settings.pipeline import DEFAULT_CHUNK_POSITIONS as CH
 
     torch.manual_seed(0)
     target = load_model("smollm2", device, dtype)
@@ -163,9 +163,9 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
 
 _CHILD = """
 import json, resource, sys
-from specprobe.alignment import SamplingFlags
-from specprobe.diagnose import run_diagnose
-from specprobe.pipeline_config import DiagnoseConfig
+from specprobe.probe.alignment import SamplingFlags
+from specprobe.probe.diagnose import run_diagnose
+from specprobe.settings.pipeline import DiagnoseConfig
 cfg = DiagnoseConfig(target="smollm2", drafter="self:layers=24", max_prompts=int(sys.argv[1]), max_new_tokens=32,
                      sampling=SamplingFlags(temperature=0.7), cost_ratio=0.8, device="cpu")
 r = run_diagnose(cfg)

@@ -37,10 +37,10 @@ class _Tok:
 def synthetic_section(n_prompts: int, n_tokens: int, vocab: int = 49_152, seed: int = 0) -> dict[str, Any]:
     """The drill-down section the real collector makes from synthetic chunks of
     n_prompts × n_tokens positions (Zipf-distributed token ids, random α and KL)."""
-    from specprobe.counterfactual import TEMPERATURE_GRID
-    from specprobe.drilldown import TOP, DrillCollector
     from specprobe.metrics.sampling import Sampling
-    from specprobe.scoring import ROW_FIELDS, Chunk, ChunkScores
+    from specprobe.probe.counterfactual import TEMPERATURE_GRID
+    from specprobe.probe.drilldown import TOP, DrillCollector
+    from specprobe.probe.scoring import ROW_FIELDS, Chunk, ChunkScores
 
     rng = np.random.default_rng(seed)
     ids = lambda *shape: np.minimum(rng.zipf(1.3, size=shape), vocab - 1).astype(np.int64)  # noqa: E731
@@ -86,13 +86,13 @@ def size(n_prompts: int, n_tokens: int) -> None:
 def overhead(pairs: int, n_prompts: int, new_tokens: int) -> None:
     import torch
 
-    from specprobe.alignment import SamplingFlags
-    from specprobe.diagnose import load_pair
-    from specprobe.drilldown import DrillCollector
-    from specprobe.pipeline_config import DiagnoseConfig
-    from specprobe.progress import Progress
-    from specprobe.references import load_prompt_set, references_by_turn
-    from specprobe.scoring import score
+    from specprobe.core.progress import Progress
+    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.probe.diagnose import load_pair
+    from specprobe.probe.drilldown import DrillCollector
+    from specprobe.probe.references import load_prompt_set, references_by_turn
+    from specprobe.probe.scoring import score
+    from specprobe.settings.pipeline import DiagnoseConfig
 
     cfg = DiagnoseConfig(target="smollm2", drafter="self:layers=24", max_prompts=n_prompts, max_new_tokens=new_tokens, sampling=SamplingFlags(temperature=0.7), cost_ratio=0.8, device="cpu", keep_positions=False)
     progress = Progress()

@@ -68,16 +68,16 @@ def _spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.3f}") -> str:
 def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, head_path: str | None = None, block: int = 0) -> None:
     import torch
 
-    from specprobe.alignment import SamplingPair
     from specprobe.metrics import core
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
     from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model
-    from specprobe.pipeline_config import DEFAULT_CHUNK_POSITIONS as CH
+    from specprobe.probe.alignment import SamplingPair
+    from specprobe.probe.references import encode_prompt
+    from specprobe.probe.scoring import _plain_head, capture_layers, score_chunk, score_head_chunk
     from specprobe.prompts import builtin_suite, select
-    from specprobe.references import encode_prompt
-    from specprobe.scoring import _plain_head, capture_layers, score_chunk, score_head_chunk
+    from specprobe.settings.pipeline import DEFAULT_CHUNK_POSITIONS as CH
 
     load_before = _load()
     target = load_model("smollm2", "cpu", "float32")

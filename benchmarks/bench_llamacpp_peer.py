@@ -54,8 +54,8 @@ def encoded_prompts(max_prompts: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from specprobe.models.loader import checkpoint_dir, resolve
+    from specprobe.probe.references import encode_prompt
     from specprobe.prompts import builtin_suite, select
-    from specprobe.references import encode_prompt
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint_dir(resolve("smollm2"))))
     return [encode_prompt(tok, p) for p in select(builtin_suite(), max_prompts=max_prompts).prompts]

@@ -24,8 +24,8 @@ import torch
 
 
 def encode_prompts(tok: Any, n: int) -> list[list[int]]:
+    from specprobe.probe.references import encode_prompt
     from specprobe.prompts import builtin_suite, select
-    from specprobe.references import encode_prompt
 
     ps = select(builtin_suite(), max_prompts=n)
     return [encode_prompt(tok, p) for p in ps.prompts]
@@ -85,8 +85,8 @@ def ours(target: Any, step: Any, prompts: list[list[int]], k: int, max_new: int,
 
 
 def calibration(layers: int, n_prompts: int, max_new: int, k: int) -> dict[str, float]:
-    from specprobe.alignment import SamplingFlags
-    from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
+    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
     from specprobe.simulate import run_simulate
 
     d = DiagnoseConfig(

@@ -33,9 +33,9 @@ timeout 180 python benchmarks/bench_diagnose.py --device cuda --dtype bfloat16 -
 log "diagnose SmolLM2 bf16 on CUDA: tokens/s scored, peak memory (timeout 150 s)"
 timeout 150 python - "$SMOLLM2" <<'PY' 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
 import sys, time, torch
-from specprobe.alignment import SamplingFlags
-from specprobe.diagnose import run_diagnose
-from specprobe.pipeline_config import DiagnoseConfig
+from specprobe.probe.alignment import SamplingFlags
+from specprobe.probe.diagnose import run_diagnose
+from specprobe.settings.pipeline import DiagnoseConfig
 for fused in ("0", "1"):
     import os; os.environ["SPECPROBE_FUSED"] = fused
     torch.cuda.reset_peak_memory_stats()

@@ -77,11 +77,11 @@ def build_data(target: Any, out: Path, temperature: float, tokens: int, aux: tup
     """On-policy sequences and the target's states + top-32 distribution at each position."""
     import torch
 
-    from specprobe.alignment import SamplingFlags, effective_sampling
-    from specprobe.pipeline_config import DiagnoseConfig
-    from specprobe.progress import Progress
-    from specprobe.references import encode_prompts, generate_references
-    from specprobe.scoring import capture_layers
+    from specprobe.core.progress import Progress
+    from specprobe.probe.alignment import SamplingFlags, effective_sampling
+    from specprobe.probe.references import encode_prompts, generate_references
+    from specprobe.probe.scoring import capture_layers
+    from specprobe.settings.pipeline import DiagnoseConfig
 
     cache = out / "train-data.pt"
     if cache.is_file():

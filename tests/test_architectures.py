@@ -90,8 +90,8 @@ def _get(result: Any, *keys: str) -> Any:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_check_and_identical_pair(arch: str, arch_dir: dict[str, Path], tmp_path: Path) -> None:
     """The same checkpoint as target and as an independent drafter: α = 1, KL = 0."""
-    from specprobe.diagnose import run_diagnose
-    from specprobe.pipeline_config import DiagnoseConfig
+    from specprobe.probe.diagnose import run_diagnose
+    from specprobe.settings.pipeline import DiagnoseConfig
 
     path = str(arch_dir[arch])
     r = run_diagnose(DiagnoseConfig(target=path, drafter=path, prompts=str(_prompts(tmp_path)), max_new_tokens=6, batch_size=2, k_max=2, cost_ratio=0.1))
@@ -119,9 +119,9 @@ def _dataset_prompts(tmp_path: Path) -> Path:
 
 def _encode(tok: Any, prompt: Any) -> list[int]:
     try:
-        from specprobe.references import encode_prompt  # type: ignore[attr-defined,unused-ignore]
+        from specprobe.probe.references import encode_prompt  # type: ignore[attr-defined,unused-ignore]
     except ImportError:  # before the pipeline's split into rooms
-        from specprobe.diagnose import encode_prompt  # type: ignore[attr-defined,no-redef,unused-ignore]
+        from specprobe.probe.diagnose import encode_prompt  # type: ignore[attr-defined,no-redef,unused-ignore]
     return list(encode_prompt(tok, prompt))
 
 
@@ -129,12 +129,12 @@ def _encode(tok: Any, prompt: Any) -> list[int]:
 def test_alpha_equals_alpha_from_the_models_own_forward(arch: str, arch_dir: dict[str, Path], tmp_path: Path) -> None:
     """α per position from diagnose (a 2-of-3-layer self-draft at T = 1) equals α computed
     from the logits of transformers' own forward: the target's and the truncated model's."""
-    from specprobe.alignment import SamplingFlags
-    from specprobe.diagnose import run_diagnose
     from specprobe.models.anatomy import layer_view
     from specprobe.models.loader import load_model
-    from specprobe.pipeline_config import DiagnoseConfig
+    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.probe.diagnose import run_diagnose
     from specprobe.prompts import load_prompts
+    from specprobe.settings.pipeline import DiagnoseConfig
 
     path = str(arch_dir[arch])
     pf = _dataset_prompts(tmp_path)
@@ -186,7 +186,7 @@ def test_speculative_loop_greedy_is_token_identical_to_generate(arch: str, arch_
 def test_a_head_that_misses_the_post_transform_is_refused(arch_dir: dict[str, Path]) -> None:
     """Gemma-2's forward soft-caps its logits; a head without the cap is caught by the
     check against the forward, with a one-line error naming the model."""
-    from specprobe.errors import ModelLoadError
+    from specprobe.core.errors import ModelLoadError
     from specprobe.models import anatomy
     from specprobe.models.loader import load_model
 
@@ -198,7 +198,7 @@ def test_a_head_that_misses_the_post_transform_is_refused(arch_dir: dict[str, Pa
 
 
 def test_layer_skip_on_an_architecture_without_decoder_layers_says_so() -> None:
-    from specprobe.errors import ModelLoadError
+    from specprobe.core.errors import ModelLoadError
     from specprobe.models.anatomy import decoder_layers
 
     class Odd(torch.nn.Module):

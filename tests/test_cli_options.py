@@ -13,9 +13,9 @@ import typer
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
-from specprobe.config import K_LIMIT, OutputsConfig, ProbeConfig
-from specprobe.errors import ConfigError
-from specprobe.options import KEYS, merge
+from specprobe.core.errors import ConfigError
+from specprobe.settings.config import K_LIMIT, OutputsConfig, ProbeConfig
+from specprobe.settings.options import KEYS, merge
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data"

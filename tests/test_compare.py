@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from specprobe.catalog import CATALOG
 from specprobe.cli.main import app
-from specprobe.compare import compare_results, judge, kl_band_edges
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
+from specprobe.judge.catalog import CATALOG
+from specprobe.judge.compare import compare_results, judge, kl_band_edges
+from specprobe.judge.rules import load_table
 from specprobe.report.load import load_comparison, load_result
 from specprobe.result import Comparison, Result
-from specprobe.rules import load_table
 from tests.conftest import RealResults
 
 runner = CliRunner()

@@ -11,9 +11,14 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from specprobe.config import ProbeConfig, load_probe_config, probe_config_from_mapping
-from specprobe.errors import ConfigError
-from specprobe.serving import Setting, describe_serving, read_serving_config, resolve_sampling
+from specprobe.core.errors import ConfigError
+from specprobe.settings.config import ProbeConfig, load_probe_config, probe_config_from_mapping
+from specprobe.settings.serving import (
+    Setting,
+    describe_serving,
+    read_serving_config,
+    resolve_sampling,
+)
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_configs"
 

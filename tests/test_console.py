@@ -104,7 +104,7 @@ def test_demo_table_fits_80_columns_with_the_verdict_under_the_row(real_results)
 
 
 def test_summary_and_comparison_fit(real_results) -> None:
-    from specprobe.compare import compare_results
+    from specprobe.judge.compare import compare_results
 
     assert_fits(at80(fn=render_summary, result=real_results.skip))
     cmp = compare_results(real_results.twin, real_results.broken)
@@ -115,7 +115,7 @@ def test_summary_and_comparison_fit(real_results) -> None:
 
 
 def test_rules_list_at_80_columns_keeps_every_id_and_counts_what_it_shows() -> None:
-    from specprobe.rules import load_table
+    from specprobe.judge.rules import load_table
 
     table = load_table([])
     res = cli80("rules", "list")
@@ -213,7 +213,7 @@ def test_sp102_explains_its_numbers_and_every_rule_has_a_why() -> None:
 
 
 def test_a_nan_metric_reads_n_a_in_a_message() -> None:
-    from specprobe.rules import load_table
+    from specprobe.judge.rules import load_table
 
     table = load_table([])
     metrics = {"monitor_accept_rate_drop_rel": 0.3, "monitor_accept_rate": float("nan"), "monitor_accept_rate_baseline": float("nan"), "monitor_mean_accept_len_tokens": 1.6, "monitor_mean_accept_len_baseline_tokens": 2.2}
@@ -245,9 +245,9 @@ def test_demo_help_and_readme_agree_on_how_long_it_takes() -> None:
 
 
 def test_vocab_shuffled_drafter_is_announced_only_when_written(tiny_pair, tmp_path) -> None:
-    from specprobe.demo import make_vocab_shuffled
+    from specprobe.core.progress import Progress
     from specprobe.models.loader import load_model
-    from specprobe.progress import Progress
+    from specprobe.probe.demo import make_vocab_shuffled
 
     class Notes(Progress):
         def __init__(self) -> None:
@@ -264,9 +264,9 @@ def test_vocab_shuffled_drafter_is_announced_only_when_written(tiny_pair, tmp_pa
 
 
 def test_dataset_reference_count_reads_as_english(tmp_path) -> None:
-    from specprobe.errors import InputError
-    from specprobe.pipeline_config import DiagnoseConfig
-    from specprobe.references import load_prompt_set
+    from specprobe.core.errors import InputError
+    from specprobe.probe.references import load_prompt_set
+    from specprobe.settings.pipeline import DiagnoseConfig
 
     p = tmp_path / "p.jsonl"
     p.write_text("\n".join(json.dumps({"id": f"q{i}", "prompt": "hi", "reference": "" if i == 2 else "ok"}) for i in range(3)) + "\n")

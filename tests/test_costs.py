@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specprobe import costs, estimate, timing
-from specprobe.rules import load_table
+from specprobe.estimates import costs, estimate, timing
+from specprobe.judge.rules import load_table
 
 
 class FakeClock:
@@ -198,9 +198,9 @@ def test_a_drafter_that_could_not_be_timed_counts_as_free_and_says_so() -> None:
 
 
 def test_batch_sizes_flag_and_config_key() -> None:
-    from specprobe.config import probe_config_from_mapping
-    from specprobe.errors import ConfigError
-    from specprobe.options import merge, parse_batch_sizes
+    from specprobe.core.errors import ConfigError
+    from specprobe.settings.config import probe_config_from_mapping
+    from specprobe.settings.options import merge, parse_batch_sizes
 
     assert parse_batch_sizes("32, 1,8") == [1, 8, 32]
     with pytest.raises(ConfigError):
@@ -258,7 +258,7 @@ def test_cost_block_times_every_k_at_every_batch_size() -> None:
 
 # ----------------------------------------------------------------------------- simulate: calibration
 def test_simulate_puts_window_renewal_and_measured_side_by_side() -> None:
-    from specprobe.assemble import measured_metrics
+    from specprobe.probe.assemble import measured_metrics
     from specprobe.result import Measured
     from specprobe.simulate.counters import SimCounters
     from specprobe.simulate.pipeline import estimate_by_k, measured_section
@@ -299,7 +299,7 @@ def _repriced(r: Any, cost_ratio: float) -> Any:
 
 
 def test_compare_at_a_fixed_k_does_not_flip_when_only_the_cost_changes(real_results: Any) -> None:
-    from specprobe.compare import compare_results, judge
+    from specprobe.judge.compare import compare_results, judge
 
     table = load_table()
     base = _repriced(real_results.twin, 0.05)  # a cheap drafter: its best K is deep
@@ -317,7 +317,7 @@ def test_compare_at_a_fixed_k_does_not_flip_when_only_the_cost_changes(real_resu
 
 
 def test_compare_at_a_fixed_k_still_catches_a_tau_regression(real_results: Any) -> None:
-    from specprobe.compare import compare_results, judge
+    from specprobe.judge.compare import compare_results, judge
 
     table = load_table()
     base = real_results.twin

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
-from specprobe.distributed import active, from_env, is_writer
+from specprobe.probe.distributed import active, from_env, is_writer
 from tests.helpers.same import differences
 
 runner = CliRunner()

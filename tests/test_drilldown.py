@@ -19,17 +19,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specprobe.alignment import SamplingFlags
 from specprobe.cli.main import app
-from specprobe.counterfactual import Chain, accept_prob, domain_gains, vocab_ceiling
-from specprobe.diagnose import run_diagnose
-from specprobe.drilldown import token_class
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.metrics.sampling import Sampling
-from specprobe.pipeline_config import DiagnoseConfig
+from specprobe.probe.alignment import SamplingFlags
+from specprobe.probe.counterfactual import Chain, accept_prob, domain_gains, vocab_ceiling
+from specprobe.probe.diagnose import run_diagnose
+from specprobe.probe.drilldown import token_class
+from specprobe.probe.sweep import parse_layers
 from specprobe.report.html import render_html
 from specprobe.result import Result
-from specprobe.sweep import parse_layers
+from specprobe.settings.pipeline import DiagnoseConfig
 from tests.helpers.tiny import _tokenizer, base_vocab, prompts_file, save
 
 runner = CliRunner()
@@ -266,7 +266,7 @@ def test_heat_map_renders_in_chromium(real_results: Any, tmp_path: Path) -> None
 # ----------------------------------------------------------------------------- sweep
 def test_sweep_runs_the_target_pass_once(tiny_pair: dict[str, Path], prompts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from specprobe.models.loader import load_model
-    from specprobe.sweep import run_sweep
+    from specprobe.probe.sweep import run_sweep
 
     cfg = _cfg(tiny_pair, "self:layers=1", prompts, seed=5)
     target = load_model(cfg.target, "cpu", "float32")

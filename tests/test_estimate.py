@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from specprobe import estimate
+from specprobe.estimates import estimate
 from specprobe.metrics.accumulate import FIELDS, Accumulator
 
 

@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from specprobe.alignment import SamplingFlags, compare, effective_sampling
 from specprobe.cli.main import app
-from specprobe.errors import ModelLoadError
-from specprobe.pipeline_config import DiagnoseConfig
+from specprobe.core.errors import ModelLoadError
+from specprobe.probe.alignment import SamplingFlags, compare, effective_sampling
+from specprobe.settings.pipeline import DiagnoseConfig
 from tests.helpers import heads as hh
 from tests.helpers.tiny import prompts_file
 
@@ -78,10 +78,10 @@ EXPECTED = {
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_every_layout_is_recognised_checked_and_scored(layouts, prompts, name) -> None:
-    from specprobe.diagnose import run_diagnose
     from specprobe.models.drafters import drafter_kind_of
     from specprobe.models.heads import detect
     from specprobe.models.loader import load_info
+    from specprobe.probe.diagnose import run_diagnose
 
     target, spec = layouts[name]
     kind, label = EXPECTED[name]
@@ -112,7 +112,7 @@ def test_a_prefix_that_does_not_fit_the_files_is_a_one_line_error(layouts) -> No
 # ----------------------------------------------------------------------------- broken twins
 def test_broken_eagle3_twins_are_stopped_by_their_rules(tiny_pair, tmp_path, prompts) -> None:
     t = tiny_pair["target"]
-    from specprobe.diagnose import run_diagnose
+    from specprobe.probe.diagnose import run_diagnose
 
     # d2t shifted by one entry: every draft id now lands on its neighbour's target id
     shifted = hh.eagle3_speculators(tmp_path / "shift", t, vd=150)
@@ -170,7 +170,7 @@ def test_speculators_config_checks(tiny_pair, tmp_path) -> None:
 
 
 def test_mtp_and_medusa_twins(tiny_pair, tmp_path, prompts) -> None:
-    from specprobe.diagnose import run_diagnose
+    from specprobe.probe.diagnose import run_diagnose
 
     t = tiny_pair["target"]
     # two MTP layers declared, one stored (transformers' save_pretrained drops them)
@@ -227,7 +227,7 @@ def _oracles(root: Path, bg: Path) -> dict[str, tuple[Path, str]]:
 def test_oracle_heads_are_accepted_at_every_depth(bigram, prompts, tmp_path) -> None:
     """Weights built so that the depth-d distribution is the target's: α = 1 at every
     depth, through the chained teacher-forced depths of every layout (sampling at T=0.8)."""
-    from specprobe.diagnose import run_diagnose
+    from specprobe.probe.diagnose import run_diagnose
 
     for name, (target, spec) in _oracles(tmp_path, bigram).items():
         r = run_diagnose(_cfg(target, spec, prompts, k_max=4, sampling=SamplingFlags(temperature=0.8)))
@@ -243,9 +243,9 @@ def test_medusa_oracle_and_head_indexing(tiny_pair, tmp_path, prompts) -> None:
     """Medusa heads cannot see the next token: the oracle target is a unigram model (every
     position has the same distribution). Indexing: depth d at position s is head d−1 on
     the target's state at s−1."""
-    from specprobe.diagnose import run_diagnose
     from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
     from specprobe.models.loader import load_model
+    from specprobe.probe.diagnose import run_diagnose
 
     uni = hh.bigram_target(tmp_path / "uni", unigram=True)
     oracle = hh.medusa_fasterdecoding(tmp_path / "mo", uni, heads=4, version=2, oracle=True)
@@ -290,13 +290,13 @@ def test_vocab_ceiling_closed_form_and_oracle(bigram, tmp_path) -> None:
     """The ceiling c_t = Σ_{v in draft vocab} p_t(v) under the target's sampling, read from
     the head's mapped logits (−inf outside its vocabulary); an oracle head cut to Vd ids
     proposes p renormalised on them, so α_t = c_t exactly, at every depth."""
-    from specprobe.counterfactual import vocab_ceiling
     from specprobe.metrics.core import position_metrics
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
     from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model
-    from specprobe.scoring import capture_layers
+    from specprobe.probe.counterfactual import vocab_ceiling
+    from specprobe.probe.scoring import capture_layers
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 12, generator=g) * 2
@@ -349,7 +349,7 @@ def _reference_chunk(tl: torch.Tensor, raw: list[torch.Tensor], ids: torch.Tenso
     """The plain path: every depth mapped into the target vocabulary (−inf elsewhere) and
     scored by `position_metrics`, the target's softmax redone per depth."""
     from specprobe.models.heads.vocab import map_logits
-    from specprobe.scoring import score_chunk
+    from specprobe.probe.scoring import score_chunk
 
     v = tl.shape[-1]
     drafts = ((d, r if ids is None else map_logits(r, ids, v)) for d, r in enumerate(raw, 1))
@@ -370,10 +370,10 @@ def test_head_scoring_path_equals_the_mapped_reference(case) -> None:
     gives what mapping every depth into the target vocabulary gives, to 1e-5: α and max q
     at every depth; α, agreement, entropy, max q and the top-k columns at depth 1. KL is
     over the draft vocabulary (closed form); with the full vocabulary it is the reference's."""
-    from specprobe.alignment import SamplingPair
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.heads.vocab import scoring_vocab
-    from specprobe.scoring import ROW_FIELDS, _plain_head, score_chunk, score_head_chunk
+    from specprobe.probe.alignment import SamplingPair
+    from specprobe.probe.scoring import ROW_FIELDS, _plain_head, score_chunk, score_head_chunk
 
     warm = Sampling(temperature=0.7)
     sides = {
@@ -425,10 +425,10 @@ def test_head_scoring_path_equals_the_mapped_reference(case) -> None:
 def test_a_broken_id_map_is_scored_as_the_engine_maps_it() -> None:
     """Ids past the target vocabulary are dropped and a target id reached twice keeps its
     last draft id — what the [N, V] mapping leaves — so α equals the mapped reference's."""
-    from specprobe.alignment import SamplingPair
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.heads.vocab import scoring_vocab
-    from specprobe.scoring import score_chunk
+    from specprobe.probe.alignment import SamplingPair
+    from specprobe.probe.scoring import score_chunk
 
     g = torch.Generator().manual_seed(3)
     ids = torch.tensor([0, 2, 2, 5, 7, 9, 40])  # 2 twice, 40 past a 10-id vocabulary
@@ -445,7 +445,7 @@ def test_a_broken_id_map_is_scored_as_the_engine_maps_it() -> None:
 def test_medusa_depths_beyond_its_heads_are_never_accepted(tmp_path, prompts) -> None:
     """Two Medusa heads draft two tokens at most: depths 3 and 4 count α = 0 (they used to
     chain depth 1's α), so τ(K = 4) equals τ(K = 2), in the window and the renewal estimate."""
-    from specprobe.diagnose import run_diagnose
+    from specprobe.probe.diagnose import run_diagnose
 
     uni = hh.bigram_target(tmp_path / "uni", unigram=True)
     two = hh.medusa_fasterdecoding(tmp_path / "m2", uni, heads=2, version=2, oracle=True)

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
-from specprobe.interrupts import shielded, terminate_as_interrupt
+from specprobe.core.interrupts import shielded, terminate_as_interrupt
 
 runner = CliRunner()
 
@@ -43,7 +43,7 @@ def _on_timing(monkeypatch: pytest.MonkeyPatch, hook: Any) -> None:
     gets the timing settings); the untimed cost block of a stopped run stays real."""
     import inspect
 
-    import specprobe.diagnose as diagnose
+    import specprobe.probe.diagnose as diagnose
 
     real = diagnose.cost_block
     # where cost_block takes timing settings, a call without them times nothing
@@ -56,7 +56,7 @@ def _on_timing(monkeypatch: pytest.MonkeyPatch, hook: Any) -> None:
 
 
 def _press_in_second_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import specprobe.scoring as scoring
+    import specprobe.probe.scoring as scoring
 
     real = scoring.score_batch
     calls = {"n": 0}
@@ -184,7 +184,7 @@ def test_sigterm_raises_keyboard_interrupt_inside_the_guard() -> None:
 # the cost measurement (the second). The hooks only decide *when* the signals are sent.
 _SCRIPT = """
 import os, signal, sys, time
-import specprobe.diagnose as diagnose, specprobe.scoring as scoring
+import specprobe.probe.diagnose as diagnose, specprobe.probe.scoring as scoring
 real = scoring.score_batch
 n = [0]
 def batch(*a, **kw):

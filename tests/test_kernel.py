@@ -187,7 +187,7 @@ def test_the_command_shortens_openmp_spinning_before_torch_loads() -> None:
     import os
     import subprocess
 
-    from specprobe.openmp import SPIN_COUNT, shorten_spin
+    from specprobe.core.openmp import SPIN_COUNT, shorten_spin
 
     env = {"PATH": "/usr/bin"}
     assert shorten_spin(env) and env["GOMP_SPINCOUNT"] == SPIN_COUNT

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from specprobe import estimate
+from specprobe.estimates import estimate
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.core import align_vocab, position_metrics
 from specprobe.metrics.sampling import Sampling, probs

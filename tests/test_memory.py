@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from specprobe.memory import Backoff, chunk_for, is_oom
+from specprobe.probe.memory import Backoff, chunk_for, is_oom
 from tests.helpers.same import differences
 
 
@@ -45,10 +45,10 @@ def test_backoff_halves_the_chunk_then_splits_the_batch() -> None:
 
 
 def test_injected_oom_during_scoring_keeps_the_scores(tiny_pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specprobe import scoring
-    from specprobe.alignment import SamplingFlags
-    from specprobe.diagnose import run_diagnose
-    from specprobe.pipeline_config import DiagnoseConfig
+    from specprobe.probe import scoring
+    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.probe.diagnose import run_diagnose
+    from specprobe.settings.pipeline import DiagnoseConfig
     from tests.helpers.tiny import prompts_file
 
     pf = prompts_file(tmp_path / "p.jsonl", n=4)

@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
+from specprobe.judge.rules import load_table
 from specprobe.monitor.runner import Monitor
 from specprobe.monitor.sources import PrometheusSource, ScrapeSource, SourceError
-from specprobe.rules import load_table
 
 K = 4
 HEALTHY = (0.95, 0.85, 0.70, 0.50)  # cumulative per-position rates r_i → 300/400 accepted

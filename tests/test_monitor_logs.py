@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
+from specprobe.judge.rules import load_table
 from specprobe.monitor.logs import fit_llamacpp_drafts
 from specprobe.monitor.runner import Monitor
 from specprobe.monitor.sources import LogSource, MalformedLine, parse_log_line
-from specprobe.rules import load_table
 
 DATA = Path(__file__).parent / "data" / "monitor"
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.monitor.windows import (
     ModelData,
     WindowCounts,

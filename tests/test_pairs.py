@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specprobe.alignment import SamplingFlags
-from specprobe.diagnose import run_diagnose
-from specprobe.pipeline_config import DiagnoseConfig
+from specprobe.probe.alignment import SamplingFlags
+from specprobe.probe.diagnose import run_diagnose
+from specprobe.settings.pipeline import DiagnoseConfig
 from tests.helpers.tiny import prompts_file
 
 
@@ -44,8 +44,8 @@ def test_random_drafter_is_catastrophic(tiny_pair, tmp_path) -> None:
 
 
 def test_vocab_shuffled_drafter_is_stopped_before_any_forward_pass(tiny_pair, tmp_path, monkeypatch) -> None:
-    import specprobe.diagnose as d
-    import specprobe.references as refs
+    import specprobe.probe.diagnose as d
+    import specprobe.probe.references as refs
 
     calls = []
     monkeypatch.setattr(d, "score", lambda *a, **k: calls.append(1))
@@ -88,7 +88,7 @@ def test_layer_skip_matches_a_real_truncated_model(tiny_pair) -> None:
     drafter = build_drafter("self:layers=1", target)
     ids = torch.tensor([[1, 5, 9, 30, 44, 7]])
     mask = torch.ones_like(ids)
-    from specprobe.scoring import capture_layers
+    from specprobe.probe.scoring import capture_layers
 
     with torch.inference_mode():
         with capture_layers(target.model, (1,)) as captured:
@@ -136,9 +136,9 @@ def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
     """A head drafter (reads target hidden states, predicts depth d directly) fits the
     interface: an oracle head that sees the target's state at the predicted position is
     accepted at every depth; a head that is right only at depth 1 decays to chance."""
-    from specprobe.diagnose import load_pair
+    from specprobe.core.progress import Progress
     from specprobe.models.drafters import Drafter
-    from specprobe.progress import Progress
+    from specprobe.probe.diagnose import load_pair
 
     class OracleHeads(Drafter):
         kind = "medusa"
@@ -180,8 +180,8 @@ def test_make_vocab_shuffled_writes_a_real_permuted_twin(tiny_pair, tmp_path) ->
     (SP003); forced scoring collapses acceptance; re-mapping ids recovers the target."""
     import torch
 
-    from specprobe.demo import make_vocab_shuffled
     from specprobe.models.loader import load_info, load_model
+    from specprobe.probe.demo import make_vocab_shuffled
 
     target = load_model(str(tiny_pair["target"]))
     dest = make_vocab_shuffled(target, tmp_path / "shuffled")
@@ -206,7 +206,7 @@ def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> Non
     interrupted. Ctrl-C while generating references: finished batches are scored, and
     they are cached so the next run does not regenerate them."""
     import specprobe.metrics.core as core
-    import specprobe.references as refs
+    import specprobe.probe.references as refs
 
     real = core.position_metrics
     calls = {"n": 0}
@@ -261,10 +261,10 @@ def _two_turn_file(path: Path) -> Path:
 def test_second_turns_are_scored_after_the_targets_own_first_answers(tiny_pair, tmp_path) -> None:
     """MT-Bench: every second turn is scored, in a conversation holding the target's own
     on-policy answer to the first turn (greedy here, so the answer is reproducible)."""
-    from specprobe.alignment import SamplingFlags
     from specprobe.models.loader import load_model
+    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.probe.references import encode_prompt
     from specprobe.prompts import load_prompts
-    from specprobe.references import encode_prompt
 
     pf = _two_turn_file(tmp_path / "mt.jsonl")
     cfg = _cfg(tiny_pair, "self", tmp_path, prompts=str(pf), sampling=SamplingFlags(temperature=0.0), max_new_tokens=5)
@@ -294,7 +294,7 @@ def test_dataset_references_score_first_turns_only(tiny_pair, tmp_path) -> None:
 
 
 def test_simulate_runs_the_same_turns_diagnose_scored(tiny_pair, tmp_path) -> None:
-    from specprobe.pipeline_config import SimulateConfig
+    from specprobe.settings.pipeline import SimulateConfig
     from specprobe.simulate import run_simulate
 
     pf = _two_turn_file(tmp_path / "mt.jsonl")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
 from specprobe.prompts import (
     DOMAINS,
     MT_BENCH_CATEGORIES,

@@ -24,7 +24,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from specprobe.errors import SpecprobeError
+from specprobe.core.errors import SpecprobeError
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 TMP = Path(tempfile.mkdtemp(prefix="specprobe-props-"))
@@ -100,7 +100,12 @@ cond_token = st.one_of(st.sampled_from([*METRICS, "and", "or", "not", "(", ")", 
 def test_condition_grammar(text: str) -> None:
     """parse_condition: a tree or ValueError; a tree evaluates to True/False/None on any
     metrics, never raising."""
-    from specprobe.conditions import condition_metrics, evaluate, parse_condition, threshold_text
+    from specprobe.judge.conditions import (
+        condition_metrics,
+        evaluate,
+        parse_condition,
+        threshold_text,
+    )
 
     node = result_or_error(lambda: parse_condition(text), ValueError)
     if node is None:
@@ -119,7 +124,7 @@ rule_field = st.one_of(st.text(max_size=30), json_value)
 def test_rules_file_entries(rule: dict[str, Any]) -> None:
     import yaml
 
-    from specprobe.rules import load_rules_file
+    from specprobe.judge.rules import load_rules_file
 
     f = _write(yaml.safe_dump({"rules": [rule]}).encode(), ".yaml")
     result_or_error(lambda: load_rules_file(f))
@@ -131,7 +136,7 @@ def test_rules_file_entries(rule: dict[str, Any]) -> None:
 @example("a: &a [*a]\n")
 @example("rules:\n  - &r {id: SP900}\n  - *r\n")
 def test_rules_file_any_text(text: str) -> None:
-    from specprobe.rules import load_rules_file
+    from specprobe.judge.rules import load_rules_file
 
     result_or_error(lambda: load_rules_file(_write(text.encode(), ".yaml")))
 
@@ -145,7 +150,7 @@ CONFIG_KEYS = ["target", "drafter", "temperature", "top_k", "top_p", "k_max", "k
 @given(st.dictionaries(st.sampled_from(CONFIG_KEYS), json_value, max_size=5))
 @example({"k_max": 4, "k-max": 8})
 def test_probe_config_mapping(data: dict[str, Any]) -> None:
-    from specprobe.config import probe_config_from_mapping
+    from specprobe.settings.config import probe_config_from_mapping
 
     cfg = result_or_error(lambda: probe_config_from_mapping(data, TMP / "probe.yaml"))
     if cfg is not None:
@@ -162,7 +167,7 @@ def test_probe_config_mapping(data: dict[str, Any]) -> None:
 @example("x = [" * 2000, ".toml")
 @example("a: &a [x, x]\nb: &b [*a, *a]\ndomains: *b\n", ".yaml")
 def test_probe_config_file_any_text(text: str, suffix: str) -> None:
-    from specprobe.config import load_probe_config
+    from specprobe.settings.config import load_probe_config
 
     result_or_error(lambda: load_probe_config(_write(text.encode(), suffix)))
 
@@ -171,7 +176,7 @@ def test_probe_config_file_any_text(text: str, suffix: str) -> None:
 @given(st.fixed_dictionaries({}, optional={"k": st.text(max_size=12), "batch_sizes": st.text(max_size=12), "domains": st.text(max_size=12), "temperature": st.floats(allow_nan=True), "top_p": st.floats(allow_nan=True), "k_max": st.integers(-5, 100), "max_new_tokens": st.integers(-5, 5000), "json_path": st.text(max_size=5), "shard": st.text(max_size=6)}))
 def test_command_line_values(params: dict[str, Any]) -> None:
     """The one merge of flags: options or a one-line error (bad values, empty paths)."""
-    from specprobe.options import merge
+    from specprobe.settings.options import merge
 
     given_names = set(params)
     full = {"target": "t", "drafter": "self", "prompts": "builtin", "max_new_tokens": 16, "batch_size": 2, "k_max": 4, "seed": 0, "device": "cpu", "dtype": "auto",
@@ -245,6 +250,6 @@ def test_log_lines(lines: list[str]) -> None:
 
 @functools.cache
 def _rules() -> Any:
-    from specprobe.rules import load_table
+    from specprobe.judge.rules import load_table
 
     return load_table()

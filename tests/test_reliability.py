@@ -263,7 +263,7 @@ def test_P06_two_gigabytes_sparse_with_a_bad_line_far_in(tmp_path: Path) -> None
     """A 2 GiB file (sparse: nothing is written to disk) of 1 MiB of good lines, then a
     hole of NUL bytes to 2 GiB and a last line: refused at the first bad byte, having
     read a few MiB, not 2 GiB."""
-    from specprobe.errors import InputError
+    from specprobe.core.errors import InputError
     from specprobe.prompts import load_prompts
 
     good = _lines(12_000).encode()
@@ -284,7 +284,7 @@ def test_P06_two_gigabytes_sparse_with_a_bad_line_far_in(tmp_path: Path) -> None
 def test_P07_a_bad_line_after_megabytes_of_good_ones_streamed(tmp_path: Path) -> None:
     """~8 MB of good lines then one bad line: the error names the exact line; a bad line
     in the middle stops the reader there (it does not read the rest of the file)."""
-    from specprobe.errors import InputError
+    from specprobe.core.errors import InputError
     from specprobe.prompts import load_prompts
 
     n = 100_000
@@ -302,7 +302,7 @@ def test_P07_a_bad_line_after_megabytes_of_good_ones_streamed(tmp_path: Path) ->
 
 def test_P16_prompts_file_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Permission denied (simulated: the tests may run as root, who reads anything)."""
-    from specprobe.errors import InputError
+    from specprobe.core.errors import InputError
     from specprobe.prompts import load_prompts
 
     path = tmp_path / "p.jsonl"
@@ -362,8 +362,8 @@ def test_rules_files(tmp_path: Path, text: str | bytes, needle: str) -> None:
 
 def test_R06_bomb_is_refused_by_counting_not_expanding(tmp_path: Path) -> None:
     """The refusal comes from counting the alias graph, not from expanding it."""
-    from specprobe.errors import ConfigError
-    from specprobe.rules import load_rules_file
+    from specprobe.core.errors import ConfigError
+    from specprobe.judge.rules import load_rules_file
 
     path = tmp_path / "bomb.yaml"
     path.write_text(_BOMB + "rules: *i\n")
@@ -566,7 +566,7 @@ def test_N04_nan_while_generating_references(tiny_pair: dict[str, Path], tmp_pat
 def test_N03_head_proof_tolerates_the_same_non_finite_positions() -> None:
     import torch
 
-    from specprobe.errors import ModelLoadError
+    from specprobe.core.errors import ModelLoadError
     from specprobe.models.anatomy import OutputHead
 
     head = OutputHead(torch.nn.Identity(), lambda x: x, "none", "tiny")
@@ -665,10 +665,10 @@ def loaded_target(tiny_pair: dict[str, Path]) -> Any:
 
 
 def _refs(target: Any, cfg_kw: dict[str, Any] | None = None, use_cache: bool = True) -> list[list[int]]:
-    from specprobe.alignment import SamplingFlags, effective_sampling
-    from specprobe.pipeline_config import DiagnoseConfig
-    from specprobe.progress import Progress
-    from specprobe.references import encode_prompts, generate_references
+    from specprobe.core.progress import Progress
+    from specprobe.probe.alignment import SamplingFlags, effective_sampling
+    from specprobe.probe.references import encode_prompts, generate_references
+    from specprobe.settings.pipeline import DiagnoseConfig
     from tests.helpers.tiny import prompts_file
 
     cfg = DiagnoseConfig(target="t", drafter="self", max_new_tokens=6, batch_size=2, sampling=SamplingFlags(temperature=1.0), use_cache=use_cache, **(cfg_kw or {}))
@@ -974,9 +974,9 @@ def _vllm(drafts: int, accepted: int, k: int = 4) -> bytes:
 
 
 def _monitor(url: str, **kw: Any) -> Any:
+    from specprobe.judge.rules import load_table
     from specprobe.monitor.runner import Monitor
     from specprobe.monitor.sources import ScrapeSource
-    from specprobe.rules import load_table
 
     src = ScrapeSource(url, timeout=kw.pop("timeout", 2.0), retries=0, backoff=0.01)
     return Monitor([src], load_table(), window=300, baseline=600, interval=15, **kw)
@@ -1147,7 +1147,7 @@ def test_W12_log_with_binary_garbage(tmp_path: Path) -> None:
 
 # ============================================================================= S: signals
 def _signal_in_second_batch(monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
-    import specprobe.scoring as scoring
+    import specprobe.probe.scoring as scoring
 
     real = scoring.score_batch
     calls = {"n": 0}

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
 from specprobe.report.csv_out import write_csv
 from specprobe.report.html import render_html
 from specprobe.report.junit import render_junit
@@ -53,7 +53,7 @@ def test_results_round_trip_through_json(real_results: RealResults, saved: dict[
 
 
 def test_every_metric_is_in_the_catalogue(real_results: RealResults) -> None:
-    from specprobe.catalog import CATALOG
+    from specprobe.judge.catalog import CATALOG
 
     for r in (real_results.twin, real_results.skip, real_results.broken, real_results.sim):
         assert r.metrics and set(r.metrics) <= set(CATALOG)
@@ -223,7 +223,7 @@ def test_csv_rewrites_an_existing_folder_and_leaves_no_temp(tmp_path: Path, real
 
 
 def test_csv_into_a_file_is_an_output_error(tmp_path: Path, real_results: RealResults) -> None:
-    from specprobe.errors import OutputError
+    from specprobe.core.errors import OutputError
 
     f = tmp_path / "file"
     f.write_text("x")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from specprobe.compare import compare_results, judge
+from specprobe.judge.compare import compare_results, judge
+from specprobe.judge.rules import load_table
 from specprobe.report.html import render_compare_html, render_html
-from specprobe.rules import load_table
 from tests.conftest import RealResults
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

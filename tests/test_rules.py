@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specprobe.catalog import CATALOG
-from specprobe.errors import ConfigError
-from specprobe.rules import (
+from specprobe.core.errors import ConfigError
+from specprobe.judge.catalog import CATALOG
+from specprobe.judge.rules import (
     evaluate,
     exit_code_for,
     load_rules_file,

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specprobe.alignment import SamplingFlags, compare, declared_gaps, effective_sampling
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.metrics.core import position_metrics
 from specprobe.metrics.sampling import Sampling, probs, truncate_
+from specprobe.probe.alignment import SamplingFlags, compare, declared_gaps, effective_sampling
 
 
 def _hf_chain(x: torch.Tensor, t: float, k: int, p: float, mp: float) -> torch.Tensor:
@@ -212,8 +212,8 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _check(target: Path, drafter: Path, flags: SamplingFlags, declared: dict | None = None) -> tuple[dict, dict]:
+    from specprobe.judge.rules import load_table
     from specprobe.models.loader import load_info
-    from specprobe.rules import load_table
 
     t, d = load_info(str(target)), load_info(str(drafter))
     pair = effective_sampling(flags, t.generation_config, d.generation_config, declared)

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
-from specprobe.errors import ConfigError, InputError
-from specprobe.shards import Shard, load_part, owns, parse_shard
+from specprobe.core.errors import ConfigError, InputError
+from specprobe.probe.shards import Shard, load_part, owns, parse_shard
 from tests.helpers.same import differences
 
 runner = CliRunner()
@@ -77,7 +77,7 @@ def test_merge_refuses_parts_of_another_run_or_a_missing_or_repeated_shard(shard
 
 
 def test_a_rerun_reuses_the_finished_shard(sharded: dict[str, Any], tiny_pair: dict[str, Path], session_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import specprobe.diagnose as diagnose
+    import specprobe.probe.diagnose as diagnose
 
     def no_scoring(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("a finished shard was scored again")
@@ -109,7 +109,7 @@ def test_shard_flag_errors(sharded: dict[str, Any], tiny_pair: dict[str, Path], 
 def test_device_map_loads_through_accelerate_and_hooks_read_the_layers(sharded: dict[str, Any], tiny_pair: dict[str, Path], tmp_path: Path) -> None:
     """--device-map / --max-memory reach accelerate (here everything on the CPU), and the
     self-draft's hooks read the same layer: the result equals the ordinary load's."""
-    from specprobe.errors import ConfigError as CE
+    from specprobe.core.errors import ConfigError as CE
     from specprobe.models.loader import load_model, parse_max_memory
 
     assert parse_max_memory("0=70GiB, 1=70GiB,cpu=8GiB") == {0: "70GiB", 1: "70GiB", "cpu": "8GiB"}

@@ -288,7 +288,7 @@ def test_tau_agrees_with_transformers_assisted_generation(target, prompts) -> No
 
 # ----------------------------------------------------------------------------- pipeline and CLI (tiny checkpoints)
 def _sim_cfg(tiny_pair, tmp_path, drafter: str, **kw):
-    from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
     from tests.helpers.tiny import prompts_file
 
     pf = prompts_file(tmp_path / "p.jsonl")
@@ -297,7 +297,7 @@ def _sim_cfg(tiny_pair, tmp_path, drafter: str, **kw):
 
 
 def test_run_simulate_result_schema(tiny_pair, tmp_path) -> None:
-    from specprobe.alignment import SamplingFlags
+    from specprobe.probe.alignment import SamplingFlags
     from specprobe.simulate import run_simulate
 
     r = run_simulate(_sim_cfg(tiny_pair, tmp_path, "self", sampling=SamplingFlags(temperature=0.7)))
@@ -318,7 +318,7 @@ def test_run_simulate_result_schema(tiny_pair, tmp_path) -> None:
 
 
 def test_calibration_rule_fires_on_a_gap() -> None:
-    from specprobe.rules import load_table
+    from specprobe.judge.rules import load_table
 
     table = load_table([])
     found = table.findings({"tau_gap_rel_abs": 0.25, "num_drafts_measured": 400, "tau_estimated_tokens": 2.5, "tau_measured_tokens": 2.0, "calibration_k": 4})
@@ -409,7 +409,7 @@ def test_simulate_smollm2_layer_skip_greedy_matches_target() -> None:
 def test_no_cache_generates_the_references_once(tiny_pair, tmp_path, monkeypatch) -> None:
     """simulate measures on the references its estimate (diagnose) made: with --no-cache
     they are generated once, not again for the measurement."""
-    import specprobe.references as references
+    import specprobe.probe.references as references
     from specprobe.simulate import run_simulate
 
     real = references.generate_references

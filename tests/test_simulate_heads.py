@@ -124,7 +124,7 @@ def _replay(t: Any, d: Any, prompt: list[int], k: int = 3) -> tuple[int, int, fl
     compare each with the teacher-forced scorer's at the same position -> (logits
     compared, of which at depth > 1, acceptance)."""
     from specprobe.models.drafters import TargetPass
-    from specprobe.scoring import capture_layers
+    from specprobe.probe.scoring import capture_layers
 
     calls: list[tuple[int, torch.Tensor]] = []
     real = d.logits

@@ -71,8 +71,8 @@ def test_compiled_rows_on_smollm2_logits(monkeypatch) -> None:
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import build_drafter
     from specprobe.models.loader import load_model
+    from specprobe.probe.references import encode_prompt
     from specprobe.prompts import builtin_suite, select
-    from specprobe.references import encode_prompt
 
     pytest.importorskip("specprobe.metrics.kernel")
     target = load_model("smollm2", "cpu", "float32")

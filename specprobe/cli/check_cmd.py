@@ -77,11 +77,11 @@ def check(
 
       specprobe check smollm2 self:layers=28 --serving-config sample_configs/sglang-launch.yaml
     """
-    from specprobe.alignment import SamplingFlags, compare, declared_gaps, effective_sampling
-    from specprobe.errors import ConfigError
-    from specprobe.options import SAMPLING_SLOT, relabel_sources
-    from specprobe.rules import load_table
-    from specprobe.serving import Setting, read_serving_config, resolve_sampling
+    from specprobe.core.errors import ConfigError
+    from specprobe.judge.rules import load_table
+    from specprobe.probe.alignment import SamplingFlags, compare, declared_gaps, effective_sampling
+    from specprobe.settings.options import SAMPLING_SLOT, relabel_sources
+    from specprobe.settings.serving import Setting, read_serving_config, resolve_sampling
 
     opts = gather(ctx, "check")
     servings = [read_serving_config(p) for p in opts.serving_config]
@@ -123,7 +123,7 @@ def check(
 
 
 def _serving_lines(sv: Any, drafter_spec: str, drafter_given: bool) -> None:
-    from specprobe.serving import describe_serving
+    from specprobe.settings.serving import describe_serving
 
     out.print(f"serving config {describe_serving(sv)}", highlight=False, soft_wrap=True)
     if drafter_given and sv.drafter and sv.drafter != drafter_spec:
@@ -131,7 +131,7 @@ def _serving_lines(sv: Any, drafter_spec: str, drafter_given: bool) -> None:
 
 
 def _result(opts: Any, target_spec: str, drafter_spec: str, kind: str, tinfo: Any, dinfo: Any, flags: Any, pair: Any, report: Any, table: Any) -> Any:
-    from specprobe.assemble import check_result
+    from specprobe.probe.assemble import check_result
 
     return check_result(
         config={"target": target_spec, "drafter": drafter_spec, **flags.__dict__, "rules": [str(r) for r in opts.rules], "fail_on": opts.fail_on},

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from specprobe.errors import SpecprobeError
-from specprobe.interrupts import shielded, terminate_as_interrupt
+from specprobe.core.errors import SpecprobeError
+from specprobe.core.interrupts import shielded, terminate_as_interrupt
 from specprobe.report import terminal
 
 if TYPE_CHECKING:
-    from specprobe.options import RunOptions
     from specprobe.result import Comparison, Result
+    from specprobe.settings.options import RunOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,7 +69,7 @@ def is_tty() -> bool:
 
 
 # ----------------------------------------------------------------------------- shared options
-# Each option is one key of a probe config (specprobe.options.KEYS); the help says so once.
+# Each option is one key of a probe config (specprobe.settings.options.KEYS); the help says so once.
 # Output paths are parsed as text so an empty one ("$GITHUB_STEP_SUMMARY" outside CI) is
 # caught by name instead of turning into the current folder.
 TargetArg = Annotated[str | None, typer.Argument(help="Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", metavar="TARGET", show_default=False)]
@@ -129,7 +129,7 @@ def gather(ctx: typer.Context, command: str, only: tuple[str, ...] | None = None
     over the defaults, validated (values, device, dtype, every output path) before any
     model loads or any file is written. `only`: the parameters to take (others are the
     command's own business)."""
-    from specprobe.options import merge
+    from specprobe.settings.options import merge
 
     params = {k: v for k, v in ctx.params.items() if only is None or k in only}
     given = set()

@@ -60,11 +60,11 @@ def compare(
 
       specprobe compare --config sample_configs/probe-smollm2.yaml
     """
-    from specprobe.compare import compare_results, judge
-    from specprobe.errors import ConfigError
+    from specprobe.core.errors import ConfigError
+    from specprobe.judge.compare import compare_results, judge
+    from specprobe.judge.rules import load_table
     from specprobe.report.console import render_comparison
     from specprobe.report.load import gate_exit_code, load_result
-    from specprobe.rules import load_table
 
     opts = gather(ctx, "compare")  # every output checked before anything is read or written
     if opts.baseline is None or opts.candidate is None:

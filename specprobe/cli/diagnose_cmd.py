@@ -103,18 +103,18 @@ def diagnose(
 
       specprobe diagnose --config sample_configs/probe-smollm2.yaml --max-prompts 6
     """
-    from specprobe.diagnose import load_prompt_set, run_diagnose
-    from specprobe.progress import RichProgress
+    from specprobe.core.progress import RichProgress
+    from specprobe.judge.rules import load_table
+    from specprobe.probe.diagnose import load_prompt_set, run_diagnose
     from specprobe.report.console import render
     from specprobe.result import Result
-    from specprobe.rules import load_table
 
     # every bad input fails here, before any model is loaded or file written
     opts = gather(ctx, "diagnose")
     table = load_table(opts.rules)
     cfg = opts.diagnose_config()
     load_prompt_set(cfg)
-    from specprobe.distributed import from_env
+    from specprobe.probe.distributed import from_env
 
     if opts.shard is not None or from_env() is not None:  # --shard I/N, or one rank of torchrun
         from specprobe.cli.merge_cmd import diagnose_sharded

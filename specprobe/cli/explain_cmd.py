@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from specprobe.cli.common import handle_errors, out
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
 from specprobe.report.drill_html import alpha_rgb, token_label
 from specprobe.report.fmt import EM_DASH, fixed, pct
 from specprobe.report.terminal import Column, Grid

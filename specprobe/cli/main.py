@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specprobe.openmp import shorten_spin
+from specprobe.core.openmp import shorten_spin
 
 shorten_spin()  # before anything loads torch (OpenMP reads it once)
 

@@ -27,12 +27,12 @@ from specprobe.cli.common import (
     handle_errors,
     out,
 )
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from specprobe.options import RunOptions
-    from specprobe.pipeline_config import DiagnoseConfig
-    from specprobe.rules import RuleTable
+    from specprobe.judge.rules import RuleTable
+    from specprobe.settings.options import RunOptions
+    from specprobe.settings.pipeline import DiagnoseConfig
 
 
 @handle_errors
@@ -60,9 +60,9 @@ def merge(
 
       specprobe merge part0.json part1.json --json result.json --html report.html
     """
+    from specprobe.probe.shards import load_part, result_from_parts
     from specprobe.report.console import render
     from specprobe.result import Result
-    from specprobe.shards import load_part, result_from_parts
 
     opts = gather(ctx, "compare", only=("json_path", "csv_dir", "html", "junit", "markdown", "fail_on"))
     loaded = [load_part(p) for p in parts]
@@ -77,9 +77,9 @@ def diagnose_sharded(opts: RunOptions, cfg: DiagnoseConfig, table: RuleTable) ->
     come from the merged result). Under torchrun: join the process group, score this
     rank's shard, and let rank 0 print and write the one result; other ranks write
     nothing."""
-    from specprobe import distributed
-    from specprobe.diagnose import run_diagnose
-    from specprobe.progress import Progress, RichProgress
+    from specprobe.core.progress import Progress, RichProgress
+    from specprobe.probe import distributed
+    from specprobe.probe.diagnose import run_diagnose
     from specprobe.report.console import render
     from specprobe.result import Result
 

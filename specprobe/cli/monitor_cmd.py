@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from specprobe.cli.common import FailOnOpt, RulesOpt, err, handle_errors
-from specprobe.errors import ConfigError, InputError
+from specprobe.core.errors import ConfigError, InputError
 
 EPILOG = (
     "Examples:\n\n"
@@ -59,10 +59,10 @@ def monitor(
     Per model_name: acceptance rate (accepted ÷ drafted tokens), mean acceptance length
     (1 + accepted ÷ drafts, bonus token included), per-position rates — over a sliding
     window against the trailing baseline. Alerts go out as JSON lines."""
+    from specprobe.judge.rules import load_table
     from specprobe.monitor.base import ENGINES
     from specprobe.monitor.runner import Monitor
     from specprobe.monitor.windows import parse_duration
-    from specprobe.rules import load_table
 
     if engine not in ENGINES:
         raise ConfigError(f"unknown --engine {engine!r}", "use " + ", ".join(ENGINES))
@@ -105,9 +105,9 @@ def monitor(
 def _run_once(mon: Any, sink: Any, interval: float, fail_on: str, json_out: Path | None = None) -> int:
     import json
 
+    from specprobe.judge.rules import exit_code_for
     from specprobe.monitor.live import render
     from specprobe.report.files import write_text_atomic
-    from specprobe.rules import exit_code_for
 
     mon.poll(time.time())
     if any(s.kind == "scrape" for s in mon.sources):

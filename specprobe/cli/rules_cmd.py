@@ -8,10 +8,10 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from specprobe.catalog import CATALOG
 from specprobe.cli.common import RulesOpt, handle_errors, out
 from specprobe.cli.help import App
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
+from specprobe.judge.catalog import CATALOG
 
 rules_app = App(help="List and explain the rules table.", no_args_is_help=True)
 
@@ -27,8 +27,8 @@ def list_rules(
     """List every rule: id, severity, name, the condition it fires on.
 
     Example: specprobe rules list --family 2"""
+    from specprobe.judge.rules import FAMILIES, load_table
     from specprobe.report.terminal import Column, Grid
-    from specprobe.rules import FAMILIES, load_table
 
     table = load_table(rules or [])
     if family is not None and family not in FAMILIES:
@@ -64,7 +64,7 @@ def explain(
     Example: specprobe rules explain SP003"""
     from rich.table import Table
 
-    from specprobe.rules import load_table, threshold_text
+    from specprobe.judge.rules import load_table, threshold_text
 
     table = load_table(rules or [])
     r = table.get(rule_id.upper())

@@ -99,10 +99,10 @@ def simulate(
 
       specprobe simulate --config sample_configs/probe-smollm2.yaml --k 2,4
     """
-    from specprobe.diagnose import load_prompt_set
-    from specprobe.progress import RichProgress
+    from specprobe.core.progress import RichProgress
+    from specprobe.judge.rules import load_table
+    from specprobe.probe.diagnose import load_prompt_set
     from specprobe.report.console import measured_tables, render
-    from specprobe.rules import load_table
     from specprobe.simulate import run_simulate
 
     # every bad input fails here, before any model is loaded or file written

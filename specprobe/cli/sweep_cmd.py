@@ -38,14 +38,14 @@ from specprobe.cli.common import (
     handle_errors,
     out,
 )
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.report.fmt import EM_DASH, fixed, pct
 from specprobe.report.terminal import Column, Grid
 
 
 def render_sweep(report: object, console: Console) -> None:
     """The sweep table (one row per drafter, the recommended one marked) and speedup by K."""
-    from specprobe.sweep import SweepReport
+    from specprobe.probe.sweep import SweepReport
 
     assert isinstance(report, SweepReport)
     g = Grid(
@@ -124,11 +124,11 @@ def sweep(
 
       specprobe sweep ./target ./draft-a ./draft-b self:layers=20 --json sweep.json --results out/
     """
-    from specprobe.options import DIAGNOSE, merge
-    from specprobe.progress import RichProgress
+    from specprobe.core.progress import RichProgress
+    from specprobe.judge.rules import load_table
+    from specprobe.probe.sweep import parse_layers, run_sweep
     from specprobe.report.files import write_text_atomic
-    from specprobe.rules import load_table
-    from specprobe.sweep import parse_layers, run_sweep
+    from specprobe.settings.options import DIAGNOSE, merge
 
     specs = list(drafters or []) + [f"self:layers={n}" for n in (parse_layers(layers) if layers else [])]
     if not specs:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from specprobe.estimate import renewal_counts, renewal_tau, renewal_tokens_per_verify
+from specprobe.estimates.estimate import renewal_counts, renewal_tau, renewal_tokens_per_verify
 
 # Fields summed per group; index order is fixed.
 FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from specprobe.errors import ModelLoadError
+from specprobe.core.errors import ModelLoadError
 
 # Attribute names of the decoder-layer list and the final norm across architectures
 # (Llama/Qwen/Mistral/Gemma/Phi/OLMo/Granite: layers + norm; GPT-2/Falcon: h + ln_f;

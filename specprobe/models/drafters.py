@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.models.anatomy import decoder_layers, final_norm, layer_view
 from specprobe.models.loader import LoadedModel, ModelInfo, load_info, load_model
 

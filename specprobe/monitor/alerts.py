@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from specprobe.errors import OutputError
-from specprobe.rules import Finding
+from specprobe.core.errors import OutputError
+from specprobe.judge.rules import Finding
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.monitor.base import IngestResult, SourceError, Store, Warn
 from specprobe.monitor.exposition import ingest_samples, parse_exposition
 

@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
 from specprobe.monitor.base import IngestResult, Store, Warn
 from specprobe.monitor.windows import (
     ACCEPTED,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specprobe.judge.rules import Finding, RuleTable, sort_findings
 from specprobe.monitor.alerts import Alert, AlertTracker, alert_from_finding
 from specprobe.monitor.sources import IngestResult, Source, SourceError, Store
 from specprobe.monitor.windows import (
@@ -24,7 +25,6 @@ from specprobe.monitor.windows import (
     compare,
     window_stats,
 )
-from specprobe.rules import Finding, RuleTable, sort_findings
 
 
 @dataclass

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.metrics import spec_counts
 
 NAN = float("nan")

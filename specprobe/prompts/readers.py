@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
 from specprobe.prompts.categories import DEFAULT_DOMAIN, DOMAINS, domain_for
 from specprobe.prompts.sets import Prompt, PromptSet
 

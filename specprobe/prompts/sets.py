@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
 from specprobe.prompts.categories import domain_for
 
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specprobe.catalog import CATALOG
-from specprobe.errors import OutputError
+from specprobe.core.errors import OutputError
+from specprobe.judge.catalog import CATALOG
 from specprobe.report.files import make_temp_dir
 from specprobe.report.fmt import num
 from specprobe.result import Comparison, Finding, Part, Result

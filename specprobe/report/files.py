@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from specprobe.errors import OutputError
+from specprobe.core.errors import OutputError
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from specprobe.catalog import CATALOG, format_value
+from specprobe.judge.catalog import CATALOG, format_value
 
 DASH = "–"  # en dash: Markdown and HTML
 EM_DASH = "—"  # the terminal

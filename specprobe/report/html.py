@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from specprobe.catalog import CATALOG
+from specprobe.judge.catalog import CATALOG
 from specprobe.report.charts import Series, bar_chart, esc, histogram_chart, line_chart, pct_axis
 from specprobe.report.drill_html import drill_section
 from specprobe.report.fmt import fixed as fnum

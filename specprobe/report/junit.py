@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from specprobe.catalog import format_value
+from specprobe.judge.catalog import format_value
+from specprobe.judge.rules import FAMILIES, SEVERITY_RANK
 from specprobe.result import Comparison, Evaluation, Finding, Result
-from specprobe.rules import FAMILIES, SEVERITY_RANK
 
 
 def _gates(severity: str, fail_on: str) -> bool:

@@ -7,7 +7,7 @@ the compare gate and the JSON Schema in docs/result.schema.json
 Conventions held by the types themselves:
 - a number that could not be measured is None (JSON null), never NaN or inf: every
   numeric field goes through `finite`, the one place that turns NaN/inf into None;
-- metric names are the catalogue's (specprobe/catalog.py); an unknown name is refused;
+- metric names are the catalogue's (specprobe/judge/catalog.py); an unknown name is refused;
 - per-depth arrays are indexed from depth 1; τ includes the bonus token.
 
 Versioning: SCHEMA_VERSION is written into every file. `upgrade` turns an older

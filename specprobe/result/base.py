@@ -49,7 +49,7 @@ class Record(Part):
 
 
 def catalogue_names(v: dict[str, Any]) -> dict[str, Any]:
-    from specprobe.catalog import CATALOG
+    from specprobe.judge.catalog import CATALOG
 
     unknown = sorted(k for k in v if k not in CATALOG)
     if unknown:

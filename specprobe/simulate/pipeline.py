@@ -9,14 +9,14 @@ from math import nan
 from pathlib import Path
 from typing import Any
 
-from specprobe.assemble import simulate_result
-from specprobe.diagnose import load_pair, run_diagnose
-from specprobe.errors import ConfigError
-from specprobe.pipeline_config import SimulateConfig, validate
-from specprobe.progress import Progress
-from specprobe.references import load_prompt_set, references_by_turn
+from specprobe.core.errors import ConfigError
+from specprobe.core.progress import Progress
+from specprobe.judge.rules import load_table
+from specprobe.probe.assemble import simulate_result
+from specprobe.probe.diagnose import load_pair, run_diagnose
+from specprobe.probe.references import load_prompt_set, references_by_turn
 from specprobe.result import Result
-from specprobe.rules import load_table
+from specprobe.settings.pipeline import SimulateConfig, validate
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.loop import is_head, speculate
 

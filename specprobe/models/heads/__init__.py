@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from specprobe.errors import ModelLoadError
+from specprobe.core.errors import ModelLoadError
 from specprobe.models.heads.files import MEDUSA_FILE, open_folder, read_config
 from specprobe.models.heads.layout import HEAD_KINDS, MTP_SPEC, HeadLayout, split_spec
 from specprobe.models.loader import ModelInfo

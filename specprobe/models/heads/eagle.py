@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specprobe.errors import ModelLoadError
+from specprobe.core.errors import ModelLoadError
 from specprobe.models.heads.chain import (
     MAX_CHAIN,
     ChainedFeatures,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specprobe.errors import ModelLoadError
+from specprobe.core.errors import ModelLoadError
 
 # FasterDecoding's training script writes the heads under this name next to config.json.
 MEDUSA_FILE = "medusa_lm_head.safetensors"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.models.heads.files import HeadFiles
 
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")

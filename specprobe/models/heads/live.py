@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 
 
 class KVList(list):  # type: ignore[type-arg]
@@ -178,7 +178,7 @@ class LiveHead:
         reads at every position (hooks: transformers' hidden_states[k] and the decoder's
         post-norm last_hidden_state, as the scorer captures them) -> forward's result."""
         from specprobe.models.anatomy import capture_last_hidden
-        from specprobe.scoring import capture_layers
+        from specprobe.probe.scoring import capture_layers
 
         model = self.d.target.model
         layers = self.d.target_layers_needed()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from specprobe.errors import ModelLoadError
+from specprobe.core.errors import ModelLoadError
 from specprobe.models.heads.chain import HeadDrafter, slots_to_positions
 from specprobe.models.heads.files import MEDUSA_FILE, HeadFiles
 from specprobe.models.heads.layout import HeadLayout

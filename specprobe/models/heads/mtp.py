@@ -23,7 +23,7 @@ import inspect
 import re
 from typing import Any
 
-from specprobe.errors import ModelLoadError
+from specprobe.core.errors import ModelLoadError
 from specprobe.models.heads.chain import (
     MAX_CHAIN,
     ChainedFeatures,

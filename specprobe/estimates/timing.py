@@ -1,6 +1,6 @@
 """Timing on the run's device: the target's decode step, its verify pass over K + 1 tokens
 and the drafter's step (a head's too), at each batch size over a KV cache as long as the
-prompts' typical context, with the loop and budget of `specprobe.costs`; what to time for
+prompts' typical context, with the loop and budget of `specprobe.estimates.costs`; what to time for
 a diagnose run; and the environment (device, dtype, package versions) recorded in a
 result."""
 
@@ -12,7 +12,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from specprobe.costs import MIN_REPEATS, Clock, Samples, batch_timings, budget_for, interleaved
+from specprobe.estimates.costs import (
+    MIN_REPEATS,
+    Clock,
+    Samples,
+    batch_timings,
+    budget_for,
+    interleaved,
+)
 
 
 def cost_block(

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from specprobe.config import normalise_keys, read_mapping
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
+from specprobe.settings.config import normalise_keys, read_mapping
 
 # Engine method names → specprobe drafter kinds (None: no model drafter, e.g. n-gram).
 _VLLM_KINDS = {

@@ -26,11 +26,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from specprobe.memory import Backoff, Buffered, chunk_for
+from specprobe.core.progress import Progress
 from specprobe.metrics.accumulate import Accumulator
-from specprobe.pipeline_config import DiagnoseConfig
-from specprobe.progress import Progress
+from specprobe.probe.memory import Backoff, Buffered, chunk_for
 from specprobe.prompts import Prompt
+from specprobe.settings.pipeline import DiagnoseConfig
 
 ROW_FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
 
@@ -327,7 +327,7 @@ class Scored:
     rows: dict[str, list[Any]]
     interrupted: bool = False
     head_depths: tuple[int, ...] = ()  # depths a head drafter predicted directly (others chain depth 1)
-    drill: Any = None  # the token-level drill-down collector (specprobe.drilldown), when one ran
+    drill: Any = None  # the token-level drill-down collector (specprobe.probe.drilldown), when one ran
     second_press: bool = False  # Ctrl-C came during the references and again during scoring
     memory_notes: list[str] = field(default_factory=list)  # what out-of-memory made smaller
     nonfinite: list[str] = field(default_factory=list)  # prompts left out: NaN/inf logits (SequenceCollector)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from specprobe.counterfactual import (
+from specprobe.probe.counterfactual import (
     Chain,
     CounterfactualProbe,
     default_every,
@@ -25,7 +25,7 @@ from specprobe.counterfactual import (
     what_if_metrics,
     what_if_rows,
 )
-from specprobe.scoring import ROW_FIELDS, Chunk, ChunkScores, _runs
+from specprobe.probe.scoring import ROW_FIELDS, Chunk, ChunkScores, _runs
 
 TOP = 5  # both sides' top-k handed over per position
 WORST = 25  # worst positions kept, by α and by KL

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from specprobe import __version__
-from specprobe.catalog import CATALOG
-from specprobe.errors import InputError
+from specprobe.core.errors import InputError
+from specprobe.judge.catalog import CATALOG
+from specprobe.judge.rules import Chain, Num, RuleTable, Var, sort_findings, verdict, worst_severity
 from specprobe.report.fmt import num, pct, signed_pct
 from specprobe.result import (
     CompareConfig,
@@ -30,7 +31,6 @@ from specprobe.result import (
     OverallDelta,
     Result,
 )
-from specprobe.rules import Chain, Num, RuleTable, Var, sort_findings, verdict, worst_severity
 
 # Overall metrics shown in the delta table, in reading order.
 OVERALL_METRICS = (

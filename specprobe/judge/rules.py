@@ -2,7 +2,7 @@
 small grammar (never eval), checks every metric name against the catalogue, and turns a
 metrics dict into Findings that carry the measured value, the threshold and the remedy.
 
-The condition grammar lives in `specprobe.conditions`. A condition over a metric that was not measured (missing or nan) is "not evaluated".
+The condition grammar lives in `specprobe.judge.conditions`. A condition over a metric that was not measured (missing or nan) is "not evaluated".
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from specprobe.catalog import CATALOG, format_value
-from specprobe.conditions import (  # noqa: F401  (the grammar, re-exported for rule users)
+from specprobe.core.errors import ConfigError
+from specprobe.judge.catalog import CATALOG, format_value
+from specprobe.judge.conditions import (  # noqa: F401  (the grammar, re-exported for rule users)
     BoolOp,
     Chain,
     Num,
@@ -28,7 +29,6 @@ from specprobe.conditions import (  # noqa: F401  (the grammar, re-exported for 
     parse_condition,
     threshold_text,
 )
-from specprobe.errors import ConfigError
 
 SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {"error": 3, "warning": 2, "info": 1, "never": 99}
@@ -229,8 +229,8 @@ def exit_code_for(findings: Iterable[Finding], fail_on: str) -> int:
 
 # ----------------------------------------------------------------------------- loading
 def default_rules_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_rules", here.parent / "rules"):
+    package = Path(__file__).resolve().parent.parent  # specprobe/ (a wheel holds specprobe/_rules)
+    for candidate in (package / "_rules", package.parent / "rules"):
         if (candidate / "default.yaml").is_file():
             return candidate
     raise ConfigError("the default rules table is missing from this install", "reinstall specprobe")
@@ -285,7 +285,7 @@ def _rule_from_dict(raw: Any, where: str) -> Rule | str:
 
 def load_rules_file(path: Path) -> tuple[list[Rule], list[str]]:
     """Rules defined and ids disabled by one file."""
-    from specprobe.safe_load import UnsafeDocument, load_yaml
+    from specprobe.core.safe_load import UnsafeDocument, load_yaml
 
     path = Path(path)
     if path.is_dir():

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.metrics.sampling import SEMANTICS, Sampling
 
 MAX_EXAMPLES = 5

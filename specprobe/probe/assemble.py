@@ -15,13 +15,13 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from specprobe import __version__
+from specprobe.judge.rules import RuleTable, sort_findings, verdict, worst_severity
 from specprobe.result import Evaluation, Measured, Result
-from specprobe.rules import RuleTable, sort_findings, verdict, worst_severity
 
 if TYPE_CHECKING:
-    from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
+    from specprobe.probe.scoring import Scored
     from specprobe.prompts import PromptSet
-    from specprobe.scoring import Scored
+    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
 
 # Rule families each command judges: alignment, divergence, acceptance, cost (+ calibration).
 DIAGNOSE_FAMILIES = ("0", "1", "2", "3")
@@ -80,7 +80,7 @@ def _sampling(pair: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- diagnose
 def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict[str, Any]:
     """What was run, on what, where: the fields every diagnose/simulate result starts with."""
-    from specprobe.timing import environment
+    from specprobe.estimates.timing import environment
 
     target, drafter, align = pair.target, pair.drafter, pair.alignment
     return {
@@ -114,7 +114,7 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     """Header + alignment metrics + scores + cost -> the finished diagnose result."""
     sections = summarise(scored, cost, cfg)
     metrics = {**metrics, **sections.pop("metrics")}
-    if scored.drill is not None:  # token-level evidence and what-ifs (specprobe.drilldown)
+    if scored.drill is not None:  # token-level evidence and what-ifs (specprobe.probe.drilldown)
         sections["drilldown"], drill_metrics = scored.drill.section(metrics.get("best_k"), sections["by_domain"], metrics.get("accept_prob_mean"))
         metrics.update(drill_metrics)
     if scored.nonfinite:  # the prompts SP107 names: left out of every other metric
@@ -135,8 +135,8 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     """Accumulators + cost -> the estimate's metrics and sections: tables by domain,
     entropy and position, histograms, depth curves, K table (renewal τ the headline, the
     window τ beside it), speedup per batch size, adaptive K, cost."""
-    from specprobe import estimate
-    from specprobe.costs import price
+    from specprobe.estimates import estimate
+    from specprobe.estimates.costs import price
     from specprobe.metrics.accumulate import THRESHOLDS
 
     acc = scored.acc

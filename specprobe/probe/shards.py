@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from specprobe.errors import ConfigError, InputError
+from specprobe.core.errors import ConfigError, InputError
 from specprobe.metrics.accumulate import Accumulator
-from specprobe.scoring import ROW_FIELDS, Chunk, ChunkScores, Scored, SequenceCollector, _runs
+from specprobe.probe.scoring import ROW_FIELDS, Chunk, ChunkScores, Scored, SequenceCollector, _runs
 
 FORMAT = "specprobe-part"
 VERSION = 1
@@ -234,9 +234,9 @@ def merge_parts(parts: Sequence[dict[str, Any]], tokenizer: Any, pair: Any, cfg:
     single process scores the items. tokenizer and pair (SamplingPair) feed the
     drill-down; cfg: the run's DiagnoseConfig (rebuilt from the parts when None);
     complete=False: a subset of the shards (one reused part) is fine."""
-    from specprobe.drilldown import DrillCollector
+    from specprobe.probe.drilldown import DrillCollector
+    from specprobe.probe.references import TurnReferences
     from specprobe.prompts import Prompt
-    from specprobe.references import TurnReferences
 
     if complete:
         check_parts(parts)
@@ -286,8 +286,8 @@ def _replay(i: int, it: dict[str, Any]) -> tuple[Chunk, ChunkScores]:
 
 def config_from_part(part: dict[str, Any]) -> Any:
     """The run's DiagnoseConfig, from the settings a part records."""
-    from specprobe.alignment import SamplingFlags
-    from specprobe.pipeline_config import DiagnoseConfig
+    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.settings.pipeline import DiagnoseConfig
 
     d = dict(part["header"]["config"])
     flag_names = {f.name for f in fields(SamplingFlags)}
@@ -297,8 +297,8 @@ def config_from_part(part: dict[str, Any]) -> Any:
 
 
 def sampling_pair(part: dict[str, Any]) -> Any:
-    from specprobe.alignment import SamplingPair
     from specprobe.metrics.sampling import Sampling
+    from specprobe.probe.alignment import SamplingPair
 
     s = part["header"]["sampling"]
     return SamplingPair(Sampling(**s["target"]), Sampling(**s["draft"]), dict(s.get("sources") or {}))
@@ -312,7 +312,7 @@ def run_shard(cfg: Any, pair: Any, header: dict[str, Any], metrics: dict[str, An
     """Score this shard (or reuse its finished part), save the part; under torchrun,
     exchange parts with the other ranks and return the whole run's (refs, scored).
     The third value records the cost block, once timed, in the part files."""
-    from specprobe import distributed
+    from specprobe.probe import distributed
 
     shard = Shard(*cfg.shard)
     ident = identity(header, pair)
@@ -361,8 +361,8 @@ def result_from_parts(parts: Sequence[dict[str, Any]], tokenizer: Any = None, ru
     """Parts of one run -> the `Result` a single process would have made. The
     tokenizer (for the drill-down's token texts) is read from the target's files when
     not given; the rules are the run's own plus `rules`."""
-    from specprobe.assemble import build_result
-    from specprobe.rules import load_table
+    from specprobe.judge.rules import load_table
+    from specprobe.probe.assemble import build_result
 
     check_parts(parts)
     first = min(parts, key=lambda p: p["shard"][0])

@@ -1,7 +1,7 @@
 """The pipeline's own settings: `DiagnoseConfig` (what `diagnose` runs with, and what its
 result records) and `SimulateConfig` (diagnose's settings plus the draft→verify loop's).
 
-A command builds them from its merged options (`specprobe.options.RunOptions`); the
+A command builds them from its merged options (`specprobe.settings.options.RunOptions`); the
 pipeline reads them and never merges again. `DEFAULT_CHUNK_POSITIONS` (the metrics'
 chunk size) and `validate` (a `SimulateConfig`'s own ranges, which `run_simulate` checks
 first) live here with them.
@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specprobe.config import K_LIMIT
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
+from specprobe.settings.config import K_LIMIT
 
 if TYPE_CHECKING:
-    from specprobe.alignment import SamplingFlags
+    from specprobe.probe.alignment import SamplingFlags
 
 # Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
 # buffers stay warm in cache (measured best at 32–64 on a 2-core CPU with V = 49,152).
@@ -24,7 +24,7 @@ DEFAULT_CHUNK_POSITIONS = 64
 
 
 def _default_sampling() -> SamplingFlags:
-    from specprobe.alignment import SamplingFlags
+    from specprobe.probe.alignment import SamplingFlags
 
     return SamplingFlags()
 
@@ -56,7 +56,7 @@ class DiagnoseConfig:
     chunk_positions: int = DEFAULT_CHUNK_POSITIONS
     keep_positions: bool = True
     # one shard (index, count) of a sharded run: --shard I/N, or this rank of torchrun;
-    # its part (specprobe.shards) is also written to part_path when given. Not recorded:
+    # its part (specprobe.probe.shards) is also written to part_path when given. Not recorded:
     # every shard of a run records the same settings
     shard: tuple[int, int] | None = None
     part_path: str | None = None

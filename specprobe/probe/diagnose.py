@@ -11,24 +11,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specprobe.alignment import BLOCKING_RULES, compare, effective_sampling
-from specprobe.assemble import build_result, evaluate_rules, result_header, stopped_result
-from specprobe.counterfactual import default_every
-from specprobe.drilldown import DrillCollector
-from specprobe.errors import ConfigError
-from specprobe.interrupts import shielded
-from specprobe.options import relabel_sources
-from specprobe.pipeline_config import DiagnoseConfig
-from specprobe.progress import Progress
-from specprobe.references import (  # noqa: F401  (encode_prompt, load_prompt_set re-exported)
+from specprobe.core.errors import ConfigError
+from specprobe.core.interrupts import shielded
+from specprobe.core.progress import Progress
+from specprobe.estimates.timing import cost_block, timing_settings
+from specprobe.judge.rules import RuleTable
+from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
+from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
+from specprobe.probe.counterfactual import default_every
+from specprobe.probe.drilldown import DrillCollector
+from specprobe.probe.references import (  # noqa: F401  (encode_prompt, load_prompt_set re-exported)
     encode_prompt,
     load_prompt_set,
     references_by_turn,
 )
+from specprobe.probe.scoring import Scored, score
 from specprobe.result import Result
-from specprobe.rules import RuleTable
-from specprobe.scoring import Scored, score
-from specprobe.timing import cost_block, timing_settings
+from specprobe.settings.options import relabel_sources
+from specprobe.settings.pipeline import DiagnoseConfig
 
 
 # ----------------------------------------------------------------------------- the pair
@@ -80,7 +80,7 @@ def run_diagnose(
     scored, the cost ratio measured); a second press skips what is left.
     `on_references` receives the references once made (`TurnReferences`), for a caller
     that needs them too (simulate), so they are not generated twice."""
-    from specprobe.rules import load_table
+    from specprobe.judge.rules import load_table
 
     progress = progress or Progress()
     _check_ranges(cfg)
@@ -125,7 +125,7 @@ def run_diagnose(
     if cfg.shard is None:
         refs, scored = references_and_scores()
     else:  # one shard: its part is saved (a finished one reused); under torchrun, the whole run comes back
-        from specprobe.shards import run_shard
+        from specprobe.probe.shards import run_shard
 
         ids = [p.id for p in prompt_set.prompts]
         refs, scored, record_cost = run_shard(cfg, pair, header, metrics, ids, progress, references_and_scores, drafter.kind, align.evidence, drill_every)

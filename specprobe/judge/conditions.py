@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specprobe.catalog import format_value
+from specprobe.judge.catalog import format_value
 
 # ----------------------------------------------------------------------------- grammar
 _TOKEN_RE = re.compile(r"\s*(?:(?P<num>-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?%?)|(?P<op><=|>=|==|!=|<|>)|(?P<par>[()])|(?P<name>[A-Za-z_][A-Za-z0-9_]*))")

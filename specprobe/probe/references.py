@@ -13,11 +13,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specprobe.errors import InputError
-from specprobe.pipeline_config import DiagnoseConfig
-from specprobe.progress import Progress
+from specprobe.core.errors import InputError
+from specprobe.core.progress import Progress
+from specprobe.probe.refcache import ReferenceCache
 from specprobe.prompts import Prompt, PromptSet, builtin_suite, load_prompts, select
-from specprobe.refcache import ReferenceCache
+from specprobe.settings.pipeline import DiagnoseConfig
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -107,7 +107,7 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
         batches = [[] for _ in range(max(groups, default=-1) + 1)]
         for i, g in enumerate(groups):
             batches[g].append(i)
-    # checked line by line, locked around each batch (specprobe.refcache)
+    # checked line by line, locked around each batch (specprobe.probe.refcache)
     cache = ReferenceCache(_cache_file(target, encoded, sampling, cfg, None if groups is None else [list(groups), turn]), [len(b) for b in batches], target.vocab_size, cfg.max_new_tokens, progress.note) if cfg.use_cache else None
     if shard is not None:  # another shard's batches: skipped here, seeds and cache keys unchanged
         batches = [b if bi % shard[1] == shard[0] else [] for bi, b in enumerate(batches)]

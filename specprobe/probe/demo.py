@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specprobe.alignment import SamplingFlags
-from specprobe.diagnose import Pair, load_pair, run_diagnose
-from specprobe.pipeline_config import DiagnoseConfig
-from specprobe.progress import Progress
+from specprobe.core.progress import Progress
+from specprobe.probe.alignment import SamplingFlags
+from specprobe.probe.diagnose import Pair, load_pair, run_diagnose
 from specprobe.result import Result
+from specprobe.settings.pipeline import DiagnoseConfig
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,8 @@ def demo_rows(shuffled_path: str) -> list[DemoRow]:
 def run_demo(base: DiagnoseConfig, progress: Progress | None = None) -> list[tuple[str, Result]]:
     """Diagnose every demo row against one loaded target (references are shared) ->
     (row label, result) per row."""
+    from specprobe.judge.rules import load_table
     from specprobe.models.loader import cache_root, load_info, load_model
-    from specprobe.rules import load_table
 
     progress = progress or Progress()
     table = load_table([Path(p) for p in base.rules])

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 from specprobe.result import Document, Num, Part, Result
 
 _RANGE = re.compile(r"^(\d+)\s*\.\.\s*(\d+)$")
@@ -131,7 +131,14 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
     import torch
 
     from specprobe.models.drafters import TargetPass
-    from specprobe.scoring import Chunk, _pad_id, _right_padded, _wants, capture_layers, score_chunk
+    from specprobe.probe.scoring import (
+        Chunk,
+        _pad_id,
+        _right_padded,
+        _wants,
+        capture_layers,
+        score_chunk,
+    )
 
     ids, mask = _right_padded([encoded[i] + conts[i] for i in idx], _pad_id(target.tokenizer), target.device)
     lengths = [len(conts[i]) for i in idx]
@@ -170,16 +177,16 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from pathlib import Path
 
     from specprobe import __version__
-    from specprobe.alignment import BLOCKING_RULES
-    from specprobe.assemble import build_result, evaluate_rules, result_header, stopped_result
-    from specprobe.diagnose import _check_ranges, load_pair
-    from specprobe.drilldown import DrillCollector
+    from specprobe.core.progress import Progress
+    from specprobe.estimates.timing import cost_block, timing_settings
+    from specprobe.judge.rules import load_table
     from specprobe.metrics.accumulate import Accumulator
-    from specprobe.progress import Progress
-    from specprobe.references import load_prompt_set, references_by_turn
-    from specprobe.rules import load_table
-    from specprobe.scoring import Scored, SequenceCollector
-    from specprobe.timing import cost_block, timing_settings
+    from specprobe.probe.alignment import BLOCKING_RULES
+    from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
+    from specprobe.probe.diagnose import _check_ranges, load_pair
+    from specprobe.probe.drilldown import DrillCollector
+    from specprobe.probe.references import load_prompt_set, references_by_turn
+    from specprobe.probe.scoring import Scored, SequenceCollector
 
     if not drafters:
         raise ConfigError("sweep needs at least one drafter", "give DRAFTER arguments or --layers, e.g. --layers 16..29")

@@ -2,13 +2,13 @@
 
 `load_probe_config(path)` reads a probe config into a validated `ProbeConfig`
 (pydantic v2), so a CI job is one command (`specprobe diagnose --config FILE`). Each key
-is one command-line flag (the table is `specprobe.options.KEYS`). Unknown keys are errors
+is one command-line flag (the table is `specprobe.settings.options.KEYS`). Unknown keys are errors
 that name the key and the file; relative paths are resolved against the file's folder
 so a config works from any working directory. Fields left out are None, and
 `ProbeConfig.explicit()` returns only what the file set, so command-line flags can
 override the file and the command's own defaults fill the rest.
 
-Serving configs (what an engine is launched with) are read by `specprobe.serving`.
+Serving configs (what an engine is launched with) are read by `specprobe.settings.serving`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specprobe.errors import ConfigError
+from specprobe.core.errors import ConfigError
 
 FailOn = Literal["error", "warning", "info", "never"]
 Reference = Literal["on-policy", "dataset"]
@@ -106,8 +106,8 @@ class ProbeConfig(BaseModel):
     @classmethod
     def _shard(cls, v: str | None) -> str | None:
         if v is not None:
-            from specprobe.errors import ConfigError
-            from specprobe.shards import parse_shard
+            from specprobe.core.errors import ConfigError
+            from specprobe.probe.shards import parse_shard
 
             try:
                 parse_shard(v)
@@ -199,7 +199,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
     elif suffix in (".yaml", ".yml", ".json"):
         import yaml
 
-        from specprobe.safe_load import UnsafeDocument, load_json, load_yaml
+        from specprobe.core.safe_load import UnsafeDocument, load_json, load_yaml
 
         try:
             data = load_yaml(text) if suffix != ".json" else load_json(text)

@@ -6,7 +6,7 @@ over the command's defaults — and validated before any model loads or file is 
 validation error names the place a value came from (`--k-max`, or `probe.yaml: k_max`).
 This module owns that table, `RunOptions`, the merge and its validation, and the parsers
 of list-valued flags (`--k`, `--batch-sizes`). `RunOptions` then builds the pipeline's
-own settings (`DiagnoseConfig`, `SimulateConfig`, in `specprobe.pipeline_config`), which
+own settings (`DiagnoseConfig`, `SimulateConfig`, in `specprobe.settings.pipeline`), which
 the pipeline reads and never merges again.
 """
 
@@ -17,13 +17,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specprobe.config import K_LIMIT
-from specprobe.errors import ConfigError, OutputError
-from specprobe.pipeline_config import DiagnoseConfig, SimulateConfig
+from specprobe.core.errors import ConfigError, OutputError
 from specprobe.report.files import OutputPath, check_outputs
+from specprobe.settings.config import K_LIMIT
+from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
 
 if TYPE_CHECKING:
-    from specprobe.alignment import SamplingFlags
+    from specprobe.probe.alignment import SamplingFlags
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 REFERENCES = ("on-policy", "dataset")
@@ -178,7 +178,7 @@ class RunOptions:
         return [OutputPath(self.where(p), getattr(self, p), _OUTPUT_KINDS[p]) for p in _OUTPUT_KINDS if getattr(self, p) is not None]  # type: ignore[arg-type]
 
     def sampling_flags(self) -> SamplingFlags:
-        from specprobe.alignment import SamplingFlags
+        from specprobe.probe.alignment import SamplingFlags
 
         return SamplingFlags(**{k: getattr(self, k) for k in _SAMPLING}, sampling_semantics=self.sampling_semantics)
 
@@ -243,7 +243,7 @@ def _from_cli(param: str, value: Any, where: str) -> Any:
         parse_max_memory(str(value), where)
         return str(value)
     if param == "shard":
-        from specprobe.shards import parse_shard
+        from specprobe.probe.shards import parse_shard
 
         sh = parse_shard(str(value), where)
         return (sh.index, sh.count)
@@ -255,7 +255,7 @@ def merge(command: str, params: Mapping[str, Any], given: Collection[str], confi
     defaults included), `given` the names typed on the command line; a probe config
     fills every parameter that was not typed. Validates everything it can without
     loading a model — values, ranges, device, dtype, and every output path."""
-    from specprobe.config import load_probe_config
+    from specprobe.settings.config import load_probe_config
 
     names = {f.name for f in fields(RunOptions)}
     values: dict[str, Any] = {"candidate": params.get("candidate")}
