@@ -85,9 +85,8 @@ def key(run: dict[str, Any]) -> str:
 def measure(run: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
     """One simulate run -> the calibration numbers at K (and what the run took)."""
     from specprobe.core.progress import Progress
-    from specprobe.probe.alignment import SamplingFlags
     from specprobe.probe.diagnose import load_pair
-    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags, SimulateConfig
     from specprobe.simulate import run_simulate
 
     d = DiagnoseConfig(

@@ -87,12 +87,11 @@ def overhead(pairs: int, n_prompts: int, new_tokens: int) -> None:
     import torch
 
     from specprobe.core.progress import Progress
-    from specprobe.probe.alignment import SamplingFlags
     from specprobe.probe.diagnose import load_pair
     from specprobe.probe.drilldown import DrillCollector
     from specprobe.probe.references import load_prompt_set, references_by_turn
     from specprobe.probe.scoring import score
-    from specprobe.settings.pipeline import DiagnoseConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 
     cfg = DiagnoseConfig(target="smollm2", drafter="self:layers=24", max_prompts=n_prompts, max_new_tokens=new_tokens, sampling=SamplingFlags(temperature=0.7), cost_ratio=0.8, device="cpu", keep_positions=False)
     progress = Progress()

@@ -70,12 +70,14 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, h
 
     from specprobe.metrics import core
     from specprobe.metrics.sampling import Sampling
-    from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
+    from specprobe.models.anatomy import capture_layers
+    from specprobe.models.base import TargetPass
+    from specprobe.models.drafters import build_drafter, drafter_info
     from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model
     from specprobe.probe.alignment import SamplingPair
     from specprobe.probe.references import encode_prompt
-    from specprobe.probe.scoring import _plain_head, capture_layers, score_chunk, score_head_chunk
+    from specprobe.probe.scoring import _plain_head, score_chunk, score_head_chunk
     from specprobe.prompts import builtin_suite, select
     from specprobe.settings.pipeline import DEFAULT_CHUNK_POSITIONS as CH
 

@@ -85,8 +85,7 @@ def ours(target: Any, step: Any, prompts: list[list[int]], k: int, max_new: int,
 
 
 def calibration(layers: int, n_prompts: int, max_new: int, k: int) -> dict[str, float]:
-    from specprobe.probe.alignment import SamplingFlags
-    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags, SimulateConfig
     from specprobe.simulate import run_simulate
 
     d = DiagnoseConfig(

@@ -78,10 +78,10 @@ def build_data(target: Any, out: Path, temperature: float, tokens: int, aux: tup
     import torch
 
     from specprobe.core.progress import Progress
-    from specprobe.probe.alignment import SamplingFlags, effective_sampling
+    from specprobe.models.anatomy import capture_layers
+    from specprobe.probe.alignment import effective_sampling
     from specprobe.probe.references import encode_prompts, generate_references
-    from specprobe.probe.scoring import capture_layers
-    from specprobe.settings.pipeline import DiagnoseConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 
     cache = out / "train-data.pt"
     if cache.is_file():

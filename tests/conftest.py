@@ -62,9 +62,8 @@ class RealResults:
 
 @pytest.fixture(scope="session")
 def real_results(tiny_pair: dict[str, Path], session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> RealResults:
-    from specprobe.probe.alignment import SamplingFlags
     from specprobe.probe.diagnose import run_diagnose
-    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags, SimulateConfig
     from specprobe.simulate import run_simulate
     from tests.helpers.tiny import prompts_file
 

@@ -131,10 +131,9 @@ def test_alpha_equals_alpha_from_the_models_own_forward(arch: str, arch_dir: dic
     from the logits of transformers' own forward: the target's and the truncated model's."""
     from specprobe.models.anatomy import layer_view
     from specprobe.models.loader import load_model
-    from specprobe.probe.alignment import SamplingFlags
     from specprobe.probe.diagnose import run_diagnose
     from specprobe.prompts import load_prompts
-    from specprobe.settings.pipeline import DiagnoseConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 
     path = str(arch_dir[arch])
     pf = _dataset_prompts(tmp_path)

@@ -143,7 +143,7 @@ def test_dtype_and_device_are_refused_before_the_target_loads(no_models, tiny_pa
 
 # ----------------------------------------------------------------------------- item 6
 def test_outputs_respect_the_umask(tmp_path: Path) -> None:
-    from specprobe.report.files import write_text_atomic
+    from specprobe.core.files import write_text_atomic
     from specprobe.report.load import load_result
 
     old = os.umask(0o022)

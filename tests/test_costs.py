@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specprobe.estimates import costs, estimate, timing
+from specprobe.estimates import costs, estimate
 from specprobe.judge.rules import load_table
+from specprobe.probe import timing
 
 
 class FakeClock:
@@ -200,7 +201,8 @@ def test_a_drafter_that_could_not_be_timed_counts_as_free_and_says_so() -> None:
 def test_batch_sizes_flag_and_config_key() -> None:
     from specprobe.core.errors import ConfigError
     from specprobe.settings.config import probe_config_from_mapping
-    from specprobe.settings.options import merge, parse_batch_sizes
+    from specprobe.settings.options import merge
+    from specprobe.settings.values import parse_batch_sizes
 
     assert parse_batch_sizes("32, 1,8") == [1, 8, 32]
     with pytest.raises(ConfigError):

@@ -22,14 +22,13 @@ from typer.testing import CliRunner
 from specprobe.cli.main import app
 from specprobe.core.errors import ConfigError
 from specprobe.metrics.sampling import Sampling
-from specprobe.probe.alignment import SamplingFlags
 from specprobe.probe.counterfactual import Chain, accept_prob, domain_gains, vocab_ceiling
 from specprobe.probe.diagnose import run_diagnose
 from specprobe.probe.drilldown import token_class
 from specprobe.probe.sweep import parse_layers
 from specprobe.report.html import render_html
 from specprobe.result import Result
-from specprobe.settings.pipeline import DiagnoseConfig
+from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 from tests.helpers.tiny import _tokenizer, base_vocab, prompts_file, save
 
 runner = CliRunner()

@@ -73,9 +73,8 @@ def test_spec_bench_results_are_tabulated_by_its_own_categories(tiny_pair, tmp_p
     first 80 are MT-Bench's, with two turns each) beside the folded domains."""
     import json
 
-    from specprobe.probe.alignment import SamplingFlags
     from specprobe.probe.diagnose import run_diagnose
-    from specprobe.settings.pipeline import DiagnoseConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 
     cats = [json.loads(ln).get("category") for ln in (DATA / "spec_bench_question.jsonl").read_text().splitlines() if ln.strip()]
     cfg = DiagnoseConfig(target=str(tiny_pair["target"]), drafter="self", prompts=str(DATA / "spec_bench_question.jsonl"), max_new_tokens=3, batch_size=8, sampling=SamplingFlags(temperature=1.0), keep_positions=False, cost_ratio=0.1)

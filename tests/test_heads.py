@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from specprobe.cli.main import app
 from specprobe.core.errors import ModelLoadError
-from specprobe.probe.alignment import SamplingFlags, compare, effective_sampling
-from specprobe.settings.pipeline import DiagnoseConfig
+from specprobe.probe.alignment import compare, effective_sampling
+from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 from tests.helpers import heads as hh
 from tests.helpers.tiny import prompts_file
 
@@ -243,7 +243,8 @@ def test_medusa_oracle_and_head_indexing(tiny_pair, tmp_path, prompts) -> None:
     """Medusa heads cannot see the next token: the oracle target is a unigram model (every
     position has the same distribution). Indexing: depth d at position s is head d−1 on
     the target's state at s−1."""
-    from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
+    from specprobe.models.base import TargetPass
+    from specprobe.models.drafters import build_drafter, drafter_info
     from specprobe.models.loader import load_model
     from specprobe.probe.diagnose import run_diagnose
 
@@ -292,11 +293,12 @@ def test_vocab_ceiling_closed_form_and_oracle(bigram, tmp_path) -> None:
     proposes p renormalised on them, so α_t = c_t exactly, at every depth."""
     from specprobe.metrics.core import position_metrics
     from specprobe.metrics.sampling import Sampling
-    from specprobe.models.drafters import TargetPass, build_drafter, drafter_info
+    from specprobe.models.anatomy import capture_layers
+    from specprobe.models.base import TargetPass
+    from specprobe.models.drafters import build_drafter, drafter_info
     from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model
     from specprobe.probe.counterfactual import vocab_ceiling
-    from specprobe.probe.scoring import capture_layers
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 12, generator=g) * 2

@@ -46,9 +46,8 @@ def test_backoff_halves_the_chunk_then_splits_the_batch() -> None:
 
 def test_injected_oom_during_scoring_keeps_the_scores(tiny_pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from specprobe.probe import scoring
-    from specprobe.probe.alignment import SamplingFlags
     from specprobe.probe.diagnose import run_diagnose
-    from specprobe.settings.pipeline import DiagnoseConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
     from tests.helpers.tiny import prompts_file
 
     pf = prompts_file(tmp_path / "p.jsonl", n=4)

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specprobe.probe.alignment import SamplingFlags
 from specprobe.probe.diagnose import run_diagnose
-from specprobe.settings.pipeline import DiagnoseConfig
+from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 from tests.helpers.tiny import prompts_file
 
 
@@ -81,14 +80,15 @@ def test_temperature_mismatch_is_an_error_finding(tiny_pair, tmp_path) -> None:
 def test_layer_skip_matches_a_real_truncated_model(tiny_pair) -> None:
     import torch
 
-    from specprobe.models.drafters import TargetPass, build_drafter
+    from specprobe.models.base import TargetPass
+    from specprobe.models.drafters import build_drafter
     from specprobe.models.loader import load_model
 
     target = load_model(str(tiny_pair["target"]))
     drafter = build_drafter("self:layers=1", target)
     ids = torch.tensor([[1, 5, 9, 30, 44, 7]])
     mask = torch.ones_like(ids)
-    from specprobe.probe.scoring import capture_layers
+    from specprobe.models.anatomy import capture_layers
 
     with torch.inference_mode():
         with capture_layers(target.model, (1,)) as captured:
@@ -137,7 +137,7 @@ def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
     interface: an oracle head that sees the target's state at the predicted position is
     accepted at every depth; a head that is right only at depth 1 decays to chance."""
     from specprobe.core.progress import Progress
-    from specprobe.models.drafters import Drafter
+    from specprobe.models.base import Drafter
     from specprobe.probe.diagnose import load_pair
 
     class OracleHeads(Drafter):
@@ -262,9 +262,9 @@ def test_second_turns_are_scored_after_the_targets_own_first_answers(tiny_pair, 
     """MT-Bench: every second turn is scored, in a conversation holding the target's own
     on-policy answer to the first turn (greedy here, so the answer is reproducible)."""
     from specprobe.models.loader import load_model
-    from specprobe.probe.alignment import SamplingFlags
     from specprobe.probe.references import encode_prompt
     from specprobe.prompts import load_prompts
+    from specprobe.settings.pipeline import SamplingFlags
 
     pf = _two_turn_file(tmp_path / "mt.jsonl")
     cfg = _cfg(tiny_pair, "self", tmp_path, prompts=str(pf), sampling=SamplingFlags(temperature=0.0), max_new_tokens=5)

@@ -666,9 +666,9 @@ def loaded_target(tiny_pair: dict[str, Path]) -> Any:
 
 def _refs(target: Any, cfg_kw: dict[str, Any] | None = None, use_cache: bool = True) -> list[list[int]]:
     from specprobe.core.progress import Progress
-    from specprobe.probe.alignment import SamplingFlags, effective_sampling
+    from specprobe.probe.alignment import effective_sampling
     from specprobe.probe.references import encode_prompts, generate_references
-    from specprobe.settings.pipeline import DiagnoseConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
     from tests.helpers.tiny import prompts_file
 
     cfg = DiagnoseConfig(target="t", drafter="self", max_new_tokens=6, batch_size=2, sampling=SamplingFlags(temperature=1.0), use_cache=use_cache, **(cfg_kw or {}))

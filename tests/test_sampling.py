@@ -15,7 +15,8 @@ import torch
 from specprobe.core.errors import ConfigError
 from specprobe.metrics.core import position_metrics
 from specprobe.metrics.sampling import Sampling, probs, truncate_
-from specprobe.probe.alignment import SamplingFlags, compare, declared_gaps, effective_sampling
+from specprobe.probe.alignment import compare, declared_gaps, effective_sampling
+from specprobe.settings.pipeline import SamplingFlags
 
 
 def _hf_chain(x: torch.Tensor, t: float, k: int, p: float, mp: float) -> torch.Tensor:

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from specprobe.cli.main import app
 from specprobe.core.errors import ConfigError, InputError
-from specprobe.probe.shards import Shard, load_part, owns, parse_shard
+from specprobe.probe.shards import load_part, owns
+from specprobe.settings.values import Shard, parse_shard
 from tests.helpers.same import differences
 
 runner = CliRunner()
@@ -110,7 +111,8 @@ def test_device_map_loads_through_accelerate_and_hooks_read_the_layers(sharded: 
     """--device-map / --max-memory reach accelerate (here everything on the CPU), and the
     self-draft's hooks read the same layer: the result equals the ordinary load's."""
     from specprobe.core.errors import ConfigError as CE
-    from specprobe.models.loader import load_model, parse_max_memory
+    from specprobe.models.loader import load_model
+    from specprobe.settings.values import parse_max_memory
 
     assert parse_max_memory("0=70GiB, 1=70GiB,cpu=8GiB") == {0: "70GiB", 1: "70GiB", "cpu": "8GiB"}
     with pytest.raises(CE, match="DEVICE=SIZE"):

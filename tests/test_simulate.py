@@ -297,7 +297,7 @@ def _sim_cfg(tiny_pair, tmp_path, drafter: str, **kw):
 
 
 def test_run_simulate_result_schema(tiny_pair, tmp_path) -> None:
-    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.settings.pipeline import SamplingFlags
     from specprobe.simulate import run_simulate
 
     r = run_simulate(_sim_cfg(tiny_pair, tmp_path, "self", sampling=SamplingFlags(temperature=0.7)))

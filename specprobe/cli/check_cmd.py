@@ -79,8 +79,9 @@ def check(
     """
     from specprobe.core.errors import ConfigError
     from specprobe.judge.rules import load_table
-    from specprobe.probe.alignment import SamplingFlags, compare, declared_gaps, effective_sampling
+    from specprobe.probe.alignment import compare, declared_gaps, effective_sampling
     from specprobe.settings.options import SAMPLING_SLOT, relabel_sources
+    from specprobe.settings.pipeline import SamplingFlags
     from specprobe.settings.serving import Setting, read_serving_config, resolve_sampling
 
     opts = gather(ctx, "check")

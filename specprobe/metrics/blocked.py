@@ -41,11 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from specprobe.metrics.sampling import Sampling, truncate_
+from specprobe.metrics.sampling import LOGQ_FLOOR, Sampling, truncate_
 
-# Floor on log q: ids the drafter gives probability 0 (−inf logits) cost a large, finite
-# penalty instead of an infinite KL.
-LOGQ_FLOOR = -1e4
 # [rows, V] float32 arrays a block keeps in cache: each side's logits (read twice), x and e
 _ARRAYS = 6
 _FALLBACK_CACHE = 2 * 1024 * 1024  # bytes of L2 per core when sysfs does not say

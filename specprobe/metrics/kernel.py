@@ -52,7 +52,7 @@ from numba.core import cgutils
 from numba.core import config as _numba_config
 from numba.extending import intrinsic
 
-from specprobe.metrics.blocked import LOGQ_FLOOR  # a drafter's −inf logits: a large, finite penalty
+from specprobe.metrics.sampling import LOGQ_FLOOR
 
 
 def _prefer_512_bit_vectors() -> None:

@@ -179,3 +179,8 @@ def probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from probabilities [N, V] -> [N]."""
     return torch.multinomial(p, 1, generator=generator).squeeze(-1)
+
+
+# Floor on log q: ids the drafter gives probability 0 (−inf logits) cost a large, finite
+# penalty instead of an infinite KL.
+LOGQ_FLOOR = -1e4

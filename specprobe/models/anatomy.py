@@ -230,3 +230,23 @@ def layer_view(model: Any, n_layers: int) -> Any:
     if left:
         raise ModelLoadError(f"layer-skip view of {type(model).__name__} left {left[0]} unshared", "use an independent drafter for this architecture")
     return shell.eval()
+
+
+@contextmanager
+def capture_layers(model: Any, layers: tuple[int, ...]) -> Iterator[dict[int, Any]]:
+    """Raw outputs of decoder layers 1..L (1-based, as hidden_states[N]) via forward hooks,
+    so only the layers a drafter needs are kept — not all L+1 hidden states."""
+    from specprobe.models.anatomy import decoder_layers
+
+    captured: dict[int, Any] = {}
+    handles = []
+    blocks = decoder_layers(model)[0] if layers else []
+    for n in layers:
+        def hook(_mod: Any, _inp: Any, output: Any, n: int = n) -> None:
+            captured[n] = output[0] if isinstance(output, tuple) else output
+        handles.append(blocks[n - 1].register_forward_hook(hook))
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()

@@ -17,68 +17,12 @@ Specs:  self                 the target itself (sanity check: α = 1)
 from __future__ import annotations
 
 import re
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.models.anatomy import decoder_layers, final_norm, layer_view
+from specprobe.models.base import Drafter, TargetPass
 from specprobe.models.loader import LoadedModel, ModelInfo, load_info, load_model
-
-
-@dataclass
-class TargetPass:
-    """The target's teacher-forced outputs over a batch: hidden states it exposes to drafters."""
-
-    input_ids: Any  # [B, S]
-    attention_mask: Any  # [B, S]
-    last_hidden: Any  # [B, S, H] final-normed
-    layer_hidden: dict[int, Any]  # layer index -> [B, S, H] (raw, pre-norm) for the layers drafters asked for
-
-
-class Drafter(ABC):
-    """A draft model paired with a target."""
-
-    kind: str = "independent"
-    #: depths the drafter predicts directly; None means autoregressive (depth 1 chained)
-    head_depths: tuple[int, ...] | None = None
-
-    def __init__(self, spec: str, target: LoadedModel) -> None:
-        self.spec = spec
-        self.target = target
-
-    @property
-    @abstractmethod
-    def info(self) -> ModelInfo: ...
-
-    @property
-    def name(self) -> str:
-        return self.spec
-
-    @property
-    def num_layers(self) -> int | None:
-        return None
-
-    @property
-    def params(self) -> int | None:
-        return None
-
-    def target_layers_needed(self) -> tuple[int, ...]:
-        """Raw hidden states of these target layers are handed over in TargetPass.layer_hidden."""
-        return ()
-
-    @abstractmethod
-    def hidden(self, tp: TargetPass) -> Mapping[int, Any]:
-        """depth -> [B, S, H'] features whose `logits(·, depth)` predict token t+depth at t."""
-
-    @abstractmethod
-    def logits(self, hidden: Any, depth: int) -> Any:
-        """[N, H'] -> [N, V_draft] logits."""
-
-    def step_model(self) -> Any:
-        """A causal LM with a KV cache for real draft loops and cost timing (None for heads)."""
-        return None
 
 
 class SelfDrafter(Drafter):

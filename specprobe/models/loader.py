@@ -327,20 +327,6 @@ class LoadedModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
 
-def parse_max_memory(text: str, where: str = "--max-memory") -> dict[Any, str]:
-    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: '70GiB', 1: '70GiB', 'cpu': '200GiB'} (accelerate's form)."""
-    from specprobe.core.errors import ConfigError
-
-    out: dict[Any, str] = {}
-    for item in filter(None, (x.strip() for x in str(text).split(","))):
-        key, sep, size = item.partition("=")
-        key, size = key.strip(), size.strip()
-        if not sep or not size or not (key.isdigit() or key in ("cpu", "disk")):
-            raise ConfigError(f"{where} {text!r}: {item!r} is not DEVICE=SIZE", "use e.g. --max-memory 0=70GiB,1=70GiB (GPU index or cpu = size)")
-        out[int(key) if key.isdigit() else key] = size
-    if not out:
-        raise ConfigError(f"{where} {text!r} lists no device", "use e.g. --max-memory 0=70GiB,1=70GiB")
-    return out
 
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None, device_map: str | None = None, max_memory: dict[Any, str] | None = None) -> LoadedModel:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.metrics.sampling import SEMANTICS, Sampling
+from specprobe.settings.pipeline import SamplingFlags
 
 MAX_EXAMPLES = 5
 # Alignment errors after which scoring is meaningless (ids mean other tokens).
@@ -24,26 +25,6 @@ _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 _PENALTIES = (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
 
 
-@dataclass(frozen=True)
-class SamplingFlags:
-    """Sampling settings from the command line or a serving config; None means 'not
-    given'. The draft_* fields set the drafter apart from the target (engines share one
-    set of sampling parameters otherwise)."""
-
-    temperature: float | None = None
-    draft_temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    draft_top_k: int | None = None
-    draft_top_p: float | None = None
-    sampling_semantics: str = "vllm"  # vllm | sglang | transformers: whose transform
-    repetition_penalty: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -80,7 +80,7 @@ def _sampling(pair: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- diagnose
 def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict[str, Any]:
     """What was run, on what, where: the fields every diagnose/simulate result starts with."""
-    from specprobe.estimates.timing import environment
+    from specprobe.core.environment import environment
 
     target, drafter, align = pair.target, pair.drafter, pair.alignment
     return {

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.progress import Progress
-from specprobe.probe.alignment import SamplingFlags
 from specprobe.probe.diagnose import Pair, load_pair, run_diagnose
 from specprobe.result import Result
-from specprobe.settings.pipeline import DiagnoseConfig
+from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.core.interrupts import shielded
 from specprobe.core.progress import Progress
-from specprobe.estimates.timing import cost_block, timing_settings
 from specprobe.judge.rules import RuleTable
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
@@ -26,6 +25,7 @@ from specprobe.probe.references import (  # noqa: F401  (encode_prompt, load_pro
     references_by_turn,
 )
 from specprobe.probe.scoring import Scored, score
+from specprobe.probe.timing import cost_block, timing_settings
 from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
 from specprobe.settings.pipeline import DiagnoseConfig
@@ -45,7 +45,8 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
     receives the drafter's info (configs and headers, no weights) before the target
     loads, to refuse what the caller cannot run (simulate: an MTP head with > 1 layer)."""
     from specprobe.models.drafters import build_drafter, drafter_info
-    from specprobe.models.loader import check_paths, load_info, load_model, parse_max_memory
+    from specprobe.models.loader import check_paths, load_info, load_model
+    from specprobe.settings.values import parse_max_memory
 
     # a drafter path that does not exist is refused before the target loads (minutes, for a big one)
     check_paths(cfg.target if target is None else None, cfg.drafter if drafter is None else None)

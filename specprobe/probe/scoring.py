@@ -19,8 +19,7 @@ further collectors (`score(..., collectors=[...])`) without touching the loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -28,6 +27,7 @@ import numpy as np
 
 from specprobe.core.progress import Progress
 from specprobe.metrics.accumulate import Accumulator
+from specprobe.models.anatomy import capture_layers
 from specprobe.probe.memory import Backoff, Buffered, chunk_for
 from specprobe.prompts import Prompt
 from specprobe.settings.pipeline import DiagnoseConfig
@@ -371,7 +371,7 @@ def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[in
     chunk by chunk: logits -> `score_chunk` -> every collector. -> the head depths seen."""
     import torch
 
-    from specprobe.models.drafters import TargetPass
+    from specprobe.models.base import TargetPass
 
     ids, mask = _right_padded([encoded[i] + conts[i] for i in idx], _pad_id(target.tokenizer), target.device)
     # position t = p0−1+j predicts continuation token j (at p0+j), for j < len(continuation)
@@ -427,21 +427,3 @@ def _right_padded(seqs: list[list[int]], pad: int, device: Any) -> tuple[Any, An
     return ids.to(device), mask.to(device)
 
 
-@contextmanager
-def capture_layers(model: Any, layers: tuple[int, ...]) -> Iterator[dict[int, Any]]:
-    """Raw outputs of decoder layers 1..L (1-based, as hidden_states[N]) via forward hooks,
-    so only the layers a drafter needs are kept — not all L+1 hidden states."""
-    from specprobe.models.anatomy import decoder_layers
-
-    captured: dict[int, Any] = {}
-    handles = []
-    blocks = decoder_layers(model)[0] if layers else []
-    for n in layers:
-        def hook(_mod: Any, _inp: Any, output: Any, n: int = n) -> None:
-            captured[n] = output[0] if isinstance(output, tuple) else output
-        handles.append(blocks[n - 1].register_forward_hook(hook))
-    try:
-        yield captured
-    finally:
-        for h in handles:
-            h.remove()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -28,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from specprobe.core.errors import ConfigError, InputError
+from specprobe.core.errors import InputError
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.probe.scoring import ROW_FIELDS, Chunk, ChunkScores, Scored, SequenceCollector, _runs
+from specprobe.settings.values import Shard
 
 FORMAT = "specprobe-part"
 VERSION = 1
@@ -38,26 +38,8 @@ VERSION = 1
 _NOT_IDENTITY = ("shard", "use_cache", "part_path", "device", "device_map", "max_memory")
 
 
-# ----------------------------------------------------------------------------- which prompts
-@dataclass(frozen=True)
-class Shard:
-    index: int
-    count: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.index}/{self.count}"
 
 
-def parse_shard(text: str, where: str = "--shard") -> Shard:
-    """'1/4' -> Shard(1, 4); ConfigError on anything else."""
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
-    if not m:
-        raise ConfigError(f"{where} {text!r} is not I/N", "use e.g. --shard 0/4 (shards 0..N-1 of N)")
-    i, n = int(m.group(1)), int(m.group(2))
-    if n < 1 or i >= n:
-        raise ConfigError(f"{where} {text!r} is out of range", f"the index runs from 0 to N-1: 0/{max(n, 1)} … {max(n, 1) - 1}/{max(n, 1)}")
-    return Shard(i, n)
 
 
 def owns(prompt_index: int, batch_size: int, shard: Shard | None) -> bool:
@@ -155,7 +137,7 @@ def make_part(shard: Shard, ident: dict[str, Any], header: dict[str, Any], metri
 
 
 def save_part(part: dict[str, Any], path: Path) -> Path:
-    from specprobe.report.files import write_text_atomic
+    from specprobe.core.files import write_text_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, json.dumps(part))
@@ -286,8 +268,7 @@ def _replay(i: int, it: dict[str, Any]) -> tuple[Chunk, ChunkScores]:
 
 def config_from_part(part: dict[str, Any]) -> Any:
     """The run's DiagnoseConfig, from the settings a part records."""
-    from specprobe.probe.alignment import SamplingFlags
-    from specprobe.settings.pipeline import DiagnoseConfig
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 
     d = dict(part["header"]["config"])
     flag_names = {f.name for f in fields(SamplingFlags)}

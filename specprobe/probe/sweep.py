@@ -130,15 +130,9 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
     import numpy as np
     import torch
 
-    from specprobe.models.drafters import TargetPass
-    from specprobe.probe.scoring import (
-        Chunk,
-        _pad_id,
-        _right_padded,
-        _wants,
-        capture_layers,
-        score_chunk,
-    )
+    from specprobe.models.anatomy import capture_layers
+    from specprobe.models.base import TargetPass
+    from specprobe.probe.scoring import Chunk, _pad_id, _right_padded, _wants, score_chunk
 
     ids, mask = _right_padded([encoded[i] + conts[i] for i in idx], _pad_id(target.tokenizer), target.device)
     lengths = [len(conts[i]) for i in idx]
@@ -178,7 +172,6 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
 
     from specprobe import __version__
     from specprobe.core.progress import Progress
-    from specprobe.estimates.timing import cost_block, timing_settings
     from specprobe.judge.rules import load_table
     from specprobe.metrics.accumulate import Accumulator
     from specprobe.probe.alignment import BLOCKING_RULES
@@ -187,6 +180,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from specprobe.probe.drilldown import DrillCollector
     from specprobe.probe.references import load_prompt_set, references_by_turn
     from specprobe.probe.scoring import Scored, SequenceCollector
+    from specprobe.probe.timing import cost_block, timing_settings
 
     if not drafters:
         raise ConfigError("sweep needs at least one drafter", "give DRAFTER arguments or --layers, e.g. --layers 16..29")

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import OutputError
+from specprobe.core.files import make_temp_dir
 from specprobe.judge.catalog import CATALOG
-from specprobe.report.files import make_temp_dir
 from specprobe.report.fmt import num
 from specprobe.result import Comparison, Finding, Part, Result
 

@@ -22,13 +22,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specprobe.core.errors import ConfigError
+from specprobe.settings.values import K_LIMIT
 
 FailOn = Literal["error", "warning", "info", "never"]
 Reference = Literal["on-policy", "dataset"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Semantics = Literal["vllm", "sglang", "transformers"]
-# The longest draft the estimate and the simulate loop handle (flags and files alike).
-K_LIMIT = 32
 
 
 class OutputsConfig(BaseModel):
@@ -107,7 +106,7 @@ class ProbeConfig(BaseModel):
     def _shard(cls, v: str | None) -> str | None:
         if v is not None:
             from specprobe.core.errors import ConfigError
-            from specprobe.probe.shards import parse_shard
+            from specprobe.settings.values import parse_shard
 
             try:
                 parse_shard(v)

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specprobe.core.errors import ConfigError, OutputError
-from specprobe.report.files import OutputPath, check_outputs
-from specprobe.settings.config import K_LIMIT
+from specprobe.core.files import OutputPath, check_outputs
 from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
+from specprobe.settings.values import K_LIMIT, parse_batch_sizes, parse_ks
 
 if TYPE_CHECKING:
-    from specprobe.probe.alignment import SamplingFlags
+    from specprobe.settings.pipeline import SamplingFlags
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 REFERENCES = ("on-policy", "dataset")
@@ -178,7 +178,7 @@ class RunOptions:
         return [OutputPath(self.where(p), getattr(self, p), _OUTPUT_KINDS[p]) for p in _OUTPUT_KINDS if getattr(self, p) is not None]  # type: ignore[arg-type]
 
     def sampling_flags(self) -> SamplingFlags:
-        from specprobe.probe.alignment import SamplingFlags
+        from specprobe.settings.pipeline import SamplingFlags
 
         return SamplingFlags(**{k: getattr(self, k) for k in _SAMPLING}, sampling_semantics=self.sampling_semantics)
 
@@ -238,12 +238,12 @@ def _from_cli(param: str, value: Any, where: str) -> Any:
     if param in ("rules", "serving_config"):
         return [Path(v) for v in value]
     if param == "max_memory":
-        from specprobe.models.loader import parse_max_memory
+        from specprobe.settings.values import parse_max_memory
 
         parse_max_memory(str(value), where)
         return str(value)
     if param == "shard":
-        from specprobe.probe.shards import parse_shard
+        from specprobe.settings.values import parse_shard
 
         sh = parse_shard(str(value), where)
         return (sh.index, sh.count)
@@ -359,23 +359,5 @@ def relabel_sources(sources: Mapping[str, str], origins: Mapping[str, str]) -> d
     return {slot: origins.get(slot, src) if src == "flag" else src for slot, src in sources.items()}
 
 
-def parse_ks(text: str, where: str = "--k") -> list[int]:
-    """'1,2,4' -> [1, 2, 4] (sorted, unique); ConfigError on anything else."""
-    try:
-        ks = sorted({int(x) for x in text.replace(" ", "").split(",") if x})
-    except ValueError:
-        raise ConfigError(f"{where} {text!r} is not a comma-separated list of integers", "use e.g. --k 1,2,4") from None
-    if not ks or ks[0] < 1 or ks[-1] > K_LIMIT:
-        raise ConfigError(f"{where} {text!r} must list draft lengths between 1 and {K_LIMIT}", "use e.g. --k 1,2,4")
-    return ks
 
 
-def parse_batch_sizes(text: str, where: str = "--batch-sizes") -> list[int]:
-    """'1,8,32' -> [1, 8, 32] (sorted, unique); ConfigError on anything else."""
-    try:
-        sizes = sorted({int(x) for x in text.replace(" ", "").split(",") if x})
-    except ValueError:
-        raise ConfigError(f"{where} {text!r} is not a comma-separated list of integers", "use e.g. --batch-sizes 1,8,32") from None
-    if not sizes or sizes[0] < 1:
-        raise ConfigError(f"{where} {text!r} must list positive batch sizes", "use e.g. --batch-sizes 1,8,32")
-    return sizes

@@ -10,23 +10,36 @@ first) live here with them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specprobe.core.errors import ConfigError
-from specprobe.settings.config import K_LIMIT
-
-if TYPE_CHECKING:
-    from specprobe.probe.alignment import SamplingFlags
+from specprobe.settings.values import K_LIMIT
 
 # Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
 # buffers stay warm in cache (measured best at 32–64 on a 2-core CPU with V = 49,152).
 DEFAULT_CHUNK_POSITIONS = 64
 
 
-def _default_sampling() -> SamplingFlags:
-    from specprobe.probe.alignment import SamplingFlags
+@dataclass(frozen=True)
+class SamplingFlags:
+    """Sampling settings from the command line or a serving config; None means 'not
+    given'. The draft_* fields set the drafter apart from the target (engines share one
+    set of sampling parameters otherwise)."""
 
-    return SamplingFlags()
+    temperature: float | None = None
+    draft_temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    draft_top_k: int | None = None
+    draft_top_p: float | None = None
+    sampling_semantics: str = "vllm"  # vllm | sglang | transformers: whose transform
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -40,7 +53,7 @@ class DiagnoseConfig:
     max_prompts: int | None = None
     max_new_tokens: int = 64
     reference: str = "on-policy"  # or "dataset"
-    sampling: SamplingFlags = field(default_factory=_default_sampling)
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)
     seed: int = 0
     batch_size: int = 8
     batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)

@@ -10,8 +10,8 @@
                prompts, and the result's "measured" block
 """
 
+from specprobe.models.kvcache import Stream, right_align
 from specprobe.simulate.counters import SimCounters, SimRun
-from specprobe.simulate.kvcache import Stream, right_align
 from specprobe.simulate.loop import speculate
 from specprobe.simulate.pipeline import eos_ids, measured_section, run_simulate
 from specprobe.simulate.rejection import leading_accepts, verify_greedy, verify_sampled

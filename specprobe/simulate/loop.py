@@ -30,8 +30,8 @@ import torch
 
 from specprobe.metrics.core import align_vocab
 from specprobe.metrics.sampling import Sampling, probs
+from specprobe.models.kvcache import Stream, right_align
 from specprobe.simulate.counters import SimCounters, SimRun
-from specprobe.simulate.kvcache import Stream, right_align
 from specprobe.simulate.rejection import verify_greedy, verify_sampled
 
 Advance = Callable[[int], Any]

@@ -177,8 +177,7 @@ class LiveHead:
         """Run the target's verify forward over ids [B, T] and keep the states the head
         reads at every position (hooks: transformers' hidden_states[k] and the decoder's
         post-norm last_hidden_state, as the scorer captures them) -> forward's result."""
-        from specprobe.models.anatomy import capture_last_hidden
-        from specprobe.probe.scoring import capture_layers
+        from specprobe.models.anatomy import capture_last_hidden, capture_layers
 
         model = self.d.target.model
         layers = self.d.target_layers_needed()
@@ -311,13 +310,13 @@ class LiveHead:
 
     # ------------------------------------------------------------------------- timing
     def _start(self) -> float:
-        from specprobe.simulate.kvcache import sync
+        from specprobe.models.kvcache import sync
 
         sync(self.device)
         return time.perf_counter()
 
     def _stop(self, t0: float) -> None:
-        from specprobe.simulate.kvcache import sync
+        from specprobe.models.kvcache import sync
 
         sync(self.device)
         self.seconds += time.perf_counter() - t0

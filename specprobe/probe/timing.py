@@ -7,7 +7,6 @@ result."""
 from __future__ import annotations
 
 import math
-import platform
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -115,7 +114,7 @@ class _Decoder:
     def __init__(self, model: Any, batch: int, context: int, device: Any, gen: Any) -> None:
         import torch
 
-        from specprobe.simulate.kvcache import Stream
+        from specprobe.models.kvcache import Stream
 
         self.vocab = int(model.get_output_embeddings().weight.shape[0])
         self.stream = Stream(model, batch, device)
@@ -126,7 +125,7 @@ class _Decoder:
     def call(self, n: int) -> Callable[[], object]:
         import torch
 
-        from specprobe.simulate.kvcache import crop
+        from specprobe.models.kvcache import crop
 
         ids = torch.randint(0, self.vocab, (self.batch, n), generator=self.gen).to(self.device)  # [B, n]
         valid = torch.ones_like(ids, dtype=torch.bool)
@@ -147,8 +146,8 @@ def _head_step(target: Any, drafter: Any, batch: int, gen: Any) -> Callable[[], 
     drafter cannot run on a bare two-position pass."""
     import torch
 
-    from specprobe.models.drafters import TargetPass
-    from specprobe.simulate.kvcache import sync
+    from specprobe.models.base import TargetPass
+    from specprobe.models.kvcache import sync
 
     dev = target.device
     h = int(target.config.hidden_size)
@@ -193,20 +192,3 @@ def context_length(prompt_lengths: Sequence[int], continuation_lengths: Sequence
     return max(1, int(round(statistics.median(xs)))) if xs else 64
 
 
-# ----------------------------------------------------------------------------- environment
-def environment(device: str, dtype: Any) -> dict[str, Any]:
-    """Device (with the GPU's name), dtype, Python, platform and package versions."""
-    from importlib import metadata
-
-    pk: dict[str, str | None] = {}
-    for name in ("torch", "transformers", "tokenizers", "safetensors", "gguf", "accelerate", "numpy", "scipy", "pandas", "typer", "rich", "pydantic"):
-        try:
-            pk[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pk[name] = None
-    dev = device
-    if device.startswith("cuda"):
-        import torch
-
-        dev = f"{device} ({torch.cuda.get_device_name(0)})"
-    return {"device": dev, "dtype": str(dtype).replace("torch.", ""), "torch": pk["torch"], "transformers": pk["transformers"], "python": platform.python_version(), "platform": platform.platform(), "packages": pk}
