@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from specprobe.cli.main import app
 from specprobe.core.errors import ConfigError
 from specprobe.settings.config import K_LIMIT, OutputsConfig, ProbeConfig
-from specprobe.settings.options import KEYS, merge
+from specprobe.settings.model import SETTINGS
+from specprobe.settings.options import merge
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data"
@@ -41,16 +42,17 @@ def _spelling(p: Any) -> set[str]:
 def test_every_key_is_exactly_one_flag_of_every_command_that_has_it() -> None:
     file_keys = {n for n in ProbeConfig.model_fields if n not in ("source", "outputs")}
     file_keys |= {f"outputs.{'json' if n == 'json_path' else n}" for n in OutputsConfig.model_fields}
-    assert {k.key for k in KEYS} == file_keys, "a probe-config key without a flag, or a flag without a key"
-    assert len({k.param for k in KEYS}) == len(KEYS) and len({k.flag for k in KEYS}) == len(KEYS)
+    keyed = [s for s in SETTINGS if s.file_key is not None]
+    assert {s.file_key for s in keyed} == file_keys, "a probe-config key without a flag, or a flag without a key"
+    assert len({s.name for s in SETTINGS}) == len(SETTINGS) and len({s.flag for s in SETTINGS}) == len(SETTINGS)
     for command in COMMANDS:
         params = _params(command)
-        mine = {k.param: k for k in KEYS if command in k.commands}
+        mine = {s.name: s for s in keyed if command in s.commands}
         for name, p in params.items():
             if name in NOT_KEYS:
                 continue
             assert name in mine, f"{command} {sorted(p.opts)} has no probe-config key"
-            assert mine[name].flag in _spelling(p), f"{command}: key {mine[name].key} is spelled {_spelling(p)}, table says {mine[name].flag}"
+            assert mine[name].flag in _spelling(p), f"{command}: key {mine[name].file_key} is spelled {_spelling(p)}, table says {mine[name].flag}"
         for name, key in mine.items():
             assert name in params, f"table says {command} has {key.flag}, it does not"
     for command in ("check", "diagnose", "simulate"):

@@ -11,23 +11,11 @@ import typer
 
 from specprobe.cli.common import (
     ConfigOpt,
-    DrafterArg,
-    DraftTempOpt,
-    DraftTopKOpt,
-    DraftTopPOpt,
-    FailOnOpt,
-    JsonOpt,
-    MinPOpt,
-    RulesOpt,
-    SemanticsOpt,
-    TargetArg,
-    TempOpt,
-    TopKOpt,
-    TopPOpt,
     err,
     gather,
     handle_errors,
     out,
+    takes_settings,
     write_outputs,
 )
 
@@ -42,23 +30,10 @@ ServingConfigOpt = Annotated[
 ]
 
 
+@takes_settings("check")
 @handle_errors
 def check(
     ctx: typer.Context,
-    target: TargetArg = None,
-    drafter: DrafterArg = None,
-    temperature: TempOpt = None,
-    draft_temperature: DraftTempOpt = None,
-    top_k: TopKOpt = None,
-    top_p: TopPOpt = None,
-    min_p: MinPOpt = None,
-    draft_top_k: DraftTopKOpt = None,
-    draft_top_p: DraftTopPOpt = None,
-    sampling_semantics: SemanticsOpt = "vllm",
-    rules: RulesOpt = None,
-    fail_on: FailOnOpt = "error",
-    json_path: JsonOpt = None,
-    serving_config: ServingConfigOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Alignment only, in seconds, no forward pass: vocab, token ids, special tokens,

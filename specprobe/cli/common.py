@@ -4,6 +4,7 @@ outputs are written, the error boundary, consoles."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import typer
 from specprobe.core.errors import SpecprobeError
 from specprobe.core.interrupts import shielded, terminate_as_interrupt
 from specprobe.report import terminal
+from specprobe.settings.model import BY_NAME, for_command
 
 if TYPE_CHECKING:
     from specprobe.result import Comparison, Result
@@ -26,9 +28,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 # terminal, COLUMNS, or a CI log (report.terminal).
 out = terminal.console()
 err = terminal.console(stderr=True)
-
-FAIL_ON_CHOICES = ("error", "warning", "info", "never")
-
 
 def fail(message: str, hint: str = "") -> typer.Exit:
     text = message.rstrip(".") + (f" — {hint}" if hint else "")
@@ -58,69 +57,63 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def check_fail_on(value: str) -> str:
-    if value not in FAIL_ON_CHOICES:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
-    return value
-
-
 def is_tty() -> bool:
     return sys.stderr.isatty()
 
 
-# ----------------------------------------------------------------------------- shared options
-# Each option is one key of a probe config (specprobe.settings.options.KEYS); the help says so once.
-# Output paths are parsed as text so an empty one ("$GITHUB_STEP_SUMMARY" outside CI) is
-# caught by name instead of turning into the current folder.
-TargetArg = Annotated[str | None, typer.Argument(help="Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", metavar="TARGET", show_default=False)]
-DrafterArg = Annotated[str | None, typer.Argument(help="Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self' or 'self:layers=N'.", metavar="DRAFTER", show_default=False)]
-# Input paths are read by specprobe itself (readable=False: not click's usage box), so an
-# unreadable file is one line naming the file, the reason and what to do, like any other.
+# ----------------------------------------------------------------------------- options from the settings model
+# Every setting's flag, help, type and default come from `specprobe.settings.model`; a
+# command says which command it is and declares only its own parameters.
+def option(name: str, command: str) -> Any:
+    """The typer annotation of one setting for one command."""
+    s = BY_NAME[name]
+    kw: dict[str, Any] = {"help": s.help_for(command), "show_default": s.show_default}
+    if s.metavar:
+        kw["metavar"] = s.metavar
+    if s.argument:
+        return Annotated[s.type, typer.Argument(**{**kw, "metavar": s.flag})]
+    # input paths are read by specprobe itself (readable=False: not click's usage box), so
+    # an unreadable file is one line naming the file, the reason and what to do
+    return Annotated[s.type, typer.Option(s.flag, **kw, readable=False) if s.file_type == list[Path] else typer.Option(s.flag, **kw)]
+
+
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML or TOML); flags given on the command line override it.", metavar="FILE", readable=False)]
-TempOpt = Annotated[float | None, typer.Option("--temperature", help="Target sampling temperature (0 = greedy). Default: generation_config, else 1.")]
-DraftTempOpt = Annotated[float | None, typer.Option("--draft-temperature", help="Drafter temperature. Default: its generation_config, else the target's.")]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Target top-k (0 = off).")]
-TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Target top-p (1 = off).")]
-MinPOpt = Annotated[float | None, typer.Option("--min-p", help="Target min-p (0 = off).")]
-DraftTopKOpt = Annotated[int | None, typer.Option("--draft-top-k", help="Drafter top-k (default: the target's).")]
-DraftTopPOpt = Annotated[float | None, typer.Option("--draft-top-p", help="Drafter top-p (default: the target's).")]
-SemanticsOpt = Annotated[
-    str,
-    typer.Option("--sampling-semantics", help="Whose sampling to reproduce: vllm | sglang | transformers (order of the transforms, defaults such as transformers' top-k 50 and do_sample)."),
-]
-PromptsOpt = Annotated[str, typer.Option("--prompts", help="'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).")]
-DomainsOpt = Annotated[str | None, typer.Option("--domains", help="Comma-separated domains to keep, e.g. code,math.")]
-MaxPromptsOpt = Annotated[int | None, typer.Option("--max-prompts", help="At most this many prompts, taken round-robin across domains.")]
-ReferenceOpt = Annotated[str, typer.Option("--reference", help="on-policy (sampled from the target, default) or dataset (responses in the prompts file; off-policy).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for sampling (on-policy references; the simulate loop).")]
-BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
-KMaxOpt = Annotated[int, typer.Option("--k-max", help="Largest draft length K in the estimated τ(K)/speedup table (at most 32).")]
-VerifyFactorOpt = Annotated[float | None, typer.Option("--verify-factor", help="Override: a round costs (1 + K·c)·v target steps; default: the verify pass over K+1 tokens timed on the device for every K.")]
-CostRatioOpt = Annotated[float | None, typer.Option("--cost-ratio", help="Override: drafter/target cost per step c; default: timed on the device.")]
-BatchSizesOpt = Annotated[str | None, typer.Option("--batch-sizes", help="Also time the costs at these batch sizes, e.g. 1,8,32, and estimate the speedup at each (the run's --batch-size is always timed).", show_default=False)]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Run even when alignment errors make the numbers meaningless.")]
-NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Regenerate on-policy references instead of reusing the disk cache.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto: cuda when available).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
-RulesOpt = Annotated[
-    list[Path] | None,
-    typer.Option("--rules", help="Extra rules YAML file(s): add rules or override/disable default ones by id.", metavar="FILE", readable=False),
-]
-FailOnOpt = Annotated[
-    str,
-    typer.Option("--fail-on", help="Exit 1 when a finding at or above this severity: error | warning | info | never.", callback=check_fail_on),
-]
-JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the full result as JSON to this file.", metavar="FILE", show_default=False)]
-CsvOpt = Annotated[str | None, typer.Option("--csv", help="Write CSV tables (summary, per-position rows, …) into this folder.", metavar="DIR", show_default=False)]
-HtmlOpt = Annotated[str | None, typer.Option("--html", help="Write a self-contained HTML report (inline CSS and SVG; opens offline).", metavar="FILE", show_default=False)]
-JunitOpt = Annotated[str | None, typer.Option("--junit", help="Write JUnit XML: one testcase per rule evaluated.", metavar="FILE", show_default=False)]
-DeviceMapOpt = Annotated[str | None, typer.Option("--device-map", help="Spread a target larger than one GPU over the devices with accelerate: auto | balanced | sequential | cpu.", show_default=False)]
-MaxMemoryOpt = Annotated[str | None, typer.Option("--max-memory", help="Memory per device for --device-map, e.g. 0=70GiB,1=70GiB (cpu=… too).", metavar="DEV=SIZE,…", show_default=False)]
-ShardOpt = Annotated[
-    str | None,
-    typer.Option("--shard", help="Score shard I of N (whole reference batches, b % N == I) and write its part to --json; `specprobe merge` joins the parts. Under torchrun the ranks shard by themselves.", metavar="I/N", show_default=False),
-]
-MarkdownOpt = Annotated[str | None, typer.Option("--markdown", help="Write a Markdown summary (for $GITHUB_STEP_SUMMARY or a PR comment).", metavar="FILE", show_default=False)]
+
+
+def takes_settings(command: str) -> Callable[[F], F]:
+    """Give a command every setting the model lists for it (arguments first, then its own
+    parameters, then the options), so typer shows them and `gather` merges them. The
+    command function receives only its own parameters; the settings reach it through
+    `gather(ctx, command)`."""
+
+    def decorate(func: F) -> F:
+        own = list(inspect.signature(func, eval_str=True).parameters.values())
+        own_names = {p.name for p in own}
+        listed = {s.name for s in for_command(command)}
+        mine = [s for s in for_command(command) if s.name not in own_names and not s.declared_by_command]
+
+        def param(s: Any) -> inspect.Parameter:
+            return inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default_for(command), annotation=option(s.name, command))
+
+        def own_param(p: inspect.Parameter) -> inspect.Parameter:
+            # a setting the command reads itself (declared plainly, for its type): the model's flag and help
+            if p.name in listed and not BY_NAME[p.name].declared_by_command:
+                return p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=option(p.name, command))
+            return p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+
+        ctx = [p for p in own if p.annotation is typer.Context]
+        rest = [own_param(p) for p in own if p.annotation is not typer.Context]
+        params = ctx + [param(s) for s in mine if s.argument] + rest + [param(s) for s in mine if not s.argument]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, **{k: v for k, v in kwargs.items() if k in own_names})
+
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 # ----------------------------------------------------------------------------- the one merge

@@ -14,34 +14,22 @@ import typer
 
 from specprobe.cli.common import (
     ConfigOpt,
-    FailOnOpt,
-    HtmlOpt,
-    JsonOpt,
-    JunitOpt,
-    MarkdownOpt,
-    RulesOpt,
     gather,
     handle_errors,
     out,
+    takes_settings,
     write_outputs,
 )
 
 
+@takes_settings("compare")
 @handle_errors
 def compare(
     ctx: typer.Context,
     baseline: Annotated[Path | None, typer.Argument(help="The baseline result JSON (the drafter in production). Default: the --config file's baseline.", metavar="BASELINE.json", show_default=False, readable=False)] = None,
     candidate: Annotated[Path | None, typer.Argument(help="The candidate result JSON (the release under test). Default: the --config file's outputs.json, where its diagnose run writes.", metavar="CANDIDATE.json", show_default=False, readable=False)] = None,
-    fail_on: FailOnOpt = "error",
-    rules: RulesOpt = None,
-    html: HtmlOpt = None,
-    markdown: MarkdownOpt = None,
-    junit: JunitOpt = None,
-    json_path: JsonOpt = None,
-    csv_dir: Annotated[str | None, typer.Option("--csv", help="Write the delta tables as CSV into this folder.", metavar="DIR", show_default=False)] = None,
     allow_target_change: Annotated[bool, typer.Option("--allow-target-change", help="Compare even when the two were measured on different target models.")] = False,
     allow_prompt_change: Annotated[bool, typer.Option("--allow-prompt-change", help="Compare even when the two used different prompt sets.")] = False,
-    k: Annotated[str | None, typer.Option("--k", help="Draft length(s) to compare τ and speedup at, e.g. 4 (default: the baseline's best K); the gate judges the K where τ fell most.", show_default=False)] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Compare a candidate drafter's result against a baseline's; exit 1 on a regression.

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Annotated
 
 import typer
 
-from specprobe.cli.common import DeviceOpt, DtypeOpt, JsonOpt, err, gather, handle_errors, out
+from specprobe.cli.common import (
+    err,
+    gather,
+    handle_errors,
+    out,
+    takes_settings,
+)
 
 
+@takes_settings("demo")
 @handle_errors
 def demo(
     ctx: typer.Context,
-    max_prompts: Annotated[int, typer.Option("--max-prompts", help="Prompts from the built-in suite (round-robin over 6 domains).")] = 12,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Reference tokens per prompt.")] = 48,
-    temperature: Annotated[float, typer.Option("--temperature", help="Target (and, but for one row, drafter) temperature.")] = 0.7,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    json_path: JsonOpt = None,
 ) -> None:
     """Run specprobe on a built-in pair: SmolLM2-135M against itself, its 28- and 24-layer
     self-drafts, a drafter at another temperature and a vocab-shuffled drafter.
@@ -33,8 +33,8 @@ def demo(
     from specprobe.settings.pipeline import SamplingFlags
 
     opts = gather(ctx, "demo")  # device, dtype and --json checked before anything loads
-    cfg = default_config(max_prompts=max_prompts, max_new_tokens=max_new_tokens, device=device, dtype=dtype)
-    cfg = replace(cfg, sampling=SamplingFlags(temperature=temperature))
+    cfg = default_config(max_prompts=opts.max_prompts, max_new_tokens=opts.max_new_tokens, device=opts.device, dtype=opts.dtype)
+    cfg = replace(cfg, sampling=SamplingFlags(temperature=opts.temperature))
     results = run_demo(cfg, RichProgress(err))
     interrupted = any(r.interrupted for _, r in results)
     if opts.json_path is not None and results:

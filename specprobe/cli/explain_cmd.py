@@ -13,7 +13,10 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from specprobe.cli.common import handle_errors, out
+from specprobe.cli.common import (
+    handle_errors,
+    out,
+)
 from specprobe.core.errors import InputError
 from specprobe.report.drill_html import alpha_rgb, token_label
 from specprobe.report.fmt import EM_DASH, fixed, pct

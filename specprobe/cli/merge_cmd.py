@@ -14,18 +14,12 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 from specprobe.cli.common import (
-    CsvOpt,
-    FailOnOpt,
-    HtmlOpt,
-    JsonOpt,
-    JunitOpt,
-    MarkdownOpt,
-    RulesOpt,
     err,
     finish,
     gather,
     handle_errors,
     out,
+    takes_settings,
 )
 from specprobe.core.errors import ConfigError
 
@@ -35,18 +29,11 @@ if TYPE_CHECKING:
     from specprobe.settings.pipeline import DiagnoseConfig
 
 
+@takes_settings("merge")
 @handle_errors
 def merge(
     ctx: typer.Context,
     parts: Annotated[list[Path], typer.Argument(help="Every part of one run: the files `diagnose --shard I/N --json PART` wrote.", metavar="PART…", readable=False)],
-    json_path: JsonOpt = None,
-    csv_dir: CsvOpt = None,
-    html: HtmlOpt = None,
-    junit: JunitOpt = None,
-    markdown: MarkdownOpt = None,
-    rules: RulesOpt = None,
-    fail_on: FailOnOpt = "error",
-    brief: Annotated[bool, typer.Option("--brief", help="Verdict and findings only.")] = False,
 ) -> None:
     """Join the parts of a sharded diagnose run into one result — the same one a
     single process would have written (accumulators merged, per-position rows and
@@ -64,11 +51,11 @@ def merge(
     from specprobe.report.console import render
     from specprobe.result import Result
 
-    opts = gather(ctx, "compare", only=("json_path", "csv_dir", "html", "junit", "markdown", "fail_on"))
+    opts = gather(ctx, "merge")
     loaded = [load_part(p) for p in parts]
-    result = Result.model_validate(result_from_parts(loaded, rules=[str(r) for r in rules or []]))
+    result = Result.model_validate(result_from_parts(loaded, rules=[str(r) for r in opts.rules]))
     err.print(f"merged {len(loaded)} parts ({result.metrics.get('num_prompts')} items, {result.metrics.get('num_positions')} positions)", highlight=False)
-    finish(result, opts, lambda: render(result, out, full=not brief))
+    finish(result, opts, lambda: render(result, out, full=not opts.brief))
 
 
 # ----------------------------------------------------------------------------- diagnose, sharded

@@ -9,8 +9,13 @@ from typing import Annotated, Any
 
 import typer
 
-from specprobe.cli.common import FailOnOpt, RulesOpt, err, handle_errors
+from specprobe.cli.common import (
+    err,
+    handle_errors,
+    takes_settings,
+)
 from specprobe.core.errors import ConfigError, InputError
+from specprobe.settings.model import check
 
 EPILOG = (
     "Examples:\n\n"
@@ -34,6 +39,7 @@ def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], eng
     return sources
 
 
+@takes_settings("monitor")
 @handle_errors
 def monitor(
     url: Annotated[list[str] | None, typer.Option("--url", help="An engine's /metrics endpoint (vLLM V1/V0, SGLang or llama.cpp's server); repeatable.")] = None,
@@ -51,8 +57,8 @@ def monitor(
     timeout: Annotated[str, typer.Option("--timeout", help="Per-request HTTP timeout.")] = "5s",
     retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per poll, with doubling backoff, before a source is shown stale.")] = 2,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live terminal view on stderr (only when it is a terminal).")] = True,
-    rules: RulesOpt = None,
-    fail_on: FailOnOpt = "warning",
+    rules: list[Path] | None = None,
+    fail_on: str = "warning",
 ) -> None:
     """Watch speculative-decoding acceptance in production and alert on SP4xx rules.
 
@@ -64,6 +70,7 @@ def monitor(
     from specprobe.monitor.runner import Monitor
     from specprobe.monitor.windows import parse_duration
 
+    check("fail_on", fail_on, "--fail-on")
     if engine not in ENGINES:
         raise ConfigError(f"unknown --engine {engine!r}", "use " + ", ".join(ENGINES))
     win = parse_duration(window, "--window")

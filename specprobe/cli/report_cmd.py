@@ -13,23 +13,16 @@ from typing import Annotated
 import typer
 
 from specprobe.cli.common import (
-    CsvOpt,
-    HtmlOpt,
-    JunitOpt,
-    MarkdownOpt,
-    check_fail_on,
     gather,
     handle_errors,
     out,
+    takes_settings,
     write_outputs,
 )
 from specprobe.result import Result
+from specprobe.settings.model import check
 
 SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", None: "green"}
-
-
-def _check_optional_fail_on(value: str | None) -> str | None:
-    return None if value is None else check_fail_on(value)
 
 
 def print_summary(result: Result) -> None:
@@ -39,17 +32,14 @@ def print_summary(result: Result) -> None:
     render_summary(result, out)
 
 
+@takes_settings("report")
 @handle_errors
 def report(
     ctx: typer.Context,
     result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json", readable=False)],
-    html: HtmlOpt = None,
-    csv_dir: CsvOpt = None,
-    junit: JunitOpt = None,
-    markdown: MarkdownOpt = None,
     fail_on: Annotated[
         str | None,
-        typer.Option("--fail-on", help="Exit 1 when a finding is at or above this severity (error | warning | info | never). Default: only render, exit 0; JUnit uses the run's own --fail-on.", callback=_check_optional_fail_on),
+        typer.Option("--fail-on", help="Exit 1 when a finding is at or above this severity (error | warning | info | never). Default: only render, exit 0; JUnit uses the run's own --fail-on.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not print the summary.")] = False,
 ) -> None:
@@ -66,7 +56,8 @@ def report(
     """
     from specprobe.report.load import gate_exit_code, load_result
 
-    opts = gather(ctx, "report", only=("html", "csv_dir", "junit", "markdown"))  # every output checked before any is written
+    check("fail_on", fail_on, "--fail-on")
+    opts = gather(ctx, "report")  # every output checked before any is written
     result = load_result(result_file)
     if not quiet:
         print_summary(result)

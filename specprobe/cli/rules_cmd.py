@@ -8,7 +8,11 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from specprobe.cli.common import RulesOpt, handle_errors, out
+from specprobe.cli.common import (
+    handle_errors,
+    out,
+    takes_settings,
+)
 from specprobe.cli.help import App
 from specprobe.core.errors import ConfigError
 from specprobe.judge.catalog import CATALOG
@@ -19,23 +23,27 @@ _SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 @rules_app.command("list")
+@takes_settings("rules")
 @handle_errors
 def list_rules(
-    rules: RulesOpt = None,
-    family: Annotated[str | None, typer.Option("--family", help="Only one family digit: 0 alignment, 1 divergence, 2 acceptance, 3 cost, 4 monitoring, 5 regression, 6 calibration.", metavar="DIGIT")] = None,
+    rules: list[Path] | None = None,
+    family: Annotated[str | None, typer.Option("--family", help="Only one family, by name or by the digit of its ids: 0 alignment, 1 divergence, 2 acceptance, 3 cost, 4 monitoring, 5 regression, 6 calibration.", metavar="FAMILY")] = None,
 ) -> None:
     """List every rule: id, severity, name, the condition it fires on.
 
-    Example: specprobe rules list --family 2"""
-    from specprobe.judge.rules import FAMILIES, load_table
+    Example: specprobe rules list --family acceptance"""
+    from specprobe.judge.rules import load_table
     from specprobe.report.terminal import Column, Grid
 
     table = load_table(rules or [])
-    if family is not None and family not in FAMILIES:
-        raise ConfigError(f"--family {family!r} is not a family digit", "use 0 alignment, 1 divergence, 2 acceptance, 3 cost, 4 monitoring, 5 regression or 6 calibration")
-    shown = [r for r in table.rules if family is None or r.id[2] == family]
+    fam = None
+    if family is not None:
+        fam = next((f for f in table.families if family == f.name or (family and f.ids == f"SP{family}")), None)
+        if fam is None:
+            raise ConfigError(f"--family {family!r} is not a family", f"use one of {', '.join(f.name for f in table.families)} or the digit of its ids (2 for SP2xx)")
+    shown = [r for r in table.rules if fam is None or r.family == fam.name]
     sources = ", ".join(Path(s).name for s in table.sources)
-    which = f"family {family}xx ({FAMILIES[family]}): {len(shown)} of {len(table.rules)} rules" if family is not None else f"{len(shown)} rules"
+    which = f"family {fam.name}{f' ({fam.ids}xx)' if fam.ids else ''}: {len(shown)} of {len(table.rules)} rules" if fam is not None else f"{len(shown)} rules"
     g = Grid(
         [
             Column("id"),
@@ -54,10 +62,11 @@ def list_rules(
 
 
 @rules_app.command("explain")
+@takes_settings("rules")
 @handle_errors
 def explain(
     rule_id: Annotated[str, typer.Argument(help="Rule id, e.g. SP003.")],
-    rules: RulesOpt = None,
+    rules: list[Path] | None = None,
 ) -> None:
     """Explain one rule: what it detects, why it matters, the condition, the remedy.
 

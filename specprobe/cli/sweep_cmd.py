@@ -12,31 +12,11 @@ from rich.console import Console
 from rich.text import Text
 
 from specprobe.cli.common import (
-    BatchSizeOpt,
     ConfigOpt,
-    CostRatioOpt,
-    DeviceOpt,
-    DomainsOpt,
-    DraftTempOpt,
-    DtypeOpt,
-    ForceOpt,
-    KMaxOpt,
-    MaxPromptsOpt,
-    MinPOpt,
-    NoCacheOpt,
-    PromptsOpt,
-    ReferenceOpt,
-    RulesOpt,
-    SeedOpt,
-    SemanticsOpt,
-    TargetArg,
-    TempOpt,
-    TopKOpt,
-    TopPOpt,
-    VerifyFactorOpt,
     err,
     handle_errors,
     out,
+    takes_settings,
 )
 from specprobe.core.errors import ConfigError
 from specprobe.report.fmt import EM_DASH, fixed, pct
@@ -84,33 +64,12 @@ def render_sweep(report: object, console: Console) -> None:
         console.print(Text("no drafter could be recommended (nothing was scored)", style="yellow"))
 
 
+@takes_settings("sweep")
 @handle_errors
 def sweep(
     ctx: typer.Context,
-    target: TargetArg = None,
     drafters: Annotated[list[str] | None, typer.Argument(help="Drafters to compare (checkpoint folders, .gguf files, 'self:layers=N', heads).", metavar="[DRAFTER]...", show_default=False)] = None,
     layers: Annotated[str | None, typer.Option("--layers", help="Self-draft depths to add: a range '16..29' and/or a list '20,24,28' (self:layers=N each).", metavar="RANGE")] = None,
-    prompts: PromptsOpt = "builtin",
-    domains: DomainsOpt = None,
-    max_prompts: MaxPromptsOpt = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Reference continuation length per prompt.")] = 64,
-    reference: ReferenceOpt = "on-policy",
-    temperature: TempOpt = None,
-    draft_temperature: DraftTempOpt = None,
-    top_k: TopKOpt = None,
-    top_p: TopPOpt = None,
-    min_p: MinPOpt = None,
-    sampling_semantics: SemanticsOpt = "vllm",
-    seed: SeedOpt = 0,
-    batch_size: BatchSizeOpt = 8,
-    k_max: KMaxOpt = 8,
-    verify_factor: VerifyFactorOpt = None,
-    cost_ratio: CostRatioOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    rules: RulesOpt = None,
-    force: ForceOpt = False,
-    no_cache: NoCacheOpt = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the sweep table as JSON to this file.", metavar="FILE", show_default=False)] = None,
     results_dir: Annotated[Path | None, typer.Option("--results", help="Also write each drafter's full diagnose result (for 'report' and 'explain') into this folder.", metavar="DIR", show_default=False)] = None,
     config: ConfigOpt = None,

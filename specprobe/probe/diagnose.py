@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specprobe.core.errors import ConfigError
 from specprobe.core.interrupts import shielded
 from specprobe.core.progress import Progress
 from specprobe.judge.rules import RuleTable
@@ -84,7 +83,6 @@ def run_diagnose(
     from specprobe.judge.rules import load_table
 
     progress = progress or Progress()
-    _check_ranges(cfg)
     table = table or load_table([Path(p) for p in cfg.rules])
     prompt_set = load_prompt_set(cfg)
     pair = pair or load_pair(cfg, progress)
@@ -93,7 +91,7 @@ def run_diagnose(
     metrics: dict[str, Any] = dict(align.metrics)
 
     # 1. alignment: a pair whose token ids or sampling disagree is not worth a forward pass
-    findings0, _ = evaluate_rules(table, metrics, drafter.kind, align.evidence, families=("0",))
+    findings0, _ = evaluate_rules(table, metrics, drafter.kind, align.evidence, families=("alignment",))
     blocking = [f for f in findings0 if f.rule_id in BLOCKING_RULES and f.severity == "error"]
     if blocking and not cfg.force:
         return stopped_result(header, metrics, table, drafter.kind, align.evidence, [f.rule_id for f in blocking])
@@ -167,12 +165,3 @@ def run_diagnose(
     except KeyboardInterrupt:
         progress.note("stopped without the cost measurement")
         return partial
-
-
-def _check_ranges(cfg: DiagnoseConfig) -> None:
-    if cfg.k_max < 1 or cfg.k_max > 32:
-        raise ConfigError(f"--k-max {cfg.k_max} is out of range", "use 1 ≤ K ≤ 32")
-    if cfg.max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens {cfg.max_new_tokens} must be at least 1", "use e.g. 64")
-    if cfg.batch_size < 1:
-        raise ConfigError(f"--batch-size {cfg.batch_size} must be at least 1", "use e.g. 8")

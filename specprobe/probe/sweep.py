@@ -176,7 +176,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from specprobe.metrics.accumulate import Accumulator
     from specprobe.probe.alignment import BLOCKING_RULES
     from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
-    from specprobe.probe.diagnose import _check_ranges, load_pair
+    from specprobe.probe.diagnose import load_pair
     from specprobe.probe.drilldown import DrillCollector
     from specprobe.probe.references import load_prompt_set, references_by_turn
     from specprobe.probe.scoring import Scored, SequenceCollector
@@ -185,14 +185,13 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     if not drafters:
         raise ConfigError("sweep needs at least one drafter", "give DRAFTER arguments or --layers, e.g. --layers 16..29")
     progress = progress or Progress()
-    _check_ranges(cfg)
     table = table or load_table([Path(p) for p in cfg.rules])
     prompt_set = load_prompt_set(cfg)
     pairs, stopped = [], {}
     for spec in drafters:
         pair = load_pair(replace(cfg, drafter=spec), progress, target=target)
         target = pair.target
-        findings, _ = evaluate_rules(table, dict(pair.alignment.metrics), pair.drafter.kind, pair.alignment.evidence, families=("0",))
+        findings, _ = evaluate_rules(table, dict(pair.alignment.metrics), pair.drafter.kind, pair.alignment.evidence, families=("alignment",))
         blocking = [f.rule_id for f in findings if f.rule_id in BLOCKING_RULES and f.severity == "error"]
         if blocking and not cfg.force:
             stopped[spec] = blocking

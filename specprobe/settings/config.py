@@ -2,7 +2,7 @@
 
 `load_probe_config(path)` reads a probe config into a validated `ProbeConfig`
 (pydantic v2), so a CI job is one command (`specprobe diagnose --config FILE`). Each key
-is one command-line flag (the table is `specprobe.settings.options.KEYS`). Unknown keys are errors
+is one command-line flag (the table is `specprobe.settings.model.SETTINGS`). Unknown keys are errors
 that name the key and the file; relative paths are resolved against the file's folder
 so a config works from any working directory. Fields left out are None, and
 `ProbeConfig.explicit()` returns only what the file set, so command-line flags can
@@ -17,17 +17,21 @@ import difflib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from specprobe.core.errors import ConfigError
-from specprobe.settings.values import K_LIMIT
-
-FailOn = Literal["error", "warning", "info", "never"]
-Reference = Literal["on-policy", "dataset"]
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-Semantics = Literal["vllm", "sglang", "transformers"]
+from specprobe.settings.model import BY_FILE_KEY, SETTINGS, Setting, check
+from specprobe.settings.values import K_LIMIT  # noqa: F401  (re-exported: the limit beside the keys it bounds)
 
 
 class OutputsConfig(BaseModel):
@@ -42,57 +46,18 @@ class OutputsConfig(BaseModel):
     markdown: Path | None = None
 
 
-class ProbeConfig(BaseModel):
-    """A probe config: the check/diagnose/simulate/compare flags, as a file."""
+class _ProbeConfigBase(BaseModel):
+    """The keys' types come from the settings model (one field per setting with a file
+    key); their bounds are checked by `settings.model.check` after the types, so a file
+    is refused with the same words as a flag."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    target: str | None = None
-    drafter: str | None = None
-    # sampling, target side then drafter side (None: the model's generation_config)
-    temperature: float | None = Field(default=None, ge=0)
-    top_k: int | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    draft_temperature: float | None = Field(default=None, ge=0)
-    draft_top_k: int | None = Field(default=None, ge=0)
-    draft_top_p: float | None = Field(default=None, gt=0, le=1)
-    sampling_semantics: Semantics | None = None  # whose sampling transform and defaults
-    # references and prompts
-    max_new_tokens: int | None = Field(default=None, gt=0)
-    reference: Reference | None = None
-    seed: int | None = None
-    batch_size: int | None = Field(default=None, gt=0)
-    batch_sizes: list[int] | None = None  # also estimate the speedup at these batch sizes
-    prompts: str | None = None  # "builtin" or a JSONL path
-    domains: list[str] | None = None
-    max_prompts: int | None = Field(default=None, gt=0)
-    # draft lengths: k_max (1..k_max) or an explicit list k
-    k_max: int | None = Field(default=None, ge=1, le=K_LIMIT)
-    k: list[int] | None = None
-    adaptive_threshold: float | None = Field(default=None, ge=0, le=1)
-    verify_factor: float | None = Field(default=None, gt=0)
-    cost_ratio: float | None = Field(default=None, gt=0)
-    # runtime
-    device: str | None = None
-    dtype: Dtype | None = None
-    force: bool | None = None
-    no_cache: bool | None = None
-    # judging and outputs
-    rules: list[Path] | None = None
-    fail_on: FailOn | None = None
-    brief: bool | None = None
-    shard: str | None = None  # "I/N": one shard of a sharded diagnose run
-    device_map: str | None = None  # accelerate's device_map for a target larger than one GPU
-    max_memory: str | None = None  # "0=70GiB,1=70GiB"
     outputs: OutputsConfig | None = None
-    baseline: Path | None = None  # the BASELINE result `compare --config` compares against
-    serving_configs: list[Path] | None = None  # vLLM/SGLang configs `check` reads sampling from
-
     # Where it was read from (not a key users write).
     source: Path | None = Field(default=None, exclude=True)
 
-    @field_validator("device")
+    @field_validator("device", check_fields=False)
     @classmethod
     def _device(cls, v: str | None) -> str | None:
         if v is None:
@@ -101,56 +66,34 @@ class ProbeConfig(BaseModel):
             return v
         raise ValueError("use auto, cpu, cuda or cuda:N")
 
-    @field_validator("shard")
-    @classmethod
-    def _shard(cls, v: str | None) -> str | None:
-        if v is not None:
-            from specprobe.core.errors import ConfigError
-            from specprobe.settings.values import parse_shard
-
-            try:
-                parse_shard(v)
-            except ConfigError as e:
-                raise ValueError(f"{e.message} ({e.hint})") from None
-        return v
-
-    @field_validator("k")
-    @classmethod
-    def _k_list(cls, v: list[int] | None) -> list[int] | None:
-        if v is None:
-            return v
-        if not v or any(x < 1 or x > K_LIMIT for x in v):
-            raise ValueError(f"K values must be between 1 and {K_LIMIT}")
-        return sorted(set(v))
-
-    @field_validator("batch_sizes")
-    @classmethod
-    def _batch_sizes(cls, v: list[int] | None) -> list[int] | None:
-        if v is None:
-            return v
-        if not v or any(x < 1 for x in v):
-            raise ValueError("batch sizes must be positive integers")
-        return sorted(set(v))
-
-    @field_validator("domains")
+    @field_validator("domains", check_fields=False)
     @classmethod
     def _domains(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and not v:
             raise ValueError("list at least one domain, or leave the key out for all")
         return v
 
+    @field_validator("k", "batch_sizes", check_fields=False)
+    @classmethod
+    def _sorted_list(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and not v:
+            raise ValueError("list at least one value, or leave the key out")
+        return sorted(set(v)) if v is not None else v
+
     @model_validator(mode="after")
-    def _k_consistent(self) -> ProbeConfig:
-        if self.k is not None and self.k_max is not None and max(self.k) > self.k_max:
-            raise ValueError(f"k lists {max(self.k)} but k_max is {self.k_max}; give one of them")
+    def _k_consistent(self) -> _ProbeConfigBase:
+        k, k_max = getattr(self, "k", None), getattr(self, "k_max", None)
+        if k is not None and k_max is not None and max(k) > k_max:
+            raise ValueError(f"k lists {max(k)} but k_max is {k_max}; give one of them")
         return self
 
     @property
     def k_values(self) -> list[int] | None:
         """The draft lengths to evaluate (None: the command's default)."""
-        if self.k is not None:
-            return list(self.k)
-        return list(range(1, self.k_max + 1)) if self.k_max is not None else None
+        k, k_max = getattr(self, "k", None), getattr(self, "k_max", None)
+        if k is not None:
+            return list(k)
+        return list(range(1, k_max + 1)) if k_max is not None else None
 
     def explicit(self) -> dict[str, Any]:
         """The keys the file set, as written in it (outputs flattened to outputs.<name>)."""
@@ -167,6 +110,22 @@ class ProbeConfig(BaseModel):
                 if value is not None:
                     out["outputs." + ("json" if name == "json_path" else name)] = value
         return out
+
+
+def _file_type(s: Setting) -> Any:
+    t = s.file_type if s.file_type is not None else s.type
+    if s.choices:  # a choice is checked with the flag's words, not pydantic's
+        t = str
+    return t | None
+
+
+# A probe config: the check/diagnose/simulate/compare flags, as a file.
+ProbeConfig = create_model(  # type: ignore[call-overload]
+    "ProbeConfig",
+    __base__=_ProbeConfigBase,
+    __doc__="A probe config: the check/diagnose/simulate/compare flags, as a file.",
+    **{s.file_key: (_file_type(s), None) for s in SETTINGS if s.file_key is not None and "." not in s.file_key},
+)
 
 
 _PATH_FIELDS = ("rules", "baseline", "serving_configs")
@@ -242,7 +201,7 @@ def _resolve(base: Path, value: Any, where: str) -> Any:
     return p if p.is_absolute() else (base / p).resolve()
 
 
-def probe_config_from_mapping(data: Mapping[str, Any], source: Path | str = "<config>") -> ProbeConfig:
+def probe_config_from_mapping(data: Mapping[str, Any], source: Path | str = "<config>") -> _ProbeConfigBase:
     """Validate an already-parsed mapping (paths resolved against source's folder)."""
     src = Path(source)
     base = src.parent.resolve() if src.name != "<config>" else Path.cwd()
@@ -274,17 +233,24 @@ def probe_config_from_mapping(data: Mapping[str, Any], source: Path | str = "<co
         if isinstance(raw.get(key), int):
             raw[key] = [raw[key]]
     try:
-        return ProbeConfig.model_validate({**raw, "source": src})
+        pc: _ProbeConfigBase = ProbeConfig.model_validate({**raw, "source": src})
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
         got = first.get("input")
         got_text = f" (got {got!r})" if not isinstance(got, (dict, list)) and got is not None else ""
         more = f"; {e.error_count() - 1} more problem(s)" if e.error_count() > 1 else ""
-        raise ConfigError(f"{src}: {loc}: {first['msg']}{got_text}{more}", "see docs/reports.md for the probe config keys") from None
+        raise ConfigError(f"{src}: {loc}: {first['msg']}{got_text}{more}", "see docs/settings.md for the probe config keys") from None
+    for key, value in pc.explicit().items():  # the bounds, in the same words as for a flag
+        s = BY_FILE_KEY[key]
+        where = f"{src.name}: {key}"
+        if s.parse is not None and isinstance(value, str):
+            s.parse(value, where)
+        check(s.name, value, where)
+    return pc
 
 
-def load_probe_config(path: str | Path) -> ProbeConfig:
+def load_probe_config(path: str | Path) -> _ProbeConfigBase:
     """Read a YAML or TOML probe config; raises ConfigError naming the file."""
     p = Path(path)
     if not p.is_file():

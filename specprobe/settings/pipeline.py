@@ -3,8 +3,8 @@ result records) and `SimulateConfig` (diagnose's settings plus the draft→verif
 
 A command builds them from its merged options (`specprobe.settings.options.RunOptions`); the
 pipeline reads them and never merges again. `DEFAULT_CHUNK_POSITIONS` (the metrics'
-chunk size) and `validate` (a `SimulateConfig`'s own ranges, which `run_simulate` checks
-first) live here with them.
+chunk size) lives here with them. A config built in code is held to the settings
+model's bounds as a merged one is.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specprobe.core.errors import ConfigError
-from specprobe.settings.values import K_LIMIT
+from specprobe.settings.model import BY_NAME, SAMPLING, check
 
 # Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
 # buffers stay warm in cache (measured best at 32–64 on a 2-core CPU with V = 49,152).
@@ -83,6 +83,13 @@ class DiagnoseConfig:
     # where a given cost_ratio / verify_factor came from ("--cost-ratio", "probe.yaml"); not recorded
     cost_origins: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # a config built in code (not by the options merge) is held to the same bounds
+        for name in ("max_new_tokens", "batch_size", "k_max", "max_prompts", "verify_factor", "cost_ratio", "batch_sizes", "reference", "dtype", "fail_on"):
+            check(name, getattr(self, name), BY_NAME[name].flag)
+        for name in SAMPLING:
+            check(name, getattr(self.sampling, name), BY_NAME[name].flag)
+
     def cost_batch_sizes(self) -> list[int]:
         """The batch sizes costs are timed at: --batch-sizes and the run's own."""
         return sorted({self.batch_size, *(self.batch_sizes or [])})
@@ -109,17 +116,13 @@ class SimulateConfig:
     adaptive_threshold: float | None = None
     baseline: bool = True  # also time plain target decoding (the speedup's denominator)
 
+    def __post_init__(self) -> None:
+        if not self.ks:
+            raise ConfigError("--k lists no draft length", "use e.g. --k 1,2,4")
+        check("k", list(self.ks), "--k")
+        check("adaptive_threshold", self.adaptive_threshold, "--adaptive-threshold")
+
     def to_dict(self) -> dict[str, Any]:
         d = self.diagnose.to_dict()
         d.update({"k": list(self.ks), "adaptive_threshold": self.adaptive_threshold})
         return d
-
-
-
-def validate(cfg: SimulateConfig) -> None:
-    """The loop's own ranges (draft lengths, adaptive threshold), refused before any model loads."""
-    if not cfg.ks or min(cfg.ks) < 1 or max(cfg.ks) > K_LIMIT:
-        raise ConfigError(f"--k {cfg.ks} must list draft lengths between 1 and {K_LIMIT}", "use e.g. --k 1,2,4")
-    t = cfg.adaptive_threshold
-    if t is not None and not 0.0 <= t <= 1.0:
-        raise ConfigError(f"--adaptive-threshold {t} is outside [0, 1]", "it is a drafter confidence max q; use e.g. 0.4")

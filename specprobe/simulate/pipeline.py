@@ -12,13 +12,20 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.core.progress import Progress
 from specprobe.judge.rules import load_table
+from specprobe.models.heads.live import (
+    UNSUPPORTED_HINT,
+    draft_limit,
+    refuse_unsupported,
+    unsupported,
+)
 from specprobe.probe.assemble import simulate_result
 from specprobe.probe.diagnose import load_pair, run_diagnose
 from specprobe.probe.references import load_prompt_set, references_by_turn
 from specprobe.result import Result
-from specprobe.settings.pipeline import SimulateConfig, validate
+from specprobe.settings.pipeline import SimulateConfig
 from specprobe.simulate.counters import SimCounters, SimRun
-from specprobe.simulate.loop import is_head, speculate
+from specprobe.simulate.loop import speculate
+from specprobe.simulate.sources import is_head
 
 
 def eos_ids(target: Any) -> set[int]:
@@ -122,8 +129,6 @@ def _fit_head(cfg: SimulateConfig, drafter: Any, progress: Any) -> SimulateConfi
     at most one token per head, so a larger K is measured at the number of heads (said)."""
     if not is_head(drafter):
         return cfg
-    from specprobe.models.heads.live import UNSUPPORTED_HINT, draft_limit, unsupported
-
     why = unsupported(drafter)
     if why:
         raise ConfigError(why, UNSUPPORTED_HINT)
@@ -142,11 +147,8 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     nothing is measured; Ctrl-C during the measurement keeps what was measured so far
     (result.interrupted) and ends the run."""
     progress = progress or Progress()
-    validate(cfg)
     dcfg = dataclasses.replace(cfg.diagnose, k_max=max(cfg.diagnose.k_max, max(cfg.ks)))
     table = table or load_table([Path(p) for p in dcfg.rules])
-    from specprobe.models.heads.live import refuse_unsupported
-
     pair = pair or load_pair(dcfg, progress, vet=refuse_unsupported)  # refused before the target loads
     cfg = _fit_head(cfg, pair.drafter, progress)  # refuse what the live loop cannot run before the estimate
     keep = None if on_partial is None else (lambda est: on_partial(simulate_result(est, cfg, None, table)))

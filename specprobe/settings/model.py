@@ -1,0 +1,289 @@
+"""The one settings model: every setting a run can be given, defined once.
+
+Each `Setting` says its command-line flag, help, type, default and bounds (finite numbers
+only), which commands take it, its key in probe configs (and in serving configs, for the
+sampling ones) and whether the result records it. Everything else comes from this table:
+
+- the typer options of every command (`command_parameters`, used by `cli.common.takes_settings`);
+- the value checks — `check(name, value, where)` refuses a bad value the same way whether
+  it was typed as a flag, written in a probe config or in a serving config, naming the
+  place (`--temperature`, `probe.yaml: temperature`, `vllm.json: temperature`);
+- the probe-config keys (`settings.config` builds its pydantic model from `file_type`);
+- the table of settings in docs/settings.md (`python -m specprobe.settings > docs/settings.md`).
+
+Adding a setting is one `Setting(...)` row here and the code that uses its value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specprobe.core.errors import ConfigError, OutputError
+from specprobe.settings.values import (
+    K_LIMIT,
+    parse_batch_sizes,
+    parse_ks,
+    parse_max_memory,
+    parse_shard,
+)
+
+CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES = "check", "diagnose", "simulate", "sweep", "compare", "merge", "demo", "report", "monitor", "rules"
+COMMANDS = (CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES)
+MODELS = frozenset({CHECK, DIAGNOSE, SIMULATE, SWEEP})  # commands that load a target
+RUNS = frozenset({DIAGNOSE, SIMULATE, SWEEP})  # commands that run forward passes on prompts
+REPORTS = frozenset({DIAGNOSE, SIMULATE, COMPARE, MERGE, REPORT})  # commands that write every report
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+REFERENCES = ("on-policy", "dataset")
+SEMANTICS = ("vllm", "sglang", "transformers")  # whose sampling transform and defaults
+FAIL_ON = ("error", "warning", "info", "never")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: how it is typed, written, bounded, and where it applies."""
+
+    name: str  # the command's parameter and the options' attribute
+    flag: str  # "--temperature"; an argument's metavar ("TARGET") when `argument`
+    help: str
+    type: Any  # the type typer parses the flag as
+    default: Any = None
+    commands: frozenset[str] = frozenset()
+    # probe-config key ("outputs.json" for a nested one), None: not in probe configs
+    file_key: str | None = None
+    file_type: Any = None  # the value's type in a probe config (None: as the flag's)
+    # commands that take the key from a file (None: all that have the flag); a file's
+    # outputs are where the run it configures writes, never check's or compare's
+    file_commands: frozenset[str] | None = None
+    serving_keys: tuple[str, ...] = ()  # its spelling in vLLM / SGLang configs
+    recorded: bool = True  # in the result's config
+    # bounds: numbers must be finite and within them
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[str, ...] = ()
+    hint: str = ""  # what to do when a value is refused
+    parse: Callable[[str, str], Any] | None = None  # text → value (lists, shards), raising ConfigError
+    argument: bool = False
+    metavar: str | None = None
+    show_default: bool = True
+    help_by_command: dict[str, str] = field(default_factory=dict)
+    default_by_command: dict[str, Any] = field(default_factory=dict)
+    # the command declares the parameter itself (compare's BASELINE.json argument); the
+    # model still owns its file key and checks
+    declared_by_command: bool = False
+
+    def default_for(self, command: str) -> Any:
+        return self.default_by_command.get(command, self.default)
+
+    def help_for(self, command: str) -> str:
+        return self.help_by_command.get(command, self.help)
+
+    def takes_file_key(self, command: str) -> bool:
+        return self.file_key is not None and command in (self.file_commands if self.file_commands is not None else self.commands)
+
+    def bounds_text(self) -> str:
+        """'≥ 0', '(0, 1]', '1 … 32' — for the docs and the refusals."""
+        lo = f"[{_n(self.ge)}" if self.ge is not None else f"({_n(self.gt)}" if self.gt is not None else None
+        hi = f"{_n(self.le)}]" if self.le is not None else f"{_n(self.lt)})" if self.lt is not None else None
+        if lo and hi:
+            return f"{lo}, {hi}"
+        if lo:
+            return f"≥ {_n(self.ge)}" if self.ge is not None else f"> {_n(self.gt)}"
+        if hi:
+            return f"≤ {_n(self.le)}" if self.le is not None else f"< {_n(self.lt)}"
+        return ", ".join(self.choices)
+
+
+def _n(x: float | None) -> str:
+    return f"{x:g}" if x is not None else ""
+
+
+def _domains(text: str, where: str) -> list[str] | None:
+    return [d.strip() for d in str(text).split(",") if d.strip()] or None
+
+
+def _parsers() -> dict[str, Callable[[str, str], Any]]:
+    def max_memory(text: str, where: str) -> str:
+        parse_max_memory(text, where)
+        return str(text)
+
+    def shard(text: str, where: str) -> tuple[int, int]:
+        sh = parse_shard(text, where)
+        return (sh.index, sh.count)
+
+    return {"ks": parse_ks, "batch_sizes": parse_batch_sizes, "max_memory": max_memory, "shard": shard, "domains": _domains}
+
+
+_P = _parsers()
+_OUT = "outputs."
+_TEMP_HINT = "use 0 for greedy or a positive temperature"
+
+SETTINGS: tuple[Setting, ...] = (
+    # ------------------------------------------------------------------ the pair
+    Setting("target", "TARGET", "Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", str | None, commands=MODELS, file_key="target", argument=True, show_default=False),
+    Setting(
+        "drafter", "DRAFTER",
+        "Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self', 'self:layers=N', or a head: 'eagle3:DIR', 'eagle:DIR', 'medusa:DIR', 'mtp' / 'mtp:DIR'.",
+        str | None, commands=MODELS - {SWEEP}, file_key="drafter", argument=True, show_default=False,
+    ),
+    # ------------------------------------------------------------------ sampling, target side then drafter side
+    Setting("temperature", "--temperature", "Target sampling temperature (0 = greedy). Default: generation_config, else 1.", float | None, commands=MODELS | {DEMO}, file_key="temperature", file_commands=MODELS, serving_keys=("temperature",), ge=0, hint=_TEMP_HINT,
+            default_by_command={DEMO: 0.7}, help_by_command={DEMO: "Target (and, but for one row, drafter) temperature."}),
+    Setting("top_k", "--top-k", "Target top-k (0 = off).", int | None, commands=MODELS, file_key="top_k", serving_keys=("top_k",), ge=0, hint="use 0 for off"),
+    Setting("top_p", "--top-p", "Target top-p (1 = off).", float | None, commands=MODELS, file_key="top_p", serving_keys=("top_p",), gt=0, le=1, hint="use e.g. 0.9, or 1 for off"),
+    Setting("min_p", "--min-p", "Target min-p (0 = off).", float | None, commands=MODELS, file_key="min_p", serving_keys=("min_p",), ge=0, lt=1, hint="use e.g. 0.05, or 0 for off"),
+    Setting("draft_temperature", "--draft-temperature", "Drafter temperature. Default: its generation_config, else the target's.", float | None, commands=MODELS, file_key="draft_temperature", serving_keys=("draft_temperature",), ge=0, hint=_TEMP_HINT),
+    Setting("draft_top_k", "--draft-top-k", "Drafter top-k (default: the target's).", int | None, commands=MODELS, file_key="draft_top_k", serving_keys=("draft_top_k",), ge=0, hint="use 0 for off"),
+    Setting("draft_top_p", "--draft-top-p", "Drafter top-p (default: the target's).", float | None, commands=MODELS, file_key="draft_top_p", serving_keys=("draft_top_p",), gt=0, le=1, hint="use e.g. 0.9, or 1 for off"),
+    Setting(
+        "sampling_semantics", "--sampling-semantics",
+        "Whose sampling to reproduce: vllm | sglang | transformers (order of the transforms, defaults such as transformers' top-k 50 and do_sample).",
+        str, "vllm", commands=MODELS, file_key="sampling_semantics", choices=SEMANTICS,
+    ),
+    # ------------------------------------------------------------------ prompts and references
+    Setting("prompts", "--prompts", "'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).", str, "builtin", commands=RUNS, file_key="prompts"),
+    Setting("domains", "--domains", "Comma-separated domains to keep, e.g. code,math.", str | None, commands=RUNS, file_key="domains", file_type=list[str], parse=_P["domains"]),
+    Setting("max_prompts", "--max-prompts", "At most this many prompts, taken round-robin across domains.", int | None, commands=RUNS | {DEMO}, file_key="max_prompts", file_commands=RUNS, ge=1, hint="leave it out for every prompt",
+            default_by_command={DEMO: 12}, help_by_command={DEMO: "Prompts from the built-in suite (round-robin over 6 domains)."}),
+    Setting("max_new_tokens", "--max-new-tokens", "Reference continuation length per prompt.", int, 64, commands=RUNS | {DEMO}, file_key="max_new_tokens", file_commands=RUNS, ge=1, hint="use a positive integer, e.g. 64",
+            default_by_command={DEMO: 48}, help_by_command={SIMULATE: "Tokens generated per prompt (and reference length for the estimate).", DEMO: "Reference tokens per prompt."}),
+    Setting("reference", "--reference", "on-policy (sampled from the target, default) or dataset (responses in the prompts file; off-policy).", str, "on-policy", commands=RUNS, file_key="reference", choices=REFERENCES),
+    Setting("seed", "--seed", "Seed for sampling (on-policy references; the simulate loop).", int, 0, commands=RUNS, file_key="seed"),
+    Setting("batch_size", "--batch-size", "Sequences per forward pass.", int, 8, commands=RUNS, file_key="batch_size", ge=1, hint="use a positive integer, e.g. 8",
+            help_by_command={SIMULATE: "Prompts decoded together; each row advances by its own accepted count."}),
+    # ------------------------------------------------------------------ draft lengths and costs
+    Setting("batch_sizes", "--batch-sizes", "Also time the costs at these batch sizes, e.g. 1,8,32, and estimate the speedup at each (the run's --batch-size is always timed).", str | None,
+            commands=frozenset({DIAGNOSE, SIMULATE}), file_key="batch_sizes", file_type=list[int], parse=_P["batch_sizes"], ge=1, hint="list batch sizes such as 1,8,32", show_default=False),
+    Setting("k_max", "--k-max", f"Largest draft length K in the estimated τ(K)/speedup table (at most {K_LIMIT}).", int, 8, commands=RUNS, file_key="k_max", ge=1, le=K_LIMIT, hint=f"use 1 ≤ K ≤ {K_LIMIT}"),
+    Setting("k", "--k", "Draft lengths to measure, comma-separated (each at most 32).", str | None, None, commands=frozenset({SIMULATE, COMPARE}), file_key="k", file_type=list[int], parse=_P["ks"], ge=1, le=K_LIMIT, hint="list draft lengths such as 1,2,4",
+            default_by_command={SIMULATE: "1,2,4"}, show_default=False,
+            help_by_command={COMPARE: "Draft length(s) to compare τ and speedup at, e.g. 4 (default: the baseline's best K); the gate judges the K where τ fell most."}),
+    Setting("adaptive_threshold", "--adaptive-threshold", "Also measure adaptive K: stop drafting at the first depth whose drafter confidence max q is below this.", float | None, commands=frozenset({SIMULATE}), file_key="adaptive_threshold",
+            ge=0, le=1, hint="it is a drafter confidence max q; use e.g. 0.4"),
+    Setting("verify_factor", "--verify-factor", "Override: a round costs (1 + K·c)·v target steps; default: the verify pass over K+1 tokens timed on the device for every K.", float | None, commands=RUNS, file_key="verify_factor",
+            gt=0, hint="use e.g. 1.5, or leave it out to measure it on the device"),
+    Setting("cost_ratio", "--cost-ratio", "Override: drafter/target cost per step c; default: timed on the device.", float | None, commands=RUNS, file_key="cost_ratio", gt=0, hint="leave it out to measure it on the device"),
+    # ------------------------------------------------------------------ runtime
+    Setting("device", "--device", "auto | cpu | cuda | cuda:N (auto: cuda when available).", str, "auto", commands=RUNS | {DEMO}, file_key="device", file_commands=RUNS),
+    Setting("dtype", "--dtype", "auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).", str, "auto", commands=RUNS | {DEMO}, file_key="dtype", file_commands=RUNS, choices=DTYPES),
+    Setting("device_map", "--device-map", "Spread a target larger than one GPU over the devices with accelerate: auto | balanced | sequential | cpu.", str | None, commands=frozenset({DIAGNOSE}), file_key="device_map", show_default=False),
+    Setting("max_memory", "--max-memory", "Memory per device for --device-map, e.g. 0=70GiB,1=70GiB (cpu=… too).", str | None, commands=frozenset({DIAGNOSE}), file_key="max_memory", parse=_P["max_memory"], metavar="DEV=SIZE,…", show_default=False),
+    Setting("force", "--force", "Run even when alignment errors make the numbers meaningless.", bool, False, commands=RUNS, file_key="force"),
+    Setting("no_cache", "--no-cache", "Regenerate on-policy references instead of reusing the disk cache.", bool, False, commands=RUNS, file_key="no_cache"),
+    Setting("brief", "--brief", "Verdict and findings only.", bool, False, commands=frozenset({DIAGNOSE, MERGE}), file_key="brief", file_commands=frozenset({DIAGNOSE}), recorded=False),
+    Setting(
+        "shard", "--shard",
+        "Score shard I of N (whole reference batches, b % N == I) and write its part to --json; `specprobe merge` joins the parts. Under torchrun the ranks shard by themselves.",
+        str | None, commands=frozenset({DIAGNOSE}), file_key="shard", parse=_P["shard"], metavar="I/N", show_default=False, recorded=False,
+    ),
+    # ------------------------------------------------------------------ judging and outputs
+    Setting("rules", "--rules", "Extra rules YAML file(s): add rules or override/disable default ones by id.", list[Path] | None, commands=MODELS | {COMPARE, MERGE, MONITOR, RULES}, file_key="rules", file_type=list[Path], file_commands=MODELS | {COMPARE}, metavar="FILE"),
+    Setting("fail_on", "--fail-on", "Exit 1 when a finding at or above this severity: error | warning | info | never.", str, "error", commands=(MODELS - {SWEEP}) | {COMPARE, MERGE, MONITOR}, file_key="fail_on", file_commands=MODELS | {COMPARE}, choices=FAIL_ON,
+            default_by_command={MONITOR: "warning"}),
+    Setting("json_path", "--json", "Write the full result as JSON to this file.", str | None, commands=(MODELS - {SWEEP}) | {COMPARE, MERGE, DEMO}, file_key=_OUT + "json", file_commands=RUNS - {SWEEP}, metavar="FILE", show_default=False, recorded=False),
+    Setting("csv_dir", "--csv", "Write CSV tables (summary, per-position rows, …) into this folder.", str | None, commands=REPORTS, file_key=_OUT + "csv", file_commands=RUNS - {SWEEP}, metavar="DIR", show_default=False, recorded=False,
+            help_by_command={COMPARE: "Write the delta tables as CSV into this folder."}),
+    Setting("html", "--html", "Write a self-contained HTML report (inline CSS and SVG; opens offline).", str | None, commands=REPORTS, file_key=_OUT + "html", file_commands=RUNS - {SWEEP}, metavar="FILE", show_default=False, recorded=False),
+    Setting("junit", "--junit", "Write JUnit XML: one testcase per rule evaluated.", str | None, commands=REPORTS, file_key=_OUT + "junit", file_commands=RUNS - {SWEEP}, metavar="FILE", show_default=False, recorded=False),
+    Setting("markdown", "--markdown", "Write a Markdown summary (for $GITHUB_STEP_SUMMARY or a PR comment).", str | None, commands=REPORTS, file_key=_OUT + "markdown", file_commands=RUNS - {SWEEP}, metavar="FILE", show_default=False, recorded=False),
+    Setting(
+        "serving_config", "--serving-config",
+        "vLLM --speculative-config JSON / vllm serve YAML / SGLang launch config (repeatable): its sampling settings, drafter and K are what the engine runs with.",
+        list[Path] | None, commands=frozenset({CHECK}), file_key="serving_configs", file_type=list[Path], metavar="FILE", recorded=False,
+    ),
+    Setting("baseline", "BASELINE.json", "The baseline result JSON (the drafter in production).", Path | None, commands=frozenset({COMPARE}), file_key="baseline", file_type=Path, declared_by_command=True, recorded=False),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+BY_FILE_KEY: dict[str, Setting] = {s.file_key: s for s in SETTINGS if s.file_key is not None}
+OUTPUTS: dict[str, str] = {"json_path": "file", "csv_dir": "dir", "html": "file", "junit": "file", "markdown": "file"}  # output settings and what each names
+SAMPLING = tuple(s.name for s in SETTINGS if s.serving_keys)  # the sampling settings, target side then drafter side
+
+
+def for_command(command: str) -> list[Setting]:
+    return [s for s in SETTINGS if command in s.commands]
+
+
+# ----------------------------------------------------------------------------- the one check
+def check(name: str, value: Any, where: str) -> Any:
+    """A setting's value, refused (ConfigError, one line naming `where`) when it is not
+    a finite number within the setting's bounds or not one of its choices. The same
+    check for a flag, a probe config and a serving config. Lists are checked item by item."""
+    s = BY_NAME[name]
+    if value is None:
+        return value
+    for item in value if isinstance(value, (list, tuple)) and name != "shard" else [value]:
+        _check_one(s, item, value, where)
+    return value
+
+
+def _check_one(s: Setting, x: Any, whole: Any, where: str) -> None:
+    def refuse(what: str) -> ConfigError:
+        return ConfigError(f"{where} {whole!r} {what}", s.hint or (f"use one of {', '.join(s.choices)}" if s.choices else "see docs/settings.md"))
+
+    if s.choices:
+        if x not in s.choices:
+            raise refuse(f"is not one of {', '.join(s.choices)}")
+        return
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return
+    if not math.isfinite(x):
+        raise refuse("is not a finite number")
+    lo_ok = (s.ge is None or x >= s.ge) and (s.gt is None or x > s.gt)
+    hi_ok = (s.le is None or x <= s.le) and (s.lt is None or x < s.lt)
+    if lo_ok and hi_ok:
+        return
+    two_sided = (s.ge is not None or s.gt is not None) and (s.le is not None or s.lt is not None)
+    if two_sided:
+        raise refuse(f"is out of range {s.bounds_text()}" if isinstance(x, int) and s.type in (int, int | None) else f"is outside {s.bounds_text()}")
+    if s.ge == 0:
+        raise refuse("is negative")
+    if s.gt == 0:
+        raise refuse("must be positive")
+    raise refuse(f"must be at least {_n(s.ge if s.ge is not None else s.gt)}")
+
+
+def from_text(name: str, value: Any, where: str) -> Any:
+    """A flag's value in the options' type (lists parsed, paths made), then checked."""
+    s = BY_NAME[name]
+    if value is None:
+        return None
+    if name in OUTPUTS:
+        if not str(value).strip():  # --markdown "$GITHUB_STEP_SUMMARY" outside CI: never "the current folder"
+            raise OutputError(f"{where} was given an empty path", "give it a file name, or leave the flag out")
+        return Path(value)
+    if s.parse is not None and isinstance(value, str):
+        value = s.parse(value, where)
+    elif isinstance(value, list) and s.file_type == list[Path]:
+        value = [Path(v) for v in value]
+    return check(name, value, where)
+
+
+# ----------------------------------------------------------------------------- the docs table
+def markdown_table(settings: Iterable[Setting] = SETTINGS) -> str:
+    """docs/settings.md: every setting, its flag, probe-config key, bounds and commands."""
+    rows = [
+        "# Settings",
+        "",
+        "Generated from `specprobe/settings/model.py` (`python -m specprobe.settings > docs/settings.md`); a test keeps it current.",
+        "Every numeric value must be a finite number within its bounds, whether it is typed as a flag, written in a probe",
+        "config or in a serving config; a value outside them is refused with one line naming where it was written (exit 2).",
+        "",
+        "| flag | probe-config key | serving-config key | type | default | bounds | commands | recorded | what it does |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in settings:
+        t = getattr(s.file_type or s.type, "__name__", None) or str(s.file_type or s.type).replace("pathlib.", "").replace("typing.", "")
+        default = "" if s.default is None else f"`{s.default}`"
+        extra = "; ".join(f"{c}: `{v}`" for c, v in s.default_by_command.items())
+        rows.append(
+            f"| `{s.flag}` | {f'`{s.file_key}`' if s.file_key else '—'} | {', '.join(f'`{k}`' for k in s.serving_keys) or '—'} | {t} | {default}{(' (' + extra + ')') if extra else ''} | {s.bounds_text() or '—'} "
+            f"| {', '.join(c for c in COMMANDS if c in s.commands)} | {'yes' if s.recorded else 'no'} | {s.help.replace('|', '/')} |"
+        )
+    return "\n".join(rows) + "\n"
