@@ -16,7 +16,17 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from specprobe.metrics.sampling import Sampling, probs
-from specprobe.simulate import SimCounters, speculate, verify_greedy, verify_sampled
+from specprobe.simulate import (
+    DraftRule,
+    Proposal,
+    SimCounters,
+    SimRun,
+    Stream,
+    speculate,
+    verify_greedy,
+    verify_sampled,
+)
+from specprobe.simulate.loop import Batch, Settings, decode_batch
 from tests.conftest import requires_smollm2
 
 GREEDY = Sampling(temperature=0.0)
@@ -204,6 +214,54 @@ def test_eos_stops_a_row(target, prompts, reference) -> None:
     eos = reference[0][5]
     run = speculate(target, noisy_copy(target, 1, 0.3), prompts[:1], k=3, target_sampling=GREEDY, max_new_tokens=24, eos_ids=[eos])
     assert run.outputs[0] == reference[0][: reference[0].index(eos) + 1]
+
+
+class Replay:
+    """A model-free draft source, as an n-gram drafter is: it proposes each row's known
+    continuation, q one-hot at each draft."""
+
+    max_depth = None
+    calls = 0
+    seconds = 0.0
+
+    def __init__(self, futures: list[list[int]]) -> None:
+        self.futures, self.at = futures, [0] * len(futures)
+
+    def propose(self, cap, rule, gen) -> Proposal:
+        prop = Proposal.nothing(len(self.at), rule.k, cap.device)
+        for r, m in enumerate(cap.tolist()):
+            toks = self.futures[r][self.at[r] : self.at[r] + m]
+            prop.tokens[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            prop.drafted[r] = len(toks)
+        prop.q = [torch.nn.functional.one_hot(prop.tokens[:, j], rule.vocab).float() for j in range(rule.k)]
+        return prop
+
+    def watch(self, ids, valid, forward):
+        return forward()
+
+    def accept(self, prop, n, nxt) -> None:
+        self.at = [a + m + 1 for a, m in zip(self.at, n.tolist(), strict=True)]
+
+    def compact(self) -> None:
+        pass
+
+    def select(self, rows) -> None:
+        self.futures, self.at = [self.futures[r] for r in rows.tolist()], [self.at[r] for r in rows.tolist()]
+
+
+def test_the_loop_runs_any_draft_source(target, prompts, reference) -> None:
+    """The loop knows a drafter only through the DraftSource protocol: a model-free source
+    replaying the target's greedy output is accepted at every depth, drafting from round 1."""
+    k, b = 4, len(prompts)
+    s = Settings(k=k, target_sampling=GREEDY, draft=DraftRule(k=k, sampling=GREEDY, threshold=None, vocab=300), eos=frozenset(), device=torch.device("cpu"))
+    run = SimRun(SimCounters(k), outputs=[[] for _ in prompts])
+    batch = Batch(Stream(target, b, "cpu"), Replay(reference), list(range(b)), [list(p) for p in prompts], [24] * b, torch.Generator())
+    with torch.inference_mode():
+        decode_batch(batch, s, run)
+    c = run.counters
+    assert run.outputs == reference
+    assert c.accept_rate == 1.0 and c.cumulative() == [1.0] * k
+    assert c.verify_steps == 5 * b  # 24 tokens = 4 rounds of K+1, then 3 drafts + 1 (never past the budget)
 
 
 def _exact_marginals(model, prompt: list[int], s: Sampling) -> tuple[np.ndarray, np.ndarray]:

@@ -2,8 +2,10 @@
 
     rejection  the verify step: accept draft x ~ q with probability min(1, p(x)/q(x)),
                resample from norm(max(0, p − q)) on the first rejection (pure maths)
-    kvcache    one KV cache per model over a batch whose rows advance at their own pace
-               (slots may be holes; roll back = flip slots to holes)
+    draft_source  `DraftSource`, all the loop knows of a drafter: propose tokens, watch
+               the verify pass, take in what it kept
+    sources    the sources: a causal LM with its own KV cache (`models.kvcache`), a live
+               head drafter, and none (plain decoding)
     counters   vLLM's counters of a run and the rates read off them
     loop       `speculate`: draft → verify → roll back → count → emit, batch by batch
     pipeline   `run_simulate`: diagnose's estimate and this measurement on the same
@@ -12,11 +14,15 @@
 
 from specprobe.models.kvcache import Stream, right_align
 from specprobe.simulate.counters import SimCounters, SimRun
+from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal
 from specprobe.simulate.loop import speculate
 from specprobe.simulate.pipeline import eos_ids, measured_section, run_simulate
 from specprobe.simulate.rejection import leading_accepts, verify_greedy, verify_sampled
 
 __all__ = [
+    "DraftRule",
+    "DraftSource",
+    "Proposal",
     "SimCounters",
     "SimRun",
     "Stream",

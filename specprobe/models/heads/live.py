@@ -22,7 +22,7 @@ Every round, for each live row:
 A head cannot draft before the target's first pass: round 1 (the prefill) proposes
 nothing, as in the engines, where the drafter's first proposal follows the prefill.
 
-Slots and holes work as in `simulate.kvcache`: one cache for the batch, a `valid[B, L]`
+Slots and holes work as in `models.kvcache`: one cache for the batch, a `valid[B, L]`
 mask, a row's position = its count of valid slots, which equals the target position of
 that slot since the head holds one entry per verified target position.
 """
@@ -36,6 +36,8 @@ from typing import Any
 import torch
 
 from specprobe.core.errors import ConfigError
+from specprobe.models.anatomy import capture_last_hidden, capture_layers
+from specprobe.models.kvcache import sync
 
 
 class KVList(list):  # type: ignore[type-arg]
@@ -177,8 +179,6 @@ class LiveHead:
         """Run the target's verify forward over ids [B, T] and keep the states the head
         reads at every position (hooks: transformers' hidden_states[k] and the decoder's
         post-norm last_hidden_state, as the scorer captures them) -> forward's result."""
-        from specprobe.models.anatomy import capture_last_hidden, capture_layers
-
         model = self.d.target.model
         layers = self.d.target_layers_needed()
         with capture_layers(model, layers) as cap, capture_last_hidden(model) as box:
@@ -310,14 +310,10 @@ class LiveHead:
 
     # ------------------------------------------------------------------------- timing
     def _start(self) -> float:
-        from specprobe.models.kvcache import sync
-
         sync(self.device)
         return time.perf_counter()
 
     def _stop(self, t0: float) -> None:
-        from specprobe.models.kvcache import sync
-
         sync(self.device)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
