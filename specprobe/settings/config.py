@@ -236,11 +236,13 @@ def probe_config_from_mapping(data: Mapping[str, Any], source: Path | str = "<co
         pc: _ProbeConfigBase = ProbeConfig.model_validate({**raw, "source": src})
     except ValidationError as e:
         first = e.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        loc = ".".join(str(x) for x in first["loc"] if not isinstance(x, int)) or "(top level)"
         got = first.get("input")
-        got_text = f" (got {got!r})" if not isinstance(got, (dict, list)) and got is not None else ""
         more = f"; {e.error_count() - 1} more problem(s)" if e.error_count() > 1 else ""
-        raise ConfigError(f"{src}: {loc}: {first['msg']}{got_text}{more}", "see docs/settings.md for the probe config keys") from None
+        if first["type"] == "finite_number":  # an int key given nan/inf: the words of every other non-finite value
+            raise ConfigError(f"{src.name}: {loc} {got!r} is not a finite number{more}", "write a number") from None
+        got_text = f" (got {got!r})" if not isinstance(got, (dict, list)) and got is not None else ""
+        raise ConfigError(f"{src.name}: {loc}: {first['msg']}{got_text}{more}", "see docs/settings.md for the probe config keys") from None
     for key, value in pc.explicit().items():  # the bounds, in the same words as for a flag
         s = BY_FILE_KEY[key]
         where = f"{src.name}: {key}"

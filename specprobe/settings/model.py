@@ -266,6 +266,15 @@ def from_text(name: str, value: Any, where: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- the docs table
+def _type_name(tp: Any) -> str:
+    args = [a for a in getattr(tp, "__args__", ()) if a is not type(None)]
+    if getattr(tp, "__origin__", None) is list:
+        return "list of " + _type_name(args[0])
+    if args and getattr(tp, "__origin__", None) is None:  # X | None
+        return " or ".join(_type_name(a) for a in args)
+    return getattr(tp, "__name__", str(tp))
+
+
 def markdown_table(settings: Iterable[Setting] = SETTINGS) -> str:
     """docs/settings.md: every setting, its flag, probe-config key, bounds and commands."""
     rows = [
@@ -279,7 +288,7 @@ def markdown_table(settings: Iterable[Setting] = SETTINGS) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in settings:
-        t = getattr(s.file_type or s.type, "__name__", None) or str(s.file_type or s.type).replace("pathlib.", "").replace("typing.", "")
+        t = _type_name(s.file_type or s.type)
         default = "" if s.default is None else f"`{s.default}`"
         extra = "; ".join(f"{c}: `{v}`" for c, v in s.default_by_command.items())
         rows.append(

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from specprobe.core.errors import ConfigError
 from specprobe.settings.config import normalise_keys, read_mapping
+from specprobe.settings.model import BY_NAME, SAMPLING, check
 
 # Engine method names → specprobe drafter kinds (None: no model drafter, e.g. n-gram).
 _VLLM_KINDS = {
@@ -38,7 +39,7 @@ _VLLM_KINDS = {
     "suffix": None,
 }
 _SGLANG_KINDS = {"EAGLE": "eagle3", "EAGLE3": "eagle3", "STANDALONE": "independent", "NEXTN": "mtp", "MTP": "mtp", "NGRAM": None, "LOOKAHEAD": None}
-_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
+_SAMPLING_KEYS = tuple(k for k in SAMPLING if not k.startswith("draft_"))  # as engines spell them
 
 
 @dataclass(frozen=True)
@@ -76,19 +77,22 @@ def _json_value(value: Any, where: str, key: str) -> Any:
     return value
 
 
-def _sampling(d: Mapping[str, Any] | None) -> dict[str, float]:
+def _sampling(d: Mapping[str, Any] | None, path: Path, prefix: str = "") -> dict[str, float]:
+    """The sampling values a config sets, each held to the setting's bounds (a serving
+    config's temperature is refused with the same words as --temperature's)."""
     if not isinstance(d, Mapping):
         return {}
     out = {}
     for k in _SAMPLING_KEYS:
-        v = d.get(k)
+        v = d.get(prefix + k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[k] = float(v)
+            name = prefix + k if prefix + k in BY_NAME else k  # draft_min_p: the target's bounds
+            out[k] = float(check(name, float(v), f"{path.name}: {prefix + k}"))
     return out
 
 
-def _draft_sampling(d: Mapping[str, Any]) -> dict[str, float]:
-    return _sampling({k[len("draft_") :]: v for k, v in d.items() if k.startswith("draft_")})
+def _draft_sampling(d: Mapping[str, Any], path: Path) -> dict[str, float]:
+    return _sampling(d, path, "draft_")
 
 
 def _vllm(spec: Mapping[str, Any], top: Mapping[str, Any], path: Path) -> ServingConfig:
@@ -97,7 +101,7 @@ def _vllm(spec: Mapping[str, Any], top: Mapping[str, Any], path: Path) -> Servin
     if method is None and model is not None:
         method = "draft_model"  # vLLM infers the method from the model; a plain LM is a draft model
     k = spec.get("num_speculative_tokens")
-    sampling = _sampling(spec) or _sampling(_json_value(top.get("override_generation_config"), str(path), "override-generation-config"))
+    sampling = _sampling(spec, path) or _sampling(_json_value(top.get("override_generation_config"), str(path), "override-generation-config"), path)
     extra = {k2: v for k2, v in spec.items() if k2 not in ("method", "model", "num_speculative_tokens") and k2 not in _SAMPLING_KEYS and not k2.startswith("draft_")}
     extra.update({k2: v for k2, v in spec.items() if k2.startswith("draft_") and k2[6:] not in _SAMPLING_KEYS})
     return ServingConfig(
@@ -109,7 +113,7 @@ def _vllm(spec: Mapping[str, Any], top: Mapping[str, Any], path: Path) -> Servin
         drafter_kind=_VLLM_KINDS.get(str(method)) if method else None,
         num_speculative_tokens=int(k) if isinstance(k, int) else None,
         sampling=sampling,
-        draft_sampling=_draft_sampling(spec),
+        draft_sampling=_draft_sampling(spec, path),
         extra=extra,
     )
 
@@ -128,7 +132,7 @@ def _sglang(d: Mapping[str, Any], path: Path) -> ServingConfig:
         drafter_kind=_SGLANG_KINDS.get(str(algo).upper()) if algo else None,
         # SGLang's chain depth is num_steps; num_draft_tokens counts the whole tree.
         num_speculative_tokens=int(steps) if isinstance(steps, int) else None,
-        sampling=_sampling(prefs),
+        sampling=_sampling(prefs, path),
         extra=extra,
     )
 
@@ -164,9 +168,9 @@ def read_serving_config(path: str | Path) -> ServingConfig:
 
 
 # ----------------------------------------------------------------------------- sampling from several places
-TARGET_KEYS = ("temperature", "top_k", "top_p", "min_p")
-# the drafter's own settings; its min_p is always the target's
-DRAFT_KEYS = ("draft_temperature", "draft_top_k", "draft_top_p")
+# the drafter's own settings (its min_p is always the target's), then the target's
+DRAFT_KEYS = tuple(k for k in SAMPLING if k.startswith("draft_"))
+TARGET_KEYS = tuple(k for k in SAMPLING if k not in DRAFT_KEYS)
 COMMAND_LINE = "command line"
 
 
