@@ -1,0 +1,130 @@
+"""The package's import graph: no cycles, and every import points down the layering that
+docs/architecture.md draws. Read from the source with `ast` (nothing is imported), so
+an import inside a function counts as much as one at the top of a module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "specprobe"
+
+# Lowest first; a module may import from its own floor or any floor below it. Each entry
+# is a package or module prefix (the longest prefix that matches a module wins).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("specprobe.core", "specprobe"),  # errors, files, progress, interrupts; the version
+    ("specprobe.estimates",),  # τ(K), speedup, round costs: pure numbers
+    ("specprobe.metrics",),  # per-position maths on tensors, mergeable accumulators
+    ("specprobe.judge.catalog", "specprobe.judge.conditions"),  # the metrics' names and the rule grammar
+    ("specprobe.result",),  # the typed result every report renders
+    ("specprobe.judge",),  # the rules engine over the result's numbers; the regression gate
+    ("specprobe.settings",),  # the settings model, probe and serving configs
+    ("specprobe.prompts",),
+    ("specprobe.models",),  # the only code that reads weights
+    ("specprobe.probe",),  # the diagnose pipeline: alignment → references → scoring → assembly
+    ("specprobe.simulate",),  # the real draft → verify loop
+    ("specprobe.report",),  # renders saved results; never computes
+    ("specprobe.monitor",),
+    ("specprobe.cli", "specprobe.__main__"),
+)
+# Imports that point up on purpose, each with its reason.
+ALLOWED_UP = {
+    ("specprobe.judge.compare", "specprobe.report.fmt"): "the gate's messages format numbers as every report does",
+}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in ROOT.rglob("*.py"):
+        parts = list(p.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p
+    return mods
+
+
+def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    def resolve(name: str) -> str:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([node.module] if node.module else []))
+                names = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith("specprobe"):
+                    target = resolve(name)
+                    if target and target != m:
+                        edges[m].add(target)
+    return edges
+
+
+def _floor(module: str) -> int:
+    best, floor = -1, -1
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, floor = len(prefix), i
+    assert floor >= 0, f"{module} is on no floor of LAYERS"
+    return floor
+
+
+def test_no_import_cycles() -> None:
+    edges = _imports(_modules())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_imports_point_down_the_layering() -> None:
+    edges = _imports(_modules())
+    up = sorted((a, b) for a, bs in edges.items() for b in bs if _floor(b) > _floor(a) and (a, b) not in ALLOWED_UP)
+    assert not up, "imports against the layering (see docs/architecture.md): " + ", ".join(f"{a} → {b}" for a, b in up)
+
+
+def test_the_top_level_holds_packages_only() -> None:
+    loose = sorted(p.name for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert not loose, f"modules at the top of specprobe/ (put each in the package that owns it): {loose}"
