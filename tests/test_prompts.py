@@ -420,3 +420,91 @@ def test_sha256_stable_and_content_sensitive(tmp_path):
     assert changed(lambda r: r[1].__setitem__("question_id", 3)) != first.sha256
     assert changed(lambda r: r[0].__setitem__("category", "coding")) != first.sha256
     assert changed(lambda r: r.reverse()) != first.sha256
+
+
+# ---------------------------------------------------------------------------- issue 21: a new user's files
+
+
+def test_lone_surrogate_escape_is_one_line_naming_file_and_line(tmp_path):
+    f = tmp_path / "s.jsonl"
+    # written as the escape itself: json.dumps would write it the same way
+    f.write_text('{"id":"ok","prompt":"fine \\ud83d\\ude00 pair"}\n{"id":"s","prompt":"bad \\ud800 surrogate"}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"s\.jsonl:2: the prompt text holds a lone surrogate \\ud800") as info:
+        load_prompts(f)
+    assert "\n" not in info.value.one_line() and "pair" in info.value.hint
+    # the same in a later turn or a reference names that field
+    f.write_text('{"question_id": 1, "turns": ["a", "b \\udfff"]}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r":1: the turn 2 holds a lone surrogate \\udfff"):
+        load_prompts(f)
+    f.write_text('{"prompt": "a", "reference": "x\\ud800"}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r":1: the reference holds"):
+        load_prompts(f)
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_prompts_from_stdin(monkeypatch, tmp_path):
+    rows = [{"question_id": 1, "category": "writing", "turns": ["a", "b"]}, {"prompt": "c", "domain": "code"}]
+    data = ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
+    _stdin(monkeypatch, data)
+    ps = load_prompts("-")
+    assert (ps.name, ps.source, len(ps)) == ("stdin", "-", 2)
+    # read once: a second load in the same run (the CLI checks the set first) gets the same set
+    assert load_prompts("-") is ps
+    # its identity is its content, as for a file with the same lines
+    f = tmp_path / "same.jsonl"
+    f.write_bytes(data)
+    assert load_prompts(f).sha256 == ps.sha256
+    _stdin(monkeypatch, b'{"prompt": "bad \\ud800"}\n')
+    with pytest.raises(InputError, match=r"<stdin>:1: the prompt text holds a lone surrogate"):
+        load_prompts("-")
+    _stdin(monkeypatch, b"")
+    with pytest.raises(InputError, match=r"<stdin>: empty prompt set"):
+        load_prompts("-")
+
+
+def test_diagnose_reads_prompts_from_stdin(tiny_pair, tmp_path):
+    from typer.testing import CliRunner
+
+    from specprobe.cli.main import app
+
+    data = "".join(json.dumps({"id": f"p{i}", "prompt": " ".join(f"w{i + j}" for j in range(6)), "domain": "chat"}) + "\n" for i in range(3))
+    res = CliRunner().invoke(app, [
+        "diagnose", str(tiny_pair["target"]), "self:layers=1", "--prompts", "-", "--max-new-tokens", "4", "--cost-ratio", "0.2",
+        "--max-prompts", "2", "--json", str(tmp_path / "r.json"),
+    ], input=data)
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["prompt_set"]["name"] == "stdin" and r["prompt_set"]["num_prompts"] == 2
+    assert "prompts from stdin: 2 of 3 prompts" in " ".join(res.output.split())
+
+
+def test_select_spec_bench_reaches_every_category_and_says_how(tmp_path):
+    ps = load_prompts(DATA / "spec_bench_question.jsonl")
+    # 13 of the file's prompts: one of each of its 13 categories, not 13 MT-Bench questions
+    out = select(ps, max_prompts=13)
+    assert sorted(p.category for p in out.prompts) == sorted(SPEC_BENCH_CATEGORIES)
+    assert out.description == "13 of 16 prompts, round-robin over 13 categories"
+    # fewer than the categories: still every domain, and not only MT-Bench's
+    six = select(ps, max_prompts=6)
+    assert set(six.domains) == set(DOMAINS)
+    assert {spec_bench_task(p.category) for p in six.prompts} == {"mt_bench", "translation", "summarization"}
+    assert [p.id for p in six.prompts] == [p.id for p in ps.prompts if p.id in {q.id for q in six.prompts}]  # file order
+    # a Spec-Bench-sized file (80 per task, in task order): 13 of 480 reach math_reasoning and rag
+    rows = []
+    for task_i, (task, task_cats) in enumerate(SPEC_BENCH_TASKS.items()):
+        for j in range(80):
+            rows.append({"question_id": task_i * 80 + j + 1, "category": task_cats[j % len(task_cats)], "turns": [f"{task} {j}"]})
+    big = load_prompts(write_jsonl(tmp_path / "question.jsonl", rows))
+    out = select(big, max_prompts=13)
+    assert {p.category for p in out.prompts} == set(SPEC_BENCH_CATEGORIES)
+    assert out.description == "13 of 480 prompts, round-robin over 13 categories"
+    assert select(big, domains=["math"], max_prompts=3).description == "3 of 480 prompts (domain math), round-robin over 3 categories"
+    # a file without categories of its own: round-robin over domains, as before
+    assert select(builtin_suite(), max_prompts=6).description == "6 of 60 prompts, round-robin over 6 domains"
+    assert select(builtin_suite()).description == builtin_suite().description == "all 60 prompts"

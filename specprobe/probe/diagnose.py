@@ -85,6 +85,7 @@ def run_diagnose(
     progress = progress or Progress()
     table = table or load_table([Path(p) for p in cfg.rules])
     prompt_set = load_prompt_set(cfg)
+    progress.note(f"prompts from {prompt_set.name}: {prompt_set.description}")
     pair = pair or load_pair(cfg, progress)
     target, drafter, align = pair.target, pair.drafter, pair.alignment
     header = result_header(cfg, pair, prompt_set)

@@ -7,12 +7,15 @@ beside the folded domain, and a `reference` of any shape (Spec-Bench's RAG lines
 lists of answer-span lists) is kept only when it is text and otherwise just described,
 because on-policy runs never read it. Anything that is not a readable JSONL prompt file
 raises a one-line `InputError` naming the file (and the line, where there is one).
+`-` reads the prompts from standard input.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
@@ -47,10 +50,19 @@ def builtin_suite() -> PromptSet:
     return PromptSet.from_prompts("builtin", "builtin", prompts)
 
 
+STDIN = "-"
+_STDIN_DISPLAY = "<stdin>"
+# stdin can be read once, but a run loads its prompt set more than once (the CLI checks
+# it before loading models): the set read from this stdin object is kept.
+_stdin_read: tuple[object, PromptSet] | None = None
+
+
 def load_prompts(path: str | Path) -> PromptSet:
     """Read a JSONL prompts file, a block at a time: a bad line is reported as soon as it
     is reached (a 2 GB file with a bad byte near its start is refused after reading a
-    MiB). Raises InputError naming the file and line."""
+    MiB). Raises InputError naming the file and line. "-" reads standard input."""
+    if str(path) == STDIN:
+        return _load_stdin()
     p = Path(path).expanduser()
     display = str(path)
     if not p.exists():
@@ -72,6 +84,28 @@ def load_prompts(path: str | Path) -> PromptSet:
             "check the file's permissions",
         ) from e
     return PromptSet.from_prompts(p.name, str(p.resolve()), prompts)
+
+
+def _load_stdin() -> PromptSet:
+    global _stdin_read
+    stream = sys.stdin
+    if _stdin_read is not None and _stdin_read[0] is stream:
+        return _stdin_read[1]
+    if stream is None or stream.isatty():
+        raise InputError(
+            "--prompts - reads the prompts from standard input, which is a terminal",
+            "pipe a JSONL file in (specprobe diagnose … --prompts - < questions.jsonl), or pass its path",
+        )
+    # a text stream without a binary buffer (a test runner's, an embedding program's) is re-encoded
+    fh = getattr(stream, "buffer", None) or io.BytesIO(stream.read().encode("utf-8", "surrogateescape"))
+    try:
+        prompts = _parse_records(_read_lines(fh, _STDIN_DISPLAY), _STDIN_DISPLAY)
+    except OSError as e:
+        raise InputError(f"standard input cannot be read: {e.strerror or e}", "pass the prompts file's path to --prompts") from e
+    # No path to name the set by: its content hash is its identity (as for any file).
+    ps = PromptSet.from_prompts("stdin", STDIN, prompts)
+    _stdin_read = (stream, ps)
+    return ps
 
 
 # ---------------------------------------------------------------------------- bytes → lines
@@ -225,7 +259,7 @@ def _parse_record(line: str, lineno: int, display: str) -> Prompt:
     category = category_label or domain_label
     domain_source = domain_label or category_label
     reference, shape = _reference(obj)
-    return Prompt(
+    prompt = Prompt(
         id=_prompt_id(raw_id, lineno, where),
         domain=domain_for(domain_source) if domain_source else DEFAULT_DOMAIN,
         category=category or DEFAULT_DOMAIN,
@@ -233,6 +267,24 @@ def _parse_record(line: str, lineno: int, display: str) -> Prompt:
         reference=reference,
         reference_shape=shape,
     )
+    _refuse_surrogates(prompt, where)
+    return prompt
+
+
+def _refuse_surrogates(prompt: Prompt, where: str) -> None:
+    """JSON lets a line escape half of a UTF-16 pair ("\\ud800"); Python keeps it as a
+    lone surrogate, which no tokenizer or UTF-8 encoder takes. Refused here, on its line,
+    rather than as an encoding traceback when the set is hashed."""
+    fields = [("id", prompt.id), ("category", prompt.category), ("domain", prompt.domain), ("reference", prompt.reference or "")]
+    fields += [("prompt text" if len(prompt.turns) == 1 else f"turn {i + 1}", t) for i, t in enumerate(prompt.turns)]
+    for name, text in fields:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(
+                f"{where}: the {name} holds a lone surrogate \\u{ord(text[e.start]):04x} at character {e.start + 1} (half of a UTF-16 pair, not a character)",
+                "write the character itself, or both halves of its \\u pair (e.g. \\ud83d\\ude00), or remove the escape",
+            ) from None
 
 
 def _turns(value: Any, where: str) -> tuple[str, ...]:

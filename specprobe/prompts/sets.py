@@ -55,16 +55,22 @@ class Prompt:
 
 @dataclass(frozen=True)
 class PromptSet:
+    """`description`: how the prompts were drawn from the file, one line ("13 of 480
+    prompts, round-robin over 13 categories"), for the run's output."""
+
     name: str
     source: str
     prompts: tuple[Prompt, ...]
     sha256: str
+    description: str = ""
 
     @classmethod
-    def from_prompts(cls, name: str, source: str, prompts: Iterable[Prompt]) -> PromptSet:
+    def from_prompts(cls, name: str, source: str, prompts: Iterable[Prompt], description: str | None = None) -> PromptSet:
         """Build a set and compute its content hash (the one way sets are made here)."""
         items = tuple(prompts)
-        return cls(name=name, source=source, prompts=items, sha256=content_sha256(items))
+        if description is None:
+            description = _all(len(items))
+        return cls(name=name, source=source, prompts=items, sha256=content_sha256(items), description=description)
 
     @property
     def domains(self) -> list[str]:
@@ -127,10 +133,13 @@ def select(
     categories: list[str] | None = None,
 ) -> PromptSet:
     """Filter by domain and by the file's category, then cap the count. The cap takes
-    prompts round-robin across domains so that a small N still covers every domain;
-    the result keeps file order."""
+    prompts round-robin across the file's categories, the categories ordered
+    round-robin across domains: a small N still reaches every domain, and an N as large
+    as the number of categories reaches every category (Spec-Bench's 13 are not all
+    MT-Bench questions). The result keeps file order and says how it was drawn."""
     available = prompt_set.domains
     prompts = list(prompt_set.prompts)
+    filters: list[str] = []
 
     if domains is not None:
         # Requested names go through the same mapping as the file, so "coding" finds code.
@@ -144,6 +153,7 @@ def select(
                 "pick domains from the available list",
             )
         prompts = [p for p in prompts if p.domain in wanted]
+        filters.append(f"{'domain' if len(wanted) == 1 else 'domains'} {', '.join(d for d in available if d in wanted)}")
 
     if categories is not None:
         # Categories are the file's own labels, matched exactly up to case.
@@ -158,28 +168,56 @@ def select(
                 "pick categories from the available list",
             )
         prompts = [p for p in prompts if p.category.lower() in wanted_c]
+        filters.append(f"{'category' if len(wanted_c) == 1 else 'categories'} {', '.join(c for c in prompt_set.categories if c.lower() in wanted_c)}")
 
+    how = ""
     if max_prompts is not None:
         if isinstance(max_prompts, bool) or not isinstance(max_prompts, int) or max_prompts < 1:
             raise InputError(
                 f"max prompts must be a positive integer, got {max_prompts!r}",
                 "pass a number of prompts of 1 or more",
             )
-        groups: dict[str, list[int]] = {}
-        for i, p in enumerate(prompts):
-            groups.setdefault(p.domain, []).append(i)
-        chosen: list[int] = []
-        rank = 0
-        while len(chosen) < max_prompts and len(chosen) < len(prompts):
-            for idx in groups.values():
-                if rank < len(idx) and len(chosen) < max_prompts:
-                    chosen.append(idx[rank])
-            rank += 1
-        prompts = [prompts[i] for i in sorted(chosen)]
+        if max_prompts < len(prompts):
+            groups = _interleaved_groups(prompts)
+            chosen: list[int] = []
+            rank = 0
+            while len(chosen) < max_prompts:
+                for idx in groups:
+                    if rank < len(idx) and len(chosen) < max_prompts:
+                        chosen.append(idx[rank])
+                rank += 1
+            has_categories = any(p.category != p.domain for p in prompts)
+            how = f", round-robin over {len(groups)} {'categories' if has_categories else 'domains'}" if len(groups) > 1 else ""
+            prompts = [prompts[i] for i in sorted(chosen)]
 
     if not prompts:
         raise InputError(
             f"empty prompt set after selection from {prompt_set.name}",
             f"available domains: {', '.join(available)}",
         )
-    return PromptSet.from_prompts(prompt_set.name, prompt_set.source, prompts)
+    total = len(prompt_set.prompts)
+    drawn = _all(total) if len(prompts) == total else f"{len(prompts)} of {_count(total)}"
+    where = f" ({'; '.join(filters)})" if filters else ""
+    return PromptSet.from_prompts(prompt_set.name, prompt_set.source, prompts, description=drawn + where + how)
+
+
+def _interleaved_groups(prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Indices of `prompts` by category (file order within each), the categories taken
+    round-robin over their domains: writing, reasoning, coding, extraction, translation,
+    summarization, then roleplay, math, stem, … for Spec-Bench's question file."""
+    by_domain: dict[str, dict[str, list[int]]] = {}
+    for i, p in enumerate(prompts):
+        by_domain.setdefault(p.domain, {}).setdefault(p.category, []).append(i)
+    columns = [list(cats.values()) for cats in by_domain.values()]
+    out: list[list[int]] = []
+    for rank in range(max((len(c) for c in columns), default=0)):
+        out.extend(c[rank] for c in columns if rank < len(c))
+    return out
+
+
+def _count(n: int) -> str:
+    return f"{n} prompt" if n == 1 else f"{n} prompts"
+
+
+def _all(n: int) -> str:
+    return "1 prompt" if n == 1 else f"all {n} prompts"
