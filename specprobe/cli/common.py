@@ -7,7 +7,7 @@ import functools
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -19,6 +19,7 @@ from specprobe.report import terminal
 from specprobe.settings.model import BY_NAME, for_command
 
 if TYPE_CHECKING:
+    from specprobe.core.files import InputPath
     from specprobe.result import Comparison, Result
     from specprobe.settings.options import RunOptions
 
@@ -117,11 +118,12 @@ def takes_settings(command: str) -> Callable[[F], F]:
 
 
 # ----------------------------------------------------------------------------- the one merge
-def gather(ctx: typer.Context, command: str, only: tuple[str, ...] | None = None) -> RunOptions:
+def gather(ctx: typer.Context, command: str, only: tuple[str, ...] | None = None, inputs: Sequence[InputPath] = ()) -> RunOptions:
     """The command's options: flags typed on the command line over the --config file
     over the defaults, validated (values, device, dtype, every output path) before any
     model loads or any file is written. `only`: the parameters to take (others are the
-    command's own business)."""
+    command's own business); `inputs`: the files the command reads through its own
+    parameters (report's RESULT.json, merge's parts), which no output may overwrite."""
     from specprobe.settings.options import merge
 
     params = {k: v for k, v in ctx.params.items() if only is None or k in only}
@@ -130,7 +132,7 @@ def gather(ctx: typer.Context, command: str, only: tuple[str, ...] | None = None
         source = ctx.get_parameter_source(name)
         if source is not None and source.name == "COMMANDLINE":
             given.add(name)
-    return merge(command, params, given, ctx.params.get("config"))
+    return merge(command, params, given, ctx.params.get("config"), inputs)
 
 
 # ----------------------------------------------------------------------------- the one writer

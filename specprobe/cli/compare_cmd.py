@@ -54,7 +54,7 @@ def compare(
     from specprobe.report.console import render_comparison
     from specprobe.report.load import gate_exit_code, load_result
 
-    opts = gather(ctx, "compare")  # every output checked before anything is read or written
+    opts = gather(ctx, "compare")  # every output checked, and kept off both results, before anything is read or written
     if opts.baseline is None or opts.candidate is None:
         raise ConfigError("compare needs a BASELINE.json and a CANDIDATE.json", "give them as arguments, or a --config file with baseline and outputs.json")
     table = load_table(opts.rules)

@@ -47,11 +47,12 @@ def merge(
 
       specprobe merge part0.json part1.json --json result.json --html report.html
     """
+    from specprobe.core.files import InputPath
     from specprobe.probe.shards import load_part, result_from_parts
     from specprobe.report.console import render
     from specprobe.result import Result
 
-    opts = gather(ctx, "merge")
+    opts = gather(ctx, "merge", inputs=[InputPath("PART", p) for p in parts])
     loaded = [load_part(p) for p in parts]
     result = Result.model_validate(result_from_parts(loaded, rules=[str(r) for r in opts.rules]))
     err.print(f"merged {len(loaded)} parts ({result.metrics.get('num_prompts')} items, {result.metrics.get('num_positions')} positions)", highlight=False)

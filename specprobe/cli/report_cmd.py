@@ -54,10 +54,11 @@ def report(
 
       specprobe report out/result.json --junit junit.xml --markdown "$GITHUB_STEP_SUMMARY" --fail-on error
     """
+    from specprobe.core.files import InputPath
     from specprobe.report.load import gate_exit_code, load_result
 
     check("fail_on", fail_on, "--fail-on")
-    opts = gather(ctx, "report")  # every output checked before any is written
+    opts = gather(ctx, "report", inputs=[InputPath("RESULT.json", result_file)])  # every output checked before any is written
     result = load_result(result_file)
     if not quiet:
         print_summary(result)

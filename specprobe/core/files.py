@@ -1,7 +1,8 @@
 """Safe output files: every output path checked before any work starts (and before any
-other output is written), then written atomically (temp + rename) so an interrupted or
-failed run leaves nothing half-written. New files and folders get the permissions the
-user's umask gives, as every other tool does (a temp file alone would be 0600)."""
+other output is written), and none of them one of the command's inputs; then written
+atomically (temp + rename) so an interrupted or failed run leaves nothing half-written.
+New files and folders get the permissions the user's umask gives, as every other tool
+does (a temp file alone would be 0600)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,36 @@ class OutputPath:
     origin: str
     path: Path
     kind: Literal["file", "dir"] = "file"
+
+
+@dataclass(frozen=True)
+class InputPath:
+    """One file a command reads: where it was named (`--prompts`, `RESULT.json`,
+    `probe.yaml: rules`) and the path."""
+
+    origin: str
+    path: Path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    # (st_dev, st_ino) catches a hard link or a second mount, which no path text shows;
+    # a path that does not exist yet can only be the same through where it resolves to
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _input_hit(o: OutputPath, inputs: Iterable[InputPath]) -> OutputError | None:
+    """Why writing `o` would destroy an input, or None. A file output must not be an
+    input; a folder output must not be one, nor hold one (its tables are written into it)."""
+    for i in inputs:
+        named = i.origin if str(i.path) == str(o.path) else f"{i.origin} {i.path}"
+        if _same_file(o.path, i.path):
+            return OutputError(f"{o.origin} {o.path} is also an input ({named})", "write the result elsewhere")
+        if o.kind == "dir" and _same_file(Path(os.path.realpath(i.path)).parent, o.path):
+            return OutputError(f"{o.origin} {o.path} holds an input ({i.origin} {i.path})", "write the tables into another folder")
+    return None
 
 
 def _umask() -> int:
@@ -91,11 +122,16 @@ def check_writable_dir(path: Path | None, flag: str) -> None:
         raise OutputError(f"cannot write {flag} {path}: {probe}: {why}", "choose a writable folder")
 
 
-def check_outputs(outputs: Iterable[OutputPath]) -> None:
+def check_outputs(outputs: Iterable[OutputPath], inputs: Iterable[InputPath] = ()) -> None:
     """Check every output before any is written: a bad last path must not leave the
-    first ones written and the run's work lost."""
+    first ones written and the run's work lost, and an output that is an input would
+    replace what the run reads (the prompts, a baseline) with what it wrote."""
     seen: dict[Path, str] = {}
+    inputs = list(inputs)
     for o in outputs:
+        hit = _input_hit(o, inputs)
+        if hit is not None:
+            raise hit
         if o.kind == "dir":
             check_writable_dir(o.path, o.origin)
         else:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ConfigError
-from specprobe.core.files import OutputPath, check_outputs
+from specprobe.core.files import InputPath, OutputPath, check_outputs
 from specprobe.settings.config import load_probe_config
 from specprobe.settings.model import (
     BY_FILE_KEY,
@@ -74,6 +74,21 @@ class RunOptions:
     def outputs(self) -> list[OutputPath]:
         return [OutputPath(self.where(p), getattr(self, p), kind) for p, kind in OUTPUTS.items() if getattr(self, p) is not None]  # type: ignore[arg-type]
 
+    def inputs(self) -> list[InputPath]:
+        """The files the command reads (a setting that names none, as 'builtin' or '-'
+        prompts, is left out): no output may be one of them."""
+        found: list[InputPath] = []
+        for p in ("prompts", "rules", "serving_config", "baseline"):
+            value = self.values.get(p)
+            for path in value if isinstance(value, (list, tuple)) else [value]:
+                if path is not None and not (p == "prompts" and str(path) in ("builtin", "-")):
+                    found.append(InputPath(self.where(p), Path(path)))
+        if self.candidate is not None:
+            found.append(InputPath(self.origins.get("candidate", "CANDIDATE.json"), Path(self.candidate)))
+        if self.config is not None:
+            found.append(InputPath("--config", self.config))
+        return found
+
     def sampling_flags(self) -> SamplingFlags:
         return SamplingFlags(**{k: getattr(self, k) for k in SAMPLING}, sampling_semantics=self.sampling_semantics)
 
@@ -115,12 +130,14 @@ class RunOptions:
 
 
 # ----------------------------------------------------------------------------- the merge
-def merge(command: str, params: Mapping[str, Any], given: Collection[str], config: str | Path | None = None) -> RunOptions:
+def merge(command: str, params: Mapping[str, Any], given: Collection[str], config: str | Path | None = None, inputs: Collection[InputPath] = ()) -> RunOptions:
     """One merge for every command: `params` are the command's parsed parameters (its
     defaults included), `given` the names typed on the command line; a probe config
     fills every parameter that was not typed. Every value is checked where it was
     written (the settings model); then what involves more than one setting — models,
-    device, dtype, and every output path."""
+    device, dtype, and every output path, none of which may be an input (the options'
+    own, and `inputs`: files the command names in its own parameters, as report's
+    RESULT.json)."""
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for param, value in params.items():
@@ -146,19 +163,20 @@ def merge(command: str, params: Mapping[str, Any], given: Collection[str], confi
         # compare's candidate defaults to the result this config's diagnose run writes
         if command == COMPARE and candidate is None and "outputs.json" in file_vals:
             candidate = file_vals["outputs.json"]
+            origins["candidate"] = f"{name}: outputs.json"
     opts = RunOptions(command=command, values=values, origins=origins, candidate=candidate, config=Path(config) if config is not None else None)
-    _check_together(opts)
+    _check_together(opts, inputs)
     return opts
 
 
-def _check_together(o: RunOptions) -> None:
+def _check_together(o: RunOptions, inputs: Collection[InputPath] = ()) -> None:
     """What no single setting's bounds can say: a run needs both models, a CUDA device
     must exist, and no two outputs (or an output and an input) may be one file."""
     if o.command in RUNS and (not o.target or not o.drafter):
         raise ConfigError(f"{o.command} needs a TARGET and a DRAFTER", f"e.g. specprobe {o.command} smollm2 self:layers=28, or give them in a --config file")
     if o.command in RUNS | {DEMO}:
         check_runtime(o.device, o.dtype, o.where("device"), o.where("dtype"))
-    check_outputs(o.outputs())
+    check_outputs(o.outputs(), [*o.inputs(), *inputs])
 
 
 def check_runtime(device: str, dtype: str, device_where: str = "--device", dtype_where: str = "--dtype") -> None:
