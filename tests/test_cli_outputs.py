@@ -134,7 +134,7 @@ def test_an_empty_output_path_is_named_and_nothing_is_written(tmp_path: Path) ->
 def test_dtype_and_device_are_refused_before_the_target_loads(no_models, tiny_pair) -> None:
     t, d = str(tiny_pair["target"]), str(tiny_pair["twin"])
     res = run("diagnose", t, d, "--dtype", "float8")
-    assert res.exit_code == 2 and "--dtype 'float8' is not supported" in text(res)
+    assert res.exit_code == 2 and "--dtype 'float8' is not one of auto, float32, bfloat16, float16" in text(res)
     res = run("simulate", t, d, "--device", "tpu")
     assert res.exit_code == 2 and "--device 'tpu' is not supported" in text(res)
     res = run("demo", "--dtype", "float8")
