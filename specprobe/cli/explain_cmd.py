@@ -18,7 +18,7 @@ from specprobe.cli.common import (
     out,
 )
 from specprobe.core.errors import InputError
-from specprobe.report.drill_html import alpha_rgb, token_label
+from specprobe.report.drill_html import alpha_rgb, sample_phrase, token_label
 from specprobe.report.fmt import EM_DASH, fixed, pct
 from specprobe.report.terminal import Column, Grid
 from specprobe.result import Result
@@ -47,7 +47,7 @@ def what_ifs(dd: DrillDown) -> Grid | None:
     g = Grid(
         [Column("what if", fallback="under", order=1), Column("positions", "n", "right", "drop", 3), Column("α", justify="right"), Column("α real", "real", "right"), Column(k, justify="right", fallback="drop", order=2), Column(f"{k} real", "real", "right", "drop", 2)],
         title="What-ifs (from the scoring logits, beside the real value on the same positions)",
-        caption=f" on {'every prompt' if cf.every == 1 else f'every {cf.every}th prompt'}: {cf.sample_prompts} prompts, {cf.sample_positions:,} positions (the grid temperatures take turns)",
+        caption=f" on {sample_phrase(cf.every)}: {cf.sample_prompts} prompts, {cf.sample_positions:,} positions (the grid temperatures take turns)",
     )
     for r in cf.rows:
         g.add(r.name, f"{r.positions:,}", _pct(r.accept_prob), _pct(r.accept_prob_real), _f(r.tau_tokens, ".2f"), _f(r.tau_tokens_real, ".2f"))
@@ -134,8 +134,7 @@ def worst_view(console: Console, dd: DrillDown, rows: list[WorstPosition], n: in
 
 def overview(console: Console, result: Result, dd: DrillDown, n: int) -> None:
     console.print(Text.assemble(("drill-down ", "bold"), result.describe(), f" · {dd.positions:,} positions · α {_pct(result.metric('accept_prob_mean'))}"))
-    console.print(Text(" p: the target's probability, q: the drafter's, each from its", style="dim"))
-    console.print(Text(f" {dd.distributions}", style="dim"))
+    console.print(Text(f" p: the target's probability, q: the drafter's — {dd.distributions}", style="dim"))
     for grid in (what_ifs(dd), classes(dd), confusions(dd, n), domains(dd) if dd.domains else None):
         if grid is not None:
             console.print("")

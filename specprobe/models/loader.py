@@ -79,17 +79,17 @@ def check_paths(target: str | None, drafter: str | None) -> None:
     """Model paths that do not exist, refused before anything loads (a big target takes
     minutes): the target, and the drafter's path (a head's after its `kind:` prefix);
     `self`, `self:…`, `mtp` and built-in names have none."""
-    from specprobe.models.heads.layout import split_spec
+    from specprobe.models.heads.layout import missing_head, split_spec
 
     hint = "pass a checkpoint folder, a .gguf file, or a built-in name: " + ", ".join(BUILTIN)
-    specs = [target] if target else []
+    specs: list[tuple[str | None, str]] = [(None, target)] if target else []
     if drafter and drafter != "self" and not drafter.startswith("self:"):
         kind, path = split_spec(drafter)
         if path:
-            specs.append(path)
-    for spec in specs:
+            specs.append((kind, path))
+    for kind, spec in specs:
         if spec not in BUILTIN and not Path(spec).expanduser().exists():
-            raise ModelLoadError(f"model path {spec} does not exist", hint)
+            raise missing_head(kind, spec) if kind is not None else ModelLoadError(f"model path {spec} does not exist", hint)
 
 
 def resolve(spec: str) -> ResolvedSpec:
@@ -228,6 +228,46 @@ class ModelInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# Files a tokenizer is read from: one vocabulary (any of these) and, beside it, the
+# config that names the tokenizer class and the special tokens.
+_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model")
+_TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def _no_vocabulary(folder: Path, has_config: bool, why: str = "") -> ModelLoadError:
+    there = f"{_TOKENIZER_CONFIG} is there but none of {', '.join(_VOCAB_FILES)}" if has_config else f"none of {', '.join(_VOCAB_FILES)}, nor {_TOKENIZER_CONFIG}"
+    return ModelLoadError(f"cannot load the tokenizer in {folder}: no vocabulary file — {there}{why}", _copy_hint(folder))
+
+
+def _copy_hint(folder: Path) -> str:
+    return f"copy tokenizer.json and {_TOKENIZER_CONFIG} (or the files the model's tokenizer uses) from the model's repository into {folder}"
+
+
+def tokenizer_error(folder: Path, e: Exception) -> ModelLoadError:
+    """A whole sentence for a tokenizer that does not load: which file the folder lacks,
+    else transformers' reason, every line of it (its first line stops at "from one of:")."""
+    have = {f for f in (*_VOCAB_FILES, "merges.txt", _TOKENIZER_CONFIG) if (folder / f).is_file()}
+    if not have & set(_VOCAB_FILES):
+        return _no_vocabulary(folder, _TOKENIZER_CONFIG in have)
+    if "vocab.json" in have and "merges.txt" not in have and "tokenizer.json" not in have:
+        return ModelLoadError(f"cannot load the tokenizer in {folder}: vocab.json is there but merges.txt, its other half, is missing", _copy_hint(folder))
+    why = " ".join(str(e).split()) or type(e).__name__
+    if len(why) > 400:
+        why = why[:399] + "…"
+    missing = "" if _TOKENIZER_CONFIG in have else f" ({_TOKENIZER_CONFIG} is missing)"
+    return ModelLoadError(f"cannot load the tokenizer in {folder}{missing}: {why}", _copy_hint(folder))
+
+
+def _refuse_bare_tokenizer(folder: Path, tokenizer: Any, config: Any) -> None:
+    """transformers builds a tokenizer from tokenizer_config.json alone (a handful of
+    special tokens, every word unknown): refused as the missing vocabulary it is."""
+    if any((folder / f).is_file() for f in _VOCAB_FILES):
+        return
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if len(tokenizer) * 2 < vocab:
+        raise _no_vocabulary(folder, True, f" (the tokenizer it makes has {len(tokenizer)} of the model's {vocab} tokens)")
+
+
 def load_info(spec: str, progress: Any = None) -> ModelInfo:
     """Tokenizer + config + generation config, without loading weights."""
     _offline()
@@ -242,7 +282,8 @@ def load_info(spec: str, progress: Any = None) -> ModelInfo:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:
-        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {str(e).splitlines()[0][:160]}", "the folder needs tokenizer.json or the tokenizer files the model uses") from e
+        raise tokenizer_error(folder, e) from e
+    _refuse_bare_tokenizer(folder, tokenizer, config)
     try:
         gen = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception:

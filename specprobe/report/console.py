@@ -207,12 +207,66 @@ def check_facts_table(result: Result) -> Grid:
     return g
 
 
+def _ids(xs: list[int] | None) -> str:
+    return "[" + ", ".join(str(x) for x in xs) + "]" if xs else "[]"
+
+
+def head_facts(result: Result) -> list[str]:
+    """A head drafter's facts as check found them (the same as `--json` writes), one
+    short line each: files and widths, the draft vocabulary and its map, the target
+    layers each engine feeds it, its embedding and verifier, Medusa heads / MTP layers."""
+    head = getattr(result.alignment.facts, "head", None) if result.alignment else None
+    if not isinstance(head, dict):
+        return []
+    top = f"head  {head.get('layout') or head.get('kind')}  {head.get('path', '')}".rstrip()
+    hid = head.get("hidden") or {}
+    width = f"hidden {hid.get('head', head.get('hidden_size'))}"
+    if hid.get("target") is not None:
+        width += f" (target {hid['target']})"
+    if hid.get("fc_in") is not None:
+        n = hid["fc_in"] / hid["target"] if hid.get("target") else None
+        width += f", fc input {hid['fc_in']}" + (f" = {n:g} × {hid['target']}" if n and n == int(n) else "")
+    lines = [top, f"  {width}" if hid or head.get("hidden_size") is not None else ""]
+    v = head.get("vocab")
+    if isinstance(v, dict) and v.get("draft") is not None:
+        vd, vt = v["draft"], v.get("target")
+        cover = f" of the target's {vt} ids ({_pct(vd / vt)})" if vt else ""
+        m = result.metrics
+        d2t = "d2t absent" if not v.get("d2t") else "d2t all zero" if m.get("d2t_all_zero") else f"d2t {_pct(m['d2t_invalid_frac'])} invalid" if m.get("d2t_invalid_frac") else "d2t valid"
+        t2d = "t2d absent" if not v.get("t2d") else "t2d inconsistent" if m.get("t2d_inconsistent") else "t2d consistent"
+        maps = f"{d2t}, {t2d}"
+        lines.append(f"  draft vocabulary {vd}{cover}; {maps}")
+    aux = head.get("aux_layers")
+    if isinstance(aux, dict):
+        given = f"ids {_ids(aux.get('ids'))}" if aux.get("ids") else "no ids (default 2, L//2, L−3)"
+        lines.append(f"  aux layers {given}: vLLM reads hidden_states{_ids(aux.get('vllm'))}, SGLang {_ids(aux.get('sglang'))}; scored {_ids(aux.get('scored'))}")
+    heads = head.get("heads")
+    if isinstance(heads, dict):
+        lines.append(f"  {heads.get('num_heads')} Medusa heads × {heads.get('num_layers')} layers, lm_head {heads.get('lm_head')}")
+    mtp = head.get("mtp")
+    if isinstance(mtp, dict):
+        declared = f" (config declares {mtp['declared']})" if mtp.get("declared") not in (None, mtp.get("layers")) else ""
+        lines.append(f"  {mtp.get('layers')} MTP layers{declared}, input {mtp.get('concat')}")
+    rest = []
+    if head.get("embedding"):
+        rest.append(f"embedding {head['embedding']}")
+    ver = head.get("verifier")
+    if isinstance(ver, dict) and (ver.get("name_or_path") or ver.get("architectures")):
+        archs = f" ({', '.join(ver['architectures'])})" if ver.get("architectures") else ""
+        rest.append(f"verifier {ver.get('name_or_path') or '?'}{archs}")
+    if rest:
+        lines.append("  " + "; ".join(rest))
+    return [x for x in lines if x]
+
+
 def render(result: Result, console: Console, full: bool = True) -> None:
     console.print(verdict_panel(result))
     if result.findings:
         console.print(findings_table(result.findings))
     if result.command == "check" or not result.scored:
         console.print(check_facts_table(result))
+        for line in head_facts(result):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
         return
     if not full:
         return

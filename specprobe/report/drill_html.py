@@ -74,13 +74,24 @@ def _top_cell(dd: DrillDown, t: TopTokens) -> str:
     return "<br>".join(f"{_tok(dd, i)} {fixed(p, '.2f')} <span class=\"note\">({fixed(o, '.2f')})</span>" for i, p, o in zip(t.ids, t.probs, t.other_probs, strict=False))
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st, 102nd, 111th."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def sample_phrase(every: int) -> str:
+    """Which prompts the what-ifs sample: "every prompt", "every 2nd prompt"."""
+    return "every prompt" if every == 1 else f"every {ordinal(every)} prompt"
+
+
 def _what_ifs(dd: DrillDown) -> str:
     cf = dd.counterfactuals
     if cf is None or not cf.rows:
         return ""
     rows = [[esc(r.name), f"{r.positions:,}", pct(r.accept_prob), pct(r.accept_prob_real), fixed(r.tau_tokens, ".2f"), fixed(r.tau_tokens_real, ".2f")] for r in cf.rows]
     k = f"τ at K={cf.k}" if cf.k else "τ"
-    sample = "every prompt" if cf.every == 1 else f"every {cf.every}th prompt"
+    sample = sample_phrase(cf.every)
     return (
         f"<div><h3>What-ifs</h3>{_table(['what if', 'positions', 'α', 'α real', k, k + ' real'], rows)}"
         f'<p class="note">From the scoring logits, on {esc(sample)} ({cf.sample_prompts} prompts, {cf.sample_positions:,} positions; '

@@ -18,7 +18,7 @@ from typing import Any
 
 from specprobe.core.errors import ModelLoadError
 from specprobe.models.heads.files import MEDUSA_FILE, open_folder, read_config
-from specprobe.models.heads.layout import HEAD_KINDS, MTP_SPEC, HeadLayout, split_spec
+from specprobe.models.heads.layout import HEAD_KINDS, MTP_SPEC, HeadLayout, missing_head, split_spec
 from specprobe.models.loader import ModelInfo
 
 __all__ = ["HEAD_KINDS", "HeadLayout", "build_head", "detect", "head_info", "head_kind"]
@@ -84,6 +84,8 @@ def detect(spec: str, target_info: ModelInfo | None = None) -> HeadLayout | None
         return None
     folder = _folder(rest)
     if kind is not None:
+        if folder is None and not Path(rest).expanduser().exists():
+            raise missing_head(kind, rest)
         if folder is None:
             raise ModelLoadError(f"{rest} is not a head checkpoint folder (no config.json)", f"pass the folder that holds the head's config.json and weights ({spec.split(':')[0]}:PATH)")
         layout = _describe(folder, kind)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specprobe.core.errors import ConfigError
+from specprobe.core.errors import ConfigError, ModelLoadError
 from specprobe.models.heads.files import HeadFiles
 
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
@@ -67,6 +67,13 @@ def split_spec(spec: str) -> tuple[str | None, str]:
                 raise ConfigError(f"drafter spec {spec!r} names no path", f"write {prefix}PATH (the head's checkpoint folder)")
             return kind, rest
     return None, spec
+
+
+def missing_head(kind: str, path: str) -> ModelLoadError:
+    """The one message for a head folder that does not exist, whichever command finds it
+    first (check reads the head's files, diagnose checks paths before the target loads)."""
+    prefix = next((p for p, k in SPEC_PREFIXES.items() if k == kind), f"{kind}:")
+    return ModelLoadError(f"model path {path} does not exist", f"pass the folder that holds the head's config.json and weights ({prefix}PATH)")
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
