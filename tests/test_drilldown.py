@@ -302,8 +302,16 @@ def test_sweep_cli(tiny_pair: dict[str, Path], prompts: Path, tmp_path: Path) ->
     res = runner.invoke(app, [
         "sweep", str(tiny_pair["target"]), str(tiny_pair["twin"]), "--layers", "1", "--prompts", str(prompts), "--max-new-tokens", "8",
         "--k-max", "3", "--cost-ratio", "0.1", "--verify-factor", "1", "--temperature", "1", "--json", str(tmp_path / "sweep.json"), "--results", str(tmp_path / "each"),
+        "--draft-top-p", "1", "--html", str(tmp_path / "sweep.html"), "--csv", str(tmp_path / "tables"), "--fail-on", "never",
     ], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
+    html = (tmp_path / "sweep.html").read_text(encoding="utf-8")
+    assert "specprobe sweep" in html and "self:layers=1" in html and "<svg" in html
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "tables" / "sweep.csv")
+    assert list(table["drafter"]) == [str(tiny_pair["twin"]), "self:layers=1"] or set(table["drafter"]) == {str(tiny_pair["twin"]), "self:layers=1"}
+    assert {"tau_k1", "tau_k3", "speedup_k3", "recommended"} <= set(table.columns) and table["recommended"].sum() == 1
     assert "recommended:" in res.output and "self:layers=1" in res.output
     doc = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert doc["command"] == "sweep" and len(doc["rows"]) == 2 and doc["target_passes"] >= 1

@@ -11,6 +11,7 @@ depend on how a typer version draws its own panels."""
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,12 @@ def paragraphs(doc: str) -> Iterator[tuple[str, bool]]:
             yield " ".join(buf), False
 
 
+def summary(doc: str) -> str:
+    """A command's line in the group's help: its docstring's whole first paragraph (a
+    sentence that runs on past a colon is not cut there)."""
+    return " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines()).replace("\b", "").strip()
+
+
 def _wrapped(console: Any, text: Text, indent: int, first: int, width: int) -> Iterator[Text]:
     """text wrapped into width-indent columns, each line after the first indented by
     `indent`; the first line indented by `first`."""
@@ -126,8 +133,7 @@ def render_help(cmd: Any, ctx: Any) -> None:
             sub = cmd.get_command(ctx, name)
             if sub is None or getattr(sub, "hidden", False):
                 continue
-            first = next((line for line, _ in paragraphs(sub.help or "") if line), "")
-            commands.append((name, first))
+            commands.append((name, summary(sub.help or "")))
     for title, rows in (("Arguments", args), ("Options", opts), ("Commands", commands)):
         if rows:
             out.append(Text(""))
@@ -152,6 +158,12 @@ def _prose(console: Any, doc: str, width: int) -> Iterator[Text]:
             yield Text("")
 
 
+# typer carries its own copy of click; its exception classes are reached through the one
+# typer exports (BadParameter is a UsageError, a ClickException)
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_CLICK_EXCEPTION: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 class HelpCommand(TyperCommand):
     def format_help(self, ctx: Any, formatter: Any) -> None:
         render_help(self, ctx)
@@ -160,6 +172,26 @@ class HelpCommand(TyperCommand):
 class HelpGroup(TyperGroup):
     def format_help(self, ctx: Any, formatter: Any) -> None:
         render_help(self, ctx)
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """click's usage mistakes (a bad choice, a value out of a flag's range, a missing
+        argument) as the one `error:` line every other mistake gets, exit 2 — not a usage box."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
+        except _USAGE_ERROR as e:
+            where = e.ctx.command_path if e.ctx is not None else "specprobe"  # type: ignore[attr-defined]
+            message = e.format_message().rstrip(".")  # type: ignore[attr-defined]
+            terminal.console(stderr=True).print(f"[bold red]error:[/] {message} — see {where} --help", highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except _CLICK_EXCEPTION as e:
+            e.show()  # type: ignore[attr-defined]
+            sys.exit(e.exit_code)  # type: ignore[attr-defined]
+        except typer.Abort:
+            terminal.console(stderr=True).print("Aborted!")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 class App(typer.Typer):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 from specprobe.cli.common import (
+    ConfigOpt,
     err,
     finish,
     gather,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 def merge(
     ctx: typer.Context,
     parts: Annotated[list[Path], typer.Argument(help="Every part of one run: the files `diagnose --shard I/N --json PART` wrote.", metavar="PART…", readable=False)],
+    config: ConfigOpt = None,
 ) -> None:
     """Join the parts of a sharded diagnose run into one result — the same one a
     single process would have written (accumulators merged, per-position rows and
@@ -46,6 +48,8 @@ def merge(
       specprobe diagnose smollm2 self:layers=28 --shard 1/2 --json part1.json
 
       specprobe merge part0.json part1.json --json result.json --html report.html
+
+      specprobe merge part0.json part1.json --config probe.yaml   (its outputs, rules and fail_on)
     """
     from specprobe.core.files import InputPath
     from specprobe.probe.shards import load_part, result_from_parts

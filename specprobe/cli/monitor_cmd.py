@@ -17,15 +17,6 @@ from specprobe.cli.common import (
 from specprobe.core.errors import ConfigError, InputError
 from specprobe.settings.model import check
 
-EPILOG = (
-    "Examples:\n\n"
-    "  specprobe monitor --url http://127.0.0.1:8000/metrics\n\n"
-    "  specprobe monitor --prometheus http://prometheus:9090 --window 5m --baseline-window 1h --alerts alerts.jsonl\n\n"
-    "  specprobe monitor --log vllm.log --once            (cron/CI: exit 0 healthy, 1 alert, 2 bad input)\n\n"
-    "  specprobe monitor --url http://127.0.0.1:8080/metrics --once --json window.json   (llama-server --metrics)\n\n"
-    "  kubectl logs -f deploy/sglang | specprobe monitor --log - --follow --num-spec-tokens 4"
-)
-
 
 def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], engine: str, timeout: float, retries: int, follow: bool) -> list[Any]:
     from specprobe.monitor.sources import LogSource, PrometheusSource, ScrapeSource
@@ -64,7 +55,19 @@ def monitor(
 
     Per model_name: acceptance rate (accepted ÷ drafted tokens), mean acceptance length
     (1 + accepted ÷ drafts, bonus token included), per-position rates — over a sliding
-    window against the trailing baseline. Alerts go out as JSON lines."""
+    window against the trailing baseline. Alerts go out as JSON lines.
+
+    Examples:
+      specprobe monitor --url http://127.0.0.1:8000/metrics
+
+      specprobe monitor --prometheus http://prometheus:9090 --window 5m --baseline-window 1h --alerts alerts.jsonl
+
+      specprobe monitor --log vllm.log --once            (cron/CI: exit 0 healthy, 1 alert, 2 bad input)
+
+      specprobe monitor --url http://127.0.0.1:8080/metrics --once --json window.json   (llama-server --metrics)
+
+      kubectl logs -f deploy/sglang | specprobe monitor --log - --follow --num-spec-tokens 4
+    """
     from specprobe.judge.rules import load_table
     from specprobe.monitor.base import ENGINES
     from specprobe.monitor.runner import Monitor
@@ -231,4 +234,4 @@ def old_log_notes(mon: Any, snap: Any) -> list[str]:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("monitor", epilog=EPILOG)(monitor)
+    app.command("monitor")(monitor)

@@ -49,8 +49,9 @@ def simulate(
     result = run_simulate(cfg, RichProgress(err), table=table, on_partial=keep_partial(opts))
 
     def show() -> None:
-        render(result, out)
-        measured_tables(result, out)
+        render(result, out, full=not opts.brief)
+        if not opts.brief:
+            measured_tables(result, out)
 
     finish(result, opts, show)
 

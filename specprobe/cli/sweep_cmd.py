@@ -81,12 +81,16 @@ def sweep(
 
       specprobe sweep smollm2 --layers 16..29 --temperature 0.7 --max-prompts 24
 
-      specprobe sweep ./target ./draft-a ./draft-b self:layers=20 --json sweep.json --results out/
+      specprobe sweep ./target ./draft-a ./draft-b self:layers=20 --json sweep.json --results out/ --html sweep.html
+
+    Exit code: 1 when the recommended drafter has a finding at or above --fail-on (or no
+    drafter could be recommended), as diagnose's gate on that drafter.
     """
     from specprobe.core.files import write_text_atomic
     from specprobe.core.progress import RichProgress
     from specprobe.judge.rules import load_table
     from specprobe.probe.sweep import parse_layers, run_sweep
+    from specprobe.report.load import gate_exit_code
     from specprobe.settings.options import DIAGNOSE, merge
 
     specs = list(drafters or []) + [f"self:layers={n}" for n in (parse_layers(layers) if layers else [])]
@@ -113,8 +117,23 @@ def sweep(
             name = "".join(c if c.isalnum() or c in "-_." else "_" for c in r.drafter.spec).strip("_") or "drafter"
             write_text_atomic(results_dir / f"{name}.json", r.to_json())
         err.print(f"wrote {len(sw.results)} results into {results_dir}")
+    if opts.csv_dir is not None:
+        from specprobe.report.csv_out import write_sweep_csv
+
+        write_sweep_csv(sw.report, opts.csv_dir)
+        err.print(f"wrote the sweep table into {opts.csv_dir}", highlight=False)
+    if opts.html is not None:
+        from specprobe.report.html import render_sweep_html
+
+        write_text_atomic(opts.html, render_sweep_html(sw.report))
+        err.print(f"wrote {opts.html}", highlight=False)
     if sw.report.interrupted:
         raise typer.Exit(130)
+    # the gate: the drafter the sweep recommends, as one would deploy it
+    best = next((r for r in sw.results if r.drafter.spec == sw.report.recommended), None)
+    if best is None:
+        raise typer.Exit(0 if opts.fail_on == "never" else 1)
+    raise typer.Exit(gate_exit_code(best, opts.fail_on))
 
 
 def register(app: typer.Typer) -> None:

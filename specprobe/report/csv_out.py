@@ -17,7 +17,7 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specprobe.core.errors import OutputError
 from specprobe.core.files import make_temp_dir
@@ -25,6 +25,8 @@ from specprobe.judge.catalog import CATALOG
 from specprobe.report.fmt import num
 from specprobe.result import Comparison, Finding, Part, Result
 
+if TYPE_CHECKING:
+    from specprobe.probe.sweep import SweepReport
 
 def _frame(rows: Sequence[Part]) -> Any:
     import pandas as pd
@@ -116,10 +118,28 @@ def tables(result: Result | Comparison) -> dict[str, Any]:
 
 def write_csv(result: Result | Comparison, folder: str | Path) -> list[Path]:
     """Write every table as <folder>/<name>.csv; returns the paths written."""
+    return write_frames(tables(result), folder)
+
+
+def write_sweep_csv(report: SweepReport, folder: str | Path) -> list[Path]:
+    """`sweep --csv`: sweep.csv, one row per drafter, τ and speedup per K as columns."""
+    import pandas as pd
+
+    rows = []
+    for r in report.rows:
+        d = r.model_dump(exclude={"tau_by_k", "speedup_by_k"})
+        d.update({f"tau_k{k}": v for k, v in enumerate(r.tau_by_k, 1)})
+        d.update({f"speedup_k{k}": v for k, v in enumerate(r.speedup_by_k, 1)})
+        d["recommended"] = r.drafter == report.recommended
+        rows.append(d)
+    return write_frames({"sweep": pd.DataFrame(rows)}, folder)
+
+
+def write_frames(frames: dict[str, Any], folder: str | Path) -> list[Path]:
+    """Write each table as <folder>/<name>.csv, all or none; returns the paths written."""
     dest = Path(folder)
     if dest.exists() and not dest.is_dir():
         raise OutputError(f"{dest} exists and is not a folder", "--csv takes a folder to write the tables into")
-    frames = tables(result)
     parent = dest.parent if str(dest.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
