@@ -70,7 +70,7 @@ def test_compare_metrics_are_in_the_catalogue(baseline: Result, table) -> None:
     comp = compare_results(baseline, baseline, table=table)
     for name in comp.metrics:
         assert name in CATALOG and CATALOG[name].source == "compare", name
-    for rule in table.family("5"):
+    for rule in table.family("regression"):
         assert all(CATALOG[m].source == "compare" for m in rule.metrics)
 
 
@@ -147,12 +147,12 @@ GOLDEN = {
 def test_regression_rule_golden_cases(rule_id: str, table) -> None:
     fire, misses = GOLDEN[rule_id]
     rule = table.get(rule_id)
-    found = table.findings(fire, families=["5"])
+    found = table.findings(fire, families=["regression"])
     f = next(x for x in found if x.rule_id == rule_id)
     assert "{" not in f.message, f.message  # every placeholder filled in
     assert f.remedy and f.threshold
     for miss in misses:
-        assert rule_id not in {x.rule_id for x in table.findings(miss, families=["5"])}, miss
+        assert rule_id not in {x.rule_id for x in table.findings(miss, families=["regression"])}, miss
     assert rule.family == "regression"
 
 

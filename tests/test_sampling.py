@@ -219,7 +219,7 @@ def _check(target: Path, drafter: Path, flags: SamplingFlags, declared: dict | N
     t, d = load_info(str(target)), load_info(str(drafter))
     pair = effective_sampling(flags, t.generation_config, d.generation_config, declared)
     rep = compare(t, d, pair)
-    found = {f.rule_id: f for f in load_table().findings(rep.metrics, evidence=rep.evidence, families=("0",))}
+    found = {f.rule_id: f for f in load_table().findings(rep.metrics, evidence=rep.evidence, families=("alignment",))}
     return rep.metrics | {"facts": rep.facts}, found
 
 

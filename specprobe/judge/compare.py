@@ -17,15 +17,13 @@ from typing import Any, Literal
 from specprobe import __version__
 from specprobe.core.errors import InputError
 from specprobe.judge.catalog import CATALOG
-from specprobe.judge.rules import Chain, Num, RuleTable, Var, sort_findings, verdict, worst_severity
+from specprobe.judge.rules import Chain, Num, RuleTable, Var, worst_severity
 from specprobe.report.fmt import num, pct, signed_pct
 from specprobe.result import (
     CompareConfig,
     Comparison,
     DepthDelta,
     DomainDelta,
-    Evaluation,
-    Finding,
     Identity,
     KDelta,
     OverallDelta,
@@ -130,7 +128,7 @@ def kl_band_edges(table: RuleTable | None) -> list[float]:
     Taken from the loaded table so that a team that moves the bands with --rules gets
     a regression rule that follows them."""
     edges: set[float] = set()
-    for rule in table.family("1") if table else ():
+    for rule in table.family("divergence") if table else ():
         stack = [rule.condition]
         while stack:
             node = stack.pop()
@@ -356,12 +354,11 @@ def _evidence(comparison: Comparison) -> dict[str, list[str]]:
 def judge(comparison: Comparison, table: RuleTable, *, fail_on: str = "error") -> Comparison:
     """Apply the SP5xx rules to a comparison -> the comparison with findings, evaluations
     and verdict filled in."""
-    evals = table.evaluate(comparison.metrics, families=["5"], evidence=_evidence(comparison))
-    findings = sort_findings(e.finding for e in evals if e.finding is not None)
+    findings, evals = table.evaluate(comparison.metrics, families=["regression"], evidence=_evidence(comparison))
     return comparison.model_copy(update={
-        "findings": [Finding.model_validate(f.to_dict()) for f in findings],
-        "evaluations": [Evaluation(rule_id=e.rule.id, name=e.rule.name, severity=e.rule.severity, status=e.status) for e in evals],  # type: ignore[arg-type]
-        "verdict": verdict(findings, default="no regression"),
+        "findings": findings,
+        "evaluations": evals,
+        "verdict": table.verdict(findings, default="no regression"),
         "worst_severity": worst_severity(findings),
         "config": comparison.config.model_copy(update={"fail_on": fail_on, "rules": list(table.sources)}),
     })

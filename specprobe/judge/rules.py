@@ -2,6 +2,12 @@
 small grammar (never eval), checks every metric name against the catalogue, and turns a
 metrics dict into Findings that carry the measured value, the threshold and the remedy.
 
+Findings and Evaluations are the result schema's own types (`specprobe.result.base`):
+what the engine returns is what a result file stores. Each rule carries its family,
+and the table lists its families in headline order with the id prefix each claims; a
+rule file may leave `family:` out, and only then does the loader place the rule by
+those prefixes.
+
 The condition grammar lives in `specprobe.judge.conditions`. A condition over a metric that was not measured (missing or nan) is "not evaluated".
 """
 
@@ -9,11 +15,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import yaml
 
@@ -29,32 +35,90 @@ from specprobe.judge.conditions import (  # noqa: F401  (the grammar, re-exporte
     parse_condition,
     threshold_text,
 )
+from specprobe.result.base import Evaluation, Finding, Severity
 
 SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {"error": 3, "warning": 2, "info": 1, "never": 99}
-FAMILIES = {"0": "alignment", "1": "divergence", "2": "acceptance", "3": "cost/speedup", "4": "monitoring", "5": "regression", "6": "calibration"}
 DRAFTER_KINDS = ("independent", "layer_skip", "medusa", "mtp", "eagle3", "eagle")
 _ID_RE = re.compile(r"^SP\d{3}$")
-_ALLOWED_KEYS = {"id", "name", "severity", "when", "diagnosis", "remedy", "verdict", "kinds", "doc", "example", "disable"}
+_FAMILY_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+_FAMILY_IDS_RE = re.compile(r"^SP\d{0,3}$")
+_ALLOWED_KEYS = {"id", "family", "name", "severity", "when", "diagnosis", "remedy", "verdict", "kinds", "doc", "example", "disable"}
+_FAMILY_KEYS = {"name", "ids"}
+
+
+# ----------------------------------------------------------------------------- families
+@dataclass(frozen=True)
+class Family:
+    name: str
+    ids: str = ""  # id prefix a rule without `family:` is placed by; "" places none
+
+
+def family_of(rule_id: str, families: Iterable[Family]) -> str | None:
+    """The family a rule id falls into by the families' id prefixes (the longest wins),
+    for rules that do not name one and for results that carry only the id."""
+    best: Family | None = None
+    for fam in families:
+        if fam.ids and rule_id.startswith(fam.ids) and (best is None or len(fam.ids) > len(best.ids)):
+            best = fam
+    return best.name if best else None
+
+
+def _families_from(data: Mapping[str, Any], name: str) -> tuple[Family, ...] | None:
+    """The file's `families:` list, validated; None when the file has none."""
+    raw = data.get("families")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"rules file {name}: 'families' must be a non-empty list", "write e.g. families: [{name: alignment, ids: SP0}]")
+    out: list[Family] = []
+    for i, item in enumerate(raw):
+        where = f"{name} family #{i + 1}"
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where}: each family must be a name or a mapping, got {type(item).__name__}", "write e.g. {name: alignment, ids: SP0}")
+        unknown = set(item) - _FAMILY_KEYS
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}", f"allowed: {', '.join(sorted(_FAMILY_KEYS))}")
+        fname, ids = item.get("name"), item.get("ids") or ""
+        if not isinstance(fname, str) or not _FAMILY_NAME_RE.match(fname):
+            raise ConfigError(f"{where}: family name {fname!r} is not a lowercase word", "write e.g. alignment or cost")
+        if not isinstance(ids, str) or (ids and not _FAMILY_IDS_RE.match(ids)):
+            raise ConfigError(f"{where}: family {fname} has ids {ids!r}, not an id prefix", "write SP followed by up to three digits, e.g. SP0")
+        if any(f.name == fname for f in out):
+            raise ConfigError(f"{name}: duplicate family {fname}", "each family may appear once")
+        if ids and any(f.ids == ids for f in out):
+            raise ConfigError(f"{name}: families {next(f.name for f in out if f.ids == ids)} and {fname} both claim ids {ids}", "give each family its own id prefix")
+        out.append(Family(fname, ids))
+    return tuple(out)
+
+
+@cache
+def default_families() -> tuple[Family, ...]:
+    """The families of the shipped table: what a rules file without its own list uses."""
+    path = default_rules_dir() / "default.yaml"
+    families = _families_from(_read_rules_yaml(path), path.name)
+    if families is None:
+        raise ConfigError(f"the default rules table {path} lists no families", "reinstall specprobe")
+    return families
+
 
 # ----------------------------------------------------------------------------- rules
 @dataclass(frozen=True)
 class Rule:
     id: str
     name: str
-    severity: str
+    severity: Severity
     when: str
     diagnosis: str
     remedy: str
+    family: str
     verdict: str = ""
     kinds: tuple[str, ...] = ()
     doc: str = ""
     example: str = ""
     source: str = ""
-
-    @property
-    def family(self) -> str:
-        return FAMILIES.get(self.id[2], "other")
 
     @property
     def condition(self) -> Any:
@@ -73,45 +137,11 @@ def _parsed(text: str) -> Any:
     return parse_condition(text)
 
 
-@dataclass(frozen=True)
-class Finding:
-    rule_id: str
-    name: str
-    severity: str
-    message: str
-    remedy: str
-    threshold: str
-    measured: dict[str, Any]
-    verdict: str = ""
-    evidence: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rule_id": self.rule_id,
-            "name": self.name,
-            "severity": self.severity,
-            "message": self.message,
-            "remedy": self.remedy,
-            "threshold": self.threshold,
-            "measured": self.measured,
-            "verdict": self.verdict,
-            "evidence": list(self.evidence),
-        }
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A rule evaluated against metrics: passed, failed (a finding) or not evaluated."""
-
-    rule: Rule
-    status: str  # "fail" | "pass" | "skipped"
-    finding: Finding | None = None
-
-
 @dataclass
 class RuleTable:
     rules: list[Rule] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    families: tuple[Family, ...] = ()
 
     def get(self, rule_id: str) -> Rule:
         for r in self.rules:
@@ -119,8 +149,17 @@ class RuleTable:
                 return r
         raise ConfigError(f"unknown rule {rule_id!r}", f"available: {', '.join(r.id for r in self.rules)}")
 
-    def family(self, *digits: str) -> list[Rule]:
-        return [r for r in self.rules if r.id[2] in digits]
+    def _known(self, names: Iterable[str]) -> set[str]:
+        wanted = set(names)
+        known = {f.name for f in self.families}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise ConfigError(f"unknown rule family {', '.join(map(repr, unknown))}", f"families: {', '.join(f.name for f in self.families)}")
+        return wanted
+
+    def family(self, *names: str) -> list[Rule]:
+        wanted = self._known(names)
+        return [r for r in self.rules if r.family in wanted]
 
     def evaluate(
         self,
@@ -129,27 +168,36 @@ class RuleTable:
         kind: str | None = None,
         families: Iterable[str] | None = None,
         evidence: Mapping[str, Iterable[str]] | None = None,
-    ) -> list[Evaluation]:
-        fams = set(families) if families is not None else None
-        out: list[Evaluation] = []
+    ) -> tuple[list[Finding], list[Evaluation]]:
+        """(findings, worst first; one evaluation per rule considered: pass / fail / skipped)."""
+        wanted = self._known(families) if families is not None else None
+        found: list[Finding] = []
+        evaluations: list[Evaluation] = []
         for rule in self.rules:
-            if fams is not None and rule.id[2] not in fams:
+            if wanted is not None and rule.family not in wanted:
                 continue
-            if not rule.applies_to(kind):
-                out.append(Evaluation(rule, "skipped"))
-                continue
-            result = evaluate(rule.condition, metrics)
-            if result is None:
-                out.append(Evaluation(rule, "skipped"))
-            elif result:
-                out.append(Evaluation(rule, "fail", make_finding(rule, metrics, evidence)))
-            else:
-                out.append(Evaluation(rule, "pass"))
-        return out
+            result = evaluate(rule.condition, metrics) if rule.applies_to(kind) else None
+            if result:
+                found.append(make_finding(rule, metrics, evidence))
+            status: Literal["pass", "fail", "skipped"] = "skipped" if result is None else "fail" if result else "pass"
+            evaluations.append(Evaluation(rule_id=rule.id, name=rule.name, severity=rule.severity, status=status))
+        return sort_findings(found), evaluations
 
     def findings(self, metrics: Mapping[str, Any], **kw: Any) -> list[Finding]:
-        found = [e.finding for e in self.evaluate(metrics, **kw) if e.finding is not None]
-        return sort_findings(found)
+        return self.evaluate(metrics, **kw)[0]
+
+    def verdict(self, findings: Iterable[Finding], default: str = "no findings") -> str:
+        """The headline: the verdict (or name) of the worst finding; among equals, of the
+        family listed first in the table's `families`."""
+        ordered = sort_findings(findings)
+        if not ordered:
+            return default
+        rank = {f.name: i for i, f in enumerate(self.families)}
+        family = {r.id: r.family for r in self.rules}
+        same = [f for f in ordered if f.severity == ordered[0].severity]
+        same.sort(key=lambda f: (rank.get(family.get(f.rule_id, ""), len(rank)), f.rule_id))
+        with_verdict = [f for f in same if f.verdict]
+        return with_verdict[0].verdict if with_verdict else same[0].name
 
 
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
@@ -191,7 +239,7 @@ def make_finding(rule: Rule, metrics: Mapping[str, Any], evidence: Mapping[str, 
         threshold=threshold,
         measured=measured,
         verdict=rule.verdict,
-        evidence=tuple(ev),
+        evidence=ev,
     )
 
 
@@ -201,23 +249,6 @@ def worst_severity(findings: Iterable[Finding]) -> str | None:
         if best is None or SEVERITY_RANK[f.severity] > SEVERITY_RANK[best]:
             best = f.severity
     return best
-
-
-# Among findings of equal severity the headline prefers the root cause (alignment), then
-# the acceptance band users reason in, then divergence, cost, and the rest.
-_VERDICT_FAMILY_ORDER = "0261354"
-
-
-def verdict(findings: Iterable[Finding], default: str = "no findings") -> str:
-    """The headline: the verdict (or name) of the worst finding."""
-    ordered = sort_findings(findings)
-    if not ordered:
-        return default
-    top = ordered[0]
-    same = [f for f in ordered if f.severity == top.severity]
-    same.sort(key=lambda f: (_VERDICT_FAMILY_ORDER.find(f.rule_id[2]) % 10, f.rule_id))
-    with_verdict = [f for f in same if f.verdict]
-    return with_verdict[0].verdict if with_verdict else same[0].name
 
 
 def exit_code_for(findings: Iterable[Finding], fail_on: str) -> int:
@@ -236,7 +267,20 @@ def default_rules_dir() -> Path:
     raise ConfigError("the default rules table is missing from this install", "reinstall specprobe")
 
 
-def _rule_from_dict(raw: Any, where: str) -> Rule | str:
+def _rule_family(raw: Mapping[str, Any], rid: str, where: str, families: Sequence[Family]) -> str:
+    names = ", ".join(f.name for f in families)
+    fam = raw.get("family")
+    if fam is None:
+        derived = family_of(rid, families)
+        if derived is None:
+            raise ConfigError(f"{where}: rule {rid} names no family and no family's ids match its id", f"add family: one of {names}")
+        return derived
+    if not isinstance(fam, str) or fam not in {f.name for f in families}:
+        raise ConfigError(f"{where}: rule {rid} has unknown family {fam!r}", f"use one of {names}")
+    return fam
+
+
+def _rule_from_dict(raw: Any, where: str, families: Sequence[Family]) -> Rule | str:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: each rule must be a mapping, got {type(raw).__name__}", "see rules/default.yaml for the format")
     unknown = set(raw) - _ALLOWED_KEYS
@@ -271,10 +315,11 @@ def _rule_from_dict(raw: Any, where: str) -> Rule | str:
     return Rule(
         id=rid,
         name=str(raw["name"]),
-        severity=str(raw["severity"]),
+        severity=cast(Severity, raw["severity"]),
         when=str(raw["when"]),
         diagnosis=str(raw["diagnosis"]),
         remedy=str(raw["remedy"]),
+        family=_rule_family(raw, rid, where, families),
         verdict=str(raw.get("verdict") or ""),
         kinds=tuple(kinds),
         doc=str(raw.get("doc") or ""),
@@ -283,8 +328,7 @@ def _rule_from_dict(raw: Any, where: str) -> Rule | str:
     )
 
 
-def load_rules_file(path: Path) -> tuple[list[Rule], list[str]]:
-    """Rules defined and ids disabled by one file."""
+def _read_rules_yaml(path: Path) -> dict[str, Any]:
     from specprobe.core.safe_load import UnsafeDocument, load_yaml
 
     path = Path(path)
@@ -304,11 +348,21 @@ def load_rules_file(path: Path) -> tuple[list[Rule], list[str]]:
         raise ConfigError(f"rules file {path} is not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
         raise ConfigError(f"rules file {path} has no 'rules:' list", "the file must be a mapping with a 'rules' list")
+    return data
+
+
+def _load_file(path: Path, families: Sequence[Family] | None) -> tuple[list[Rule], list[str], tuple[Family, ...] | None]:
+    """Rules defined, ids disabled and the families listed by one file; its rules are
+    checked against its own families, else the given ones, else the default table's."""
+    path = Path(path)
+    data = _read_rules_yaml(path)
+    own = _families_from(data, path.name)
+    in_effect = own or (tuple(families) if families is not None else default_families())
     rules: list[Rule] = []
     disabled: list[str] = []
     seen: set[str] = set()
     for i, raw in enumerate(data["rules"]):
-        item = _rule_from_dict(raw, f"{path.name} rule #{i + 1}")
+        item = _rule_from_dict(raw, f"{path.name} rule #{i + 1}", in_effect)
         rid = item if isinstance(item, str) else item.id
         if rid in seen:
             raise ConfigError(f"{path.name}: duplicate rule id {rid}", "each id may appear once per file; use another file to override")
@@ -317,23 +371,40 @@ def load_rules_file(path: Path) -> tuple[list[Rule], list[str]]:
             disabled.append(item)
         else:
             rules.append(item)
+    return rules, disabled, own
+
+
+def load_rules_file(path: Path, families: Sequence[Family] | None = None) -> tuple[list[Rule], list[str]]:
+    """Rules defined and ids disabled by one file."""
+    rules, disabled, _ = _load_file(path, families)
     return rules, disabled
 
 
 def load_table(extra: Iterable[Path] = (), *, include_default: bool = True) -> RuleTable:
-    """The default table, then each extra file adding rules or overriding/disabling by id."""
+    """The default table, then each extra file adding rules or overriding/disabling by id;
+    a file with its own `families:` list replaces the families (and so the headline order)."""
     table = RuleTable()
     files: list[Path] = []
     if include_default:
         files.append(default_rules_dir() / "default.yaml")
     files.extend(Path(p) for p in extra)
     by_id: dict[str, Rule] = {}
+    families: tuple[Family, ...] | None = None
     for f in files:
-        rules, disabled = load_rules_file(f)
+        rules, disabled, own = _load_file(f, families)
         for r in rules:
             by_id[r.id] = r
         for rid in disabled:
             by_id.pop(rid, None)
+        if own is not None:
+            families = own
+            names = {fam.name for fam in own}
+            for r in by_id.values():
+                if r.family not in names:
+                    raise ConfigError(f"{r.source}: rule {r.id} has family {r.family!r}, which {Path(f).name} does not list", f"list it in {Path(f).name}'s families or override the rule there")
+        elif families is None:
+            families = default_families()
         table.sources.append(str(f))
     table.rules = sorted(by_id.values(), key=lambda r: r.id)
+    table.families = families if families is not None else default_families()
     return table

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from specprobe.core.errors import OutputError
-from specprobe.judge.rules import Finding
+from specprobe.result import Finding
 
 
 @dataclass(frozen=True)

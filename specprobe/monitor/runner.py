@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specprobe.judge.rules import Finding, RuleTable, sort_findings
+from specprobe.judge.rules import RuleTable, sort_findings
 from specprobe.monitor.alerts import Alert, AlertTracker, alert_from_finding
 from specprobe.monitor.sources import IngestResult, Source, SourceError, Store
 from specprobe.monitor.windows import (
@@ -25,6 +25,7 @@ from specprobe.monitor.windows import (
     compare,
     window_stats,
 )
+from specprobe.result import Finding
 
 
 @dataclass
@@ -211,7 +212,7 @@ class Monitor:
             now_c, base_c = self.model_counts(data, end)
             stats_now, stats_base = window_stats(now_c), window_stats(base_c)
             metrics = compare(stats_now, stats_base)
-            findings = tuple(self.table.findings(metrics, families=["4"]))
+            findings = tuple(self.table.findings(metrics, families=["monitoring"]))
             stale = bool(data.sources) and all(by_name[s].state in ("stale", "down") for s in data.sources if s in by_name)
             views.append(ModelView(
                 model=model,

@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from specprobe import __version__
-from specprobe.judge.rules import RuleTable, sort_findings, verdict, worst_severity
-from specprobe.result import Evaluation, Measured, Result
+from specprobe.judge.rules import RuleTable, worst_severity
+from specprobe.result import Evaluation, Finding, Measured, Result
 
 if TYPE_CHECKING:
     from specprobe.probe.scoring import Scored
@@ -24,8 +24,13 @@ if TYPE_CHECKING:
     from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
 
 # Rule families each command judges: alignment, divergence, acceptance, cost (+ calibration).
-DIAGNOSE_FAMILIES = ("0", "1", "2", "3")
-SIMULATE_FAMILIES = (*DIAGNOSE_FAMILIES, "6")
+DIAGNOSE_FAMILIES = ("alignment", "divergence", "acceptance", "cost")
+SIMULATE_FAMILIES = (*DIAGNOSE_FAMILIES, "calibration")
+
+
+# What a result that scored no position says instead of a verdict: without positions,
+# the cost ratio alone would set the headline.
+NOTHING_SCORED = "no positions were scored — nothing to judge"
 
 
 def _now() -> str:
@@ -33,19 +38,17 @@ def _now() -> str:
 
 
 # ----------------------------------------------------------------------------- rules
-def evaluate_rules(table: RuleTable, metrics: dict[str, Any], kind: str, evidence: dict[str, list[str]] | None = None, families: tuple[str, ...] = DIAGNOSE_FAMILIES) -> tuple[list[Any], list[Evaluation]]:
+def evaluate_rules(table: RuleTable, metrics: dict[str, Any], kind: str, evidence: dict[str, list[str]] | None = None, families: tuple[str, ...] = DIAGNOSE_FAMILIES) -> tuple[list[Finding], list[Evaluation]]:
     """(findings, worst first; one evaluation per rule: pass / fail / skipped)."""
-    evals = table.evaluate(metrics, kind=kind, families=families, evidence=evidence)
-    findings = sort_findings([e.finding for e in evals if e.finding is not None])
-    return findings, [Evaluation(rule_id=e.rule.id, name=e.rule.name, severity=e.rule.severity, status=e.status) for e in evals]  # type: ignore[arg-type]
+    return table.evaluate(metrics, kind=kind, families=families, evidence=evidence)
 
 
-def verdict_fields(findings: list[Any], evaluations: list[Evaluation], default: str = "no findings") -> dict[str, Any]:
+def verdict_fields(table: RuleTable, findings: list[Finding], evaluations: list[Evaluation], default: str = "no findings") -> dict[str, Any]:
     """verdict, worst_severity, findings, evaluations: the fields every result ends with."""
     return {
-        "verdict": verdict(findings, default=default),
+        "verdict": table.verdict(findings, default=default),
         "worst_severity": worst_severity(findings),
-        "findings": [f.to_dict() for f in findings],
+        "findings": findings,
         "evaluations": evaluations,
     }
 
@@ -55,8 +58,8 @@ def check_result(config: dict[str, Any], target: dict[str, Any], drafter: dict[s
     """`check`: the alignment report judged by the SP0xx rules, no forward pass.
     target/drafter: spec, name (and kind); sampling: the resolved SamplingPair;
     alignment: the AlignmentReport (metrics, evidence, facts)."""
-    findings, evals = evaluate_rules(table, alignment.metrics, drafter.get("kind") or "", alignment.evidence, families=("0",))
-    fields = verdict_fields(findings, evals)
+    findings, evals = evaluate_rules(table, alignment.metrics, drafter.get("kind") or "", alignment.evidence, families=("alignment",))
+    fields = verdict_fields(table, findings, evals)
     if all(f.severity == "info" for f in findings):
         fields["verdict"] = "aligned"
     return Result.model_validate({
@@ -106,7 +109,7 @@ def stopped_result(header: dict[str, Any], metrics: dict[str, Any], table: RuleT
         **header,
         "metrics": metrics,
         "stopped": f"alignment errors ({', '.join(blocking)}) make scoring meaningless; no forward pass was run (use --force to score anyway)",
-        **verdict_fields(findings, evals),
+        **verdict_fields(table, findings, evals),
     })
 
 
@@ -120,15 +123,31 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     if scored.nonfinite:  # the prompts SP107 names: left out of every other metric
         evidence = {**evidence, "nonfinite_logit_positions": scored.nonfinite}
     findings, evals = evaluate_rules(table, metrics, kind, evidence)
-    return Result.model_validate({
+    if not metrics.get("num_positions"):
+        findings, evals = _alignment_only(table, metrics, kind, evidence, findings, evals)
+    return _nothing_scored(Result.model_validate({
         **header,
         "interrupted": scored.interrupted,
         "scored": True,
         "metrics": metrics,
         **sections,
         "positions": scored.rows if cfg.keep_positions else None,
-        **verdict_fields(findings, evals),
-    })
+        **verdict_fields(table, findings, evals),
+    }))
+
+
+def _alignment_only(table: RuleTable, metrics: dict[str, Any], kind: str, evidence: dict[str, list[str]], findings: list[Any], evals: list[Evaluation]) -> tuple[list[Any], list[Evaluation]]:
+    """No position scored: the alignment rules still judge the pair; every other rule
+    reads scores or prices them, so it is skipped rather than failed."""
+    _, align = evaluate_rules(table, metrics, kind, evidence, families=DIAGNOSE_FAMILIES[:1])
+    ids = {e.rule_id for e in align}
+    return [f for f in findings if f.rule_id in ids], [e if e.rule_id in ids or e.status != "fail" else e.model_copy(update={"status": "skipped"}) for e in evals]
+
+
+def _nothing_scored(result: Result) -> Result:
+    if result.metrics.get("num_positions"):
+        return result
+    return result.model_copy(update={"verdict": NOTHING_SCORED})
 
 
 def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict[str, Any]:
@@ -208,7 +227,7 @@ def simulate_result(estimate: Result, cfg: SimulateConfig, measured: dict[str, A
         if "nonfinite_logit_positions" in f.measured:
             evidence.setdefault("nonfinite_logit_positions", list(f.evidence))
     findings, evals = evaluate_rules(table, metrics, estimate.drafter.kind or "", evidence, families=SIMULATE_FAMILIES)
-    return Result.model_validate({**fields, "measured": block, "interrupted": interrupted, "metrics": metrics, **verdict_fields(findings, evals)})
+    return Result.model_validate({**fields, "measured": block, "interrupted": interrupted, "metrics": metrics, **verdict_fields(table, findings, evals)})
 
 
 def measured_metrics(m: Measured) -> dict[str, Any]:

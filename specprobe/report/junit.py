@@ -13,7 +13,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from specprobe.judge.catalog import format_value
-from specprobe.judge.rules import FAMILIES, SEVERITY_RANK
+from specprobe.judge.rules import SEVERITY_RANK, default_families, family_of
 from specprobe.result import Comparison, Evaluation, Finding, Result
 
 
@@ -45,11 +45,13 @@ def render_junit(result: Result | Comparison, *, fail_on: str | None = None, sui
     else:
         name = suite or f"specprobe {command}: {result.describe()}"
 
+    # a result keeps only rule ids: the shipped table's id prefixes name their families
+    families = default_families()
     cases = []
     failures = skipped = 0
     for ev in evaluations:
         rid = ev.rule_id
-        fam = FAMILIES.get(rid[2:3], "other").replace("/", "-")
+        fam = family_of(rid, families) or "other"
         case = ET.Element("testcase", {"classname": f"specprobe.{fam}", "name": f"{rid} {ev.name}", "time": "0"})
         f = findings.get(rid)
         if ev.status == "fail" and f is not None and _gates(f.severity, fail_on):

@@ -1,6 +1,8 @@
 """The building blocks of result files: the number types (NaN/inf → null in one
 place), the immutable base models, catalogue-checked metrics, and the verdict parts
-(findings, evaluations) that results and comparisons share."""
+(findings, evaluations) that results and comparisons share. The rules engine
+(specprobe/judge/rules.py) builds these very types, so a finding is written as it was
+made; this module stays below the engine and never imports it."""
 
 from __future__ import annotations
 
