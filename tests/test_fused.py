@@ -53,10 +53,12 @@ def test_truncating_sampling_and_a_broken_compiler_take_the_eager_path(monkeypat
 
     monkeypatch.setitem(core._FUSED, "fn", boom)
     t = Sampling(temperature=0.8)
-    torch.testing.assert_close(core.position_metrics_fused(tl, dl, t, t).accept_prob, core.position_metrics(tl, dl, t, t).accept_prob)
+    eager = core.position_metrics(tl, dl, t, t)
+    torch.testing.assert_close(core.position_metrics_fused(tl, dl, t, t).accept_prob, eager.accept_prob)
     assert "no C++ compiler" in core._FUSED["broken"] and not core.fused_available()
-    monkeypatch.setenv("SPECPROBE_FUSED", "1")
-    assert not core.fused_enabled()  # broken: scoring stays eager
+    monkeypatch.setenv("SPECPROBE_FUSED", "1")  # asked for, but broken: scoring stays eager
+    monkeypatch.setitem(core._FUSED, "fn", lambda *a: (_ for _ in ()).throw(AssertionError("compiled path used")))
+    torch.testing.assert_close(core.position_metrics(tl, dl, t, t).accept_prob, eager.accept_prob)
 
 
 @pytest.mark.skipif(os.environ.get("SPECPROBE_TEST_COMPILE") != "1", reason="a torch.compile of the scorer takes minutes on this CPU; set SPECPROBE_TEST_COMPILE=1")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import specprobe.metrics
-from specprobe.metrics import blocked, core
+from specprobe.metrics import blocked, core, dispatch
 from specprobe.metrics.sampling import Sampling
 
 kernel = pytest.importorskip("specprobe.metrics.kernel")
@@ -157,12 +157,12 @@ def test_a_compile_failure_falls_back_and_switches_the_rows_off(monkeypatch: pyt
 def test_without_numba_the_torch_ops_score(monkeypatch: pytest.MonkeyPatch) -> None:
     tl, dl = _logits(9, 512)
     s = Sampling(temperature=0.7)
-    monkeypatch.delitem(blocked._POOL, "kernel", raising=False)
+    monkeypatch.delitem(dispatch._NUMBA, "kernel", raising=False)
     monkeypatch.setitem(sys.modules, "specprobe.metrics.kernel", None)  # import fails
     monkeypatch.delattr(specprobe.metrics, "kernel")
-    assert blocked._kernel() is None
+    assert dispatch.compiled_rows() is None
     _same(core.position_metrics(tl, dl, s, s, top=2), core.position_metrics_reference(tl, dl, s, s, top=2))
-    monkeypatch.delitem(blocked._POOL, "kernel")
+    monkeypatch.delitem(dispatch._NUMBA, "kernel")
 
 
 def test_truncating_sampling_and_explicit_blocks_keep_the_torch_ops_half_precision_is_upcast(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -205,10 +205,10 @@ def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> Non
     """Ctrl-C while scoring: the result covers the batches scored so far, marked
     interrupted. Ctrl-C while generating references: finished batches are scored, and
     they are cached so the next run does not regenerate them."""
-    import specprobe.metrics.core as core
     import specprobe.probe.references as refs
+    import specprobe.probe.scoring as scoring
 
-    real = core.position_metrics
+    real = scoring.position_metrics
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -217,11 +217,11 @@ def test_ctrl_c_keeps_what_was_computed(tiny_pair, tmp_path, monkeypatch) -> Non
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(core, "position_metrics", flaky)
+    monkeypatch.setattr(scoring, "position_metrics", flaky)
     cfg = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, batch_size=2, seed=11)
     r = run_diagnose(cfg)
     assert r.interrupted and r.scored and 0 < r.metrics["num_prompts"] < 6
-    monkeypatch.setattr(core, "position_metrics", real)
+    monkeypatch.setattr(scoring, "position_metrics", real)
 
     gen_calls = {"n": 0}
     real_gen = refs._generate_batches

@@ -1,11 +1,11 @@
-"""The default scorer behind `core.position_metrics`. On a CPU, float32 logits under
-untruncated sampling go row by row to `metrics.kernel` (numba-compiled rows: one read of
-each row, the metrics finished there; half-precision logits are copied to float32 first);
-everything else — truncating sampling, a GPU, rows with NaN/+inf, no numba,
-SPECPROBE_SCORER=torch — takes the torch
-ops below: the metrics of a chunk computed a few rows at a time, so that every pass after
-the first over a row reads the CPU's L2 cache instead of main memory, in as few passes as
-the algebra allows.
+"""The default scorer behind `core.position_metrics`: the compiled rows and the torch
+blocks, whichever the dispatch table (`metrics.dispatch`) picks. The compiled rows take
+logits on a CPU under untruncated sampling row by row in `metrics.kernel` (numba-compiled
+rows: one read of each row, the metrics finished there; half-precision logits are copied
+to float32 first); the torch ops below take everything else, and the rows the compiled
+ones flag (NaN or +inf): the metrics of a chunk computed a few rows at a time, so that
+every pass after the first over a row reads the CPU's L2 cache instead of main memory, in
+as few passes as the algebra allows.
 
 Per side and row: one max over the logits (taken per 256-wide segment, which is as cheap
 as a plain max and gives argmax and top-k almost for free, below), one pass writing the
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specprobe.metrics.dispatch import Scorer, case, compiled_rows, pick
 from specprobe.metrics.sampling import LOGQ_FLOOR, Sampling, truncate_
 
 # [rows, V] float32 arrays a block keeps in cache: each side's logits (read twice), x and e
@@ -127,24 +129,19 @@ def worker_pool(workers: int) -> ThreadPoolExecutor:
     return pool
 
 
-def _kernel() -> Any:
-    """`metrics.kernel` (numba-compiled rows), or None when numba cannot be imported."""
-    if "kernel" not in _POOL:
-        try:
-            from specprobe.metrics import kernel
+def on_workers(work: Callable[[list[int]], None], items: list[int], workers: int) -> None:
+    """work(share) for each share of `items` (item i in share i mod workers), each share on
+    one of the metrics' worker threads; returns once all are done. Autograd and inference
+    mode are per thread in torch: every share runs under the caller's."""
+    modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
 
-            _POOL["kernel"] = kernel
-        except Exception:  # numba missing or broken: the torch ops
-            _POOL["kernel"] = None
-    return _POOL["kernel"]
+    def run(share: list[int]) -> None:
+        with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
+            work(share)
 
-
-def compiled_rows_can_take(device: torch.device, ts: Sampling, ds: Sampling) -> bool:
-    """A CPU, untruncated sampling on both sides, and the compiled rows importable and on."""
-    if device.type != "cpu" or (ts.truncates and not ts.greedy) or (ds.truncates and not ds.greedy):
-        return False
-    kernel = _kernel()
-    return kernel is not None and bool(kernel.enabled())
+    jobs = [worker_pool(workers).submit(run, items[w::workers]) for w in range(min(workers, len(items)))]
+    for j in jobs:
+        j.result()
 
 
 def _scratch() -> _Scratch:
@@ -232,11 +229,7 @@ class _Chunk:
         self._split(rows)
         blocks = list(range(len(self.views)))
         if workers > 1 and len(blocks) > 1:
-            # autograd and inference mode are per thread: the workers take the caller's
-            modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
-            jobs = [worker_pool(workers).submit(self._blocks, blocks[w::workers], w == 0, modes) for w in range(min(workers, len(blocks)))]
-            for j in jobs:
-                j.result()
+            on_workers(lambda share: self._blocks(share, True), blocks, workers)  # block 0, the one checked, is in share 0
         else:
             self._blocks(blocks, True)
         bad = ~torch.isfinite(self.dots).all(-1)
@@ -244,17 +237,12 @@ class _Chunk:
             self.floor_logq = True
             self._blocks(sorted({j // rows for j in bad.nonzero().flatten().tolist()}), False)
 
-    def compiled(self) -> bool:
-        """Whether `run_compiled` can take this chunk: float32 logits on a CPU, untruncated
-        sampling, and the compiled rows (`metrics.kernel`: numba) importable and enabled."""
-        return self.tl.dtype == torch.float32 and self.dl.dtype == torch.float32 and compiled_rows_can_take(self.tl.device, self.ts, self.ds)
-
     def run_compiled(self, workers: int = 1, top: int = 0) -> None:
         """Every row through the compiled rows (`metrics.kernel`), rows dealt to `workers`
         threads in turn; rows it flags (NaN or +inf logits, or all −inf) then go through
         the torch ops one row at a time, as `run` does them. A compile failure falls back
         to `run` for the whole chunk (and switches the compiled rows off)."""
-        kernel = _kernel()
+        kernel = compiled_rows()
         assert kernel is not None
         n = self.tl.shape[0]
         if n == 0:
@@ -302,10 +290,7 @@ class _Chunk:
             self.floor_logq = True  # as `run` does: finite where the logits are numbers
             self._blocks([r for r in flagged if not bool(torch.isfinite(self.dots[r]).all())], False)
 
-    def _blocks(self, blocks: list[int], check: bool, modes: tuple[bool, bool] | None = None) -> None:
-        if modes is not None:  # on a worker thread: the caller's inference mode and grad mode
-            with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
-                return self._blocks(blocks, check)
+    def _blocks(self, blocks: list[int], check: bool) -> None:
         n, v = self.tl.shape
         scratch = _scratch()
         scratch.get(min(self.rows, n), v, self.tl.device)
@@ -361,17 +346,22 @@ class _Chunk:
         return x.exp_().div_(self.z[:, side : side + 1])
 
 
-def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampling, top: int = 0, rows: int | None = None) -> dict[str, torch.Tensor]:
+def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampling, top: int = 0, rows: int | None = None, scorer: Scorer | None = None) -> dict[str, torch.Tensor]:
     """[N, V] target and drafter logits (same vocabulary) -> the metrics as [N] float32
     tensors: alpha, agree, kl, entropy, confidence (unclamped); with `top`, also
     top_{target,draft}_{ids,probs} and top_target_probs_at_draft /
-    top_draft_probs_at_target [N, top]. `rows`: rows per block (default `block_rows`)."""
+    top_draft_probs_at_target [N, top]. scorer: ROWS or BLOCKS, as the dispatch table
+    picked them (None: picked here, between the two). `rows`: rows per block of the torch
+    ops, which then take the chunk (default `block_rows`)."""
     n, v = tl.shape
     if dl.dtype != tl.dtype:  # one dtype for the per-segment maxima of both sides
         common = torch.promote_types(tl.dtype, dl.dtype)
         tl, dl = tl.to(common), dl.to(common)
-    half = (torch.bfloat16, torch.float16)
-    if rows is None and (tl.dtype in half or dl.dtype in half) and compiled_rows_can_take(tl.device, ts, ds):
+    if rows is not None:
+        scorer = Scorer.BLOCKS
+    elif scorer is None:
+        scorer = pick(case(tl, dl, ts, ds), among=(Scorer.ROWS, Scorer.BLOCKS)).scorer
+    if scorer is Scorer.ROWS and tl.dtype in (torch.bfloat16, torch.float16):
         # half-precision logits on a CPU (--dtype bfloat16): one float32 copy for the
         # compiled rows beats the torch ops on the halves
         tl, dl = tl.float(), dl.float()
@@ -380,7 +370,7 @@ def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampli
     step = rows or block_rows(v, tl.device, n)
     threads = torch.get_num_threads()
     on_worker = threading.current_thread().name.startswith("specprobe-metrics")  # never wait on our own pool
-    if rows is None and ch.compiled():
+    if scorer is Scorer.ROWS:
         if on_worker or threads == 1:
             ch.run_compiled(1, top)
             return ch.done or _finish(ch, top)

@@ -5,7 +5,8 @@ that rejection sampling accepts the drafter's token, Leviathan et al. 2023), gre
 agreement 1[argmax q = argmax p], KL(p ‖ q) in nats on the untruncated tempered softmax
 (T=1 when greedy, so it stays finite), target entropy, drafter confidence max q.
 p and q are each side's own sampling distribution over the TARGET vocabulary, after the
-engine's truncation (`metrics.sampling`: the order of top-k/top-p/min-p is the engine's)."""
+engine's truncation (`metrics.sampling`: the order of top-k/top-p/min-p is the engine's).
+Which implementation computes them is the dispatch table's choice (`metrics.dispatch`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any
 
 import torch
 
+from specprobe.metrics.blocked import blocked_metrics
+from specprobe.metrics.dispatch import Scorer, case, pick
 from specprobe.metrics.sampling import Sampling, truncate_
 
 
@@ -94,13 +97,21 @@ def position_metrics(
     """[N, V] target and [N, V'] drafter logits -> metrics per position. `top` > 0 also
     returns each side's top-`top` tokens (for the token-level drill-down).
 
-    Computed by `metrics.blocked` — on a CPU row by row in numba-compiled rows
-    (`metrics.kernel`), otherwise a few rows at a time in torch ops; equal to
-    `position_metrics_reference` to float rounding."""
-    from specprobe.metrics.blocked import blocked_metrics
+    Computed by the implementation the dispatch table picks (`metrics.dispatch`): on a CPU
+    row by row in numba-compiled rows (`metrics.kernel`), otherwise a few rows at a time
+    in torch ops (`metrics.blocked`), or by `position_metrics_fused` when asked for; equal
+    to `position_metrics_reference` to float rounding."""
+    scorer = pick(case(target_logits, draft_logits, target_sampling, draft_sampling)).scorer
+    if scorer is Scorer.FUSED:
+        return position_metrics_fused(target_logits, draft_logits, target_sampling, draft_sampling, top=top)
+    return _blocked(target_logits, draft_logits, target_sampling, draft_sampling, top, scorer)
 
+
+def _blocked(target_logits: torch.Tensor, draft_logits: torch.Tensor, target_sampling: Sampling, draft_sampling: Sampling, top: int = 0, scorer: Scorer | None = None) -> PositionMetrics:
+    """`metrics.blocked`'s metrics (the compiled rows or the torch blocks: `scorer`, or
+    as the table picks between them) as `PositionMetrics`."""
     draft_logits = align_vocab(draft_logits, target_logits.shape[-1])
-    m = blocked_metrics(target_logits, draft_logits, target_sampling, draft_sampling, top=top)
+    m = blocked_metrics(target_logits, draft_logits, target_sampling, draft_sampling, top=top, scorer=scorer)
     tops = {k[4:]: val for k, val in m.items() if k.startswith("top_")} or None
     return PositionMetrics(
         accept_prob=m["alpha"].clamp_(0.0, 1.0),
@@ -190,6 +201,7 @@ def position_metrics_reference(
 # (torch.compile / Inductor fuses the elementwise work into the reductions). Covered:
 # untruncated sampling (any temperature, either side greedy); truncation (top-k/p, min-p)
 # takes the eager path. Any compile error falls back to eager for the rest of the process.
+# Used when SPECPROBE_FUSED=1 (`metrics.dispatch` says why not by default).
 _FUSED: dict[str, Any] = {"fn": None, "broken": None}
 
 
@@ -228,21 +240,13 @@ def fused_available() -> bool:
     return _FUSED["broken"] is None
 
 
-def fused_enabled() -> bool:
-    """SPECPROBE_FUSED=1 turns the compiled path on. Off by default: on a CPU the first
-    compile costs 0.5–2 minutes per process (measured on a loaded 2-core machine), more
-    than a small run's whole scoring; it pays off on long runs and on GPUs."""
-    import os
-
-    return os.environ.get("SPECPROBE_FUSED", "0") == "1" and fused_available()
-
-
 def position_metrics_fused(target_logits: torch.Tensor, draft_logits: torch.Tensor, target_sampling: Sampling, draft_sampling: Sampling, top: int = 0) -> PositionMetrics:
     """`position_metrics` through one compiled function (same results to ~1e-6);
-    truncating sampling, or a compiler that fails, uses the eager path."""
+    truncating sampling, or a compiler that fails, uses the eager path (the compiled rows
+    or the torch blocks)."""
     fn = _FUSED["fn"]
     if _FUSED["broken"] is not None or (not target_sampling.greedy and target_sampling.truncates) or (not draft_sampling.greedy and draft_sampling.truncates):
-        return position_metrics(target_logits, draft_logits, target_sampling, draft_sampling, top=top)
+        return _blocked(target_logits, draft_logits, target_sampling, draft_sampling, top=top)
     if fn is None:
         fn = _FUSED["fn"] = torch.compile(_fused_body, dynamic=True)
     draft_logits = align_vocab(draft_logits, target_logits.shape[-1])
@@ -252,7 +256,7 @@ def position_metrics_fused(target_logits: torch.Tensor, draft_logits: torch.Tens
         out = fn(target_logits, draft_logits, tt, dt, target_sampling.greedy, draft_sampling.greedy, int(top))
     except Exception as e:  # any compiler/toolchain failure: eager from now on
         _FUSED["broken"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-        return position_metrics(target_logits, draft_logits, target_sampling, draft_sampling, top=top)
+        return _blocked(target_logits, draft_logits, target_sampling, draft_sampling, top=top)
     alpha, agree, kl, ent, conf = out[:5]
     tops = dict(zip(("target_ids", "target_probs", "draft_ids", "draft_probs", "target_probs_at_draft", "draft_probs_at_target"), out[5:], strict=True)) if top else None
     return PositionMetrics(alpha.clamp(0.0, 1.0), agree, kl.clamp(min=0.0), ent, conf, top=tops)

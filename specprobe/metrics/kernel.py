@@ -1,9 +1,9 @@
 """The CPU scorer's inner loop compiled per row (numba): `metrics.blocked` calls it for
 logits on a CPU (float32; half precision copied to it) under untruncated sampling (any
-temperature, either side greedy)
-and keeps its torch ops for everything else; the numbers are the same as those ops'
-(tested to 1e-5). Importing this module imports numba; `metrics.blocked` does so lazily
-and goes on without it.
+temperature, either side greedy) and keeps its torch ops for everything else (the
+dispatch table, `metrics.dispatch`, says which); the numbers are the same as those ops'
+(tested to 1e-5). Importing this module imports numba; `metrics.dispatch` does so on
+first use and goes on without it.
 
 Per row, one read from memory, a 256-wide segment at a time (with the segments two ahead
 prefetched): the segment's maxima for both sides, then — from L1 — e = eˣ of
@@ -405,9 +405,9 @@ def _rows(tl, dl, rows, c, itp, itq, greedy_t, greedy_d, seg, shift, z, dots, al
 
 
 def enabled() -> bool:
-    """Whether the compiled rows are used: not switched off (SPECPROBE_SCORER=torch keeps
-    the torch ops) and not failed before in this process."""
-    return os.environ.get("SPECPROBE_SCORER", "") != "torch" and _STATE["error"] is None
+    """Whether the compiled rows still work: they did not fail to compile earlier in this
+    process (`run_rows` switches them off then)."""
+    return _STATE["error"] is None
 
 
 def _scratch(v: int, c: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from specprobe.probe.scoring import Chunk, ChunkScores, Collector, Probe
+
+T = TypeVar("T")
 
 # [N, V] float32 buffers alive per scored position: the target's and the drafter's
 # logits, four scratch buffers of the metrics, and the upcast/temperature copies
@@ -46,7 +54,7 @@ class Backoff:
     chunk: int
     notes: list[str] = field(default_factory=list)
 
-    def run(self, idx: list[int], attempt: Callable[[list[int], int], Any], on_done: Callable[[], None]) -> list[Any]:
+    def run(self, idx: list[int], attempt: Callable[[list[int], int], T], on_done: Callable[[], None]) -> list[T]:
         """attempt(prompt indices, chunk) scores one batch; on out-of-memory the chunk is
         halved (down to 1 position), then the batch is split in two; each finished
         (sub-)batch is committed with on_done(). -> the results of the attempts."""
@@ -83,20 +91,20 @@ class Buffered:
     """Holds a batch's chunks until the batch finished, so a batch cut by an
     out-of-memory error leaves no half batch in the collectors."""
 
-    def __init__(self, sinks: Sequence[Any]) -> None:
+    def __init__(self, sinks: Sequence[Collector]) -> None:
         self.sinks = sinks
-        self.held: list[tuple[Any, Any]] = []
+        self.held: list[tuple[Chunk, ChunkScores]] = []
         self.top_k = max((int(getattr(s, "top_k", 0) or 0) for s in sinks), default=0)
-        self.probes = [p for p in (getattr(s, "probe", None) for s in sinks) if p is not None]
+        self.probes: list[Probe] = [p for p in (getattr(s, "probe", None) for s in sinks) if p is not None]
         self.probe = self._probe if self.probes else None
 
-    def _probe(self, chunk: Any, target_logits: Any, draft_logits: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def _probe(self, chunk: Chunk, target_logits: torch.Tensor, draft_logits: torch.Tensor) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
         for p in self.probes:
             out.update(p(chunk, target_logits, draft_logits))
         return out
 
-    def chunk(self, chunk: Any, scores: Any) -> None:
+    def chunk(self, chunk: Chunk, scores: ChunkScores) -> None:
         self.held.append((chunk, scores))
 
     def batch_done(self) -> None:  # the batch is committed by `commit`, once it survived

@@ -5,11 +5,10 @@ caught by hooks), then the scored positions in chunks: position t predicts refer
 token t+1, so every chunk is a [N, V] slice of target logits and, per drafter depth d,
 [N, V'] drafter logits made at position t+1−d. `score_chunk` turns one chunk into
 per-position metrics — a pure function of those logits; everything else here is
-batching and bookkeeping. A head drafter's chunk goes to `score_head_chunk` instead: its
-logits stay in its own draft vocabulary and the target's side is computed once for every
-depth (a head over the target's whole vocabulary on a CPU is scored as any drafter is,
-through the compiled rows: faster, `_plain_head`); depths past a Medusa checkpoint's last
-head count α = 0. Memory stays bounded by
+batching and bookkeeping. A head drafter's chunk goes to `score_head_chunk` instead
+where the dispatch table (`metrics.dispatch`) says so: its logits stay in its own draft
+vocabulary and the target's side is computed once for every depth; depths past a Medusa
+checkpoint's last head count α = 0. Memory stays bounded by
 batch_size × chunk_positions × vocab, whatever the number of prompts.
 
 Collectors receive every chunk's scores: `SequenceCollector` feeds the accumulator and
@@ -19,19 +18,40 @@ further collectors (`score(..., collectors=[...])`) without touching the loop.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import torch
 
 from specprobe.core.progress import Progress
 from specprobe.metrics.accumulate import Accumulator
+from specprobe.metrics.blocked import on_workers
+from specprobe.metrics.core import align_vocab, position_metrics
+from specprobe.metrics.dispatch import Head, Scorer, case, pick
 from specprobe.models.anatomy import capture_layers
+from specprobe.models.base import Drafter, TargetPass
+from specprobe.models.heads.chain import HeadDrafter
+from specprobe.models.heads.vocab import (
+    DepthScores,
+    ScoringVocab,
+    cat_scores,
+    depth_scores,
+    map_logits,
+    target_side,
+)
+from specprobe.models.loader import LoadedModel
+from specprobe.probe.alignment import SamplingPair
 from specprobe.probe.memory import Backoff, Buffered, chunk_for
 from specprobe.prompts import Prompt
 from specprobe.settings.pipeline import DiagnoseConfig
 
+if TYPE_CHECKING:
+    from specprobe.probe.drilldown import DrillCollector
+
+Row = str | int | float  # a per-position row's value: prompt id, domain, position, metrics
 ROW_FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
 
 
@@ -63,10 +83,19 @@ class ChunkScores:
 
 # A collector's probe sees the raw depth-1 logits of a chunk while they exist
 # (chunk, target [N, V], drafter [N, V']) and returns [N] arrays for ChunkScores.extra.
-Probe = Callable[[Chunk, Any, Any], dict[str, np.ndarray]]
+Probe = Callable[[Chunk, torch.Tensor, torch.Tensor], dict[str, np.ndarray]]
 
 
-def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], token_pos: Any, sampling: Any, top: int = 0, probes: Sequence[Probe] = (), chunk: Chunk | None = None, vocab: Any = None) -> ChunkScores:
+def score_chunk(
+    target_logits: torch.Tensor,  # [N, V]
+    draft_logits: Iterable[tuple[int, torch.Tensor]],  # (d, [N, V'])
+    token_pos: torch.Tensor,  # [N]
+    sampling: SamplingPair,
+    top: int = 0,
+    probes: Sequence[Probe] = (),
+    chunk: Chunk | None = None,
+    vocab: ScoringVocab | None = None,
+) -> ChunkScores:
     """target_logits [N, V]; draft_logits yields (depth d, [N, V'] logits of the depth-d
     prediction of each position's token), lazily so one [N, V'] block is alive at a time;
     token_pos [N] (tensor) the predicted token's index; sampling the (target, draft) pair.
@@ -75,12 +104,9 @@ def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], tok
     vocabulary, scored there (`score_head_chunk`)."""
     if vocab is not None and not _plain_head(target_logits, vocab, sampling):
         return score_head_chunk(target_logits, draft_logits, token_pos, sampling, vocab, top, probes, chunk)
-    from specprobe.metrics import core  # looked up per call: tests swap position_metrics
-
     out = ChunkScores({})
     for d, dl in draft_logits:
-        metrics = core.position_metrics_fused if core.fused_enabled() else core.position_metrics
-        pm = metrics(target_logits, dl, sampling.target, sampling.draft, top=top if d == 1 else 0)
+        pm = position_metrics(target_logits, dl, sampling.target, sampling.draft, top=top if d == 1 else 0)
         if d == 1:
             out.values = {f: getattr(pm, f).float().cpu().numpy() for f in ROW_FIELDS}
             out.extra = {k: v.cpu().numpy() for k, v in (pm.top or {}).items()}
@@ -94,21 +120,24 @@ def score_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], tok
     return out
 
 
-def _plain_head(target_logits: Any, vocab: Any, sampling: Any) -> bool:
-    """A head over the target's whole vocabulary (Medusa, MTP, EAGLE without a draft
-    vocabulary) on a CPU whose compiled rows take this sampling: scored depth by depth as
-    any drafter is, the target's side redone per depth in the compiled rows. Measured
-    (SmolLM2 width, K = 4, 64-row chunks, top-5): 13.5 ms a chunk against 46.8 ms for
-    `score_head_chunk`'s shared target side in torch ops; the same numbers to 1e-5 (a tie
-    at the target's top is agreement there, an argmax match here: equal unless logits tie)."""
-    if vocab.ids is not None or vocab.keep is not None:
-        return False
-    from specprobe.metrics.blocked import compiled_rows_can_take
-
-    return compiled_rows_can_take(target_logits.device, sampling.target, sampling.draft)
+def _plain_head(target_logits: torch.Tensor, vocab: ScoringVocab, sampling: SamplingPair) -> bool:
+    """Whether a head's chunk is scored depth by depth as any drafter's is (the dispatch
+    table's choice: a head over the target's whole vocabulary that the compiled rows take)."""
+    head: Head = "full" if vocab.ids is None and vocab.keep is None else "draft"
+    return pick(case(target_logits, None, sampling.target, sampling.draft, head)).scorer is not Scorer.HEAD
 
 
-def score_head_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]], token_pos: Any, sampling: Any, vocab: Any, top: int = 0, probes: Sequence[Probe] = (), chunk: Chunk | None = None, block_rows: int | None = None) -> ChunkScores:
+def score_head_chunk(
+    target_logits: torch.Tensor,  # [N, V]
+    draft_logits: Iterable[tuple[int, torch.Tensor]],  # (d, [N, Vd]) in the head's vocabulary
+    token_pos: torch.Tensor,  # [N]
+    sampling: SamplingPair,
+    vocab: ScoringVocab,
+    top: int = 0,
+    probes: Sequence[Probe] = (),
+    chunk: Chunk | None = None,
+    block_rows: int | None = None,
+) -> ChunkScores:
     """`score_chunk` for a head drafter: draft_logits yields [N, Vd] logits over the head's
     draft vocabulary (its `ScoringVocab`). The target's side is computed once and shared by
     every depth; depth 1 gets every metric (KL over the draft vocabulary), depths ≥ 2 the
@@ -122,8 +151,6 @@ def score_head_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]]
     a shared machine (benchmarks/bench_heads.py). Every depth's logits are computed first,
     at full threads. Elsewhere the chunk is one block and one depth's logits are alive at
     a time. block_rows: rows per block (0: the whole chunk, lazily), None: as just said."""
-    from specprobe.models.heads.vocab import cat_scores, depth_scores, target_side
-
     out = ChunkScores({})
     prepped = ((d, _in_draft_vocab(dl, vocab)) for d, dl in draft_logits)
     if block_rows is None:
@@ -134,37 +161,24 @@ def score_head_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]]
             _emit(out, d, depth_scores(ts, dl, sampling.draft, full=d == 1, top=top if d == 1 else 0), ts.entropy, target_logits, dl, token_pos, vocab, probes, chunk)
             del dl
         return out
-    import os
-
-    import torch
-
     drafts = list(prepped)  # [N, Vs] per depth
     n = target_logits.shape[0]
-    done: dict[int, tuple[Any, dict[int, Any]]] = {}  # block start -> (entropy, depth -> scores)
+    done: dict[int, tuple[torch.Tensor, dict[int, DepthScores]]] = {}  # block start -> (entropy [b], depth -> scores)
 
-    def blocks(starts: list[int], modes: tuple[bool, bool] | None = None) -> None:
-        if modes is not None:  # on a worker thread: the caller's inference and grad modes
-            with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
-                return blocks(starts)
+    def blocks(starts: list[int]) -> None:
         for r0 in starts:
             r = slice(r0, r0 + block_rows)
             ts = target_side(target_logits[r], sampling.target, vocab, top)
             done[r0] = (ts.entropy, {d: depth_scores(ts, dl[r], sampling.draft, full=d == 1, top=top if d == 1 else 0) for d, dl in drafts})
-        return None
 
     starts = list(range(0, n, block_rows))
     threads = torch.get_num_threads()
     if threads > 1 and len(starts) > 1 and os.environ.get("SPECPROBE_METRICS_THREADS", "1") != "0":
         # as `metrics.blocked` does: each thread takes whole blocks, its ops on one core (an
         # op split across cores ends in a barrier: on a busy machine, a time slice)
-        from specprobe.metrics.blocked import worker_pool
-
-        modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
         torch.set_num_threads(1)
         try:
-            jobs = [worker_pool(threads).submit(blocks, starts[w::threads], modes) for w in range(min(threads, len(starts)))]
-            for j in jobs:
-                j.result()
+            on_workers(blocks, starts, threads)
         finally:
             torch.set_num_threads(threads)
     else:
@@ -180,26 +194,33 @@ def score_head_chunk(target_logits: Any, draft_logits: Iterable[tuple[int, Any]]
 HEAD_BLOCK_ROWS = 16
 
 
-def _in_draft_vocab(dl: Any, vocab: Any) -> Any:
-    """A head's raw logits -> the columns the scorer reads ([N, Vs])."""
+def _in_draft_vocab(dl: torch.Tensor, vocab: ScoringVocab) -> torch.Tensor:
+    """A head's raw logits [N, Vd] -> the columns the scorer reads ([N, Vs])."""
     if vocab.keep is not None:
         return dl.index_select(1, vocab.keep.to(dl.device))
     if vocab.ids is None and dl.shape[-1] != vocab.vocab:
-        from specprobe.metrics.core import align_vocab
-
         return align_vocab(dl, vocab.vocab)  # the head's own LM head, another width
     return dl
 
 
-def _emit(out: ChunkScores, d: int, sc: Any, entropy: Any, target_logits: Any, dl: Any, token_pos: Any, vocab: Any, probes: Sequence[Probe], chunk: Chunk | None) -> None:
+def _emit(
+    out: ChunkScores,
+    d: int,
+    sc: DepthScores,
+    entropy: torch.Tensor,  # [N] the target's
+    target_logits: torch.Tensor,  # [N, V]
+    dl: torch.Tensor,  # [N, Vs]
+    token_pos: torch.Tensor,  # [N]
+    vocab: ScoringVocab,
+    probes: Sequence[Probe],
+    chunk: Chunk | None,
+) -> None:
     """One depth's scores into `out` (depth 1: the row metrics, top-k, probes)."""
     if d == 1:
         got = {"accept_prob": sc.alpha, "greedy_agree": sc.agree, "kl_target_draft_nats": sc.kl.clamp_(min=0.0), "target_entropy_nats": entropy, "draft_confidence": sc.confidence}
         out.values = {f: got[f].float().cpu().numpy() for f in ROW_FIELDS}
         out.extra = {k: v.cpu().numpy() for k, v in (sc.top or {}).items()}
         if probes:  # they read [N, V] logits: the draft's mapped into the target vocabulary
-            from specprobe.models.heads.vocab import map_logits
-
             mapped = dl if vocab.ids is None else map_logits(dl, vocab.ids.to(dl.device), vocab.vocab)
             for probe in probes:
                 assert chunk is not None
@@ -210,16 +231,16 @@ def _emit(out: ChunkScores, d: int, sc: Any, entropy: Any, target_logits: Any, d
         _deeper(out, d, sc.alpha, sc.confidence, token_pos, dl)
 
 
-def _deeper(out: ChunkScores, d: int, alpha: Any, confidence: Any, token_pos: Any, dl: Any) -> None:
+def _deeper(out: ChunkScores, d: int, alpha: torch.Tensor, confidence: torch.Tensor, token_pos: torch.Tensor, dl: torch.Tensor) -> None:
     """A depth d > 1 into `out`: α (0 where the prediction would start before the
-    sequence) and max q."""
+    sequence) and max q; each tensor [N], dl [N, V'] the depth's logits."""
     ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
     out.alpha_by_depth[d] = (alpha * ok).cpu().numpy()
     out.confidence_by_depth[d] = confidence.float().cpu().numpy()
     out.broken = _broken([out.alpha_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
 
 
-def _broken(values: list[np.ndarray], target_logits: Any, draft_logits: Any, seen: np.ndarray | None) -> np.ndarray | None:
+def _broken(values: list[np.ndarray], target_logits: torch.Tensor | None, draft_logits: torch.Tensor | None, seen: np.ndarray | None) -> np.ndarray | None:
     """Which side's logits are not numbers, where a metric came out NaN/inf (ChunkScores.broken).
     The [N, V] logits are read only for the rows of a chunk that has such a metric."""
     bad = np.zeros(len(values[0]), dtype=bool)
@@ -231,8 +252,6 @@ def _broken(values: list[np.ndarray], target_logits: Any, draft_logits: Any, see
     rows = np.flatnonzero(bad)
     for side, logits in ((1, target_logits), (2, draft_logits)):
         if logits is not None:
-            import torch
-
             x = logits[torch.as_tensor(rows, device=logits.device)]  # [n, V]
             hit = (x.isnan().any(-1) | x.isposinf().any(-1) | x.isneginf().all(-1)).cpu().numpy()
             out[rows[hit]] |= side
@@ -265,7 +284,7 @@ class SequenceCollector:
         self.acc = acc
         self.prompts = prompts
         self.keep_positions = keep_positions
-        self.rows: dict[str, list[Any]] = {k: [] for k in ("prompt_id", "domain", "position", *ROW_FIELDS)}
+        self.rows: dict[str, list[Row]] = {k: [] for k in ("prompt_id", "domain", "position", *ROW_FIELDS)}
         self._pending: list[tuple[Chunk, ChunkScores]] = []
         # prompts left out because a side's logits were not numbers: one line each, and
         # how many positions
@@ -324,17 +343,17 @@ def _runs(labels: np.ndarray) -> list[slice]:
 @dataclass
 class Scored:
     acc: Accumulator
-    rows: dict[str, list[Any]]
+    rows: dict[str, list[Row]]
     interrupted: bool = False
     head_depths: tuple[int, ...] = ()  # depths a head drafter predicted directly (others chain depth 1)
-    drill: Any = None  # the token-level drill-down collector (specprobe.probe.drilldown), when one ran
+    drill: DrillCollector | None = None  # the token-level drill-down collector, when one ran
     second_press: bool = False  # Ctrl-C came during the references and again during scoring
     memory_notes: list[str] = field(default_factory=list)  # what out-of-memory made smaller
     nonfinite: list[str] = field(default_factory=list)  # prompts left out: NaN/inf logits (SequenceCollector)
     nonfinite_positions: int = 0
 
 
-def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
+def score(target: LoadedModel, drafter: Drafter, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: SamplingPair, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
     """Teacher-forced scoring in batches of similar length (prompts without a continuation
     are skipped). Ctrl-C keeps the batches finished so far (`Scored.interrupted`)."""
     acc = Accumulator(k_max=cfg.k_max)
@@ -366,13 +385,9 @@ def score(target: Any, drafter: Any, prompts: list[Prompt], encoded: list[list[i
                   nonfinite=sequences.nonfinite, nonfinite_positions=sequences.nonfinite_positions)
 
 
-def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[int]], conts: list[list[int]], pair: Any, cfg: DiagnoseConfig, sinks: Sequence[Collector]) -> tuple[int, ...]:
+def score_batch(target: LoadedModel, drafter: Drafter, idx: list[int], encoded: list[list[int]], conts: list[list[int]], pair: SamplingPair, cfg: DiagnoseConfig, sinks: Sequence[Collector]) -> tuple[int, ...]:
     """One target pass over prompts `idx` (prompt + continuation, right-padded), then
     chunk by chunk: logits -> `score_chunk` -> every collector. -> the head depths seen."""
-    import torch
-
-    from specprobe.models.base import TargetPass
-
     ids, mask = _right_padded([encoded[i] + conts[i] for i in idx], _pad_id(target.tokenizer), target.device)
     # position t = p0−1+j predicts continuation token j (at p0+j), for j < len(continuation)
     lengths = [len(conts[i]) for i in idx]
@@ -388,9 +403,10 @@ def score_batch(target: Any, drafter: Any, idx: list[int], encoded: list[list[in
         tp = TargetPass(ids, mask, target.last_hidden(ids, mask), dict(captured))
         feats = drafter.hidden(tp)  # depth -> [B, S, H']
         depths = sorted(d for d in feats if 1 <= d <= cfg.k_max)
-        # a head: logits over its own draft vocabulary, scored there (score_head_chunk)
-        vocab = drafter.scoring_vocab() if hasattr(drafter, "scoring_vocab") else None
-        draft_logits = drafter.draft_logits if vocab is not None else drafter.logits
+        vocab: ScoringVocab | None = None
+        draft_logits = drafter.logits
+        if isinstance(drafter, HeadDrafter):  # logits over its own draft vocabulary, scored there (score_head_chunk)
+            vocab, draft_logits = drafter.scoring_vocab(), drafter.draft_logits
         # a head that stops short of k_max (Medusa: one depth per head) drafts nothing
         # deeper: those depths are accepted with probability 0, not chained from depth 1
         beyond = range(max(depths, default=0) + 1, cfg.k_max + 1) if drafter.head_depths is not None else range(0)
@@ -414,10 +430,8 @@ def _pad_id(tok: Any) -> int:
     return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
 
 
-def _right_padded(seqs: list[list[int]], pad: int, device: Any) -> tuple[Any, Any]:
+def _right_padded(seqs: list[list[int]], pad: int, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> ids [B, S], attention mask [B, S], tokens at the left end."""
-    import torch
-
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
