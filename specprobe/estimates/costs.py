@@ -1,7 +1,7 @@
 """What a round costs: the timing loop and its statistics (pure: the clock is an
 argument), and the cost tables and speedups built from the timings of the target's decode
 step, its verify pass over K + 1 tokens and the drafter's step. The timing itself, on the
-run's device, and the environment record live in `specprobe.probe.timing`.
+run's device live in `specprobe.probe.timing`, the environment record in `specprobe.core.environment`.
 
 Timing on a shared machine: one untimed warm-up round, then repeats that call every
 timed function once in the same order (A B C … A B C …), so drift hits all of them alike;
