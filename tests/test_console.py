@@ -163,7 +163,7 @@ def test_flags_show_no_value_and_types_read_plainly() -> None:
     mon = cli80("monitor", "--help").output
     assert "--live / --no-live" in mon and "--num-spec-tokens INT" in mon and "[≥ 1]" in mon
     # the description column is not squeezed: the help of --num-spec-tokens starts on its line
-    line = next(x for x in mon.splitlines() if x.strip().startswith("--num-spec-tokens"))  # the option, not an example
+    line = next(x for x in mon.splitlines() if x.strip().startswith("--num-spec-tokens INT"))  # the option, not an example
     assert len(line.split("--num-spec-tokens INT", 1)[1].strip()) > 30
 
 
