@@ -1,16 +1,19 @@
-"""What every drafter is, whatever its kind (an independent model, a layer-skip
-self-draft, Medusa/MTP/EAGLE heads): the `Drafter` base class and the target's
-teacher-forced outputs it reads (`TargetPass`). The kinds live in `drafters` (models
+"""What every model and drafter is, whatever its kind: a model's facts read without its
+weights (`ModelInfo`), the `Drafter` base class (an independent model, a layer-skip
+self-draft, Medusa/MTP/EAGLE heads) and the target's teacher-forced outputs it reads
+(`TargetPass`). The kinds live in `drafters` (models
 with a KV cache) and `heads/` (heads over the target's hidden states)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from specprobe.models.loader import LoadedModel, ModelInfo
+if TYPE_CHECKING:  # annotations only: the loader imports the heads, which build on this module
+    from specprobe.models.loader import LoadedModel
 
 
 @dataclass
@@ -65,3 +68,16 @@ class Drafter(ABC):
     def step_model(self) -> Any:
         """A causal LM with a KV cache for real draft loops and cost timing (None for heads)."""
         return None
+
+
+@dataclass
+class ModelInfo:
+    """What `check` needs: tokenizer, configs — no weights."""
+
+    spec: str
+    name: str
+    path: Path
+    config: Any
+    tokenizer: Any
+    generation_config: Any
+    extra: dict[str, Any] = field(default_factory=dict)

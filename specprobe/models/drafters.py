@@ -21,8 +21,8 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.models.anatomy import decoder_layers, final_norm, layer_view
-from specprobe.models.base import Drafter, TargetPass
-from specprobe.models.loader import LoadedModel, ModelInfo, load_info, load_model
+from specprobe.models.base import Drafter, ModelInfo, TargetPass
+from specprobe.models.loader import LoadedModel, load_info, load_model
 
 
 class SelfDrafter(Drafter):

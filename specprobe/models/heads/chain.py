@@ -22,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from specprobe.models.base import Drafter, TargetPass
-from specprobe.models.loader import ModelInfo
+from specprobe.models.base import Drafter, ModelInfo, TargetPass
 
 # Chained heads answer any depth; the scorer asks only for the depths up to its k_max.
 MAX_CHAIN = 32
