@@ -52,6 +52,7 @@ def check(
 
       specprobe check smollm2 self:layers=28 --serving-config sample_configs/sglang-launch.yaml
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.errors import ConfigError
     from specprobe.judge.rules import load_table
     from specprobe.probe.alignment import compare, declared_gaps, effective_sampling
@@ -99,6 +100,7 @@ def check(
 
 
 def _serving_lines(sv: Any, drafter_spec: str, drafter_given: bool) -> None:
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.settings.serving import describe_serving
 
     out.print(f"serving config {describe_serving(sv)}", highlight=False, soft_wrap=True)
@@ -107,6 +109,7 @@ def _serving_lines(sv: Any, drafter_spec: str, drafter_given: bool) -> None:
 
 
 def _result(opts: Any, target_spec: str, drafter_spec: str, kind: str, tinfo: Any, dinfo: Any, flags: Any, pair: Any, report: Any, table: Any) -> Any:
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.probe.assemble import check_result
 
     return check_result(

@@ -124,6 +124,7 @@ def gather(ctx: typer.Context, command: str, only: tuple[str, ...] | None = None
     model loads or any file is written. `only`: the parameters to take (others are the
     command's own business); `inputs`: the files the command reads through its own
     parameters (report's RESULT.json, merge's parts), which no output may overwrite."""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.settings.options import merge
 
     params = {k: v for k, v in ctx.params.items() if only is None or k in only}
@@ -139,6 +140,7 @@ def gather(ctx: typer.Context, command: str, only: tuple[str, ...] | None = None
 def write_outputs(result: Result | Comparison, opts: RunOptions, *, fail_on: str | None) -> None:
     """Write every output asked for, each saying where it went. The paths were all
     checked when the options were built: a bad last one never leaves the first written."""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.files import write_text_atomic
     from specprobe.result import Comparison
 
@@ -186,6 +188,7 @@ def keep_partial(opts: RunOptions) -> Callable[[Result], None]:
 def finish(result: Result, opts: RunOptions, show: Callable[[], None]) -> NoReturn:
     """Print and write a finished run, then exit with its gate code. An interrupted run
     is written before it is printed and exits 130."""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.report.load import gate_exit_code
 
     if result.interrupted:

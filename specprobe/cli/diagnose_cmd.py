@@ -33,6 +33,7 @@ def diagnose(
 
       specprobe diagnose --config sample_configs/probe-smollm2.yaml --max-prompts 6
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.progress import RichProgress
     from specprobe.judge.rules import load_table
     from specprobe.probe.diagnose import load_prompt_set, run_diagnose

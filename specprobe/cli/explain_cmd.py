@@ -147,6 +147,7 @@ def overview(console: Console, result: Result, dd: DrillDown, n: int) -> None:
 
 # ----------------------------------------------------------------------------- the command
 def load_drilldown(path: Path) -> tuple[Result, DrillDown]:
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.report.load import load_result
 
     result = load_result(path)

@@ -51,6 +51,7 @@ def merge(
 
       specprobe merge part0.json part1.json --config probe.yaml   (its outputs, rules and fail_on)
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.files import InputPath
     from specprobe.probe.shards import load_part, result_from_parts
     from specprobe.report.console import render
@@ -69,6 +70,7 @@ def diagnose_sharded(opts: RunOptions, cfg: DiagnoseConfig, table: RuleTable) ->
     come from the merged result). Under torchrun: join the process group, score this
     rank's shard, and let rank 0 print and write the one result; other ranks write
     nothing."""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.progress import Progress, RichProgress
     from specprobe.probe import distributed
     from specprobe.probe.diagnose import run_diagnose

@@ -19,6 +19,7 @@ from specprobe.settings.model import check
 
 
 def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], engine: str, timeout: float, retries: int, follow: bool) -> list[Any]:
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.monitor.sources import LogSource, PrometheusSource, ScrapeSource
 
     sources: list[Any] = [ScrapeSource(u, engine=engine, timeout=timeout, retries=retries) for u in urls]
@@ -68,6 +69,7 @@ def monitor(
 
       kubectl logs -f deploy/sglang | specprobe monitor --log - --follow --num-spec-tokens 4
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.judge.rules import load_table
     from specprobe.monitor.base import ENGINES
     from specprobe.monitor.runner import Monitor
@@ -115,6 +117,7 @@ def monitor(
 def _run_once(mon: Any, sink: Any, interval: float, fail_on: str, json_out: Path | None = None) -> int:
     import json
 
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.files import write_text_atomic
     from specprobe.judge.rules import exit_code_for
     from specprobe.monitor.live import render
@@ -139,6 +142,7 @@ def _run_once(mon: Any, sink: Any, interval: float, fail_on: str, json_out: Path
 def _run_loop(mon: Any, sink: Any, interval: float, use_live: bool) -> None:
     from rich.live import Live
 
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.monitor.live import render
     from specprobe.monitor.runner import summary_lines
 
@@ -188,6 +192,7 @@ def _ago(seconds: float) -> str:
 def short_log_notes(mon: Any, snap: Any) -> list[str]:
     """--once on a log shorter than window + baseline: what the baseline holds (nothing,
     or less than asked) and what to pass instead."""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.monitor.live import duration
 
     notes = []
@@ -214,6 +219,7 @@ def short_log_notes(mon: Any, snap: Any) -> list[str]:
 def old_log_notes(mon: Any, snap: Any) -> list[str]:
     """A followed log whose lines are all older than the window (a finished log piped in):
     why acceptance is n/a, and what to pass."""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.monitor.live import duration
 
     if snap is None:

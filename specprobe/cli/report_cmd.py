@@ -27,6 +27,7 @@ SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", None: "gr
 
 def print_summary(result: Result) -> None:
     """Verdict, findings table and key metrics of a diagnose/simulate result."""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.report.console import render_summary
 
     render_summary(result, out)
@@ -54,6 +55,7 @@ def report(
 
       specprobe report out/result.json --junit junit.xml --markdown "$GITHUB_STEP_SUMMARY" --fail-on error
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.files import InputPath
     from specprobe.report.load import gate_exit_code, load_result
 

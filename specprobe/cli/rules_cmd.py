@@ -32,6 +32,7 @@ def list_rules(
     """List every rule: id, severity, name, the condition it fires on.
 
     Example: specprobe rules list --family acceptance"""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.judge.rules import load_table
     from specprobe.report.terminal import Column, Grid
 
@@ -73,6 +74,7 @@ def explain(
     Example: specprobe rules explain SP003"""
     from rich.table import Table
 
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.judge.rules import load_table, threshold_text
 
     table = load_table(rules or [])
@@ -107,6 +109,7 @@ def metrics(source: Annotated[str | None, typer.Option("--source", help="check |
     """The metric catalogue that rule conditions may use.
 
     Example: specprobe rules metrics --source monitor"""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.report.terminal import Column, Grid
 
     g = Grid(

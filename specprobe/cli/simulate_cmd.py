@@ -35,6 +35,7 @@ def simulate(
 
       specprobe simulate --config sample_configs/probe-smollm2.yaml --k 2,4
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.progress import RichProgress
     from specprobe.judge.rules import load_table
     from specprobe.probe.diagnose import load_prompt_set

@@ -25,6 +25,7 @@ from specprobe.report.terminal import Column, Grid
 
 def render_sweep(report: object, console: Console) -> None:
     """The sweep table (one row per drafter, the recommended one marked) and speedup by K."""
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.probe.sweep import SweepReport
 
     assert isinstance(report, SweepReport)
@@ -86,6 +87,7 @@ def sweep(
     Exit code: 1 when the recommended drafter has a finding at or above --fail-on (or no
     drafter could be recommended), as diagnose's gate on that drafter.
     """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.core.files import write_text_atomic
     from specprobe.core.progress import RichProgress
     from specprobe.judge.rules import load_table

@@ -24,6 +24,7 @@ from typing import Any, Literal, cast
 import yaml
 
 from specprobe.core.errors import ConfigError
+from specprobe.core.safe_load import UnsafeDocument, load_yaml
 from specprobe.judge.catalog import CATALOG, format_value
 from specprobe.judge.conditions import (  # noqa: F401  (the grammar, re-exported for rule users)
     BoolOp,
@@ -329,8 +330,6 @@ def _rule_from_dict(raw: Any, where: str, families: Sequence[Family]) -> Rule | 
 
 
 def _read_rules_yaml(path: Path) -> dict[str, Any]:
-    from specprobe.core.safe_load import UnsafeDocument, load_yaml
-
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"rules file {path} is a folder", "pass a YAML file to --rules")

@@ -74,6 +74,7 @@ def compiled_rows() -> ModuleType | None:
     truncating sampling) does without numba."""
     if "kernel" not in _NUMBA:
         try:
+            # deferred: numba is optional — a missing or broken one leaves the torch blocks
             from specprobe.metrics import kernel
 
             _NUMBA["kernel"] = kernel

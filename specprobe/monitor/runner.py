@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.judge.rules import RuleTable, sort_findings
-from specprobe.monitor.alerts import Alert, AlertTracker, alert_from_finding
+from specprobe.monitor.alerts import Alert, AlertTracker, alert_from_finding, iso
 from specprobe.monitor.sources import IngestResult, Source, SourceError, Store
 from specprobe.monitor.windows import (
     AcceptanceStats,
@@ -72,8 +72,6 @@ class Snapshot:
     def to_dict(self) -> dict[str, Any]:
         """The snapshot as plain JSON data (nan → null): per model the window's counts
         (accepted and drafted tokens, drafts) and rates, per source its state."""
-        from specprobe.monitor.alerts import iso
-
         def num(v: float) -> float | None:
             return None if v is None or math.isnan(v) else (int(v) if float(v).is_integer() else v)
 

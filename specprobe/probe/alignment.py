@@ -13,6 +13,7 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.metrics.sampling import SEMANTICS, Sampling
+from specprobe.models.heads.checks import head_checks
 from specprobe.settings.pipeline import SamplingFlags
 
 MAX_EXAMPLES = 5
@@ -273,7 +274,6 @@ def compare(target_info: Any, draft_info: Any, sampling: SamplingPair) -> Alignm
     }
     head = (getattr(draft_info, "extra", None) or {}).get("head")
     if head is not None:  # a head drafter: its shapes, vocabulary map and layers too
-        from specprobe.models.heads.checks import head_checks
 
         hr = head_checks(head, target_info, draft_info.extra.get("serving_k"))
         m.update(hr.metrics)

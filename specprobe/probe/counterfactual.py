@@ -23,6 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from specprobe.metrics.blocked import blocked_metrics
+from specprobe.metrics.core import align_vocab
+from specprobe.metrics.sampling import probs
+
 # Both sides at these temperatures (greedy is the extra row "both greedy").
 TEMPERATURE_GRID = (0.5, 0.7, 1.0)
 
@@ -50,8 +54,6 @@ def settings_differ(pair: Any) -> bool:
 def _probs(logits: Any, s: Any) -> Any:
     """A side's sampling distribution [N, V] as a fresh tensor; untruncated sampling is
     written in place over one copy (the what-ifs run per chunk: allocations count)."""
-    from specprobe.metrics.sampling import probs
-
     if s.greedy or s.truncates:
         return probs(logits, s)
     x = logits.float().mul(1.0 / float(s.temperature))  # a copy
@@ -63,14 +65,12 @@ def accept_prob(target_logits: Any, draft_logits: Any, target_sampling: Any, dra
     """α = Σ min(p, q) per row, each side under the given settings. [N, V], [N, V'] -> [N]."""
     import torch
 
-    from specprobe.metrics.core import align_vocab
 
     dl = align_vocab(draft_logits, target_logits.shape[-1])
     if target_sampling.greedy and draft_sampling.greedy:
         return (target_logits.argmax(-1) == dl.argmax(-1)).float()
     if target_logits.dtype == dl.dtype and not (target_sampling.truncates or draft_sampling.truncates):
         # the scorer's cache-blocked pass (a few rows at a time): far fewer trips to memory
-        from specprobe.metrics.blocked import blocked_metrics
 
         return blocked_metrics(target_logits, dl, target_sampling, draft_sampling)["alpha"].clamp_(0.0, 1.0)
     p = _probs(target_logits, target_sampling)
@@ -82,7 +82,6 @@ def never_proposed(draft_logits: Any, vocab: int) -> Any:
     vocabulary, outside a head's draft vocabulary): ids it can never propose."""
     import torch
 
-    from specprobe.metrics.core import align_vocab
 
     return torch.isneginf(align_vocab(draft_logits, vocab)).all(0)
 

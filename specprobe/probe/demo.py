@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.progress import Progress
+from specprobe.judge.rules import load_table
+from specprobe.models.loader import atomic_dir, cache_root, load_info, load_model
 from specprobe.probe.diagnose import Pair, load_pair, run_diagnose
 from specprobe.result import Result
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
@@ -33,7 +35,6 @@ def make_vocab_shuffled(target: Any, dest: Path, seed: int = 1234, progress: Pro
     a later run finds it in the cache and says nothing."""
     import torch
 
-    from specprobe.models.loader import atomic_dir
 
     if (dest / "config.json").is_file() and (dest / "specprobe-demo.json").is_file():
         return dest
@@ -89,9 +90,6 @@ def demo_rows(shuffled_path: str) -> list[DemoRow]:
 def run_demo(base: DiagnoseConfig, progress: Progress | None = None) -> list[tuple[str, Result]]:
     """Diagnose every demo row against one loaded target (references are shared) ->
     (row label, result) per row."""
-    from specprobe.judge.rules import load_table
-    from specprobe.models.loader import cache_root, load_info, load_model
-
     progress = progress or Progress()
     table = load_table([Path(p) for p in base.rules])
     progress.note(f"loading target {base.target}")

@@ -28,8 +28,19 @@ from typing import Any
 import numpy as np
 
 from specprobe.core.errors import InputError
+from specprobe.core.files import write_text_atomic
+from specprobe.judge.rules import load_table
 from specprobe.metrics.accumulate import Accumulator
+from specprobe.metrics.sampling import Sampling
+from specprobe.models.loader import cache_root, load_info
+from specprobe.probe import distributed
+from specprobe.probe.alignment import SamplingPair
+from specprobe.probe.assemble import build_result
+from specprobe.probe.drilldown import DrillCollector
+from specprobe.probe.references import TurnReferences
 from specprobe.probe.scoring import ROW_FIELDS, Chunk, ChunkScores, Scored, SequenceCollector, _runs
+from specprobe.prompts import Prompt
+from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 from specprobe.settings.values import Shard
 
 FORMAT = "specprobe-part"
@@ -114,8 +125,6 @@ def identity_key(ident: dict[str, Any]) -> str:
 
 
 def part_cache_path(ident: dict[str, Any], shard: Shard) -> Path:
-    from specprobe.models.loader import cache_root
-
     return cache_root() / "parts" / identity_key(ident) / f"{shard.index}-of-{shard.count}.json"
 
 
@@ -137,8 +146,6 @@ def make_part(shard: Shard, ident: dict[str, Any], header: dict[str, Any], metri
 
 
 def save_part(part: dict[str, Any], path: Path) -> Path:
-    from specprobe.core.files import write_text_atomic
-
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, json.dumps(part))
 
@@ -216,10 +223,6 @@ def merge_parts(parts: Sequence[dict[str, Any]], tokenizer: Any, pair: Any, cfg:
     single process scores the items. tokenizer and pair (SamplingPair) feed the
     drill-down; cfg: the run's DiagnoseConfig (rebuilt from the parts when None);
     complete=False: a subset of the shards (one reused part) is fine."""
-    from specprobe.probe.drilldown import DrillCollector
-    from specprobe.probe.references import TurnReferences
-    from specprobe.prompts import Prompt
-
     if complete:
         check_parts(parts)
     parts = sorted(parts, key=lambda p: p["shard"][0])
@@ -268,8 +271,6 @@ def _replay(i: int, it: dict[str, Any]) -> tuple[Chunk, ChunkScores]:
 
 def config_from_part(part: dict[str, Any]) -> Any:
     """The run's DiagnoseConfig, from the settings a part records."""
-    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
-
     d = dict(part["header"]["config"])
     flag_names = {f.name for f in fields(SamplingFlags)}
     sampling = SamplingFlags(**{k: d.pop(k) for k in list(d) if k in flag_names})
@@ -278,9 +279,6 @@ def config_from_part(part: dict[str, Any]) -> Any:
 
 
 def sampling_pair(part: dict[str, Any]) -> Any:
-    from specprobe.metrics.sampling import Sampling
-    from specprobe.probe.alignment import SamplingPair
-
     s = part["header"]["sampling"]
     return SamplingPair(Sampling(**s["target"]), Sampling(**s["draft"]), dict(s.get("sources") or {}))
 
@@ -293,8 +291,6 @@ def run_shard(cfg: Any, pair: Any, header: dict[str, Any], metrics: dict[str, An
     """Score this shard (or reuse its finished part), save the part; under torchrun,
     exchange parts with the other ranks and return the whole run's (refs, scored).
     The third value records the cost block, once timed, in the part files."""
-    from specprobe.probe import distributed
-
     shard = Shard(*cfg.shard)
     ident = identity(header, pair)
     cached = part_cache_path(ident, shard)
@@ -342,14 +338,9 @@ def result_from_parts(parts: Sequence[dict[str, Any]], tokenizer: Any = None, ru
     """Parts of one run -> the `Result` a single process would have made. The
     tokenizer (for the drill-down's token texts) is read from the target's files when
     not given; the rules are the run's own plus `rules`."""
-    from specprobe.judge.rules import load_table
-    from specprobe.probe.assemble import build_result
-
     check_parts(parts)
     first = min(parts, key=lambda p: p["shard"][0])
     if tokenizer is None:
-        from specprobe.models.loader import load_info
-
         tokenizer = load_info(first["header"]["config"]["target"]).tokenizer
     m = merge_parts(parts, tokenizer, sampling_pair(first))
     table = load_table([Path(r) for r in [*m.cfg.rules, *(rules or [])]])

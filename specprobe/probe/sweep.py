@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from specprobe import __version__
 from specprobe.core.errors import ConfigError
+from specprobe.core.progress import Progress
+from specprobe.judge.rules import load_table
+from specprobe.models.anatomy import capture_layers
+from specprobe.models.base import TargetPass
+from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
+from specprobe.probe.references import load_prompt_set, references_by_turn
 from specprobe.result import Document, Num, Part, Result
 
 _RANGE = re.compile(r"^(\d+)\s*\.\.\s*(\d+)$")
@@ -130,8 +137,7 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
     import numpy as np
     import torch
 
-    from specprobe.models.anatomy import capture_layers
-    from specprobe.models.base import TargetPass
+    # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.probe.scoring import Chunk, _pad_id, _right_padded, _wants, score_chunk
 
     ids, mask = _right_padded([encoded[i] + conts[i] for i in idx], _pad_id(target.tokenizer), target.device)
@@ -170,15 +176,11 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     """Every drafter in `drafters` against cfg.target, on one set of references."""
     from pathlib import Path
 
-    from specprobe import __version__
-    from specprobe.core.progress import Progress
-    from specprobe.judge.rules import load_table
+    # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.metrics.accumulate import Accumulator
     from specprobe.probe.alignment import BLOCKING_RULES
-    from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
     from specprobe.probe.diagnose import load_pair
     from specprobe.probe.drilldown import DrillCollector
-    from specprobe.probe.references import load_prompt_set, references_by_turn
     from specprobe.probe.scoring import Scored, SequenceCollector
     from specprobe.probe.timing import cost_block, timing_settings
 

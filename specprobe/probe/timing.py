@@ -19,6 +19,8 @@ from specprobe.estimates.costs import (
     budget_for,
     interleaved,
 )
+from specprobe.models.base import TargetPass
+from specprobe.models.kvcache import Stream, crop, sync
 
 
 def cost_block(
@@ -114,7 +116,6 @@ class _Decoder:
     def __init__(self, model: Any, batch: int, context: int, device: Any, gen: Any) -> None:
         import torch
 
-        from specprobe.models.kvcache import Stream
 
         self.vocab = int(model.get_output_embeddings().weight.shape[0])
         self.stream = Stream(model, batch, device)
@@ -125,7 +126,6 @@ class _Decoder:
     def call(self, n: int) -> Callable[[], object]:
         import torch
 
-        from specprobe.models.kvcache import crop
 
         ids = torch.randint(0, self.vocab, (self.batch, n), generator=self.gen).to(self.device)  # [B, n]
         valid = torch.ones_like(ids, dtype=torch.bool)
@@ -146,8 +146,6 @@ def _head_step(target: Any, drafter: Any, batch: int, gen: Any) -> Callable[[], 
     drafter cannot run on a bare two-position pass."""
     import torch
 
-    from specprobe.models.base import TargetPass
-    from specprobe.models.kvcache import sync
 
     dev = target.device
     h = int(target.config.hidden_size)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specprobe.core.errors import InputError
+from specprobe.judge.rules import SEVERITY_RANK
 from specprobe.result import READABLE_VERSIONS, SCHEMA_VERSION, Comparison, Result, upgrade
 
 RESULT_COMMANDS = ("diagnose", "simulate")
@@ -116,8 +117,6 @@ def load_comparison(path: str | Path) -> Comparison:
 
 def gate_exit_code(result: Result | Comparison, fail_on: str) -> int:
     """0 when no finding is at or above fail_on, else 1."""
-    from specprobe.judge.rules import SEVERITY_RANK
-
     if fail_on == "never":
         return 0
     limit = SEVERITY_RANK[fail_on]

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from specprobe.judge.catalog import CATALOG
+
 SCHEMA_VERSION: Literal[2] = 2
 READABLE_VERSIONS = (1, 2)
 
@@ -51,8 +53,6 @@ class Record(Part):
 
 
 def catalogue_names(v: dict[str, Any]) -> dict[str, Any]:
-    from specprobe.judge.catalog import CATALOG
-
     unknown = sorted(k for k in v if k not in CATALOG)
     if unknown:
         raise ValueError(f"metric(s) not in the catalogue: {', '.join(unknown)}")

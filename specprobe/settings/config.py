@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from specprobe.core.errors import ConfigError
+from specprobe.core.safe_load import UnsafeDocument, load_json, load_yaml
 from specprobe.settings.model import BY_FILE_KEY, SETTINGS, Setting, check
 from specprobe.settings.values import K_LIMIT  # noqa: F401  (re-exported: the limit beside the keys it bounds)
 
@@ -157,7 +158,6 @@ def read_mapping(path: Path) -> dict[str, Any]:
     elif suffix in (".yaml", ".yml", ".json"):
         import yaml
 
-        from specprobe.core.safe_load import UnsafeDocument, load_json, load_yaml
 
         try:
             data = load_yaml(text) if suffix != ".json" else load_json(text)

@@ -18,8 +18,16 @@ from typing import Any
 
 from specprobe.core.errors import ModelLoadError
 from specprobe.models.base import ModelInfo
+from specprobe.models.heads.eagle import (
+    Eagle1Drafter,
+    Eagle3Drafter,
+    describe_eagle1,
+    describe_eagle3,
+)
 from specprobe.models.heads.files import MEDUSA_FILE, open_folder, read_config
 from specprobe.models.heads.layout import HEAD_KINDS, MTP_SPEC, HeadLayout, missing_head, split_spec
+from specprobe.models.heads.medusa import MedusaDrafter, describe_medusa
+from specprobe.models.heads.mtp import MTPDrafter, describe_mtp
 
 __all__ = ["HEAD_KINDS", "HeadLayout", "build_head", "detect", "head_info", "head_kind"]
 
@@ -51,9 +59,6 @@ def _looks_like_head(folder: Path) -> bool:
 
 
 def _describe(folder: Path, kind: str | None) -> HeadLayout | None:
-    from specprobe.models.heads.eagle import describe_eagle1, describe_eagle3
-    from specprobe.models.heads.medusa import describe_medusa
-
     files = open_folder(folder)
     order = {"eagle3": (describe_eagle3,), "eagle": (describe_eagle1,), "medusa": (describe_medusa,)}
     for fn in order.get(kind or "", (describe_eagle3, describe_medusa, describe_eagle1)):
@@ -71,7 +76,6 @@ def detect(spec: str, target_info: ModelInfo | None = None) -> HeadLayout | None
     if kind == "mtp":
         if target_info is None:
             raise ModelLoadError("'mtp' needs the target's checkpoint", "give the target first")
-        from specprobe.models.heads.mtp import describe_mtp
 
         layout = describe_mtp(open_folder(Path(target_info.path)))
         if layout is None:
@@ -132,17 +136,10 @@ def build_head(spec: str, target: Any, info: ModelInfo) -> Any:
     """The head drafter over a loaded target (modules on the target's device and dtype)."""
     layout: HeadLayout = info.extra["head"]
     if layout.kind == "eagle3":
-        from specprobe.models.heads.eagle import Eagle3Drafter
-
         return Eagle3Drafter(spec, target, info, layout)
     if layout.kind == "eagle":
-        from specprobe.models.heads.eagle import Eagle1Drafter
-
         return Eagle1Drafter(spec, target, info, layout)
     if layout.kind == "medusa":
-        from specprobe.models.heads.medusa import MedusaDrafter
-
         return MedusaDrafter(spec, target, info, layout)
-    from specprobe.models.heads.mtp import MTPDrafter
 
     return MTPDrafter(spec, target, info, layout)

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from specprobe.models.base import Drafter, ModelInfo, TargetPass
+from specprobe.models.heads.layout import header_params
+from specprobe.models.heads.vocab import map_logits, scoring_vocab, vocab_mask
 
 # Chained heads answer any depth; the scorer asks only for the depths up to its k_max.
 MAX_CHAIN = 32
@@ -117,8 +119,6 @@ class HeadDrafter(Drafter):
     @property
     def params(self) -> int:
         """The head's own parameters (from the tensor headers until the weights are loaded)."""
-        from specprobe.models.heads.layout import header_params
-
         return self._params if self._built else header_params(self.layout)
 
     @property
@@ -132,8 +132,6 @@ class HeadDrafter(Drafter):
         if self.ids is None:
             return None
         if self._mask is None:
-            from specprobe.models.heads.vocab import vocab_mask
-
             m = vocab_mask(self.ids, self.vocab)
             self._mask = None if bool(m.all()) else m
         return self._mask
@@ -162,8 +160,6 @@ class HeadDrafter(Drafter):
         """The draft vocabulary as the scorer reads it (`vocab.ScoringVocab`), built once."""
         self.ensure_built()
         if self._scoring_vocab is None:
-            from specprobe.models.heads.vocab import scoring_vocab
-
             self._scoring_vocab = scoring_vocab(self.ids, self.vocab)
         return self._scoring_vocab
 
@@ -172,8 +168,6 @@ class HeadDrafter(Drafter):
         return self.head_logits(hidden, depth)
 
     def logits(self, hidden: Any, depth: int) -> Any:
-        from specprobe.models.heads.vocab import map_logits
-
         out = self.head_logits(hidden, depth)
         if self.ids is None:
             return out

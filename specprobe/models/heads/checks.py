@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.models.heads.layout import EAGLE3_LAYER_TYPES, HeadLayout, aux_layers_by_engine
+from specprobe.models.heads.medusa import block_names
+from specprobe.models.heads.vocab import d2t_problems
 
 MAX_LINES = 5
 
@@ -122,8 +124,6 @@ def _eagle3(layout: HeadLayout, target_info: Any, ht: int, vt: int, nl: int, r: 
 
 
 def _d2t(layout: HeadLayout, vd: int, vt: int, r: HeadReport) -> None:
-    from specprobe.models.heads.vocab import d2t_problems
-
     d = layout.details
     names = [d["d2t"]] + ([d["t2d"]] if d["t2d"] else [])
     t = layout.files.load(names)
@@ -204,8 +204,6 @@ def _eagle1(layout: HeadLayout, ht: int, r: HeadReport) -> None:
 
 
 def _medusa(layout: HeadLayout, ht: int, vt: int, r: HeadReport) -> None:
-    from specprobe.models.heads.medusa import block_names
-
     d, f = layout.details, layout.files
     lines = []
     missing: list[tuple[int, str]] = []

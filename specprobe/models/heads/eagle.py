@@ -26,6 +26,7 @@ from specprobe.models.heads.chain import (
 )
 from specprobe.models.heads.files import HeadFiles
 from specprobe.models.heads.layout import HeadLayout, aux_layers_by_engine, int_tuple
+from specprobe.models.heads.vocab import target_ids
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -157,6 +158,7 @@ class _EagleBase(HeadDrafter):
         return emb
 
     def _rotary(self, cfg: dict[str, Any]) -> Any:
+        # deferred: loads torch, which the torch-free commands that import this module never need
         from specprobe.models.heads.layers import Rotary, llama_config
 
         return Rotary(llama_config(cfg, hidden_size=self.layout.hidden_size)).to(self.target.device)
@@ -172,8 +174,8 @@ class Eagle3Drafter(_EagleBase):
     def _build(self) -> None:
         import torch
 
+        # deferred: loads torch, which the torch-free commands that import this module never need
         from specprobe.models.heads.layers import Eagle3Head
-        from specprobe.models.heads.vocab import target_ids
 
         target, layout = self.target, self.layout
         d, h = layout.details, layout.hidden_size
@@ -229,6 +231,7 @@ class Eagle1Drafter(_EagleBase):
     def _build(self) -> None:
         from torch import nn
 
+        # deferred: loads torch, which the torch-free commands that import this module never need
         from specprobe.models.heads.layers import DecoderLayer
 
         target, layout = self.target, self.layout

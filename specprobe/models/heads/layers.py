@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from specprobe.models.heads.chain import chain_mask, positions
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) · w (computed in float32, as transformers does); `offset` 1 gives
@@ -128,8 +130,6 @@ class Eagle3Head(nn.Module):
     def step(self, embeds: torch.Tensor, hidden: torch.Tensor, step: int, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """embeds [B, S, H] of the tokens fed on this step, hidden [B, S, H] from the last
         one (fc(aux) on step 0); `cache` holds this chain's earlier keys/values."""
-        from specprobe.models.heads.chain import chain_mask, positions
-
         b, s, _ = embeds.shape
         return self.step_at(embeds, hidden, positions(b, s, step, embeds.device), chain_mask(s, step, torch.float32, embeds.device), cache)
 

@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
+from specprobe.models.anatomy import base_model, decoder_layers
 from specprobe.models.heads.chain import (
     MAX_CHAIN,
     ChainedFeatures,
@@ -105,7 +106,7 @@ class MTPDrafter(HeadDrafter):
     def _build(self) -> None:
         from torch import nn
 
-        from specprobe.models.anatomy import base_model, decoder_layers
+        # deferred: loads torch, which the torch-free commands that import this module never need
         from specprobe.models.heads.layers import MTPLayer
 
         target, layout = self.target, self.layout

@@ -171,6 +171,7 @@ def target_side(tl: Any, s: Any, sv: ScoringVocab, top: int = 0) -> TargetSide:
     """tl [N, V] the target's logits, s its sampling -> everything a depth compares with."""
     import torch
 
+    # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.metrics.sampling import truncate_
 
     ids = None if sv.ids is None else sv.ids.to(tl.device)
@@ -230,6 +231,7 @@ def depth_scores(ts: TargetSide, dl: Any, s: Any, full: bool, top: int = 0) -> D
     greedy agreement (a tie at the target's top counts as agreement) and top-`top`."""
     import torch
 
+    # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.metrics.sampling import truncate_
 
     n, w = dl.shape
