@@ -217,3 +217,88 @@ def test_real_sigterm_then_sigint(tiny_pair, prompts, tmp_path) -> None:
     assert "finishing, press Ctrl-C again to stop without the cost measurement" in stderr
     final = json.loads((tmp_path / "r.json").read_text())
     assert final["interrupted"] and final["metrics"]["num_prompts"] == 2
+
+
+# ----------------------------------------------------------------------------- Ctrl-C while references are generated
+def _press_after_tokens(monkeypatch: pytest.MonkeyPatch, tokens: int) -> None:
+    """Ctrl-C during generate(), once `tokens` tokens of the batch were sampled (0: in the
+    first forward pass, before any)."""
+    import specprobe.probe.references as references
+
+    real = references._Reached.__call__
+    state = {"steps": 0, "pressed": False}
+
+    def step(self: Any, input_ids: Any, scores: Any, **kw: Any) -> Any:
+        if not state["pressed"] and state["steps"] == tokens:
+            state["pressed"] = True
+            raise KeyboardInterrupt
+        state["steps"] += 1
+        return real(self, input_ids, scores, **kw)
+
+    monkeypatch.setattr(references._Reached, "__call__", step)
+
+
+def _one_batch_args(tiny_pair: dict[str, Path], prompts: Path, out: Path) -> list[str]:
+    return [
+        "diagnose", str(tiny_pair["target"]), "self:layers=1", "--prompts", str(prompts), "--max-new-tokens", "8", "--batch-size", "6",
+        "--temperature", "1", "--cost-ratio", "0.1", "--verify-factor", "1", "--json", str(out / "r.json"),
+    ]
+
+
+def _cache_lines(cache: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in sorted((cache / "references").glob("*.jsonl")) for line in f.read_text().splitlines() if line.strip()]
+
+
+def test_ctrl_c_inside_a_batch_keeps_what_it_generated(tiny_pair, prompts, tmp_path, monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(cache))
+    # 6 prompts in one batch, Ctrl-C after its 3rd token: nothing finished a batch, yet
+    # every prompt has 3 tokens (or fewer, ending in EOS) to score
+    _press_after_tokens(monkeypatch, 3)
+    res = runner.invoke(app, _one_batch_args(tiny_pair, prompts, tmp_path))
+    assert res.exit_code == 130, res.output
+    assert "cut short where Ctrl-C stopped them" in " ".join(res.output.split())
+    first = json.loads((tmp_path / "r.json").read_text())
+    assert first["interrupted"] and first["metrics"]["num_prompts"] == 6 and first["metrics"]["num_positions"] > 0
+    assert first["verdict"] != "no positions were scored — nothing to judge"
+    (partial,) = _cache_lines(cache)
+    assert partial["partial"] == 0 and "batch" not in partial and len(partial["finished"]) == 6
+    assert all(len(c) <= 3 for c in partial["continuations"]) and any(partial["continuations"])
+
+    # cut sooner in the same batch: what the earlier run reached is kept
+    _press_after_tokens(monkeypatch, 1)
+    res = runner.invoke(app, _one_batch_args(tiny_pair, prompts, tmp_path))
+    assert res.exit_code == 130, res.output
+    again = json.loads((tmp_path / "r.json").read_text())
+    assert again["metrics"]["num_positions"] == first["metrics"]["num_positions"]
+
+    # a run that is not interrupted generates the batch whole: the same seeded tokens
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(cache))
+    res = runner.invoke(app, _one_batch_args(tiny_pair, prompts, tmp_path))
+    assert res.exit_code in (0, 1), res.output
+    full = next(line for line in _cache_lines(cache) if "batch" in line)
+    for cut, whole in zip(partial["continuations"], full["continuations"], strict=True):
+        assert whole[: len(cut)] == cut
+    done = json.loads((tmp_path / "r.json").read_text())
+    assert not done["interrupted"] and done["metrics"]["num_positions"] > first["metrics"]["num_positions"]
+
+
+def test_ctrl_c_before_any_reference_token_judges_nothing(tiny_pair, prompts, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    _press_after_tokens(monkeypatch, 0)
+    res = runner.invoke(app, [*_one_batch_args(tiny_pair, prompts, tmp_path), "--csv", str(tmp_path / "csv")], env={"COLUMNS": "100"})
+    assert res.exit_code == 130, res.output
+    text = " ".join(res.output.split())
+    assert "no reference token was generated, so nothing is scored or priced" in text and "finishing, press Ctrl-C again" not in text
+    assert "NO POSITIONS WERE SCORED — NOTHING TO JUDGE" in text and "0 positions scored" in text
+    assert "K=None" not in text and "τ —" not in text
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["interrupted"] and r["metrics"]["num_positions"] == 0
+    assert r["verdict"] == "no positions were scored — nothing to judge"
+    # only the alignment rules judged the pair; the cost ratio alone set no headline
+    assert all(f["rule_id"].startswith("SP0") for f in r["findings"])
+    assert all(e["status"] != "fail" for e in r["evaluations"] if not e["rule_id"].startswith("SP0"))
+    # `report` re-renders it the same way
+    res = runner.invoke(app, ["report", str(tmp_path / "r.json")])
+    assert "nothing to judge" in " ".join(res.output.split()) and "from SP3" not in res.output

@@ -28,9 +28,14 @@ DIAGNOSE_FAMILIES = ("alignment", "divergence", "acceptance", "cost")
 SIMULATE_FAMILIES = (*DIAGNOSE_FAMILIES, "calibration")
 
 
-# What a result that scored no position says instead of a verdict: without positions,
-# the cost ratio alone would set the headline.
+# What a result that reached no position says instead of a verdict: without positions,
+# the cost ratio alone would set the headline. (Positions reached but all left out for
+# non-finite logits are something to judge: SP107 names them.)
 NOTHING_SCORED = "no positions were scored — nothing to judge"
+
+
+def nothing_scored(metrics: Any) -> bool:
+    return not metrics.get("num_positions") and not metrics.get("nonfinite_logit_positions")
 
 
 def _now() -> str:
@@ -123,7 +128,7 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     if scored.nonfinite:  # the prompts SP107 names: left out of every other metric
         evidence = {**evidence, "nonfinite_logit_positions": scored.nonfinite}
     findings, evals = evaluate_rules(table, metrics, kind, evidence)
-    if not metrics.get("num_positions"):
+    if nothing_scored(metrics):
         findings, evals = _alignment_only(table, metrics, kind, evidence, findings, evals)
     return _nothing_scored(Result.model_validate({
         **header,
@@ -145,7 +150,7 @@ def _alignment_only(table: RuleTable, metrics: dict[str, Any], kind: str, eviden
 
 
 def _nothing_scored(result: Result) -> Result:
-    if result.metrics.get("num_positions"):
+    if not nothing_scored(result.metrics):
         return result
     return result.model_copy(update={"verdict": NOTHING_SCORED})
 

@@ -107,7 +107,11 @@ def run_diagnose(
             on_references(refs)
         if refs.interrupted:
             done = sum(1 for c in refs.conts if c)
-            progress.note(f"interrupted while generating references: finishing — scoring the {done} prompts whose references are done, then the cost ratio; press Ctrl-C again to stop now")
+            cut = f" ({refs.cut} of them cut short where Ctrl-C stopped them)" if refs.cut else ""
+            if done:
+                progress.note(f"interrupted while generating references: finishing — scoring the {done} prompts with references{cut}, then the cost ratio; press Ctrl-C again to stop now")
+            else:
+                progress.note("interrupted while generating references: no reference token was generated, so nothing is scored or priced")
         drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max, every=drill_every)
         t_score = time.perf_counter()
         scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *extra])
@@ -159,7 +163,7 @@ def run_diagnose(
             partial = result(untimed())
             if on_partial is not None:
                 on_partial(partial)
-        if second_press:
+        if second_press or not scored.acc.num_positions:  # nothing scored: nothing to price
             return partial
         progress.note("finishing, press Ctrl-C again to stop without the cost measurement")
         return result(cost_block(target, drafter, cfg.cost_ratio, **timing))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import InputError
+from specprobe.core.interrupts import shielded
 from specprobe.core.progress import Progress
 from specprobe.probe.refcache import ReferenceCache
 from specprobe.prompts import Prompt, PromptSet, builtin_suite, load_prompts, select
@@ -66,9 +67,38 @@ def encode_prompts(target: Any, prompts: list[Prompt], max_new_tokens: int) -> l
 # ----------------------------------------------------------------------------- on-policy references
 class References(list):  # type: ignore[type-arg]
     """Continuations, one per prompt ([] where none was made); `interrupted` when Ctrl-C
-    stopped generation part-way (the finished batches are on disk and in here)."""
+    stopped generation part-way: the finished batches are on disk and in here, and so is
+    what the batch being generated had reached — `cut` of its continuations stopped
+    short of EOS and the token budget (a prefix of what the target would write)."""
 
     interrupted: bool = False
+    cut: int = 0
+
+
+class _Cut(KeyboardInterrupt):
+    """Ctrl-C inside one batch's generation, with what each row had reached."""
+
+    def __init__(self, conts: list[list[int]], finished: list[bool]) -> None:
+        super().__init__()
+        self.conts = conts
+        self.finished = finished
+
+
+class _Reached:
+    """A stopping criterion that never stops: it keeps the latest ids generate() made, so
+    a Ctrl-C between two steps (or inside one) still has every token sampled so far."""
+
+    def __init__(self) -> None:
+        self.ids: Any = None
+        self._never: Any = None
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        self.ids = input_ids
+        if self._never is None or self._never.shape[0] != input_ids.shape[0]:
+            self._never = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return self._never
 
 
 def _model_identity(loaded: Any) -> str:
@@ -90,7 +120,8 @@ def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: Diagn
 
 def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, progress: Progress, shard: Any = None, groups: Sequence[int] | None = None, turn: int = 0) -> list[list[int]]:
     """On-policy continuations: sampled from the target with its own settings, seeded,
-    batched (left padding), cached per batch on disk so an interrupted run resumes.
+    batched (left padding), cached per batch on disk so an interrupted run resumes (and
+    keeps what the batch Ctrl-C cut had reached).
     shard (index, count): only batches b with b % count == index are generated (the
     others stay []), each exactly as an unsharded run would sample it.
     groups: the batch each entry belongs to (entries of one group in order), instead of
@@ -128,12 +159,14 @@ def generate_references(target: Any, encoded: list[list[int]], sampling: Any, cf
         try:
             _generate_batches(target, encoded, batches, out, gen_cfg, pad, eos, cache, cfg, advance, turn)
         except KeyboardInterrupt:
-            out.interrupted = True  # finished batches are kept (and cached); score those
+            out.interrupted = True  # finished batches and what the cut one reached are kept; score those
     return out
 
 
-def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[int]], out: list[list[int]], gen_cfg: Any, pad: int, eos: int | None, cache: ReferenceCache | None, cfg: DiagnoseConfig, advance: Any, turn: int = 0) -> None:
-    """Generate batch by batch (reusing cached batches), appending each to the cache."""
+def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[int]], out: References, gen_cfg: Any, pad: int, eos: int | None, cache: ReferenceCache | None, cfg: DiagnoseConfig, advance: Any, turn: int = 0) -> None:
+    """Generate batch by batch (reusing cached batches), appending each to the cache. A
+    batch cut short by Ctrl-C keeps what its rows had reached (in `out` and the cache)
+    and the interrupt goes on up."""
     for bi, idx in enumerate(batches):
         if not idx:
             continue
@@ -141,12 +174,33 @@ def _generate_batches(target: Any, encoded: list[list[int]], batches: list[list[
         # waits for it here, so each batch is generated once.
         with cache.locked() if cache is not None else nullcontext():
             done = cache.read() if cache is not None else {}
-            conts = done[bi] if bi in done else _generate_batch(target, encoded, idx, bi, gen_cfg, pad, eos, cfg, turn)
+            try:
+                conts = done[bi] if bi in done else _generate_batch(target, encoded, idx, bi, gen_cfg, pad, eos, cfg, turn)
+            except _Cut as cut:
+                with shielded():  # a second press waits until this is kept
+                    _keep_cut(cut, cache.partial(bi) if cache is not None else None, idx, out, cache, bi, advance)
+                raise
             if cache is not None and bi not in done:
                 cache.append(bi, conts)
         for r, i in enumerate(idx):
             out[i] = conts[r]
         advance(len(idx))
+
+
+def _keep_cut(cut: _Cut, before: tuple[list[list[int]], list[bool]] | None, idx: list[int], out: References, cache: ReferenceCache | None, bi: int, advance: Any) -> None:
+    """What a cut batch had reached, per row the further of this run's and an earlier cut
+    run's (the same seeded tokens, so one is a prefix of the other)."""
+    conts, finished = list(cut.conts), list(cut.finished)
+    if before is not None:
+        for r, (c, f) in enumerate(zip(*before, strict=True)):
+            if not finished[r] and (f or len(c) > len(conts[r])) and c[: len(conts[r])] == conts[r]:
+                conts[r], finished[r] = c, f
+    if cache is not None and any(conts) and (before is None or (conts, finished) != (before[0], before[1])):
+        cache.append_partial(bi, conts, finished)
+    for r, i in enumerate(idx):
+        out[i] = conts[r]
+    out.cut += sum(1 for c, f in zip(conts, finished, strict=True) if c and not f)
+    advance(sum(finished))
 
 
 def _generate_batch(target: Any, encoded: list[list[int]], idx: list[int], bi: int, gen_cfg: Any, pad: int, eos: int | None, cfg: DiagnoseConfig, turn: int = 0) -> list[list[int]]:
@@ -161,8 +215,17 @@ def _generate_batch(target: Any, encoded: list[list[int]], idx: list[int], bi: i
         mask[r, width - len(encoded[i]) :] = 1
     # seeded per batch, so a resumed run regenerates exactly the batches it lacks
     torch.manual_seed(cfg.seed * 100_003 + bi + turn * 1_000_003)
-    with torch.inference_mode():
-        gen = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=gen_cfg)
+    from transformers import StoppingCriteriaList
+
+    reached = _Reached()
+    try:
+        with torch.inference_mode():
+            gen = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), generation_config=gen_cfg, stopping_criteria=StoppingCriteriaList([reached]))
+    except KeyboardInterrupt:
+        if reached.ids is None:  # not one token yet
+            raise _Cut([[] for _ in idx], [False] * len(idx)) from None
+        conts = [_trim(reached.ids[r, width:].tolist(), pad, eos) for r in range(len(idx))]
+        raise _Cut(conts, [(eos is not None and eos in c) or len(c) >= cfg.max_new_tokens for c in conts]) from None
     return [_trim(gen[r, width:].tolist(), pad, eos) for r in range(len(idx))]
 
 
@@ -196,6 +259,7 @@ class TurnReferences:
     conts: list[list[int]]
     interrupted: bool = False
     skipped: int = 0  # later turns left out: they would not fit the target's context
+    cut: int = 0  # continuations Ctrl-C stopped short (scored as far as they reached)
 
 
 def references_by_turn(target: Any, prompts: list[Prompt], cfg: DiagnoseConfig, sampling: Any, progress: Progress) -> TurnReferences:
@@ -209,7 +273,7 @@ def references_by_turn(target: Any, prompts: list[Prompt], cfg: DiagnoseConfig, 
             ds = [c if (i // cfg.batch_size) % cfg.shard[1] == cfg.shard[0] else [] for i, c in enumerate(ds)]
         return TurnReferences(list(prompts), encoded, ds)
     conts = generate_references(target, encoded, sampling, cfg, progress, shard=cfg.shard)
-    out = TurnReferences(list(prompts), list(encoded), list(conts), bool(getattr(conts, "interrupted", False)))
+    out = TurnReferences(list(prompts), list(encoded), list(conts), bool(getattr(conts, "interrupted", False)), cut=getattr(conts, "cut", 0))
     tok = target.tokenizer
     answers = {p.id: [tok.decode(c, skip_special_tokens=True)] for p, c in zip(prompts, conts, strict=True) if c}
     ctx = getattr(target.config, "max_position_embeddings", None)
@@ -230,6 +294,7 @@ def references_by_turn(target: Any, prompts: list[Prompt], cfg: DiagnoseConfig, 
         progress.note(f"turn {turn + 1}: {len(later)} prompts continue after the target's own answers")
         conts = generate_references(target, enc, sampling, cfg, progress, groups=groups, turn=turn)
         out.interrupted = bool(getattr(conts, "interrupted", False))
+        out.cut += getattr(conts, "cut", 0)
         for p, e, c in zip(later, enc, conts, strict=True):
             if not c:
                 continue

@@ -65,11 +65,19 @@ def _cost_note(result: Result) -> str | None:
     return "cost ratio not measured (this drafter has no step model to time): speedups assume a drafter that costs nothing"
 
 
+def nothing_scored(result: Result) -> bool:
+    """A scored run that reached no position (Ctrl-C before the first reference token):
+    its numbers are empty, so nothing is judged or tabled."""
+    m = result.metrics
+    return bool(result.scored) and not m.get("num_positions") and not m.get("nonfinite_logit_positions")
+
+
 def verdict_panel(result: Result) -> Panel:
     sev = result.worst_severity
     m = result.metrics
-    lines: list[Text] = [Text(result.verdict.upper(), style=SEV_STYLE.get(sev, "bold"))]
-    why = headline_reason(result)
+    empty = nothing_scored(result)
+    lines: list[Text] = [Text(result.verdict.upper(), style="bold yellow" if empty else SEV_STYLE.get(sev, "bold"))]
+    why = None if empty else headline_reason(result)
     if why is not None:
         lines.append(why)
     t, d = result.target, result.drafter
@@ -77,18 +85,21 @@ def verdict_panel(result: Result) -> Panel:
     s = result.sampling
     if s is not None:
         lines.append(Text(f"sampling  target {_sampling(s.target)}   drafter {_sampling(s.draft)}"))
-    if result.scored:
+    if empty:
+        lines.append(Text("0 positions scored: no acceptance, KL, τ or speedup to show", style="yellow"))
+    elif result.scored:
         ref = result.reference or "on-policy"
+        best_k = m.get("best_k")
         lines.append(Text(
             f"acceptance {_pct(m.get('accept_prob_mean'))}   KL(target‖draft) {_f(m.get('kl_target_draft_nats'))} nats   "
-            f"τ {_f(m.get('tau_tokens'), '.2f')} at K={m.get('best_k')}   speedup {_f(m.get('speedup_best'), '.2f')}×   "
+            f"τ {_f(m.get('tau_tokens'), '.2f')} at K={EM_DASH if best_k is None else best_k}   speedup {_f(m.get('speedup_best'), '.2f')}×   "
             f"({m.get('num_positions')} positions, {m.get('num_prompts')} prompts, {ref} references, teacher-forced estimate)"
         ))
     if result.stopped:
         lines.append(Text(f"stopped: {result.stopped}", style="red"))
     if result.interrupted:
         lines.append(Text("interrupted: these numbers cover only what was computed before Ctrl-C", style="yellow"))
-    note = _cost_note(result) if result.scored else None
+    note = _cost_note(result) if result.scored and not empty else None
     if note:
         lines.append(Text(note, style="yellow"))
     return Panel(Group(*lines), title=f"specprobe {result.command}", border_style=SEV_STYLE.get(sev, "green"))
@@ -263,7 +274,7 @@ def render(result: Result, console: Console, full: bool = True) -> None:
     console.print(verdict_panel(result))
     if result.findings:
         console.print(findings_table(result.findings))
-    if result.command == "check" or not result.scored:
+    if result.command == "check" or not result.scored or nothing_scored(result):
         console.print(check_facts_table(result))
         for line in head_facts(result):
             console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -362,7 +373,7 @@ SUMMARY_METRICS = ("accept_prob_mean", "kl_target_draft_nats", "greedy_agree_fra
 
 def _verdict_line(result: Result | Comparison, console: Console) -> None:
     console.print(f"verdict: [{SEV_STYLE.get(result.worst_severity, 'bold')}]{result.verdict}[/]", highlight=False)
-    why = headline_reason(result)
+    why = None if isinstance(result, Result) and nothing_scored(result) else headline_reason(result)
     if why is not None:
         console.print(Text("  ") + why)
 
