@@ -300,5 +300,10 @@ def test_ctrl_c_before_any_reference_token_judges_nothing(tiny_pair, prompts, tm
     assert all(f["rule_id"].startswith("SP0") for f in r["findings"])
     assert all(e["status"] != "fail" for e in r["evaluations"] if not e["rule_id"].startswith("SP0"))
     # `report` re-renders it the same way
-    res = runner.invoke(app, ["report", str(tmp_path / "r.json")])
+    res = runner.invoke(app, ["report", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md"), "--html", str(tmp_path / "r.html")])
     assert "nothing to judge" in " ".join(res.output.split()) and "from SP3" not in res.output
+    from specprobe.report.fmt import headline_source
+    from specprobe.result import Result
+
+    assert headline_source(Result.model_validate(r)) is None  # no finding gave that verdict: none is named as its source
+    assert "nothing to judge" in (tmp_path / "r.md").read_text() and "nothing to judge" in (tmp_path / "r.html").read_text()

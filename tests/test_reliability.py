@@ -111,8 +111,11 @@ def test_M01_model_path_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     def boom(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("a model was loaded before the paths were checked")
 
-    monkeypatch.setattr(loader, "load_model", boom)
-    monkeypatch.setattr(loader, "load_info", boom)
+    import specprobe.probe.diagnose as diagnose  # it loads the pair: patched where it looks them up
+
+    for mod in (loader, diagnose):
+        monkeypatch.setattr(mod, "load_model", boom)
+        monkeypatch.setattr(mod, "load_info", boom)
     for cmd in ("diagnose", "simulate"):
         for drafter in (str(tmp_path / "gone"), f"eagle3:{tmp_path / 'gone'}", f"medusa:{tmp_path / 'gone'}"):
             res = cli(cmd, "smollm2", drafter)
@@ -497,8 +500,10 @@ def _break_logits(monkeypatch: pytest.MonkeyPatch, spec: str, value: float, trig
             assert isinstance(m.model.model.norm, torch.nn.Module)
         return m
 
-    monkeypatch.setattr(loader, "load_model", load)
-    monkeypatch.setattr(drafters, "load_model", load)
+    import specprobe.probe.diagnose as diagnose
+
+    for mod in (loader, drafters, diagnose):  # each module that loads models, where it looks load_model up
+        monkeypatch.setattr(mod, "load_model", load)
 
 
 def _trigger_prompts(path: Path) -> Path:

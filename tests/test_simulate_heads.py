@@ -276,8 +276,11 @@ def test_unsupported_head_is_a_one_line_error(tiny_pair, prompts, tmp_path, monk
     def boom(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("the target was loaded before the head was refused")
 
-    monkeypatch.setattr(loader, "load_info", info)
-    monkeypatch.setattr(loader, "load_model", boom)
+    import specprobe.probe.diagnose as diagnose  # loads the pair: patched where it looks them up
+
+    for mod in (loader, diagnose):
+        monkeypatch.setattr(mod, "load_info", info)
+        monkeypatch.setattr(mod, "load_model", boom)
     res = runner.invoke(app, ["simulate", str(two), "mtp", "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "6", "--cost-ratio", "0.1"])
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]

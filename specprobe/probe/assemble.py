@@ -15,8 +15,9 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from specprobe import __version__
+from specprobe.core.environment import environment
 from specprobe.judge.rules import RuleTable, worst_severity
-from specprobe.result import Evaluation, Finding, Measured, Result
+from specprobe.result import NOTHING_SCORED, Evaluation, Finding, Measured, Result
 
 if TYPE_CHECKING:
     from specprobe.probe.scoring import Scored
@@ -31,7 +32,6 @@ SIMULATE_FAMILIES = (*DIAGNOSE_FAMILIES, "calibration")
 # What a result that reached no position says instead of a verdict: without positions,
 # the cost ratio alone would set the headline. (Positions reached but all left out for
 # non-finite logits are something to judge: SP107 names them.)
-NOTHING_SCORED = "no positions were scored — nothing to judge"
 
 
 def nothing_scored(metrics: Any) -> bool:
@@ -88,8 +88,6 @@ def _sampling(pair: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- diagnose
 def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict[str, Any]:
     """What was run, on what, where: the fields every diagnose/simulate result starts with."""
-    from specprobe.core.environment import environment
-
     target, drafter, align = pair.target, pair.drafter, pair.alignment
     return {
         "command": "diagnose",
@@ -159,6 +157,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     """Accumulators + cost -> the estimate's metrics and sections: tables by domain,
     entropy and position, histograms, depth curves, K table (renewal τ the headline, the
     window τ beside it), speedup per batch size, adaptive K, cost."""
+    # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.estimates import estimate
     from specprobe.estimates.costs import price
     from specprobe.metrics.accumulate import THRESHOLDS

@@ -13,7 +13,9 @@ from typing import Any
 
 from specprobe.core.interrupts import shielded
 from specprobe.core.progress import Progress
-from specprobe.judge.rules import RuleTable
+from specprobe.judge.rules import RuleTable, load_table
+from specprobe.models.drafters import build_drafter, drafter_info
+from specprobe.models.loader import check_paths, load_info, load_model
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
 from specprobe.probe.counterfactual import default_every
@@ -24,10 +26,12 @@ from specprobe.probe.references import (  # noqa: F401  (encode_prompt, load_pro
     references_by_turn,
 )
 from specprobe.probe.scoring import Scored, score
+from specprobe.probe.shards import run_shard
 from specprobe.probe.timing import cost_block, timing_settings
 from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
 from specprobe.settings.pipeline import DiagnoseConfig
+from specprobe.settings.values import parse_max_memory
 
 
 # ----------------------------------------------------------------------------- the pair
@@ -43,10 +47,6 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
     """Load target + drafter and run the alignment check (no forward pass yet). `vet`
     receives the drafter's info (configs and headers, no weights) before the target
     loads, to refuse what the caller cannot run (simulate: an MTP head with > 1 layer)."""
-    from specprobe.models.drafters import build_drafter, drafter_info
-    from specprobe.models.loader import check_paths, load_info, load_model
-    from specprobe.settings.values import parse_max_memory
-
     # a drafter path that does not exist is refused before the target loads (minutes, for a big one)
     check_paths(cfg.target if target is None else None, cfg.drafter if drafter is None else None)
     if target is None:
@@ -80,8 +80,6 @@ def run_diagnose(
     scored, the cost ratio measured); a second press skips what is left.
     `on_references` receives the references once made (`TurnReferences`), for a caller
     that needs them too (simulate), so they are not generated twice."""
-    from specprobe.judge.rules import load_table
-
     progress = progress or Progress()
     table = table or load_table([Path(p) for p in cfg.rules])
     prompt_set = load_prompt_set(cfg)
@@ -129,7 +127,6 @@ def run_diagnose(
     if cfg.shard is None:
         refs, scored = references_and_scores()
     else:  # one shard: its part is saved (a finished one reused); under torchrun, the whole run comes back
-        from specprobe.probe.shards import run_shard
 
         ids = [p.id for p in prompt_set.prompts]
         refs, scored, record_cost = run_shard(cfg, pair, header, metrics, ids, progress, references_and_scores, drafter.kind, align.evidence, drill_every)

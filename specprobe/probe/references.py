@@ -16,6 +16,7 @@ from typing import Any
 from specprobe.core.errors import InputError
 from specprobe.core.interrupts import shielded
 from specprobe.core.progress import Progress
+from specprobe.models.loader import cache_root
 from specprobe.probe.refcache import ReferenceCache
 from specprobe.prompts import Prompt, PromptSet, builtin_suite, load_prompts, select
 from specprobe.settings.pipeline import DiagnoseConfig
@@ -111,8 +112,6 @@ def _model_identity(loaded: Any) -> str:
 def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, batching: Any = None) -> Path:
     """One file per (weights, dtype, device, sampling, budget, seed, batching, prompts):
     anything that changes what generation would produce changes the key."""
-    from specprobe.models.loader import cache_root
-
     key_src = json.dumps([_model_identity(target), str(target.dtype), target.device, sampling.to_dict(), cfg.max_new_tokens, cfg.seed, cfg.batch_size, encoded] + ([batching] if batching is not None else []))
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     return cache_root() / "references" / f"{key}.jsonl"

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from specprobe.judge.catalog import CATALOG, format_value
+from specprobe.result import NOTHING_SCORED
 
 DASH = "–"  # en dash: Markdown and HTML
 EM_DASH = "—"  # the terminal
@@ -66,6 +67,8 @@ _SEV_RANK = {"error": 3, "warning": 2, "info": 1}
 def headline_source(result: Any) -> Any:
     """The finding the headline verdict of a result (or comparison) comes from: the most
     severe finding whose verdict (or name) the headline repeats."""
+    if result.verdict == NOTHING_SCORED:  # the verdict of no finding: nothing to name
+        return None
     worst = [f for f in result.findings if f.severity == result.worst_severity]
     return next((f for f in worst if (f.verdict or f.name) == result.verdict), worst[0] if worst else None)
 

@@ -45,6 +45,7 @@ from specprobe.result.comparison import (
 )
 from specprobe.result.drill import DrillDown
 from specprobe.result.run import (
+    NOTHING_SCORED,
     Adaptive,
     Alignment,
     AlignmentFacts,
@@ -72,7 +73,7 @@ from specprobe.result.run import (
 )
 
 __all__ = [
-    "READABLE_VERSIONS", "SCHEMA_VERSION", "Adaptive", "Alignment", "AlignmentFacts", "BucketRow", "CompareConfig", "Comparison",
+    "NOTHING_SCORED", "READABLE_VERSIONS", "SCHEMA_VERSION", "Adaptive", "Alignment", "AlignmentFacts", "BucketRow", "CompareConfig", "Comparison",
     "Cost", "Depth", "DepthDelta", "Document", "DrillDown", "DomainDelta", "DomainRow", "Drafter", "Environment", "Evaluation", "Finding",
     "Histogram", "Histograms", "Identity", "KDelta", "KRow", "Measured", "MeasuredAdaptive", "MeasuredDepth", "MeasuredRow", "Num",
     "OverallDelta", "Part", "Positions", "PromptSetInfo", "Record", "Result", "RunConfig", "SamplingInfo", "SamplingSide", "Severity",

@@ -21,8 +21,10 @@ from specprobe.result.base import (
 )
 from specprobe.result.drill import DrillDown
 
-
 # ----------------------------------------------------------------------------- run header
+# The headline of a result that scored no position: no rule but the alignment ones can judge it.
+NOTHING_SCORED = "no positions were scored — nothing to judge"
+
 class RunConfig(Record):
     """The settings the run used (flags and config file merged). Every key is optional:
     `check` records only the ones it takes."""

@@ -226,7 +226,7 @@ def probe_config_from_mapping(data: Mapping[str, Any], source: Path | str = "<co
                 raw[key] = [raw[key]]
             raw[key] = _resolve(base, raw[key], f"{src}: {key}")
     # prompts is "builtin" or a path
-    if isinstance(raw.get("prompts"), str) and raw["prompts"] != "builtin":
+    if isinstance(raw.get("prompts"), str) and raw["prompts"] not in ("builtin", "-"):  # "-": stdin
         raw["prompts"] = str(_resolve(base, raw["prompts"], f"{src}: prompts"))
     # a single K (or batch size) written as a number
     for key in ("k", "batch_sizes"):

@@ -149,7 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
     # ------------------------------------------------------------------ prompts and references
     Setting("prompts", "--prompts", "'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).", str, "builtin", commands=RUNS, file_key="prompts"),
     Setting("domains", "--domains", "Comma-separated domains to keep, e.g. code,math.", str | None, commands=RUNS, file_key="domains", file_type=list[str], parse=_P["domains"]),
-    Setting("max_prompts", "--max-prompts", "At most this many prompts, taken round-robin across domains.", int | None, commands=RUNS | {DEMO}, file_key="max_prompts", file_commands=RUNS, ge=1, hint="leave it out for every prompt",
+    Setting("max_prompts", "--max-prompts", "At most this many prompts, taken round-robin over the file's categories (Spec-Bench's 13), else across domains.", int | None, commands=RUNS | {DEMO}, file_key="max_prompts", file_commands=RUNS, ge=1, hint="leave it out for every prompt",
             default_by_command={DEMO: 12}, help_by_command={DEMO: "Prompts from the built-in suite (round-robin over 6 domains)."}),
     Setting("max_new_tokens", "--max-new-tokens", "Reference continuation length per prompt.", int, 64, commands=RUNS | {DEMO}, file_key="max_new_tokens", file_commands=RUNS, ge=1, hint="use a positive integer, e.g. 64",
             default_by_command={DEMO: 48}, help_by_command={SIMULATE: "Tokens generated per prompt (and reference length for the estimate).", DEMO: "Reference tokens per prompt."}),
