@@ -56,6 +56,7 @@ def check(
     from specprobe.core.errors import ConfigError
     from specprobe.judge.rules import load_table
     from specprobe.probe.alignment import compare, declared_gaps, effective_sampling
+    from specprobe.settings.engines import BY_ENGINE
     from specprobe.settings.options import SAMPLING_SLOT, relabel_sources
     from specprobe.settings.pipeline import SamplingFlags
     from specprobe.settings.serving import Setting, read_serving_config, resolve_sampling
@@ -69,7 +70,7 @@ def check(
     given = {k: Setting(float(getattr(opts, k)), opts.source(k), opts.from_command_line(k)) for k in SAMPLING_SLOT if getattr(opts, k) is not None}
     chosen, declared = resolve_sampling(given, servings)
     explicit: dict[str, Any] = {k: int(s.value) if k.endswith("top_k") else s.value for k, s in chosen.items()}
-    flags = SamplingFlags(**explicit, sampling_semantics=opts.sampling_semantics)
+    flags = SamplingFlags(**explicit, sampling_semantics=opts.sampling_semantics or BY_ENGINE[opts.engine].semantics)
     table = load_table(opts.rules)  # a bad rules file fails before anything loads
 
     from specprobe.models.drafters import drafter_info, drafter_kind_of

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ConfigError, OutputError
+from specprobe.settings.engines import DRAFT_SAMPLING, ENGINE_NAMES
 from specprobe.settings.values import (
     K_LIMIT,
     parse_batch_sizes,
@@ -143,8 +144,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("draft_top_p", "--draft-top-p", "Drafter top-p (default: the target's).", float | None, commands=MODELS, file_key="draft_top_p", serving_keys=("draft_top_p",), gt=0, le=1, hint="use e.g. 0.9, or 1 for off"),
     Setting(
         "sampling_semantics", "--sampling-semantics",
-        "Whose sampling to reproduce: vllm | sglang | transformers (order of the transforms, defaults such as transformers' top-k 50 and do_sample).",
-        str, "vllm", commands=MODELS, file_key="sampling_semantics", choices=SEMANTICS,
+        "Whose sampling transform to reproduce: vllm | sglang | transformers (order of the transforms, defaults such as transformers' top-k 50 and do_sample). Default: the --engine's.",
+        str | None, None, commands=MODELS, file_key="sampling_semantics", choices=SEMANTICS, show_default=False,
+    ),
+    # ------------------------------------------------------------------ the engine's draft-and-verify procedure
+    Setting(
+        "engine", "--engine",
+        "The serving engine whose draft-and-verify procedure to predict: vllm | sglang | llama.cpp | trtllm | transformers. It sets the sampling transform and how drafts are made and accepted.",
+        str, "vllm", commands=MODELS, file_key="engine", choices=ENGINE_NAMES,
+    ),
+    Setting(
+        "draft_sampling", "--draft-sampling",
+        "How the drafter proposes: greedy (its argmax, accepted with p_target of it; vLLM's default draft_sample_method) or probabilistic (sampled from q, accepted with Σ min(p, q)). Default: the --engine's.",
+        str | None, None, commands=MODELS, file_key="draft_sampling", choices=DRAFT_SAMPLING, show_default=False,
     ),
     # ------------------------------------------------------------------ prompts and references
     Setting("prompts", "--prompts", "'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).", str, "builtin", commands=RUNS, file_key="prompts"),

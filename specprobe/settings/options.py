@@ -20,6 +20,7 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.core.files import InputPath, OutputPath, check_outputs
 from specprobe.settings.config import load_probe_config
+from specprobe.settings.engines import BY_ENGINE
 from specprobe.settings.model import (
     BY_FILE_KEY,
     BY_NAME,
@@ -90,7 +91,7 @@ class RunOptions:
         return found
 
     def sampling_flags(self) -> SamplingFlags:
-        return SamplingFlags(**{k: getattr(self, k) for k in SAMPLING}, sampling_semantics=self.sampling_semantics)
+        return SamplingFlags(**{k: getattr(self, k) for k in SAMPLING}, sampling_semantics=self.sampling_semantics or BY_ENGINE[self.engine].semantics)
 
     def sampling_origins(self) -> dict[str, str]:
         """SamplingPair.sources slot → the flag or file that set it (explicit ones only)."""
@@ -106,6 +107,8 @@ class RunOptions:
             max_new_tokens=self.max_new_tokens,
             reference=self.reference,
             sampling=self.sampling_flags(),
+            engine=self.engine,
+            draft_sampling=self.draft_sampling,
             seed=self.seed,
             batch_size=self.batch_size,
             batch_sizes=self.batch_sizes,

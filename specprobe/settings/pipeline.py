@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specprobe.core.errors import ConfigError
+from specprobe.settings.engines import BY_ENGINE
 from specprobe.settings.model import BY_NAME, SAMPLING, check
 
 # Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
@@ -54,6 +55,8 @@ class DiagnoseConfig:
     max_new_tokens: int = 64
     reference: str = "on-policy"  # or "dataset"
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
+    engine: str = "vllm"  # whose draft-and-verify procedure the estimates follow
+    draft_sampling: str | None = None  # None: the engine's own drafting
     seed: int = 0
     batch_size: int = 8
     batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
@@ -85,10 +88,15 @@ class DiagnoseConfig:
 
     def __post_init__(self) -> None:
         # a config built in code (not by the options merge) is held to the same bounds
-        for name in ("max_new_tokens", "batch_size", "k_max", "max_prompts", "verify_factor", "cost_ratio", "batch_sizes", "reference", "dtype", "fail_on"):
+        for name in ("max_new_tokens", "batch_size", "k_max", "max_prompts", "verify_factor", "cost_ratio", "batch_sizes", "reference", "dtype", "fail_on", "engine", "draft_sampling"):
             check(name, getattr(self, name), BY_NAME[name].flag)
         for name in SAMPLING:
             check(name, getattr(self.sampling, name), BY_NAME[name].flag)
+
+    @property
+    def drafting(self) -> str:
+        """greedy | probabilistic: --draft-sampling, else the engine's own."""
+        return self.draft_sampling or BY_ENGINE[self.engine].draft_sampling
 
     def cost_batch_sizes(self) -> list[int]:
         """The batch sizes costs are timed at: --batch-sizes and the run's own."""
@@ -104,6 +112,7 @@ class DiagnoseConfig:
             if d[k] is None:
                 d.pop(k)
         d.update(d.pop("sampling"))
+        d["draft_sampling"] = self.drafting  # the procedure the numbers follow, resolved
         return d
 
 
