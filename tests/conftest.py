@@ -5,8 +5,10 @@ is installed."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,20 @@ from specprobe.result import Result
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _import_every_module() -> None:
+    """Import every module of the package once, before any test patches a loader: a
+    module first imported while `loader.load_model` is patched would keep the patched
+    function it imported by name, for every later test."""
+    import specprobe
+
+    for m in pkgutil.walk_packages(specprobe.__path__, "specprobe."):
+        if not m.name.endswith("__main__"):  # those run a command
+            importlib.import_module(m.name)
+
+
+_import_every_module()
 
 
 @pytest.fixture(scope="session")
