@@ -35,6 +35,22 @@ def _import_every_module() -> None:
 _import_every_module()
 
 
+@pytest.fixture
+def no_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail loudly if anything loads a model: for what must be refused before that."""
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a model was loaded before the inputs and outputs were checked")
+
+    import specprobe.models.drafters as drafters
+    import specprobe.models.loader as loader
+    import specprobe.probe.diagnose as diagnose
+
+    for mod in (loader, drafters, diagnose):  # wherever the pipeline looks them up
+        monkeypatch.setattr(mod, "load_info", boom, raising=False)
+        monkeypatch.setattr(mod, "load_model", boom)
+
+
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("specprobe-cache")

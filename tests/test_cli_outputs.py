@@ -78,21 +78,6 @@ def test_sp012_names_where_each_temperature_came_from(tiny_pair, tmp_path: Path)
 
 
 # ----------------------------------------------------------------------------- items 2, 3, 5: before anything loads or is written
-@pytest.fixture
-def no_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail loudly if anything tries to load a model."""
-
-    def boom(*a, **k):
-        raise AssertionError("a model was loaded before the outputs were checked")
-
-    import specprobe.models.drafters as drafters
-    import specprobe.models.loader as loader
-
-    for mod in (loader, drafters):
-        monkeypatch.setattr(mod, "load_info", boom)
-        monkeypatch.setattr(mod, "load_model", boom)
-
-
 def _bad_path(kind: str) -> str:
     if not Path("/proc").is_dir():
         pytest.skip("needs /proc (a folder no one can create files in)")

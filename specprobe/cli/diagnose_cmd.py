@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import typer
 
-from specprobe.cli.common import (
-    ConfigOpt,
-    err,
-    finish,
-    gather,
-    handle_errors,
-    keep_partial,
-    out,
-    takes_settings,
-)
+from specprobe.cli import common
+from specprobe.cli.common import takes_settings
 
 
 @takes_settings("diagnose")
-@handle_errors
+@common.handle_errors
 def diagnose(
     ctx: typer.Context,
-    config: ConfigOpt = None,
+    config: common.ConfigOpt = None,
 ) -> None:
     """Teacher-forced diagnosis: acceptance α, KL(target‖draft), depth curves, τ(K),
     speedup per K, best K, adaptive-K threshold; by domain, entropy and context position.
@@ -41,7 +33,7 @@ def diagnose(
     from specprobe.result import Result
 
     # every bad input fails here, before any model is loaded or file written
-    opts = gather(ctx, "diagnose")
+    opts = common.gather(ctx, "diagnose")
     table = load_table(opts.rules)
     cfg = opts.diagnose_config()
     load_prompt_set(cfg)
@@ -51,8 +43,8 @@ def diagnose(
         from specprobe.cli.merge_cmd import diagnose_sharded
 
         diagnose_sharded(opts, cfg, table)
-    result = Result.model_validate(run_diagnose(cfg, RichProgress(err), table=table, on_partial=keep_partial(opts)))
-    finish(result, opts, lambda: render(result, out, full=not opts.brief))
+    result = Result.model_validate(run_diagnose(cfg, RichProgress(common.err), table=table, on_partial=common.keep_partial(opts)))
+    common.finish(result, opts, lambda: render(result, common.out, full=not opts.brief))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import typer
 
-from specprobe.cli.common import (
-    ConfigOpt,
-    err,
-    finish,
-    gather,
-    handle_errors,
-    keep_partial,
-    out,
-    takes_settings,
-)
+from specprobe.cli import common
+from specprobe.cli.common import takes_settings
 
 
 @takes_settings("simulate")
-@handle_errors
+@common.handle_errors
 def simulate(
     ctx: typer.Context,
-    config: ConfigOpt = None,
+    config: common.ConfigOpt = None,
 ) -> None:
     """Real speculative decoding, measured: τ, acceptance per draft position, tokens/s
     and speedup against plain target decoding for each K — next to diagnose's
@@ -43,18 +35,18 @@ def simulate(
     from specprobe.simulate import run_simulate
 
     # every bad input fails here, before any model is loaded or file written
-    opts = gather(ctx, "simulate")
+    opts = common.gather(ctx, "simulate")
     table = load_table(opts.rules)
     cfg = opts.simulate_config()
     load_prompt_set(cfg.diagnose)
-    result = run_simulate(cfg, RichProgress(err), table=table, on_partial=keep_partial(opts))
+    result = run_simulate(cfg, RichProgress(common.err), table=table, on_partial=common.keep_partial(opts))
 
     def show() -> None:
-        render(result, out, full=not opts.brief)
+        render(result, common.out, full=not opts.brief)
         if not opts.brief:
-            measured_tables(result, out)
+            measured_tables(result, common.out)
 
-    finish(result, opts, show)
+    common.finish(result, opts, show)
 
 
 def register(app: typer.Typer) -> None:

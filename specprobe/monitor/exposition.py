@@ -12,46 +12,37 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
 from specprobe.monitor.base import MODEL_LABEL, UNLABELLED, IngestResult, SourceError, Store
-from specprobe.monitor.windows import (
-    ACCEPTED,
-    DRAFT_TOKENS,
-    DRAFTS,
-    EMITTED,
-    GAUGE_ACCEPT_LEN,
-    GAUGE_ACCEPT_RATE,
-    GAUGE_EFFICIENCY,
-    ModelData,
-    pos_key,
-)
+from specprobe.monitor.windows import ModelData, pos_key
 
 # ----------------------------------------------------------------------------- engine names
 # Counter names without the `_total` suffix the client library adds on exposition.
 VLLM_COUNTERS = {
-    "vllm:spec_decode_num_drafts": DRAFTS,
-    "vllm:spec_decode_num_draft_tokens": DRAFT_TOKENS,
-    "vllm:spec_decode_num_accepted_tokens": ACCEPTED,
-    "vllm:spec_decode_num_emitted_tokens": EMITTED,  # V0
+    "vllm:spec_decode_num_drafts": windows.DRAFTS,
+    "vllm:spec_decode_num_draft_tokens": windows.DRAFT_TOKENS,
+    "vllm:spec_decode_num_accepted_tokens": windows.ACCEPTED,
+    "vllm:spec_decode_num_emitted_tokens": windows.EMITTED,  # V0
 }
 VLLM_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 VLLM_GAUGES = {
-    "vllm:spec_decode_draft_acceptance_rate": GAUGE_ACCEPT_RATE,  # V0
-    "vllm:spec_decode_efficiency": GAUGE_EFFICIENCY,  # V0
+    "vllm:spec_decode_draft_acceptance_rate": windows.GAUGE_ACCEPT_RATE,  # V0
+    "vllm:spec_decode_efficiency": windows.GAUGE_EFFICIENCY,  # V0
 }
 SGLANG_GAUGES = {
-    "sglang:spec_accept_length": GAUGE_ACCEPT_LEN,  # bonus token included
-    "sglang:spec_accept_rate": GAUGE_ACCEPT_RATE,
+    "sglang:spec_accept_length": windows.GAUGE_ACCEPT_LEN,  # bonus token included
+    "sglang:spec_accept_rate": windows.GAUGE_ACCEPT_RATE,
 }
 # Newer SGLang: verify steps as a counter (one per draft, added when a request finishes)
 # and the active draft shape as gauges (adaptive speculation changes them at run time).
-SGLANG_COUNTERS = {"sglang:spec_verify_calls": DRAFTS}
+SGLANG_COUNTERS = {"sglang:spec_verify_calls": windows.DRAFTS}
 SGLANG_NUM_STEPS = "sglang:spec_num_steps"  # draft depth K of a chain
 SGLANG_NUM_DRAFT_TOKENS = "sglang:spec_num_draft_tokens"  # tokens per verify, root included: K + 1 for a chain
 # llama.cpp's server (`--metrics`, builds from 2025 on): the vLLM V1 set under its own prefix.
 LLAMACPP_COUNTERS = {
-    "llamacpp:spec_decode_num_drafts": DRAFTS,
-    "llamacpp:spec_decode_num_draft_tokens": DRAFT_TOKENS,
-    "llamacpp:spec_decode_num_accepted_tokens": ACCEPTED,
+    "llamacpp:spec_decode_num_drafts": windows.DRAFTS,
+    "llamacpp:spec_decode_num_draft_tokens": windows.DRAFT_TOKENS,
+    "llamacpp:spec_decode_num_accepted_tokens": windows.ACCEPTED,
 }
 LLAMACPP_PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos"
 LLAMACPP_REQUIRED = tuple(LLAMACPP_COUNTERS)
@@ -225,7 +216,7 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
         result.models.add(model)
     if detected == "vllm-v0":
         for model, tot in totals.items():
-            k = v0_num_spec_tokens(tot.get(DRAFT_TOKENS), tot.get(EMITTED), tot.get(GAUGE_EFFICIENCY))
+            k = v0_num_spec_tokens(tot.get(windows.DRAFT_TOKENS), tot.get(windows.EMITTED), tot.get(windows.GAUGE_EFFICIENCY))
             if k:
                 store[model].num_spec_tokens = store[model].num_spec_tokens or k
     for model, shape in shapes.items():

@@ -84,16 +84,22 @@ def with_retries(fn: Callable[[], Any], retries: int, backoff: float, sleep: Cal
 
 
 @dataclass
-class ScrapeSource:
-    """One engine /metrics endpoint, scraped each interval."""
+class HttpSource:
+    """What an HTTP source is told: where, which engine's names, and how hard to try."""
 
     url: str
     engine: str = "auto"
     timeout: float = 5.0
     retries: int = 2
     backoff: float = 0.5
+    detected: str | None = None  # the engine its answers showed
+
+
+@dataclass
+class ScrapeSource(HttpSource):
+    """One engine /metrics endpoint, scraped each interval."""
+
     kind: str = "scrape"
-    detected: str | None = None
     last_ok: float | None = None  # time of the previous good scrape
 
     def __post_init__(self) -> None:

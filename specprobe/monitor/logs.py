@@ -29,17 +29,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from specprobe.core.errors import InputError
+from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
 from specprobe.monitor.base import IngestResult, Store, Warn
-from specprobe.monitor.windows import (
-    ACCEPTED,
-    DRAFT_TOKENS,
-    DRAFTS,
-    EMITTED,
-    GAUGE_ACCEPT_LEN,
-    GAUGE_ACCEPT_RATE,
-    ModelData,
-    pos_key,
-)
+from specprobe.monitor.windows import ModelData, pos_key
 
 
 class MalformedLine(ValueError):
@@ -231,7 +223,7 @@ def _llama_flush(data: ModelData, state: LogState) -> None:
     s = fit_llamacpp_drafts(accepted, drafted, mean_len, k=state.k)
     state.llama_drafts = s if s is not None else -1
     if s is not None:
-        data.add_event(DRAFTS, t, s)
+        data.add_event(windows.DRAFTS, t, s)
 
 
 def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, series: str) -> None:
@@ -247,26 +239,26 @@ def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, ser
             data.num_spec_tokens = data.num_spec_tokens or k
         elif f["mean_len"] and f["mean_len"] > 1:
             drafts = f["accepted"] / (f["mean_len"] - 1)
-        data.add_event(ACCEPTED, t, f["accepted"])
-        data.add_event(DRAFT_TOKENS, t, f["drafted"])
+        data.add_event(windows.ACCEPTED, t, f["accepted"])
+        data.add_event(windows.DRAFT_TOKENS, t, f["drafted"])
         if drafts is not None:
-            data.add_event(DRAFTS, t, drafts)
+            data.add_event(windows.DRAFTS, t, drafts)
             for i, r in enumerate(f["per_pos"]):
                 data.add_event(pos_key(i), t, r * drafts)
     elif rec.kind == "vllm-v0":
         # V0 logs cumulative totals since start: counters (a restart shows as a reset).
         data.num_spec_tokens = f["k"]
-        data.add_counter(ACCEPTED, series, t, f["accepted"])
-        data.add_counter(DRAFT_TOKENS, series, t, f["drafted"])
-        data.add_counter(EMITTED, series, t, f["emitted"])
+        data.add_counter(windows.ACCEPTED, series, t, f["accepted"])
+        data.add_counter(windows.DRAFT_TOKENS, series, t, f["drafted"])
+        data.add_counter(windows.EMITTED, series, t, f["emitted"])
     elif rec.kind == "sglang":
-        data.add_gauge(GAUGE_ACCEPT_LEN, series, t, f["accept_len"])
+        data.add_gauge(windows.GAUGE_ACCEPT_LEN, series, t, f["accept_len"])
         if f["accept_rate"] is not None:
-            data.add_gauge(GAUGE_ACCEPT_RATE, series, t, f["accept_rate"])
+            data.add_gauge(windows.GAUGE_ACCEPT_RATE, series, t, f["accept_rate"])
     elif rec.kind == "llamacpp":
         _llama_flush(data, state)  # the previous request had no per-position line
-        data.add_event(ACCEPTED, t, f["accepted"])
-        data.add_event(DRAFT_TOKENS, t, f["drafted"])
+        data.add_event(windows.ACCEPTED, t, f["accepted"])
+        data.add_event(windows.DRAFT_TOKENS, t, f["drafted"])
         state.llama_last = (t, f["accepted"], f["drafted"], f.get("mean_len"))
         state.llama_drafts = None
         state.llama_pos_done = False
@@ -282,7 +274,7 @@ def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, ser
             s = fit_llamacpp_drafts(accepted, drafted, mean_len, per_pos)
             state.llama_drafts = s if s is not None else -1
             if s is not None:
-                data.add_event(DRAFTS, t0, s)
+                data.add_event(windows.DRAFTS, t0, s)
         if s is not None and s > 0:
             for i, r in enumerate(per_pos):
                 data.add_event(pos_key(i), t0, round(r * s))
@@ -292,8 +284,8 @@ def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, ser
     elif rec.kind == "llamacpp-n_drafted":
         state.pending_drafted = f["value"]
     elif rec.kind == "llamacpp-n_accept" and state.pending_drafted is not None:
-        data.add_event(ACCEPTED, t, f["value"])
-        data.add_event(DRAFT_TOKENS, t, state.pending_drafted)
+        data.add_event(windows.ACCEPTED, t, f["value"])
+        data.add_event(windows.DRAFT_TOKENS, t, state.pending_drafted)
         state.pending_drafted = None
 
 

@@ -11,6 +11,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
 from specprobe.monitor.base import MODEL_LABEL, UNLABELLED, IngestResult, SourceError, Store, Warn
 from specprobe.monitor.exposition import (
     LLAMACPP_COUNTERS,
@@ -21,32 +22,16 @@ from specprobe.monitor.exposition import (
     VLLM_PER_POS,
     missing_families,
 )
-from specprobe.monitor.http_source import check_http_url, http_get, with_retries
-from specprobe.monitor.windows import (
-    ACCEPTED,
-    DRAFT_TOKENS,
-    DRAFTS,
-    EMITTED,
-    GAUGE_ACCEPT_LEN,
-    GAUGE_ACCEPT_RATE,
-    ModelData,
-    WindowCounts,
-    prom_duration,
-)
+from specprobe.monitor.http_source import HttpSource, check_http_url, http_get, with_retries
+from specprobe.monitor.windows import ModelData, WindowCounts, prom_duration
 
 
 @dataclass
-class PrometheusSource:
+class PrometheusSource(HttpSource):
     """A Prometheus server: windows are computed server-side with increase()/avg_over_time()
     and summed per model_name across every engine instance it scrapes."""
 
-    url: str
-    engine: str = "auto"
-    timeout: float = 5.0
-    retries: int = 2
-    backoff: float = 0.5
     kind: str = "prometheus"
-    detected: str | None = None
     _seen: set[str] = field(default_factory=set)  # engine families answering in this poll
 
     def __post_init__(self) -> None:
@@ -110,7 +95,7 @@ class PrometheusSource:
                     per_model.setdefault(labels.get(MODEL_LABEL, UNLABELLED), {}).setdefault("pos", {})[int(pos)] = v
         gauges = {**(SGLANG_GAUGES if want_sglang else {})}
         if want_vllm:
-            gauges["vllm:spec_decode_draft_acceptance_rate"] = GAUGE_ACCEPT_RATE
+            gauges["vllm:spec_decode_draft_acceptance_rate"] = windows.GAUGE_ACCEPT_RATE
         for name, quantity in gauges.items():
             q = f"avg by ({MODEL_LABEL}) (avg_over_time({name}[{rng}]{off}))"
             for labels, v in self.query(q, t):
@@ -143,12 +128,12 @@ def _counts(d: dict[str, Any], k: int | None) -> WindowCounts:
     pos = d.get("pos", {})
     per_pos = tuple(pos.get(i) for i in range(max(pos) + 1)) if pos else ()
     return WindowCounts(
-        accepted=d.get(ACCEPTED),
-        draft_tokens=d.get(DRAFT_TOKENS),
-        drafts=d.get(DRAFTS),
-        emitted=d.get(EMITTED),
+        accepted=d.get(windows.ACCEPTED),
+        draft_tokens=d.get(windows.DRAFT_TOKENS),
+        drafts=d.get(windows.DRAFTS),
+        emitted=d.get(windows.EMITTED),
         accepted_per_pos=per_pos,
-        accept_len_gauge=d.get(GAUGE_ACCEPT_LEN),
-        accept_rate_gauge=d.get(GAUGE_ACCEPT_RATE),
+        accept_len_gauge=d.get(windows.GAUGE_ACCEPT_LEN),
+        accept_rate_gauge=d.get(windows.GAUGE_ACCEPT_RATE),
         num_spec_tokens=k,
     )
