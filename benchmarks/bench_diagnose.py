@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from common import builtin_batch  # benchmarks/common.py: run as a script, its folder is on the path
+
 from specprobe.core.openmp import shorten_spin
 
 shorten_spin()  # as the `specprobe` command does, before torch loads
@@ -75,22 +77,13 @@ def overhead(repeats: int, device: str = "cpu", dtype: str = "float32", fused: b
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.drafters import build_drafter
     from specprobe.models.loader import load_model
-    from specprobe.probe.references import encode_prompt
-    from specprobe.prompts import builtin_suite, select
     from specprobe.settings.pipeline import DEFAULT_CHUNK_POSITIONS as CH
 
     torch.manual_seed(0)
     target = load_model("smollm2", device, dtype)
     drafter = build_drafter("self:layers=24", target, device, dtype)
     dm = drafter.step_model()
-    prompts = select(builtin_suite(), max_prompts=8).prompts
-    seqs = [encode_prompt(target.tokenizer, p)[:96] for p in prompts]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), target.tokenizer.pad_token_id or 0)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
+    ids, mask = builtin_batch(target.tokenizer)
     ids, mask = ids.to(target.device), mask.to(target.device)
     sel = mask.bool()
     s = Sampling(temperature=0.7)

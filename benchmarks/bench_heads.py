@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import builtin_batch  # benchmarks/common.py: run as a script, its folder is on the path
+
 
 def write_random_head(target, dest: Path, draft_vocab: int = 32000) -> Path:
     import torch
@@ -76,9 +78,7 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, h
     from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model
     from specprobe.probe.alignment import SamplingPair
-    from specprobe.probe.references import encode_prompt
     from specprobe.probe.scoring import _plain_head, score_chunk, score_head_chunk
-    from specprobe.prompts import builtin_suite, select
     from specprobe.settings.pipeline import DEFAULT_CHUNK_POSITIONS as CH
 
     load_before = _load()
@@ -89,14 +89,7 @@ def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, h
         drafter.ensure_built()
     vocab = drafter.scoring_vocab()
     vd = vocab.vocab if vocab.ids is None else int(vocab.ids.shape[0])
-    prompts = select(builtin_suite(), max_prompts=8).prompts
-    seqs = [encode_prompt(target.tokenizer, p)[:96] for p in prompts]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), target.tokenizer.pad_token_id or 0)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
+    ids, mask = builtin_batch(target.tokenizer)
     rows, cols = torch.nonzero(mask[:, k:], as_tuple=True)  # positions with all K depths inside
     cols = cols + k
     n = int(rows.numel())
