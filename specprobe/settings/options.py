@@ -35,7 +35,7 @@ from specprobe.settings.model import (
 )
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags, SimulateConfig
 
-# where effective_sampling() files each sampling setting: "draft_top_p" → "draft.top_p"
+# where effective_sampling() files each sampling setting: a draft_* one under "draft.", the rest under "target."
 SAMPLING_SLOT = {k: ("draft." + k[len("draft_"):]) if k.startswith("draft_") else "target." + k for k in SAMPLING}
 
 
