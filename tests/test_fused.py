@@ -14,7 +14,7 @@ import torch
 from specprobe.metrics import blocked, core
 from specprobe.metrics.sampling import Sampling
 
-FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
+FIELDS = ("accept_prob", "accept_prob_greedy_draft", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
 
 
 def _logits(n: int = 24, v: int = 300, draft_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,9 +33,9 @@ def test_fused_formula_equals_eager(ts: Sampling, ds: Sampling) -> None:
         tl, dl = _logits(draft_v=draft_v)
         eager = core.position_metrics_reference(tl, dl, ts, ds, top=5)
         out = core._fused_body(tl, core.align_vocab(dl, tl.shape[-1]), 1.0 if ts.greedy else ts.temperature, 1.0 if ds.greedy else ds.temperature, ts.greedy, ds.greedy, 5)
-        for f, got in zip(FIELDS, out[:5], strict=True):
+        for f, got in zip(FIELDS, (out[0], out[-1], *out[1:5]), strict=True):
             want = getattr(eager, f)
-            got = got.clamp(0.0, 1.0) if f == "accept_prob" else got.clamp(min=0.0) if f.startswith("kl") else got
+            got = got.clamp(0.0, 1.0) if f.startswith("accept_prob") else got.clamp(min=0.0) if f.startswith("kl") else got
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f)
         assert eager.top is not None and torch.equal(out[5], eager.top["target_ids"]) and torch.equal(out[7], eager.top["draft_ids"])
 

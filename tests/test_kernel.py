@@ -18,7 +18,7 @@ from specprobe.metrics.sampling import Sampling
 
 kernel = pytest.importorskip("specprobe.metrics.kernel")
 
-FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
+FIELDS = ("accept_prob", "accept_prob_greedy_draft", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
 UNTRUNCATED = [(Sampling(temperature=0.7), Sampling(temperature=0.7)), (Sampling(temperature=0.0), Sampling(temperature=1.0)), (Sampling(temperature=1.3), Sampling(temperature=0.0)), (Sampling(temperature=0.0), Sampling(temperature=0.0)), (Sampling(temperature=0.5), Sampling(temperature=1.2))]
 
 

@@ -15,7 +15,8 @@ p log p and p log q need no [V] buffer of their own, since with e = eˣ
     Σ p log p = Σ e_p·x_p / z_p − log z_p,      Σ p log q = Σ e_p·x_q / z_p − log z_q,
 
 (one product and one sum over both sides) and α = Σ min(p, q) = Σ min(e_p, e_q·z_p/z_q) / z_p
-(one scale, one minimum, one sum).
+(one scale, one minimum, one sum). A greedy draft's acceptance p(argmax q) is one
+probability per row, read after the loop from the drafter's argmax (below).
 
 argmax and top-k: a row's top-k tokens lie in the k segments with the largest maxima,
 so they are found among k × 256 logits gathered after the loop, and their probabilities
@@ -171,6 +172,8 @@ class _Chunk:
         self.z = torch.empty((n, 2), device=dev)  # Σ eˣ per side
         self.dots = torch.empty((n, 2), device=dev)  # Σ e_p·x_p, Σ e_p·x_q (x_q floored)
         self.alpha = torch.empty(n, device=dev)  # Σ min(p, q) when computed in the blocks
+        # p(argmax q) under the target's truncation (made here: blocks run on several threads)
+        self.greedy_draft = torch.empty(n, device=dev) if ts.truncates and not ts.greedy else None
         # max q, when the drafter truncates (made here: blocks run on several threads)
         self.conf = torch.empty(n, device=dev) if ds.truncates and not ds.greedy else None
         # floor log q at LOGQ_FLOOR and the target's −inf x at a finite number (set once a
@@ -250,7 +253,7 @@ class _Chunk:
         tl, dl = self.tl.detach().numpy(), self.dl.detach().numpy()
         bad = np.zeros(n, dtype=np.uint8)
         tops = torch.empty((2, n, max(top, 1)), dtype=torch.int64)  # each side's top ids (argmax first)
-        res = torch.empty((5, n))  # α, agreement, KL, entropy, max q
+        res = torch.empty((6, n))  # α, agreement, KL, entropy, max q, p(argmax q)
         probs = torch.empty((4, n, top))
         out = {"seg": self.seg.numpy(), "shift": self.shift.numpy(), "z": self.z.numpy(), "dots": self.dots.numpy(), "alpha": self.alpha.numpy(), "bad": bad, "tops": tops.numpy(), "res": res.numpy(), "probs": probs.numpy()}
         greedy = (self.ts.greedy, self.ds.greedy)
@@ -281,7 +284,7 @@ class _Chunk:
                 tops[side, r] = self.topk(side, tops.shape[-1], r)
         self.tops = tops
         if not redo:  # every row finished in the compiled rows: `blocked_metrics` returns these
-            self.done = dict(zip(("alpha", "agree", "kl", "entropy", "confidence"), res, strict=True))
+            self.done = dict(zip(("alpha", "agree", "kl", "entropy", "confidence", "greedy_draft"), res, strict=True))
             if top:
                 self.done.update(top_target_ids=tops[0], top_draft_ids=tops[1], top_target_probs=probs[0], top_draft_probs=probs[1], top_target_probs_at_draft=probs[2], top_draft_probs_at_target=probs[3])
         if flagged:
@@ -298,13 +301,15 @@ class _Chunk:
             self.block(k, scratch.views(self.views[k][0].shape[0]), check=check and k == 0)
 
     def _truncated(self, r: slice, e: torch.Tensor, z: torch.Tensor) -> None:
-        """α (and max q) under the engines' truncation: p and q materialised in e."""
+        """α, p(argmax q) (and max q) under the engines' truncation: p and q materialised in e."""
         ts, ds = self.ts, self.ds
         e.div_(z[..., None])
         ps = None if ts.greedy else truncate_(e[:, 0], ts)
         qs = None if ds.greedy else truncate_(e[:, 1], ds)
         if qs is not None and self.conf is not None:
             self.conf[r] = qs.amax(-1)
+        if ps is not None and self.greedy_draft is not None:
+            self.greedy_draft[r] = ps.gather(-1, self.argmax(1, r)[:, None]).squeeze(-1)
         if ps is not None and qs is not None:
             self.alpha[r] = torch.minimum(ps, qs).sum(-1)
         elif qs is not None:
@@ -348,7 +353,8 @@ class _Chunk:
 
 def blocked_metrics(tl: torch.Tensor, dl: torch.Tensor, ts: Sampling, ds: Sampling, top: int = 0, rows: int | None = None, scorer: Scorer | None = None) -> dict[str, torch.Tensor]:
     """[N, V] target and drafter logits (same vocabulary) -> the metrics as [N] float32
-    tensors: alpha, agree, kl, entropy, confidence (unclamped); with `top`, also
+    tensors: alpha, greedy_draft (p of the drafter's argmax), agree, kl, entropy,
+    confidence (unclamped); with `top`, also
     top_{target,draft}_{ids,probs} and top_target_probs_at_draft /
     top_draft_probs_at_target [N, top]. scorer: ROWS or BLOCKS, as the dispatch table
     picked them (None: picked here, between the two). `rows`: rows per block of the torch
@@ -406,6 +412,12 @@ def _finish(ch: _Chunk, top: int) -> dict[str, torch.Tensor]:
     ta, da = ch.argmax(0), ch.argmax(1)
     agree = (ta == da).float()
     out = {"kl": plogp - plogq, "entropy": -plogp, "agree": agree}
+    if ts.greedy:
+        out["greedy_draft"] = agree.clone()
+    elif ch.greedy_draft is not None:
+        out["greedy_draft"] = ch.greedy_draft
+    else:  # p of the drafter's token, untruncated
+        out["greedy_draft"] = ch.prob(0, da[:, None])[:, 0]
     if ts.greedy and ds.greedy:
         out["alpha"] = agree.clone()
     elif ch.truncating:

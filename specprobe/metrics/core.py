@@ -1,9 +1,12 @@
 """Per-position metrics from target and drafter logits, vectorised.
 
 For each position: acceptance probability α = Σ_v min(p, q) = 1 − TV(p, q) (the chance
-that rejection sampling accepts the drafter's token, Leviathan et al. 2023), greedy
-agreement 1[argmax q = argmax p], KL(p ‖ q) in nats on the untruncated tempered softmax
-(T=1 when greedy, so it stays finite), target entropy, drafter confidence max q.
+that rejection sampling accepts the drafter's token, Leviathan et al. 2023), the
+acceptance of a greedy draft p(argmax q) (the drafter proposes its argmax, the lowest id
+on ties as torch.argmax and the engines take it, and the target accepts it with its own
+probability of it: vLLM's default greedy drafting, llama.cpp, SGLang, TensorRT-LLM),
+greedy agreement 1[argmax q = argmax p], KL(p ‖ q) in nats on the untruncated tempered
+softmax (T=1 when greedy, so it stays finite), target entropy, drafter confidence max q.
 p and q are each side's own sampling distribution over the TARGET vocabulary, after the
 engine's truncation (`metrics.sampling`: the order of top-k/top-p/min-p is the engine's).
 Which implementation computes them is the dispatch table's choice (`metrics.dispatch`)."""
@@ -26,6 +29,9 @@ class PositionMetrics:
     """Each field is a float32 tensor [N] (greedy_agree is 0/1)."""
 
     accept_prob: torch.Tensor
+    # p(argmax q), p the target's sampling distribution (one-hot when greedy: then it is
+    # greedy_agree); whatever the drafter's own sampling, its argmax is the draft
+    accept_prob_greedy_draft: torch.Tensor
     greedy_agree: torch.Tensor
     kl_target_draft_nats: torch.Tensor
     target_entropy_nats: torch.Tensor
@@ -87,6 +93,14 @@ def _log_softmax_into(logits: torch.Tensor, s: Sampling, logp: torch.Tensor, p: 
     logp.sub_(z.log_())
 
 
+def _no_draft_where_broken(greedy_draft: torch.Tensor, kl: torch.Tensor) -> torch.Tensor:
+    """NaN where KL is not a number (a side's logits NaN or +inf): such a row's argmax is
+    whatever each implementation makes of NaN, so its p(argmax q) would be a finite number
+    that means nothing; NaN marks the position broken, as the other metrics do."""
+    bad = ~torch.isfinite(kl)
+    return greedy_draft.masked_fill_(bad, float("nan")) if bool(bad.any()) else greedy_draft
+
+
 def position_metrics(
     target_logits: torch.Tensor,
     draft_logits: torch.Tensor,
@@ -115,6 +129,7 @@ def _blocked(target_logits: torch.Tensor, draft_logits: torch.Tensor, target_sam
     tops = {k[4:]: val for k, val in m.items() if k.startswith("top_")} or None
     return PositionMetrics(
         accept_prob=m["alpha"].clamp_(0.0, 1.0),
+        accept_prob_greedy_draft=_no_draft_where_broken(m["greedy_draft"].clamp_(0.0, 1.0), m["kl"]),
         greedy_agree=m["agree"],
         kl_target_draft_nats=m["kl"].clamp_(min=0.0),
         target_entropy_nats=m["entropy"],
@@ -176,6 +191,7 @@ def position_metrics_reference(
         qs = truncate_(q, draft_sampling)
         confidence = qs.amax(-1)
 
+    greedy_draft = agree.clone() if ps is None else ps.gather(-1, draft_argmax[:, None]).squeeze(-1)
     if ps is None and qs is None:
         alpha = agree
     elif ps is None:
@@ -187,6 +203,7 @@ def position_metrics_reference(
         alpha = torch.minimum(ps, qs, out=logp).sum(-1)  # logp is no longer needed
     return PositionMetrics(
         accept_prob=alpha.clamp_(0.0, 1.0),
+        accept_prob_greedy_draft=_no_draft_where_broken(greedy_draft.clamp_(0.0, 1.0), kl),
         greedy_agree=agree,
         kl_target_draft_nats=kl.clamp_(min=0.0),
         target_entropy_nats=entropy,
@@ -229,11 +246,12 @@ def _fused_body(tl: torch.Tensor, dl: torch.Tensor, t_temp: float, d_temp: float
     else:
         alpha = torch.minimum(p, q).sum(-1)
     conf = torch.ones_like(kl) if d_greedy else 1.0 / zb.squeeze(-1)  # max q = e^0 / Z
+    greedy_draft = agree if t_greedy else p.gather(-1, da[:, None]).squeeze(-1)
     if top:
         tp, ti = torch.topk(p, top, dim=-1)
         dp, di = torch.topk(q, top, dim=-1)
-        return alpha, agree, kl, -plogp, conf, ti, tp, di, dp, p.gather(-1, di), q.gather(-1, ti)
-    return alpha, agree, kl, -plogp, conf
+        return alpha, agree, kl, -plogp, conf, ti, tp, di, dp, p.gather(-1, di), q.gather(-1, ti), greedy_draft
+    return alpha, agree, kl, -plogp, conf, greedy_draft
 
 
 def fused_available() -> bool:
@@ -258,5 +276,5 @@ def position_metrics_fused(target_logits: torch.Tensor, draft_logits: torch.Tens
         _FUSED["broken"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
         return _blocked(target_logits, draft_logits, target_sampling, draft_sampling, top=top)
     alpha, agree, kl, ent, conf = out[:5]
-    tops = dict(zip(("target_ids", "target_probs", "draft_ids", "draft_probs", "target_probs_at_draft", "draft_probs_at_target"), out[5:], strict=True)) if top else None
-    return PositionMetrics(alpha.clamp(0.0, 1.0), agree, kl.clamp(min=0.0), ent, conf, top=tops)
+    tops = dict(zip(("target_ids", "target_probs", "draft_ids", "draft_probs", "target_probs_at_draft", "draft_probs_at_target"), out[5:-1], strict=True)) if top else None
+    return PositionMetrics(alpha.clamp(0.0, 1.0), _no_draft_where_broken(out[-1].clamp(0.0, 1.0), kl), agree, kl.clamp(min=0.0), ent, conf, top=tops)

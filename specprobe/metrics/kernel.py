@@ -396,6 +396,8 @@ def _rows(tl, dl, rows, c, itp, itq, greedy_t, greedy_d, seg, shift, z, dots, al
         res[2, i] = plogp - plogq
         res[3, i] = -plogp
         res[4, i] = 1.0 if greedy_d else 1.0 / zq  # max q = e⁰ / z_q
+        # a greedy draft (the drafter's argmax) accepted with p of it; one-hot p when greedy
+        res[5, i] = agree if greedy_t else np.exp(tl[i, di[0]] * itp - gp) / zp
         for j in range(probs.shape[2]):  # untruncated tempered probabilities of the top ids
             probs[0, i, j] = np.exp(tl[i, ti[j]] * itp - gp) / zp
             probs[1, i, j] = np.exp(dl[i, di[j]] * itq - gq) / zq
@@ -421,8 +423,8 @@ def _scratch(v: int, c: int) -> tuple[np.ndarray, np.ndarray]:
 
 def run_rows(tl: np.ndarray, dl: np.ndarray, rows: np.ndarray, c: int, inv_t: tuple[float, float], greedy: tuple[bool, bool], out: dict[str, np.ndarray]) -> None:
     """Fill out's seg [N, 2, V/c], shift, z, dots [N, 2], alpha, bad [N], tops [2, N, k]
-    (each side's k largest logits' ids, −1 where unfilled; not for bad rows), res [5, N]
-    (α, agreement, KL, entropy, max q) and probs [4, N, k] (p of the target's top ids, q of
+    (each side's k largest logits' ids, −1 where unfilled; not for bad rows), res [6, N]
+    (α, agreement, KL, entropy, max q, p of the drafter's argmax) and probs [4, N, k] (p of the target's top ids, q of
     the drafter's, p of the drafter's, q of the target's; res and probs only for rows with
     every id filled) for `rows`
     (int64 row indices) of the C-contiguous float32 [N, V] logits (c divides V). Releases

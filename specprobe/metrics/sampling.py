@@ -23,9 +23,22 @@ sglang (`top_k_top_p_min_p_sampling_from_probs_torch`, and flashinfer's
     Greedy when T < 1e-6. (With min-p set, SGLang's flashinfer path renormalises after
     top-k before top-p; the torch path modelled here does not. They differ only when
     top-k, top-p and min-p are all set.)
+llama.cpp (`common_params_sampling.samplers`, built into a chain by
+`common_sampler_init`; the samplers in src/llama-sampler.cpp)
+    penalties → dry → top-n-sigma → top-k → typical-p → top-p → min-p → xtc →
+    temperature → dist: the truncations act on the UNTEMPERED distribution and the
+    temperature divides the surviving logits last. top-k keeps exactly k (sorted;
+    ties with the k-th cut by sort order); top-p takes the softmax of what top-k left,
+    descending, and keeps the shortest prefix whose mass reaches top_p (the crossing
+    token included); min-p keeps logits ≥ max + log(min_p), i.e. p ≥ min_p · max p.
+    Greedy when T ≤ 0. (Typical-p, XTC, DRY and top-n-sigma are off by default and not
+    modelled; llama.cpp's own defaults top_k 40, top_p 0.95, min_p 0.05, T 0.8 apply
+    only where neither the request nor a flag sets them.)
 
 So with p = [.5, .3, .2], top_k 2, top_p .6: vLLM and transformers keep one token (top-p
-sees [.625, .375]); SGLang keeps two (top-p sees the untruncated .5 + .3).
+sees [.625, .375]); SGLang keeps two (top-p sees the untruncated .5 + .3). And at T = 2
+with untempered [.64, .2, .16], top_p .5: llama.cpp keeps one token (.64 ≥ .5); vLLM
+tempers first ([.49, .27, .24]) and keeps two.
 
 Repetition, frequency and presence penalties are carried for reporting only: they make p
 depend on the text generated so far, which a teacher-forced estimate does not model.
@@ -38,11 +51,12 @@ from typing import Any, Literal, get_args
 
 import torch
 
-Semantics = Literal["vllm", "sglang", "transformers"]
+Semantics = Literal["vllm", "sglang", "transformers", "llama.cpp"]
 SEMANTICS: tuple[str, ...] = get_args(Semantics)
 # Temperatures below these sample greedily (vLLM _SAMPLING_EPS 1e-5, SGLang 1e-6;
-# transformers has no such threshold: a temperature of 0 needs do_sample=False).
-_GREEDY_BELOW = {"vllm": 1e-5, "sglang": 1e-6, "transformers": 0.0}
+# transformers has no such threshold: a temperature of 0 needs do_sample=False;
+# llama.cpp's temperature sampler takes the argmax at T ≤ 0 only).
+_GREEDY_BELOW = {"vllm": 1e-5, "sglang": 1e-6, "transformers": 0.0, "llama.cpp": 0.0}
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,25 @@ def _joint_(p: torch.Tensor, s: Sampling) -> None:
     p.masked_fill_(drop.scatter(-1, idx, drop), 0.0)
 
 
+def _llama_cpp_(p: torch.Tensor, s: Sampling, k: int) -> None:
+    """llama.cpp: top-k, top-p and min-p on the untempered distribution, in that order.
+    p holds the tempered probabilities; u ∝ p^T is the untempered one (the same order of
+    tokens, so top-k is unchanged, but top-p's mass and min-p's ratio are read on u)."""
+    u = p if s.temperature == 1.0 else p.pow(s.temperature)
+    sorted_u, idx = torch.sort(u, dim=-1, descending=True, stable=True)  # [N, V]
+    drop = torch.zeros_like(sorted_u, dtype=torch.bool)
+    if k:
+        drop[..., k:] = True
+    if s.top_p < 1.0:
+        kept = sorted_u.masked_fill(drop, 0.0)
+        kept.div_(kept.sum(dim=-1, keepdim=True))  # the softmax of what top-k left
+        before = kept.cumsum(dim=-1).sub_(kept)  # mass ahead of each token
+        drop |= before >= s.top_p
+    if s.min_p > 0.0:
+        drop |= sorted_u < sorted_u[..., :1] * s.min_p
+    p.masked_fill_(drop.scatter(-1, idx, drop), 0.0)
+
+
 def truncate_(probs: torch.Tensor, s: Sampling) -> torch.Tensor:
     """The engine's top-k / top-p / min-p on untruncated tempered probabilities [N, V],
     in place, renormalised. Allocates nothing when nothing truncates."""
@@ -149,6 +182,8 @@ def truncate_(probs: torch.Tensor, s: Sampling) -> torch.Tensor:
     k = s.top_k if s.top_k and s.top_k < v else 0
     if s.semantics == "sglang":
         _joint_(probs, s)
+    elif s.semantics == "llama.cpp":
+        _llama_cpp_(probs, s, k)
     elif s.semantics == "transformers":
         if k:
             _top_k_(probs, k)

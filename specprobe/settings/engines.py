@@ -13,7 +13,10 @@ sglang: EAGLE / EAGLE-3 / STANDALONE candidates are the drafter's top tokens;
     (thresholds 1.0 by default): a chain accepts its draft with p_target(draft).
 llama.cpp: `llama-server --spec-type draft-simple` drafts the drafter's top token, then
     samples the target at each draft position with the request's sampler chain and
-    accepts while the sample equals the draft: p_target(draft) again.
+    accepts while the sample equals the draft: p_target(draft) again. Its chain
+    truncates before the temperature (sampling semantics "llama.cpp"), and
+    `--spec-draft-p-min P` stops drafting before the first draft token whose drafter
+    probability is below P: adaptive K with the engine's own knob.
 trtllm: TensorRT-LLM's draft-target and EAGLE paths propose the drafter's top token and
     accept it while the target's own sample agrees (greedy drafting).
 transformers: assisted generation with do_sample samples the candidates from the
@@ -35,12 +38,13 @@ class Engine:
     semantics: str  # whose sampling transform (`metrics.sampling`)
     draft_sampling: str  # its default drafting: greedy | probabilistic
     knob: str  # where the engine sets its drafting, for the messages
+    adaptive_knob: str | None = None  # the engine's own flag for the adaptive-K threshold
 
 
 ENGINES: tuple[Engine, ...] = (
     Engine("vllm", "vLLM", "vllm", GREEDY, "speculative_config.draft_sample_method"),
     Engine("sglang", "SGLang", "sglang", GREEDY, "its EAGLE candidates (top tokens by draft score)"),
-    Engine("llama.cpp", "llama.cpp", "vllm", GREEDY, "--spec-type draft-simple (the drafter's top token)"),
+    Engine("llama.cpp", "llama.cpp", "llama.cpp", GREEDY, "--spec-type draft-simple (the drafter's top token)", "--spec-draft-p-min"),
     Engine("trtllm", "TensorRT-LLM", "vllm", GREEDY, "its draft-target / EAGLE decoding config"),
     Engine("transformers", "transformers", "transformers", PROBABILISTIC, "assisted generation (the assistant samples with do_sample)"),
 )

@@ -40,7 +40,7 @@ REPORTS = frozenset({DIAGNOSE, SIMULATE, COMPARE, MERGE, REPORT})  # commands th
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 REFERENCES = ("on-policy", "dataset")
-SEMANTICS = ("vllm", "sglang", "transformers")  # whose sampling transform and defaults
+SEMANTICS = ("vllm", "sglang", "transformers", "llama.cpp")  # whose sampling transform and defaults
 FAIL_ON = ("error", "warning", "info", "never")
 
 
@@ -144,7 +144,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("draft_top_p", "--draft-top-p", "Drafter top-p (default: the target's).", float | None, commands=MODELS, file_key="draft_top_p", serving_keys=("draft_top_p",), gt=0, le=1, hint="use e.g. 0.9, or 1 for off"),
     Setting(
         "sampling_semantics", "--sampling-semantics",
-        "Whose sampling transform to reproduce: vllm | sglang | transformers (order of the transforms, defaults such as transformers' top-k 50 and do_sample). Default: the --engine's.",
+        "Whose sampling transform to reproduce: vllm | sglang | transformers | llama.cpp (order of the transforms: llama.cpp truncates before the temperature; defaults such as transformers' top-k 50 and do_sample). Default: the --engine's.",
         str | None, None, commands=MODELS, file_key="sampling_semantics", choices=SEMANTICS, show_default=False,
     ),
     # ------------------------------------------------------------------ the engine's draft-and-verify procedure
@@ -207,8 +207,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("markdown", "--markdown", "Write a Markdown summary (for $GITHUB_STEP_SUMMARY or a PR comment).", str | None, commands=REPORTS, file_key=_OUT + "markdown", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False),
     Setting(
         "serving_config", "--serving-config",
-        "vLLM --speculative-config JSON / vllm serve YAML / SGLang launch config (repeatable): its sampling settings, drafter and K are what the engine runs with.",
-        list[Path] | None, commands=frozenset({CHECK}), file_key="serving_configs", file_type=list[Path], metavar="FILE", recorded=False,
+        "What the engine is launched with (repeatable): vLLM's --speculative-config JSON or vllm serve YAML, an SGLang launch YAML, a TensorRT-LLM "
+        "speculative_config YAML, or a launch script / args file (vllm serve, sglang.launch_server, llama-server with its LLAMA_ARG_* variables, trtllm-serve). "
+        "Its engine, drafting, sampling, drafter and K fill what neither a flag nor --config sets.",
+        list[Path] | None, commands=MODELS, file_key="serving_configs", file_type=list[Path], metavar="FILE", recorded=False,
     ),
     Setting("baseline", "BASELINE.json", "The baseline result JSON (the drafter in production).", Path | None, commands=frozenset({COMPARE}), file_key="baseline", file_type=Path, declared_by_command=True, recorded=False),
 )
