@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from specprobe.cli.main import app
 from specprobe.metrics.sampling import Sampling, probs
-from specprobe.simulate import speculate
+from specprobe.simulate import Procedure, speculate
 from tests.helpers import heads as hh
 from tests.helpers.tiny import prompts_file
 
@@ -196,29 +196,62 @@ def _perturb(d: Any, scale: float, seed: int = 3, lm_head_only: bool = False) ->
                 p.add_(scale * torch.randn(p.shape, generator=g))
 
 
+@pytest.mark.parametrize("procedure", [None, Procedure.of("vllm"), Procedure.of("llama.cpp")], ids=["sampled-drafts", "vllm-greedy", "llama.cpp-greedy"])
 @pytest.mark.parametrize("name", ["eagle3-speculators", "mtp-qwen3_next"])
-def test_sampled_output_follows_target_distribution(oracles, name) -> None:
+def test_sampled_output_follows_target_distribution(oracles, name, procedure, monkeypatch) -> None:
     """Many draws of one prompt in one batch: the second and third emitted tokens (the
     first a head drafts for, after the prefill) follow the target's exact marginals
-    through the same rejection sampling, while the head's q differs from p."""
+    through the same verification, while the head's q differs from p; drafting greedily,
+    a head proposes its argmax at every depth as a causal drafter does."""
+    import specprobe.simulate.sources as sources
+    from specprobe.metrics.core import align_vocab
     from tests.test_simulate import _chi2
 
     target, spec = oracles[name]
     t, d = _load(target, spec)
     _perturb(d, 3.0, lm_head_only=True) if name.startswith("eagle3") else _perturb(d, 0.05)
-    s = Sampling(temperature=1.5)  # a spread target distribution
+    real_chain, firsts = sources.chain, []
+
+    def spy(logits, step, cap, rule, gen):
+        prop, fed = real_chain(logits, step, cap, rule, gen)
+        firsts.append((align_vocab(logits, rule.vocab).argmax(-1), prop.tokens[:, 0], prop.drafted))
+        return prop, fed
+
+    monkeypatch.setattr(sources, "chain", spy)
+    # a greedy draft is accepted with p(argmax), near 1 for this peaked bigram target
+    # unless it is spread further
+    s = Sampling(temperature=1.5 if procedure is None else 10.0)
     prompt, n = [7, 30, 101], 2000
-    run = speculate(t.model, d, [prompt] * n, k=2, target_sampling=s, max_new_tokens=3, batch_size=n, seed=7)
+    run = speculate(t.model, d, [prompt] * n, k=2, target_sampling=s, max_new_tokens=3, batch_size=n, seed=7, procedure=procedure)
     c = run.counters
     assert 0.05 < c.accept_rate < 0.95, c.accept_rate  # both branches (accept / residual)
+    assert firsts
+    for want, got, drafted in firsts:
+        same = bool((want == got)[drafted > 0].all())
+        assert same if procedure is not None else not same  # sampled drafts are not all the argmax
     with torch.inference_mode():
         m = t.model
         p1 = probs(m(torch.tensor([prompt])).logits[0, -1], s).double()  # [V]
         v = p1.shape[0]
         ids = torch.cat([torch.tensor([prompt]).expand(v, -1), torch.arange(v)[:, None]], 1)
         p2 = (p1[:, None] * probs(m(ids).logits[:, -1], s).double()).sum(0)  # [V] marginal of token 2
-    assert _chi2([o[0] for o in run.outputs], p1.numpy()) > 1e-3
-    assert _chi2([o[1] for o in run.outputs], p2.numpy()) > 1e-3
+    first, second = _chi2([o[0] for o in run.outputs], p1.numpy()), _chi2([o[1] for o in run.outputs], p2.numpy())
+    print(f"{name} {procedure.engine if procedure else 'sampled drafts'}: chi-square token 1 p = {first:.3g}, token 2 p = {second:.3g}")
+    assert first > 1e-3 and second > 1e-3
+
+
+@pytest.mark.parametrize("procedure", [Procedure.of("vllm"), Procedure.of("llama.cpp")], ids=["vllm", "llama.cpp"])
+def test_greedy_drafting_heads_are_exact_and_accepted_with_p_of_the_argmax(oracles, procedure) -> None:
+    """An oracle head (q = p) drafting greedily: at T = 0 every draft is accepted and the
+    output is plain decoding's; at T = 0.8 its argmax is accepted with p(argmax) < 1."""
+    prompts = _prompts()
+    target, spec = oracles["eagle3-speculators"]
+    t, d = _load(target, spec)
+    plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=21, batch_size=3)
+    run = speculate(t.model, d, prompts, k=4, target_sampling=GREEDY, max_new_tokens=21, batch_size=3, procedure=procedure)
+    assert run.outputs == plain.outputs and run.counters.accept_rate == 1.0
+    warm = speculate(t.model, d, prompts, k=4, target_sampling=Sampling(temperature=0.8), max_new_tokens=21, batch_size=3, seed=1, procedure=procedure).counters
+    assert 0.0 < warm.accept_rate < 1.0
 
 
 # ----------------------------------------------------------------------------- pipeline and CLI

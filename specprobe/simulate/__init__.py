@@ -1,7 +1,9 @@
 """Real speculative decoding: the draft→verify loop that measures what `diagnose` estimates.
 
     rejection  the verify step: accept draft x ~ q with probability min(1, p(x)/q(x)),
-               resample from norm(max(0, p − q)) on the first rejection (pure maths)
+               resample from norm(max(0, p − q)) on the first rejection; llama.cpp's
+               sample-and-compare (pure maths)
+    procedure  how an engine drafts (greedy: the argmax; or sampled) and verifies
     draft_source  `DraftSource`, all the loop knows of a drafter: propose tokens, watch
                the verify pass, take in what it kept
     sources    the sources: a causal LM with its own KV cache (`models.kvcache`), a live
@@ -17,11 +19,18 @@ from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal
 from specprobe.simulate.loop import speculate
 from specprobe.simulate.pipeline import eos_ids, measured_section, run_simulate
-from specprobe.simulate.rejection import leading_accepts, verify_greedy, verify_sampled
+from specprobe.simulate.procedure import Procedure
+from specprobe.simulate.rejection import (
+    leading_accepts,
+    verify_greedy,
+    verify_match,
+    verify_sampled,
+)
 
 __all__ = [
     "DraftRule",
     "DraftSource",
+    "Procedure",
     "Proposal",
     "SimCounters",
     "SimRun",
@@ -33,5 +42,6 @@ __all__ = [
     "run_simulate",
     "speculate",
     "verify_greedy",
+    "verify_match",
     "verify_sampled",
 ]

@@ -10,7 +10,8 @@ A source proposes tokens; the loop verifies them. Each round, over the batch's l
               d_{n+1}..d_m and queues the verified tokens for its next proposal
 
 then `compact` crops trailing holes and `select` drops finished rows. `chain` is the
-autoregressive proposal both model sources share: draw d_j ~ q_j, feed it back, repeat."""
+autoregressive proposal both model sources share: draw d_j (the drafter's argmax when
+drafting greedily, else d_j ~ q_j), feed it back, repeat."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 
 from specprobe.metrics.core import align_vocab
 from specprobe.metrics.sampling import Sampling, probs
+from specprobe.simulate.procedure import LLAMA_CPP_DRAFT_TOP_K, LLAMA_CPP_TOP, MAX_Q
 
 # (d_{j-1} [B], rows fed [B], depth j) -> logits of depth j [B, V']; other rows sit it out as holes
 Step = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -33,8 +35,11 @@ class DraftRule:
 
     k: int  # draft length (0: plain decoding)
     sampling: Sampling  # the drafter's own: q_j = probs(logits_j)
-    threshold: float | None  # adaptive K: stop a row at the first depth with max q_j below it
+    threshold: float | None  # adaptive K: stop a row at the first depth whose confidence is below it
     vocab: int  # the target's; q is indexed by target ids
+    greedy: bool = False  # d_j = the drafter's argmax, q_j one-hot at it; else d_j ~ q_j
+    confidence: str = MAX_Q  # max-q: max of probs(logits_j, sampling); llama.cpp: its draft sampler's top probability
+    n_min: int = 0  # a row that drafts fewer than this drafts nothing
 
 
 @dataclass
@@ -95,18 +100,25 @@ class DraftSource(Protocol):
 
 
 def chain(logits: torch.Tensor, step: Step, cap: torch.Tensor, rule: DraftRule, gen: torch.Generator) -> tuple[Proposal, torch.Tensor]:
-    """Autoregressive drafting from the logits of depth 1 [B, V']: d_j ~ q_j, and d_j is fed
-    back for depth j+1 while a row still drafts -> (the proposal, fed [B]: drafts fed back)."""
+    """Autoregressive drafting from the logits of depth 1 [B, V']: d_j is drawn (see
+    `DraftRule.greedy`) and fed back for depth j+1 while a row still drafts -> (the
+    proposal, fed [B]: drafts fed back)."""
     nb, k = cap.shape[0], rule.k
     prop = Proposal.nothing(nb, k, cap.device)
     fed = torch.zeros(nb, dtype=torch.long, device=cap.device)
     live = cap > 0  # [B] rows still drafting
     for j in range(k):
-        q = probs(align_vocab(finite(logits), rule.vocab), rule.sampling)  # [B, V] over the target's ids
+        lg = align_vocab(finite(logits), rule.vocab)  # [B, V] over the target's ids
+        if rule.greedy:
+            x = lg.argmax(dim=-1)  # [B]; ties: the lowest id
+            q = torch.zeros(lg.shape, dtype=torch.float32, device=lg.device).scatter_(-1, x[:, None], 1.0)  # what the verify step sees
+        else:
+            q = probs(lg, rule.sampling)
+            x = draw(q, rule.sampling, gen)  # [B]
         if rule.threshold is not None:
-            live &= q.amax(dim=-1) >= rule.threshold  # stop at the first unconfident depth
+            # stop before the first unconfident depth: that draft is not proposed
+            live &= confidence(lg, q, rule) >= rule.threshold
         live &= j < cap
-        x = draw(q, rule.sampling, gen)  # [B]
         prop.tokens[:, j] = x
         prop.q.append(q)
         prop.drafted += live.long()
@@ -116,7 +128,22 @@ def chain(logits: torch.Tensor, step: Step, cap: torch.Tensor, rule: DraftRule, 
         logits = step(x, feed, j + 2)
         fed += feed.long()
     prop.q += [prop.q[-1]] * (k - len(prop.q))  # rows never reach these; keep shapes [B, K, V]
+    if rule.n_min > 1:
+        prop.drafted.masked_fill_(prop.drafted < rule.n_min, 0)  # a too-short draft is dropped whole
     return prop, fed
+
+
+def confidence(logits: torch.Tensor, q: torch.Tensor, rule: DraftRule) -> torch.Tensor:
+    """A row's drafter confidence at one depth [B]: max q under the drafter's sampling
+    (1 for a greedy drafter, as in the estimate), or llama.cpp's: its draft sampler keeps
+    the drafter's 10 best tokens at temperature 1 and reads the first one's probability
+    among them."""
+    if rule.confidence == LLAMA_CPP_TOP:
+        top = torch.topk(logits.float(), min(LLAMA_CPP_DRAFT_TOP_K, logits.shape[-1]), dim=-1).values  # [B, 10]
+        return torch.softmax(top, dim=-1)[:, 0]
+    if rule.greedy and not rule.sampling.greedy:
+        q = probs(logits, rule.sampling)  # the one-hot q drafts; the confidence is the drafter's own
+    return q.amax(dim=-1)
 
 
 def finite(logits: torch.Tensor) -> torch.Tensor:

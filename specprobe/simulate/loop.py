@@ -2,9 +2,11 @@
 
 Each round, for every live row of a batch:
 
-    draft      the draft source proposes d_1..d_m, m ≤ K, each x_j ~ q_j
-    verify     the target scores them all in one forward pass; rejection sampling
-               keeps an accepted prefix of n tokens and picks the next token
+    draft      the draft source proposes d_1..d_m, m ≤ K: the drafter's argmax (greedy
+               drafting) or x_j ~ q_j (probabilistic), as the `Procedure` says
+    verify     the target scores them all in one forward pass; rejection sampling (or
+               llama.cpp's sample-and-compare) keeps an accepted prefix of n tokens and
+               picks the next token
     roll back  d_{n+1}..d_m become holes in the target's cache; the source rolls back
                its own and takes in what was verified
     count      vLLM's counters (`counters.SimCounters`)
@@ -32,7 +34,8 @@ from specprobe.metrics.sampling import Sampling, probs
 from specprobe.models.kvcache import Stream, right_align
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, draw, finite
-from specprobe.simulate.rejection import verify_greedy, verify_sampled
+from specprobe.simulate.procedure import SAMPLE_MATCH, Procedure
+from specprobe.simulate.rejection import verify_greedy, verify_match, verify_sampled
 from specprobe.simulate.sources import open_source
 
 Advance = Callable[[int], Any]
@@ -51,6 +54,7 @@ def speculate(
     seed: int = 0,
     batch_size: int = 8,
     threshold: float | None = None,
+    procedure: Procedure | None = None,
     run: SimRun | None = None,
     advance: Advance | None = None,
 ) -> SimRun:
@@ -59,18 +63,23 @@ def speculate(
     draft_model: a causal LM, a head drafter (`models.heads.chain.HeadDrafter`, over
     this target), or None. k = 0 (or no drafter) is plain autoregressive decoding with
     the same machinery: the baseline. `threshold` stops a row's drafting at the first
-    depth whose drafter confidence max q is below it (adaptive K; max q is 1 for a greedy
-    drafter, as in the estimate). `run` is filled as it goes, so a caller that catches
-    KeyboardInterrupt keeps what was measured."""
+    depth whose drafter confidence is below it (adaptive K: max q, which is 1 for a greedy
+    drafter, as in the estimate; llama.cpp's --spec-draft-p-min under its procedure).
+    `procedure`: how drafts are made and verified (an engine's, `Procedure.of`); None:
+    drafts sampled from q, verified by rejection sampling. `run` is filled as it goes, so
+    a caller that catches KeyboardInterrupt keeps what was measured."""
     if draft_model is None:
         k = 0
+    proc = procedure or Procedure()
     device = next(target_model.parameters()).device
+    vocab = int(target_model.get_output_embeddings().weight.shape[0])
     settings = Settings(
         k=k,
         target_sampling=target_sampling,
-        draft=DraftRule(k=k, sampling=draft_sampling or target_sampling, threshold=threshold, vocab=int(target_model.get_output_embeddings().weight.shape[0])),
+        draft=DraftRule(k=k, sampling=draft_sampling or target_sampling, threshold=threshold, vocab=vocab, greedy=proc.greedy, confidence=proc.confidence, n_min=proc.n_min),
         eos=frozenset(int(e) for e in eos_ids),
         device=device,
+        procedure=proc,
     )
     run = run or SimRun(SimCounters(k, threshold))
     run.outputs = [[] for _ in prompts]
@@ -100,6 +109,7 @@ class Settings:
     draft: DraftRule
     eos: frozenset[int]
     device: Any
+    procedure: Procedure = Procedure()
 
 
 @dataclass
@@ -168,9 +178,12 @@ def verify(batch: Batch, s: Settings, prop: Proposal) -> tuple[torch.Tensor, tor
     if k == 0:
         return torch.zeros(nb, dtype=torch.long, device=dev), draw(probs(tl[:, 0], s.target_sampling), s.target_sampling, batch.gen)
     if s.target_sampling.greedy:
-        return verify_greedy(prop.tokens, drafted, tl)
+        return verify_greedy(prop.tokens, drafted, tl)  # what either verification does at T = 0
+    p = probs(tl, s.target_sampling)  # [B, K+1, V]
+    if s.procedure.verify == SAMPLE_MATCH:
+        return verify_match(prop.tokens, drafted, p, batch.gen)
     q_all = torch.stack(prop.q, dim=1) if prop.q else tl.new_zeros((nb, k, tl.shape[-1]), dtype=torch.float32)  # [B, K, V]
-    return verify_sampled(prop.tokens, drafted, q_all, probs(tl, s.target_sampling), batch.gen)
+    return verify_sampled(prop.tokens, drafted, q_all, p, batch.gen)
 
 
 def roll_back(batch: Batch, prop: Proposal, n: torch.Tensor) -> None:

@@ -7,7 +7,10 @@ the token it emits after them (Leviathan et al. 2023; docs/maths.md).
 
 so the emitted tokens follow the target's distribution p exactly, whatever the drafter.
 p and q are each side's own sampling distribution (temperature, top-k, top-p, min-p;
-one-hot argmax when greedy) from `metrics.sampling`. Pure functions of tensors."""
+one-hot argmax when greedy) from `metrics.sampling`; a greedy draft is a one-hot q, so
+it is accepted with p(x). `verify_match` is llama.cpp's way with greedy drafts: sample
+the target at each position and accept while the sample is the draft — the same law.
+Pure functions of tensors."""
 
 from __future__ import annotations
 
@@ -60,3 +63,19 @@ def verify_sampled(
     resid = torch.where(mass > 0, resid / mass.clamp(min=1e-30), p_n)
     nxt = torch.multinomial(resid, 1, generator=generator).squeeze(1)
     return n, nxt
+
+
+def verify_match(drafts: torch.Tensor, drafted: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample and compare (llama.cpp's `common_sampler_sample_and_accept_n`): y_j ~ p_j at
+    every position, drafts accepted while y_j = d_j; the first y_j that differs, or the
+    bonus y_m after all m were accepted, is the next token. Every emitted token is a
+    target sample, so the output follows p whatever the drafts; a draft x is accepted
+    with p(x). The samples past the first mismatch are drawn and never read: llama.cpp
+    stops there, and drawing them all at once changes no emitted token's law.
+
+    drafts [B, K], drafted [B], p [B, K+1, V] target probs -> (accepted n [B], next token [B])."""
+    b, k = drafts.shape
+    y = torch.multinomial(p.reshape(b * (k + 1), -1), 1, generator=generator).view(b, k + 1)  # [B, K+1]
+    in_draft = torch.arange(k, device=drafts.device)[None, :] < drafted[:, None]
+    n = leading_accepts((y[:, :k] == drafts) & in_draft)  # [B]
+    return n, y.gather(1, n[:, None]).squeeze(1)

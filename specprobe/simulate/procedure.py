@@ -1,0 +1,86 @@
+"""How a run drafts and verifies: the procedure of the engine it stands for, so that what
+the loop measures is what that engine would.
+
+    drafting      greedy: each draft is the drafter's argmax (ties: the lowest id), a
+                  one-hot q for the verify step; probabilistic: x ~ q
+    verify        rejection: accept x with min(1, p(x)/q(x)) (p(x) for a one-hot q), on
+                  rejection the next token from norm(max(0, p − q));
+                  sample-match: sample the target at each draft position, accept while
+                  the sample is the draft; the first sample that is not is the next
+                  token, and after K accepted a bonus token is sampled from p
+    confidence    what the adaptive threshold compares (`DraftRule.threshold`): max q
+                  under the drafter's sampling, or llama.cpp's draft sampler's top
+                  probability (its --spec-draft-p-min)
+    n_min         drafts shorter than this are dropped (llama.cpp's --spec-draft-n-min)
+
+Greedy drafts verified either way have one law: the draft is accepted with p(draft),
+and the token after the last accepted one follows p conditioned on not being the
+rejected draft. Both reproduce the target's distribution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specprobe.settings.engines import BY_ENGINE, GREEDY, PROBABILISTIC
+
+REJECTION, SAMPLE_MATCH = "rejection", "sample-match"
+MAX_Q, LLAMA_CPP_TOP = "max-q", "llama.cpp"
+
+# llama.cpp's draft sampler keeps the drafter's 10 best tokens (LLAMA_DRAFT_TOP_K) at
+# temperature 1; p_min is compared with the first one's probability among those
+LLAMA_CPP_DRAFT_TOP_K = 10
+
+# llama.cpp (common_sampler_sample_and_accept_n) and TensorRT-LLM verify by sampling the
+# target and comparing; the others run the rejection sampler
+_SAMPLE_MATCH_ENGINES = frozenset({"llama.cpp", "trtllm"})
+
+
+@dataclass(frozen=True)
+class Procedure:
+    """One engine's draft-and-verify procedure (see module doc)."""
+
+    drafting: str = PROBABILISTIC  # greedy | probabilistic
+    verify: str = REJECTION  # rejection | sample-match
+    confidence: str = MAX_Q  # max-q | llama.cpp
+    n_min: int = 0
+    engine: str | None = None  # the engine it stands for; None: the textbook procedure
+
+    def __post_init__(self) -> None:
+        if self.drafting not in (GREEDY, PROBABILISTIC) or self.verify not in (REJECTION, SAMPLE_MATCH) or self.confidence not in (MAX_Q, LLAMA_CPP_TOP):
+            raise ValueError(f"unknown procedure {self}")
+        if self.verify == SAMPLE_MATCH and self.drafting != GREEDY:
+            # a sampled draft compared with a target sample is accepted with Σ p·q, which
+            # no engine's probabilistic drafting runs
+            raise ValueError("sample-match verifies greedy drafts only")
+
+    @classmethod
+    def of(cls, engine: str, drafting: str | None = None, n_min: int = 0) -> Procedure:
+        """The engine's procedure, with its drafting overridden by `drafting` when given.
+        Sampled drafts are verified by rejection sampling whatever the engine: that is
+        what --draft-sampling probabilistic promises (acceptance Σ min(p, q))."""
+        d = drafting or BY_ENGINE[engine].draft_sampling
+        return cls(
+            drafting=d,
+            verify=SAMPLE_MATCH if engine in _SAMPLE_MATCH_ENGINES and d == GREEDY else REJECTION,
+            confidence=LLAMA_CPP_TOP if engine == "llama.cpp" else MAX_Q,
+            n_min=n_min,
+            engine=engine,
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.drafting == GREEDY
+
+    def describe(self) -> str:
+        """The procedure in words, for the result's record."""
+        if self.verify == SAMPLE_MATCH:
+            how = "greedy drafts (the drafter's argmax), verified by sampling the target at each draft position and accepting while its sample is the draft (the first other sample is the next token)"
+        elif self.greedy:
+            how = "greedy drafts (the drafter's argmax, a one-hot q), accepted with p(draft), else the next token from norm(max(0, p − onehot(draft)))"
+        else:
+            how = "sampled drafts (x ~ q), accepted with min(1, p/q), else the next token from norm(max(0, p − q))"
+        if self.confidence == LLAMA_CPP_TOP:
+            how += f"; adaptive K as --spec-draft-p-min: drafting stops before a draft whose probability among the drafter's {LLAMA_CPP_DRAFT_TOP_K} best tokens (temperature 1) is below the threshold"
+        if self.n_min > 1:
+            how += f"; drafts shorter than {self.n_min} dropped"
+        return how if self.engine is None else f"as {BY_ENGINE[self.engine].label} runs it: {how}"
