@@ -358,7 +358,9 @@ def test_run_simulate_result_schema(tiny_pair, tmp_path) -> None:
     from specprobe.settings.pipeline import SamplingFlags
     from specprobe.simulate import run_simulate
 
-    r = run_simulate(_sim_cfg(tiny_pair, tmp_path, "self", sampling=SamplingFlags(temperature=0.7)))
+    # sampled drafts: an identical drafter's q is p, so every draft is accepted (a greedy
+    # draft would be accepted with p(argmax) only)
+    r = run_simulate(_sim_cfg(tiny_pair, tmp_path, "self", sampling=SamplingFlags(temperature=0.7), draft_sampling="probabilistic"))
     assert r.command == "simulate" and r.scored and not r.interrupted
     m = r.measured
     assert [row.k for row in m.k_table] == [1, 3]

@@ -4,7 +4,8 @@ sample-and-compare verification and its --spec-draft-p-min / -n-min early stop, 
 textbook sampled drafts. Closed-form checks on synthetic tensors; on tiny random models,
 the real loop's counts: drafts are the argmax, accepted with p(draft) (binomial test),
 and the emitted tokens follow the target's distribution (chi-square) under either
-verification; greedy targets stay token-identical to plain decoding."""
+verification; greedy targets stay token-identical to plain decoding; the pipeline
+records the procedure it ran."""
 
 from __future__ import annotations
 
@@ -200,3 +201,20 @@ def test_llama_cpp_p_min_drafts_less_in_the_loop(spread) -> None:
     full = speculate(tgt, drafter, prompts, k=4, target_sampling=s, max_new_tokens=20, batch_size=3, procedure=LLAMA).counters
     gated = speculate(tgt, drafter, prompts, k=4, target_sampling=s, max_new_tokens=20, batch_size=3, threshold=0.3, procedure=LLAMA).counters
     assert gated.mean_k < full.mean_k
+
+
+# ----------------------------------------------------------------------------- the pipeline's record
+@pytest.mark.parametrize(("engine", "words"), [("vllm", "as vLLM runs it: greedy drafts"), ("llama.cpp", "as llama.cpp runs it: greedy drafts (the drafter's argmax), verified by sampling the target")])
+def test_pipeline_runs_and_records_the_engines_procedure(tiny_pair, tmp_path, engine, words) -> None:
+    """An identical drafter at T = 0.7: greedy drafts are accepted with p(argmax) < 1, not
+    always as sampled ones are; the config and the measured block's note say how."""
+    from specprobe.settings.pipeline import SamplingFlags
+    from specprobe.simulate import run_simulate
+    from tests.test_simulate import _sim_cfg
+
+    r = run_simulate(_sim_cfg(tiny_pair, tmp_path, "self", sampling=SamplingFlags(temperature=0.7), engine=engine))
+    assert r.config.model_dump()["engine"] == engine and r.config.model_dump()["draft_sampling"] == "greedy"
+    assert words in r.measured.note and r.measured.note.startswith("measured by real speculative decoding")
+    for row in r.measured.k_table:
+        assert 0.0 < row.accept_rate < 1.0
+    assert r.measured.adaptive is not None and r.measured.adaptive.threshold == 0.5

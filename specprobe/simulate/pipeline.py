@@ -22,9 +22,11 @@ from specprobe.probe.assemble import simulate_result
 from specprobe.probe.diagnose import load_pair, run_diagnose
 from specprobe.probe.references import load_prompt_set, references_by_turn
 from specprobe.result import Result
+from specprobe.settings.engines import BY_ENGINE
 from specprobe.settings.pipeline import SimulateConfig
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.loop import speculate
+from specprobe.simulate.procedure import Procedure
 from specprobe.simulate.sources import is_head
 
 
@@ -83,8 +85,9 @@ def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, tuple
     }
 
 
-def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, tuple[float, float, float]]) -> dict[str, Any]:
-    """The result's "measured" block (depth indexed from 1; τ includes the bonus token)."""
+def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, tuple[float, float, float]], procedure: Procedure | None = None) -> dict[str, Any]:
+    """The result's "measured" block (depth indexed from 1; τ includes the bonus token);
+    its note says which draft-and-verify procedure the loop ran."""
     base_tps = baseline.tokens_per_s if baseline is not None else float("nan")
     k_rows = [_measured_row(c, base_tps, estimate) for c in runs if c.num_drafts]
     deepest = max((c for c in runs if c.num_drafts), key=lambda c: c.k, default=None)
@@ -120,7 +123,7 @@ def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adap
         "baseline_wall_s": baseline.wall_s if baseline is not None else None,
         "baseline_target_ms_per_step": 1e3 * baseline.target_s / baseline.target_calls if baseline is not None and baseline.target_calls else None,
         "adaptive": adapt,
-        "note": "measured by real speculative decoding (draft→verify with rejection sampling) over the same prompts; τ includes the bonus token",
+        "note": f"measured by real speculative decoding ({(procedure or Procedure()).describe()}) over the same prompts; τ includes the bonus token",
     }
 
 
@@ -170,7 +173,9 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
         return simulate_result(estimate, cfg, None, table).model_copy(update={"interrupted": True})
     encoded = refs.encoded
     tau_estimate = estimate_by_k(estimate.k_table)
-    kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size}
+    # the engine's own procedure, so the measurement is what that engine would measure
+    procedure = Procedure.of(dcfg.engine, dcfg.drafting)
+    kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size, "procedure": procedure}
     runs: list[SimCounters] = []
     baseline: SimCounters | None = None
     adaptive: SimCounters | None = None
@@ -190,9 +195,11 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
         if cfg.adaptive_threshold is not None:
             run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
             adaptive = run.counters
-            with progress.task(f"adaptive K≤{max(cfg.ks)}, confidence ≥ {cfg.adaptive_threshold:g} ({n} prompts)", n) as advance:
+            knob = BY_ENGINE[dcfg.engine].adaptive_knob  # the engine's own flag, where it has one
+            gate = f"{knob} {cfg.adaptive_threshold:g}" if knob else f"confidence ≥ {cfg.adaptive_threshold:g}"
+            with progress.task(f"adaptive K≤{max(cfg.ks)}, {gate} ({n} prompts)", n) as advance:
                 speculate(target.model, step, encoded, k=max(cfg.ks), threshold=cfg.adaptive_threshold, run=run, advance=advance, **kw)
     except KeyboardInterrupt:
         interrupted = True
-    section = measured_section(runs, baseline, adaptive, tau_estimate)
+    section = measured_section(runs, baseline, adaptive, tau_estimate, procedure)
     return simulate_result(estimate, cfg, section, table, interrupted=interrupted)
