@@ -27,7 +27,9 @@ REJECTION, SAMPLE_MATCH = "rejection", "sample-match"
 MAX_Q, LLAMA_CPP_TOP = "max-q", "llama.cpp"
 
 # llama.cpp's draft sampler keeps the drafter's 10 best tokens (LLAMA_DRAFT_TOP_K) at
-# temperature 1; p_min is compared with the first one's probability among those
+# temperature 1; p_min is compared with the first one's probability among those, before
+# that token joins the draft (draft-simple; the older `draft` type, --draft-p-min, added
+# it first and stopped after it, one token longer)
 LLAMA_CPP_DRAFT_TOP_K = 10
 
 # llama.cpp (common_sampler_sample_and_accept_n) and TensorRT-LLM verify by sampling the
