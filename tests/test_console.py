@@ -240,8 +240,8 @@ def test_summary_csv_names_the_pair_and_writes_flags_as_integers(real_results, t
 def test_demo_help_and_readme_agree_on_how_long_it_takes() -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
     help_text = " ".join(cli80("demo", "--help").output.split())
-    said = re.search(r"((?:about an?|a few|about \d+) minutes?) on a 2-core CPU", help_text)
-    assert said and said.group(1) in readme, help_text
+    said = re.search(r"(\d+) CPU-seconds measured", help_text)  # a measured figure, the same in both
+    assert said and f"{said.group(1)} CPU-seconds measured" in readme, help_text
 
 
 def test_vocab_shuffled_drafter_is_announced_only_when_written(tiny_pair, tmp_path) -> None:
