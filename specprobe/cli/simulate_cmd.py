@@ -1,6 +1,7 @@
-"""`specprobe simulate TARGET DRAFTER`: real speculative decoding (draft→verify with
-rejection sampling) on the same prompts as `diagnose`, measured next to its
-teacher-forced estimate, with the SP6xx calibration rules on top."""
+"""`specprobe simulate TARGET DRAFTER`: real speculative decoding (draft→verify as the
+--engine does it: greedy drafts verified by rejection sampling or by sample-and-compare,
+or sampled drafts) on the same prompts as `diagnose`, measured next to its teacher-forced
+estimate, with the SP6xx calibration rules on top."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def simulate(
 ) -> None:
     """Real speculative decoding, measured: τ, acceptance per draft position, tokens/s
     and speedup against plain target decoding for each K — next to diagnose's
-    teacher-forced estimate on the same prompts, with the gap between them.
+    teacher-forced estimate on the same prompts, with the gap between them. Drafts are
+    made and verified as the --engine does it (vLLM by default: greedy drafts, each
+    accepted with the target's probability of it).
 
     Examples:
       specprobe simulate smollm2 self:layers=28 --temperature 0.7 --k 1,2,4 --max-prompts 8
