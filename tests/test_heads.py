@@ -461,3 +461,16 @@ def test_medusa_depths_beyond_its_heads_are_never_accepted(tmp_path, prompts) ->
     assert rows[4].tau_tokens == pytest.approx(rows[2].tau_tokens, abs=1e-9)
     assert rows[4].tau_renewal_tokens == pytest.approx(rows[2].tau_renewal_tokens, abs=1e-9)
     assert rows[4].speedup < rows[2].speedup  # two more drafts for nothing
+
+
+def test_heads_that_share_the_targets_positions_have_their_rope_checked(layouts) -> None:
+    """EAGLE-1/2, EAGLE-3 and MTP heads rotate with a rope the target's positions feed:
+    every such layout here is built with the target's (none differs); Medusa has no
+    positions of its own."""
+    for name, (target, spec) in layouts.items():
+        m, ev = _check_metrics(target, spec)
+        if name.startswith("medusa"):
+            assert "head_rope_theta_rel_diff" not in m, name
+        else:
+            assert (m["head_rope_theta_rel_diff"], m["head_rope_scaling_mismatch"]) == (0.0, 0), name
+            assert m["rope_theta_head"] == m["rope_theta_target"] == 10000.0, name

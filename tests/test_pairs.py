@@ -25,7 +25,9 @@ def _ids(result: dict) -> set[str]:
 
 
 def test_identical_pair_is_excellent(tiny_pair, tmp_path) -> None:
-    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path))
+    # sampled drafts: an identical drafter's every draft is accepted (a greedy one's only
+    # with the target's probability of its top token)
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, draft_sampling="probabilistic"))
     m = r.metrics
     assert r.scored and m["accept_prob_mean"] == pytest.approx(1.0, abs=1e-5)
     assert m["kl_target_draft_nats"] == pytest.approx(0.0, abs=1e-4)
@@ -61,20 +63,27 @@ def test_forced_shuffled_drafter_scores_near_zero(tiny_pair, tmp_path) -> None:
     assert r.scored and r.metrics["accept_prob_mean"] < 0.1
 
 
-def test_temperature_mismatch_is_an_error_finding(tiny_pair, tmp_path) -> None:
+def test_temperature_mismatch_follows_the_engines_drafting(tiny_pair, tmp_path) -> None:
     # the 'hot' drafter's own generation_config samples at 1.5, but engines sample both
     # models with the target's settings (1.0): reported at info level, not a mismatch
     r0 = run_diagnose(_cfg(tiny_pair, str(tiny_pair["hot"]), tmp_path))
     assert "SP012" not in _ids(r0) and r0.sampling.draft.temperature == 1.0
     assert next(f for f in r0.findings if f.rule_id == "SP018").severity == "info"
-    # a drafter temperature set on the command line is what the engine would use
-    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["hot"]), tmp_path, sampling=SamplingFlags(temperature=1.0, draft_temperature=1.5)))
+    # a drafter temperature set on the command line is what an engine that samples its
+    # drafts would use
+    hot = SamplingFlags(temperature=1.0, draft_temperature=1.5)
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["hot"]), tmp_path, sampling=hot, draft_sampling="probabilistic"))
     f = next(f for f in r.findings if f.rule_id == "SP012")
     assert f.severity == "error" and f.measured["temperature_abs_diff"] == pytest.approx(0.5)
     assert r.sampling.sources["draft.temperature"] == "flag"
-    # greedy drafter against a sampling target
-    r2 = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, sampling=SamplingFlags(temperature=0.8, draft_temperature=0.0)))
+    # vLLM drafts greedily by default: the same flag changes nothing it proposes (info)
+    rg = run_diagnose(_cfg(tiny_pair, str(tiny_pair["hot"]), tmp_path, sampling=hot))
+    assert "SP012" not in _ids(rg) and next(f for f in rg.findings if f.rule_id == "SP030").severity == "info"
+    # greedy drafter against a sampling target, where the drafts are sampled
+    greedy = SamplingFlags(temperature=0.8, draft_temperature=0.0)
+    r2 = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, sampling=greedy, draft_sampling="probabilistic"))
     assert "SP013" in _ids(r2)
+    assert "SP013" not in _ids(run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, sampling=greedy, engine="llama.cpp")))
 
 
 def test_layer_skip_matches_a_real_truncated_model(tiny_pair) -> None:
@@ -166,7 +175,7 @@ def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
         def logits(self, hidden, depth):
             return self.target.model.get_output_embeddings()(hidden)
 
-    cfg = _cfg(tiny_pair, "self", tmp_path, k_max=4)
+    cfg = _cfg(tiny_pair, "self", tmp_path, k_max=4, draft_sampling="probabilistic")
     base = load_pair(cfg, Progress())
     good = run_diagnose(cfg, pair=type(base)(base.target, OracleHeads(base.target, {1, 2, 3, 4}), base.sampling, base.alignment))
     assert good.depth.cumulative == pytest.approx([1.0, 1.0, 1.0, 1.0], abs=1e-4)

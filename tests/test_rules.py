@@ -211,7 +211,7 @@ def test_verdict_order_follows_the_families_list(tmp_path: Path) -> None:
     assert table.verdict(table.findings(metrics)) == "misaligned"
     assert table.verdict([x for x in table.findings(metrics) if x.rule_id != "SP010"]) == "undertrained"
     # a user file may reorder the shipped table's headline
-    both = {"accept_prob_mean": 0.2, "temperature_abs_diff": 0.3, "draft_greedy_target_sampling": 0}
+    both = {"accept_prob_mean": 0.2, "temperature_abs_diff": 0.3, "draft_greedy_target_sampling": 0, "draft_temperature_applies": 1}
     default = load_table()
     assert default.verdict(default.findings(both)) == default.get("SP012").verdict
     flipped = tmp_path / "flip.yaml"

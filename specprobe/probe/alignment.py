@@ -2,7 +2,13 @@
 chat template, normalizer/pre-tokenizer, context length and sampling settings.
 
 Produces catalogue metrics plus evidence lines; the rules table (family SP0xx) turns
-them into findings, so every finding carries a rule id and the measured values."""
+them into findings, so every finding carries a rule id and the measured values.
+
+The checks follow the engine the numbers are for (`settings.engines`): whether it drafts
+greedily (then the drafter's temperature changes nothing it proposes), which vocabulary
+differences it accepts (vLLM: equal vocab_size for a draft model unless
+use_heterogeneous_vocab; llama.cpp: `common_speculative_are_compatible`), and the context
+it serves. Given the loaded models (diagnose), the weights' scale is checked too."""
 
 from __future__ import annotations
 
@@ -11,9 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from specprobe.core.errors import ConfigError
 from specprobe.metrics.sampling import SEMANTICS, Sampling
+from specprobe.models.anatomy import final_norm
 from specprobe.models.heads.checks import head_checks
+from specprobe.settings.engines import BY_ENGINE, DRAFT_SAMPLING, ENGINE_NAMES, GREEDY, describe
 from specprobe.settings.pipeline import SamplingFlags
 
 MAX_EXAMPLES = 5
@@ -24,8 +34,9 @@ BLOCKING_RULES = ("SP001", "SP003", "SP005", "SP015", "SP016", "SP020", "SP022",
 _TRANSFORMERS_TOP_K = 50
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 _PENALTIES = (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
-
-
+# llama.cpp common/speculative.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE, SPEC_VOCAB_CHECK_START_TOKEN_ID
+LLAMACPP_VOCAB_MAX_SIZE_DIFFERENCE = 128
+LLAMACPP_VOCAB_CHECK_START_TOKEN_ID = 5
 
 
 @dataclass
@@ -38,6 +49,12 @@ class SamplingPair:
     draft_own: dict[str, float] | None = None
     # sampling written in config files (probe config, serving configs), by file name
     declared: dict[str, dict[str, float]] = field(default_factory=dict)
+    engine: str = "vllm"  # whose draft-and-verify procedure (settings.engines)
+    drafting: str | None = None  # greedy | probabilistic; None: the engine's own
+
+    @property
+    def resolved_drafting(self) -> str:
+        return self.drafting or BY_ENGINE[self.engine].draft_sampling
 
 
 def _explicit(gen: Any) -> dict[str, Any]:
@@ -77,6 +94,9 @@ def effective_sampling(
     target_gen: Any,
     draft_gen: Any | None,
     declared: Mapping[str, Mapping[str, float]] | None = None,
+    *,
+    engine: str = "vllm",
+    drafting: str | None = None,
 ) -> SamplingPair:
     """The sampling the serving engine will apply: a flag (or serving config, passed as
     flags) wins, then the TARGET's generation_config.json, then the engine's defaults.
@@ -85,7 +105,12 @@ def effective_sampling(
     request's one set of parameters, so the drafter gets the target's settings unless a
     --draft-* flag (or a serving config's draft settings) says otherwise. The drafter's
     own generation_config (draft_gen; None when the drafter is the target) is only
-    recorded in `draft_own`, for an info-level finding."""
+    recorded in `draft_own`, for an info-level finding. `engine` and `drafting` (greedy |
+    probabilistic; None: the engine's own) travel on the pair, resolved, for `compare`."""
+    if engine not in BY_ENGINE:
+        raise ConfigError(f"engine {engine!r} is not one of {', '.join(ENGINE_NAMES)}", "use --engine " + " | ".join(ENGINE_NAMES))
+    if drafting is not None and drafting not in DRAFT_SAMPLING:
+        raise ConfigError(f"draft sampling {drafting!r} is not one of {', '.join(DRAFT_SAMPLING)}", "use --draft-sampling greedy or probabilistic")
     sem = flags.sampling_semantics
     if sem not in SEMANTICS:
         raise ConfigError(f"sampling semantics {sem!r} is not one of {', '.join(SEMANTICS)}", "use --sampling-semantics vllm, sglang or transformers")
@@ -129,7 +154,7 @@ def effective_sampling(
         **penalties,
     )
     own = None if draft_gen is None else own_sampling(draft_gen)
-    return SamplingPair(target, draft, src, own, {k: dict(v) for k, v in (declared or {}).items()})
+    return SamplingPair(target, draft, src, own, {k: dict(v) for k, v in (declared or {}).items()}, engine, drafting or BY_ENGINE[engine].draft_sampling)
 
 
 @dataclass
@@ -152,14 +177,16 @@ def _ids(tok: Any, cfg: Any, gen: Any, name: str) -> set[int]:
     return out
 
 
-def _tokenizer_part(tok: Any, part: str) -> Any:
+def _tokenizer_json(tok: Any) -> dict[str, Any]:
+    """The fast tokenizer's own description (model, normalizer, pre-tokenizer), parsed once."""
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
-        return None
+        return {}
     try:
-        return json.loads(backend.to_str()).get(part)
+        out = json.loads(backend.to_str())
     except Exception:
-        return None
+        return {}
+    return out if isinstance(out, dict) else {}
 
 
 def _special_tokens(tok: Any) -> dict[str, int]:
@@ -167,14 +194,228 @@ def _special_tokens(tok: Any) -> dict[str, int]:
     return {str(t.content if hasattr(t, "content") else t): int(i) for i, t in decoder.items()}
 
 
-def compare(target_info: Any, draft_info: Any, sampling: SamplingPair) -> AlignmentReport:
-    """All alignment metrics between two ModelInfo objects (tokenizer + configs)."""
+# ----------------------------------------------------------------------------- the engine's procedure
+def _greedy_knob(engine: str, drafting_default: bool) -> str:
+    """Where the engine's greedy drafting is set, for the messages."""
+    if not drafting_default:
+        return "--draft-sampling greedy"
+    knob = BY_ENGINE[engine].knob
+    return knob.split(" (")[0] if " (" in knob else f"{knob}: greedy"
+
+
+def _drafting(sampling: SamplingPair, m: dict[str, Any], ev: dict[str, list[str]], facts: dict[str, Any]) -> None:
+    """Under greedy drafting the engine proposes argmax q, which no temperature moves:
+    the drafter's temperature (and a greedy drafter against a sampling target) is then the
+    engine's design, not a mismatch."""
+    engine, drafting = sampling.engine, sampling.resolved_drafting
+    facts["engine"], facts["drafting"] = engine, drafting
+    greedy = drafting == GREEDY
+    m["draft_temperature_applies"] = int(not greedy)
+    given = sampling.sources.get("draft.temperature") not in (None, "target's")
+    m["draft_temperature_ignored"] = int(greedy and given)
+    line = describe(engine, drafting)
+    facts["procedure"] = line
+    ev["draft_temperature_applies"] = [line]
+    ev.setdefault("temperature_abs_diff", []).append(line)
+    if greedy:
+        e = BY_ENGINE[engine]
+        knob = _greedy_knob(engine, e.draft_sampling == GREEDY)
+        ev["draft_temperature_ignored"] = [
+            f"{e.label} drafts the drafter's top token ({knob}): the drafter's temperature does not change its drafts",
+            f"drafter temperature {sampling.draft.temperature:g} from {sampling.sources.get('draft.temperature')}; {line}",
+        ]
+
+
+# ----------------------------------------------------------------------------- vocabularies as the engines pair them
+def _vocab_kind(tj: Mapping[str, Any]) -> str | None:
+    """llama.cpp's vocab type as its converter would write it: SentencePiece-style BPE
+    (byte fallback) is SPM, byte-level BPE is BPE, Unigram UGM, WordPiece WPM."""
+    raw = tj.get("model")
+    model: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+    kind = model.get("type")
+    if kind == "BPE":
+        return "SPM" if model.get("byte_fallback") else "BPE"
+    return {"Unigram": "UGM", "WordPiece": "WPM"}.get(str(kind), str(kind) if kind else None)
+
+
+def _adds(tok: Any) -> tuple[bool, bool]:
+    """Whether the tokenizer puts BOS in front / EOS behind what it encodes (llama.cpp's
+    add_bos / add_eos), read from what it does to one character."""
+    try:
+        ids = list(tok("a")["input_ids"])
+    except Exception:
+        return False, False
+    bos, eos = getattr(tok, "bos_token_id", None), getattr(tok, "eos_token_id", None)
+    return bool(ids and bos is not None and ids[0] == bos), bool(ids and eos is not None and ids[-1] == eos)
+
+
+def llamacpp_vocab_problems(tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any]) -> list[str]:
+    """What llama.cpp's `common_speculative_are_compatible` refuses in this pair, one line
+    per failed check (empty: compatible): the vocab type, BOS (when it is added), EOS
+    (when it is added), a size difference over 128 and the text of each token id from 5
+    up to the smaller vocabulary."""
+    out: list[str] = []
+    kt, kd = _vocab_kind(tj), _vocab_kind(dj)
+    if kt != kd:
+        out.append(f"vocab type: target {kt}, drafter {kd}")
+    (bos_t, eos_t), (bos_d, eos_d) = _adds(tt), _adds(dt)
+    if bos_t != bos_d or (bos_t and tt.bos_token_id != dt.bos_token_id):
+        out.append(f"BOS: target adds {bos_t} (id {tt.bos_token_id}), drafter adds {bos_d} (id {dt.bos_token_id})")
+    if eos_t != eos_d or (eos_t and tt.eos_token_id != dt.eos_token_id):
+        out.append(f"EOS: target adds {eos_t} (id {tt.eos_token_id}), drafter adds {eos_d} (id {dt.eos_token_id})")
+    if abs(vt - vd) > LLAMACPP_VOCAB_MAX_SIZE_DIFFERENCE:
+        out.append(f"vocab sizes {vt} and {vd} differ by {abs(vt - vd)} > {LLAMACPP_VOCAB_MAX_SIZE_DIFFERENCE} (SPEC_VOCAB_MAX_SIZE_DIFFERENCE)")
+    else:
+        # ids past a tokenizer's own tokens are the converter's [PAD{id}] rows
+        it = {i: t for t, i in tt.get_vocab().items()}
+        idr = {i: t for t, i in dt.get_vocab().items()}
+        for i in range(LLAMACPP_VOCAB_CHECK_START_TOKEN_ID, min(vt, vd)):
+            a, b = it.get(i, f"[PAD{i}]"), idr.get(i, f"[PAD{i}]")
+            if a != b:
+                out.append(f"token {i}: target {a!r}, drafter {b!r} (the text of every id from {LLAMACPP_VOCAB_CHECK_START_TOKEN_ID} must agree)")
+                break
+    return out
+
+
+def _space_prefixes(tok: Any) -> tuple[str, ...]:
+    """The mark a tokenizer puts on word-initial spaces (Ġ, ▁), found by encoding ' a'."""
+    try:
+        ids = tok.encode(" a", add_special_tokens=False)
+        piece = tok.convert_ids_to_tokens(ids[0]) if ids else None
+        if isinstance(piece, str) and len(piece) > 1 and piece.endswith("a") and piece[0] not in (" ", "\t"):
+            return (piece[:-1],)
+    except Exception:
+        pass
+    return ("\u0120", "\u2581")
+
+
+def _normalised(tok: Any) -> set[str]:
+    prefixes = _space_prefixes(tok)
+    out: set[str] = set()
+    for t in tok.get_vocab():
+        p = next((x for x in prefixes if t.startswith(x)), None)
+        out.add(" " + t[len(p) :] if p else t)
+    return out
+
+
+def shared_vocab_frac(tt: Any, dt: Any, vt: int) -> float:
+    """Share of the target's vocabulary whose token text (word-initial space marks made
+    alike) the drafter's vocabulary also holds: what vLLM's use_heterogeneous_vocab lets a
+    draft model propose."""
+    return len(_normalised(tt) & _normalised(dt)) / max(vt, 1)
+
+
+def _engine_vocab(engine: str, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
+    """Whether the engine pairs the two vocabularies as they are, in its own terms."""
+    m["engine_vocab_incompatible"] = None
+    m["vocab_shared_frac"] = None
+    if engine == "vllm":
+        bad = vt != vd
+        m["engine_vocab_incompatible"] = int(bad)
+        differ = bad or m.get("token_id_mismatch_count", 0) > 0
+        if bad:
+            ev["engine_vocab_incompatible"] = [
+                f"vLLM refuses a draft model whose vocab_size differs from the target's (target {vt}, drafter {vd}): "
+                "'Target and draft model should have the same vocabulary size' unless speculative_config.use_heterogeneous_vocab is true"
+            ]
+        if differ:
+            frac = shared_vocab_frac(tt, dt, vt)
+            m["vocab_shared_frac"] = frac
+            ev["vocab_shared_frac"] = [
+                f"the vocabularies share {100 * frac:.1f}% of the target's {vt} tokens; with use_heterogeneous_vocab vLLM masks the drafter's other tokens "
+                "and drafts greedily (draft_sample_method probabilistic is refused with it)"
+            ]
+        else:
+            m["vocab_shared_frac"] = 1.0
+    elif engine == "llama.cpp":
+        problems = llamacpp_vocab_problems(tt, dt, vt, vd, tj, dj)
+        m["engine_vocab_incompatible"] = int(bool(problems))
+        if problems:
+            ev["engine_vocab_incompatible"] = [f"llama.cpp common_speculative_are_compatible fails: {p}" for p in problems[:MAX_EXAMPLES]] + [
+                "llama-server's draft-simple then refuses the drafter ('draft model vocab type must match target model'); "
+                "builds that translate instead re-tokenise every draft through text"
+            ]
+
+
+# ----------------------------------------------------------------------------- the weights' scale (diagnose)
+SCALE_SAMPLE_ROWS = 2048
+_SCALE_PROBES = 256
+
+
+def _embedding_rms(embed: Any, vocab: int) -> float:
+    """Median RMS of the rows the embedding module returns (a scaled embedding's own
+    multiplier included), over evenly spaced ids past the specials."""
+    ids = torch.linspace(min(4, vocab - 1), vocab - 1, min(SCALE_SAMPLE_ROWS, vocab)).long().unique()
+    w = getattr(embed, "weight", None)
+    dev = w.device if w is not None else "cpu"
+    with torch.inference_mode():
+        rows = embed(ids.to(dev)).float()
+    return float(rows.pow(2).mean(-1).sqrt().median())
+
+
+def _logit_scale(model: Any, head: Any) -> float:
+    """How far the model spreads its logits for a hidden state of unit RMS: std over the
+    vocabulary of head(final_norm(u)), u ~ N(0, 1), median over probes, per √width (so
+    drafters of another width compare per coordinate). The final norm's weight, the LM
+    head's rows and the architecture's post-head transform all enter."""
+    norm = final_norm(model)
+    w = model.get_output_embeddings().weight
+    width = int(w.shape[1])
+    u = torch.randn(_SCALE_PROBES, width, generator=torch.Generator().manual_seed(0)).to(device=w.device, dtype=w.dtype)
+    with torch.inference_mode():
+        logits = head(norm(u)).float()
+    return float(logits.std(-1).median()) / width**0.5
+
+
+def scale_checks(target: Any, drafter: Any) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """Drafter/target ratios of the embedding scale and the logit scale, from the loaded
+    weights (no forward pass over text). A self-draft shares the target's tensors (1 by
+    construction); a head is measured on the embedding it reads raw (EAGLE-1: fc over
+    [embedding; hidden]); EAGLE-3 and MTP normalise their embedding first, and a head's
+    LM head reads its own features, so neither ratio is taken for them."""
+    m: dict[str, Any] = {"embedding_scale_ratio": None, "logit_scale_ratio": None}
+    ev: dict[str, list[str]] = {}
+    kind = getattr(drafter, "kind", "independent")
+    tm = target.model
+    vt = int(tm.get_input_embeddings().weight.shape[0])
+    loaded = getattr(drafter, "loaded", None)
+    t_emb = _embedding_rms(tm.get_input_embeddings(), vt)
+    if kind == "layer_skip" or (kind == "independent" and loaded is None):
+        m["embedding_scale_ratio"] = m["logit_scale_ratio"] = 1.0
+        return m, ev
+    if loaded is not None:
+        dm = loaded.model
+        d_emb = _embedding_rms(dm.get_input_embeddings(), int(dm.get_input_embeddings().weight.shape[0]))
+        t_log, d_log = _logit_scale(tm, target.head), _logit_scale(dm, loaded.head)
+        m["logit_scale_ratio"] = d_log / t_log if t_log > 0 else None
+        ev["logit_scale_ratio"] = [
+            f"logit spread per √width for a unit-RMS hidden state through final norm and LM head: drafter {d_log:.4g}, target {t_log:.4g}"
+        ]
+    elif kind == "eagle":
+        drafter.ensure_built()  # the head's modules load on first use; scoring needs them next anyway
+        d_emb = _embedding_rms(drafter.embed, vt)
+    else:
+        return m, ev
+    m["embedding_scale_ratio"] = d_emb / t_emb if t_emb > 0 else None
+    ev["embedding_scale_ratio"] = [f"median RMS of the embedding rows: drafter {d_emb:.4g}, target {t_emb:.4g}"]
+    return m, ev
+
+
+# ----------------------------------------------------------------------------- compare
+def compare(target_info: Any, draft_info: Any, sampling: SamplingPair, *, serving_context: int | None = None, models: tuple[Any, Any] | None = None) -> AlignmentReport:
+    """All alignment metrics between two ModelInfo objects (tokenizer + configs).
+
+    serving_context: the context the engine serves (a serving config's max_model_len),
+    when known; the drafter's window is held to it instead of the target's. models: the
+    loaded (target, drafter), which adds the weight-scale ratios (diagnose; check loads
+    no weights)."""
     m: dict[str, Any] = {}
     ev: dict[str, list[str]] = {}
     same = target_info is draft_info
     tt, dt = target_info.tokenizer, draft_info.tokenizer
     tc, dc = target_info.config, draft_info.config
-
+    tj = _tokenizer_json(tt)
+    dj = tj if dt is tt else _tokenizer_json(dt)
     vt = int(getattr(tc, "vocab_size", 0) or len(tt))
     vd = int(getattr(dc, "vocab_size", 0) or len(dt))
     m["vocab_size_target"], m["vocab_size_draft"], m["vocab_size_diff"] = vt, vd, abs(vt - vd)
@@ -220,7 +461,7 @@ def compare(target_info: Any, draft_info: Any, sampling: SamplingPair) -> Alignm
             f"target template: {'none' if tct is None else f'{len(tct)} chars'}; drafter: {'none' if dct is None else f'{len(dct)} chars'}"
         ]
     for part, key in (("normalizer", "normalizer_mismatch"), ("pre_tokenizer", "pretokenizer_mismatch")):
-        a, b = _tokenizer_part(tt, part), _tokenizer_part(dt, part)
+        a, b = tj.get(part), dj.get(part)
         m[key] = int(a != b)
         if a != b:
             ev[key] = [f"{part}: target {json.dumps(a)[:80]} vs drafter {json.dumps(b)[:80]}"]
@@ -229,7 +470,18 @@ def compare(target_info: Any, draft_info: Any, sampling: SamplingPair) -> Alignm
     cd = getattr(dc, "max_position_embeddings", None)
     m["context_length_target_tokens"] = ct
     m["context_length_draft_tokens"] = cd
-    m["context_length_deficit_tokens"] = max(0, ct - cd) if isinstance(ct, int) and isinstance(cd, int) else None
+    m["context_length_serving_tokens"] = serving_context
+    # the context the engine serves: the serving config's when given, else the target's
+    served = serving_context if serving_context is not None else ct
+    m["context_length_deficit_tokens"] = max(0, served - cd) if isinstance(served, int) and isinstance(cd, int) else None
+    if isinstance(served, int) and isinstance(cd, int) and served > cd:
+        where = "the serving config's max_model_len" if serving_context is not None else "the target's max_position_embeddings"
+        ev["context_length_deficit_tokens"] = [f"the engine serves up to {served} tokens ({where}); the drafter's max_position_embeddings is {cd}"]
+
+    if same:
+        m["engine_vocab_incompatible"], m["vocab_shared_frac"] = 0, 1.0
+    elif (getattr(draft_info, "extra", None) or {}).get("head") is None:
+        _engine_vocab(sampling.engine, tt, dt, vt, vd, tj, dj, m, ev)
 
     t, d = sampling.target, sampling.draft
     m["temperature_target"], m["temperature_draft"] = t.temperature, d.temperature
@@ -265,18 +517,22 @@ def compare(target_info: Any, draft_info: Any, sampling: SamplingPair) -> Alignm
             f"presence_penalty {t.presence_penalty:g} ({sampling.sources.get('target.presence_penalty')})"
         ]
 
-    facts = {
+    facts: dict[str, Any] = {
         "target": {"name": target_info.name, "vocab": vt, "tokenizer": len(tt), "context": ct, "sampling": t.describe()},
         "drafter": {"name": draft_info.name, "vocab": vd, "tokenizer": len(dt), "context": cd, "sampling": d.describe()},
         "sampling_sources": sampling.sources,
         "sampling_semantics": t.semantics,
         "drafter_own_sampling": sampling.draft_own,
     }
+    _drafting(sampling, m, ev, facts)
     head = (getattr(draft_info, "extra", None) or {}).get("head")
     if head is not None:  # a head drafter: its shapes, vocabulary map and layers too
-
         hr = head_checks(head, target_info, draft_info.extra.get("serving_k"))
         m.update(hr.metrics)
         ev.update(hr.evidence)
         facts["head"] = hr.facts
+    if models is not None:
+        sm, sev = scale_checks(*models)
+        m.update(sm)
+        ev.update(sev)
     return AlignmentReport(m, ev, facts)

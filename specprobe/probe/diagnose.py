@@ -62,9 +62,9 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
         progress.note(f"building drafter {cfg.drafter}")
         drafter = build_drafter(cfg.drafter, target, cfg.device, cfg.dtype, progress, info=None if dinfo is target.info else dinfo)
     draft_gen = None if drafter.info is target.info else drafter.info.generation_config
-    pair = effective_sampling(cfg.sampling, target.info.generation_config, draft_gen)
+    pair = effective_sampling(cfg.sampling, target.info.generation_config, draft_gen, engine=cfg.engine, drafting=cfg.drafting)
     pair.sources = relabel_sources(pair.sources, cfg.sampling_origins)  # "--temperature" / "probe.yaml", not "flag"
-    return Pair(target, drafter, pair, compare(target.info, drafter.info, pair))
+    return Pair(target, drafter, pair, compare(target.info, drafter.info, pair, models=(target, drafter)))
 
 
 # ----------------------------------------------------------------------------- the pipeline

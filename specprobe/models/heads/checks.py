@@ -15,7 +15,11 @@ What each check guards against, in the engines' own terms:
 - the verifier named in speculators_config, and the layer model type vLLM runs;
 - an embedding the head lacks and cannot share; Medusa heads or MTP layers declared
   but not stored;
-- a serving K beyond the heads a Medusa/MTP checkpoint has.
+- a serving K beyond the heads a Medusa/MTP checkpoint has;
+- rope theta and scaling of a head that shares the target's positions (EAGLE-1/2,
+  EAGLE-3, MTP): the engine feeds it the target's position ids and builds its rotary
+  table from the head's own config, so a head config with another rope encodes the same
+  positions differently from the states it reads.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from specprobe.models.heads.medusa import block_names
 from specprobe.models.heads.vocab import d2t_problems
 
 MAX_LINES = 5
+# transformers' Llama default, which a config without rope settings gets
+DEFAULT_ROPE_THETA = 10000.0
+ROPE_THETA_REL_TOL = 1e-3
 
 
 @dataclass
@@ -65,6 +72,8 @@ def head_checks(layout: HeadLayout, target_info: Any, serving_k: int | None = No
         _medusa(layout, ht, vt, r)
     else:
         _mtp(layout, ht, r)
+    if layout.kind in ("eagle", "eagle3", "mtp"):
+        _rope(layout, tc, r)
     if layout.kind in ("medusa", "mtp") and serving_k is not None and layout.depths:
         excess = max(0, int(serving_k) - int(layout.depths))
         r.add("spec_tokens_beyond_heads", excess, f"serving K = {serving_k}; the checkpoint has {layout.depths} {'heads' if layout.kind == 'medusa' else 'MTP layers'}")
@@ -231,3 +240,55 @@ def _mtp(layout: HeadLayout, ht: int, r: HeadReport) -> None:
     miss = d["missing"]
     r.add("head_weights_missing", len(miss), *[f"MTP layer {k} ({d['prefixes'][k]}): {', '.join(v[:3])}{' …' if len(v) > 3 else ''} missing" for k, v in list(miss.items())[:MAX_LINES]])
     r.facts["mtp"] = {"layers": d["num_layers"], "declared": d["declared"], "concat": "[hidden; embed]" if d["hidden_first"] else "[embed; hidden]"}
+
+
+# ----------------------------------------------------------------------------- rope
+def rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:
+    """(rope theta, scaling) of a config dict or object, in either spelling: transformers
+    5's rope_parameters {rope_theta, rope_type, …} or the older rope_theta + rope_scaling.
+    Scaling None means plain rope (rope_type default)."""
+    params = _tcfg(config, "rope_parameters")
+    scaling = _tcfg(config, "rope_scaling")
+    merged: dict[str, Any] = {}
+    for part in (scaling, params):
+        if isinstance(part, dict):
+            merged.update(part)
+    theta = merged.pop("rope_theta", None)
+    if theta is None:
+        theta = _tcfg(config, "rope_theta")
+    kind = merged.pop("rope_type", merged.pop("type", None))
+    if kind not in (None, "default") or merged:
+        return float(theta if theta is not None else DEFAULT_ROPE_THETA), {"rope_type": kind or "default", **merged}
+    return float(theta if theta is not None else DEFAULT_ROPE_THETA), None
+
+
+def _same_scaling(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    if set(a) != set(b):
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
+            if abs(float(x) - float(y)) > 1e-6 * max(1.0, abs(float(y))):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _rope(layout: HeadLayout, target_config: Any, r: HeadReport) -> None:
+    """A head's rope against the target's: the head reads the target's states at the
+    target's positions, and the engine rotates its queries and keys with its own config's
+    rope (MTP layers run with the target's own config)."""
+    t_theta, t_scaling = rope_settings(target_config)
+    if layout.kind == "mtp":
+        h_theta, h_scaling = t_theta, t_scaling
+    else:
+        h_theta, h_scaling = rope_settings(layout.details.get("layer_config") or layout.config)
+    rel = abs(h_theta - t_theta) / t_theta if t_theta else 0.0
+    r.metrics["rope_theta_target"], r.metrics["rope_theta_head"] = t_theta, h_theta
+    r.add("head_rope_theta_rel_diff", rel, *([f"rope_theta: head {h_theta:g}, target {t_theta:g}"] if rel > ROPE_THETA_REL_TOL else []))
+    bad = not _same_scaling(h_scaling, t_scaling)
+    r.add("head_rope_scaling_mismatch", int(bad), *([f"rope scaling: head {h_scaling or 'none'}, target {t_scaling or 'none'}"] if bad else []))
+    r.facts["rope"] = {"head": {"theta": h_theta, "scaling": h_scaling}, "target": {"theta": t_theta, "scaling": t_scaling}}
