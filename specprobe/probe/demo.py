@@ -27,6 +27,8 @@ class DemoRow:
     label: str
     drafter: str
     draft_temperature: float | None = None
+    # a drafter temperature only changes sampled drafts: greedy drafting proposes argmax q
+    draft_sampling: str | None = None
     force: bool = False
 
 
@@ -82,7 +84,7 @@ def demo_rows(shuffled_path: str) -> list[DemoRow]:
         DemoRow("itself (sanity: α = 1)", "self"),
         DemoRow("self-draft, first 28 of 30 layers", "self:layers=28"),
         DemoRow("self-draft, first 24 of 30 layers", "self:layers=24"),
-        DemoRow("itself, drafter sampling at T=1.2", "self", draft_temperature=1.2),
+        DemoRow("itself, drafter sampling at T=1.2", "self", draft_temperature=1.2, draft_sampling="probabilistic"),
         DemoRow("vocab-shuffled twin", shuffled_path, force=True),
     ]
 
@@ -100,7 +102,7 @@ def run_demo(base: DiagnoseConfig, progress: Progress | None = None) -> list[tup
     for row in demo_rows(str(shuffled)):
         progress.note(f"row: {row.label}")
         flags = replace(base.sampling, draft_temperature=row.draft_temperature)
-        cfg = replace(base, drafter=row.drafter, sampling=flags, force=row.force, keep_positions=False)
+        cfg = replace(base, drafter=row.drafter, sampling=flags, force=row.force, keep_positions=False, draft_sampling=row.draft_sampling or base.draft_sampling)
         pair: Pair = load_pair(cfg, progress, target=target)
         result = run_diagnose(cfg, progress, table=table, pair=pair)
         results.append((row.label, result))
