@@ -44,8 +44,11 @@ def test_check_exit_codes(tiny_pair, tmp_path) -> None:
     assert bad.exit_code == 1 and "SP003" in bad.output
     # the 'hot' drafter's own generation_config (T=1.5) is not what the engine uses: info only
     assert run("check", t, str(tiny_pair["hot"]), "--temperature", "1.0").exit_code == 0
-    hot = run("check", t, str(tiny_pair["twin"]), "--temperature", "1.0", "--draft-temperature", "1.5")
+    # a drafter sampled hotter than the target (sampled drafts: greedy drafting ignores its temperature)
+    hot = run("check", t, str(tiny_pair["twin"]), "--temperature", "1.0", "--draft-temperature", "1.5", "--draft-sampling", "probabilistic")
     assert hot.exit_code == 1 and "SP012" in hot.output
+    greedy = run("check", t, str(tiny_pair["twin"]), "--temperature", "1.0", "--draft-temperature", "1.5")
+    assert greedy.exit_code == 0 and "SP030" in greedy.output
     assert run("check", t, str(tiny_pair["hot"]), "--fail-on", "never").exit_code == 0
 
 

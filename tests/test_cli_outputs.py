@@ -63,14 +63,15 @@ def _finding(data: dict, rule_id: str) -> dict:
 
 
 def test_sp012_names_where_each_temperature_came_from(tiny_pair, tmp_path: Path) -> None:
+    # sampled drafts: the drafter's temperature is the one it drafts at (greedy drafting ignores it, SP030)
     t, d = str(tiny_pair["target"]), str(tiny_pair["twin"])
-    res = run("check", t, d, "--temperature", "0.7", "--draft-temperature", "1.2", "--json", str(tmp_path / "a.json"))
+    res = run("check", t, d, "--temperature", "0.7", "--draft-temperature", "1.2", "--draft-sampling", "probabilistic", "--json", str(tmp_path / "a.json"))
     assert res.exit_code == 1, res.output
     sp012 = _finding(json.loads((tmp_path / "a.json").read_text()), "SP012")
     assert "temperature 1.2 while the target samples at 0.7" in sp012["message"]
     assert "target temperature from --temperature, drafter from --draft-temperature" in sp012["evidence"]
     cfg = tmp_path / "probe.yaml"
-    cfg.write_text(f"target: {t}\ndrafter: {d}\ntemperature: 0.7\ndraft_temperature: 1.2\n")
+    cfg.write_text(f"target: {t}\ndrafter: {d}\ntemperature: 0.7\ndraft_temperature: 1.2\ndraft_sampling: probabilistic\n")
     res = run("check", "--config", str(cfg), "--json", str(tmp_path / "b.json"))
     assert res.exit_code == 1, res.output
     sp012 = _finding(json.loads((tmp_path / "b.json").read_text()), "SP012")

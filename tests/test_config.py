@@ -1,4 +1,4 @@
-"""Probe config files (YAML/TOML → ProbeConfig) and serving configs (vLLM, SGLang).
+"""Probe config files (YAML/TOML → ProbeConfig) and serving configs (vLLM, SGLang, llama.cpp, TensorRT-LLM).
 
 Every file in sample_configs/ is loaded here by what it is."""
 
@@ -13,12 +13,9 @@ from pydantic import ValidationError
 
 from specprobe.core.errors import ConfigError
 from specprobe.settings.config import ProbeConfig, load_probe_config, probe_config_from_mapping
-from specprobe.settings.serving import (
-    Setting,
-    describe_serving,
-    read_serving_config,
-    resolve_sampling,
-)
+from specprobe.settings.model import for_command
+from specprobe.settings.options import merge
+from specprobe.settings.serving import describe_serving, read_serving_config
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_configs"
 
@@ -37,15 +34,28 @@ def test_every_sample_config_is_loaded() -> None:
         if path.name.startswith("probe-"):
             cfg = load_probe_config(path)
             assert cfg.target == "smollm2" and cfg.drafter == "self:layers=28", path
-        elif path.name.startswith(("vllm-", "sglang-")):
+        elif path.name.startswith(tuple(SERVING_SAMPLES)):
             sc = read_serving_config(path)
-            assert sc.engine == path.name.split("-")[0] and sc.drafter and sc.num_speculative_tokens, path
+            engine = next(e for prefix, e in SERVING_SAMPLES.items() if path.name.startswith(prefix))
+            assert sc.engine == engine and sc.drafter and sc.num_speculative_tokens, path
         elif path.name.startswith("github-actions-"):
             _check_workflow(path)
         else:
             raise AssertionError(f"no test loads {path.name}; add it to this test")
         seen.add(path.name)
-    assert {"probe-smollm2.yaml", "probe-smollm2.toml", "vllm-speculative-config.json", "sglang-launch.yaml", "github-actions-drafter-gate.yml"} <= seen
+    assert {
+        "probe-smollm2.yaml",
+        "probe-smollm2.toml",
+        "vllm-speculative-config.json",
+        "sglang-launch.yaml",
+        "llama-server-launch.sh",
+        "trtllm-extra-llm-api-options.yaml",
+        "github-actions-drafter-gate.yml",
+    } <= seen
+
+
+# serving-config samples by name: the engine each is for
+SERVING_SAMPLES = {"vllm-": "vllm", "sglang-": "sglang", "llama-server-": "llama.cpp", "trtllm-": "trtllm"}
 
 
 def _check_workflow(path: Path) -> None:
@@ -197,30 +207,32 @@ def test_sglang_launch_config() -> None:
 
 def test_sampling_from_flags_files_and_serving_configs(tmp_path: Path) -> None:
     """The sample pair: the probe measures at 0.7, the SGLang server samples at 1.0."""
-    serving = read_serving_config(SAMPLES / "sglang-launch.yaml")
-    vllm = read_serving_config(SAMPLES / "vllm-speculative-config.json")
-    probe = {"temperature": Setting(0.7, "probe-smollm2.yaml"), "draft_temperature": Setting(0.7, "probe-smollm2.yaml")}
-    chosen, declared = resolve_sampling(probe, [serving, vllm])
-    # a probe file beats a serving config; the server's top_p fills what the file leaves out
-    assert chosen["temperature"] == Setting(0.7, "probe-smollm2.yaml") and chosen["top_p"] == Setting(0.95, "sglang-launch.yaml")
-    assert chosen["draft_temperature"].source == "probe-smollm2.yaml" and "draft_top_p" not in chosen
-    # what each place said, for the conflict rule; the vLLM config sets no sampling
-    assert declared == {"probe-smollm2.yaml": {"temperature": 0.7}, "sglang-launch.yaml": {"temperature": 1.0, "top_p": 0.95}}
+    params = {s.name: s.default_for("check") for s in for_command("check")}
+    probe = SAMPLES / "probe-smollm2.yaml"  # its serving configs: sglang-launch.yaml, then vllm-speculative-config.json
+    opts = merge("check", params, set(), probe)
+    # a probe file beats a serving config; the server's top_p… is the file's too, and the
+    # drafter's top_p is the file's; nothing the vLLM config says is sampling
+    assert (opts.temperature, opts.origins["temperature"]) == (0.7, "probe-smollm2.yaml: temperature")
+    assert (opts.engine, opts.origins["engine"]) == ("vllm", "probe-smollm2.yaml: engine")  # the two configs run two engines
+    assert [sv.source.name for sv in opts.servings] == ["sglang-launch.yaml", "vllm-speculative-config.json"]
+    # what each place said, for the conflict rule
+    assert opts.declared == {"probe-smollm2.yaml": {"temperature": 0.7, "top_p": 0.95, "top_k": 0.0}, "sglang-launch.yaml": {"temperature": 1.0, "top_p": 0.95}}
     # a flag typed on the command line wins over everything and is named as such
-    chosen, declared = resolve_sampling({"temperature": Setting(0.6, "--temperature", from_flag=True)}, [serving])
-    assert chosen["temperature"].source == "--temperature" and declared["command line"] == {"temperature": 0.6}
+    opts = merge("check", {**params, "temperature": 0.6, "serving_config": [SAMPLES / "sglang-launch.yaml"]}, {"temperature", "serving_config"})
+    assert opts.origins["temperature"] == "--temperature" and opts.declared["command line"] == {"temperature": 0.6}
+    assert (opts.top_p, opts.origins["top_p"]) == (0.95, "sglang-launch.yaml: preferred-sampling-params.top_p")
     # a serving config's own draft settings go to the drafter side
     spec = _write(tmp_path, "spec.json", json.dumps({"method": "eagle3", "model": "h", "temperature": 0.6, "draft_temperature": 0.0}))
-    chosen, _ = resolve_sampling({}, [read_serving_config(spec)])
-    assert chosen["temperature"] == Setting(0.6, "spec.json") and chosen["draft_temperature"] == Setting(0.0, "spec.json")
-    line = describe_serving(serving)
+    opts = merge("check", {**params, "serving_config": [spec]}, {"serving_config"})
+    assert (opts.temperature, opts.draft_temperature, opts.origins["draft_temperature"]) == (0.6, 0.0, "spec.json: draft_temperature")
+    line = describe_serving(read_serving_config(SAMPLES / "sglang-launch.yaml"))
     assert "drafter HuggingFaceTB/SmolLM2-135M-Instruct" in line and "K = 4" in line and "temperature 1" in line
 
 
 @pytest.mark.parametrize(
     ("name", "text", "pattern"),
     [
-        ("x.json", '{"hello": 1}', "neither a vLLM speculative config nor an SGLang launch config"),
+        ("x.json", '{"hello": 1}', "is none of: a vLLM speculative config or serve YAML, an SGLang launch config, a TensorRT-LLM decoding config"),
         ("x.yaml", "speculative-algorithm: EAGLE3\npreferred-sampling-params: '{bad'\n", "preferred-sampling-params is not valid JSON"),
         ("x.json", '{"method": "eagle3",', "not valid JSON"),
     ],

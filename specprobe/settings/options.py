@@ -13,7 +13,7 @@ merges again.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from specprobe.settings.model import (
     from_text,
 )
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags, SimulateConfig
+from specprobe.settings.serving import ServingConfig, read_serving_config
 
 # where effective_sampling() files each sampling setting: a draft_* one under "draft.", the rest under "target."
 SAMPLING_SLOT = {k: ("draft." + k[len("draft_"):]) if k.startswith("draft_") else "target." + k for k in SAMPLING}
@@ -50,6 +51,10 @@ class RunOptions:
     origins: Mapping[str, str] = field(default_factory=dict)
     candidate: Path | None = None  # compare's CANDIDATE.json (not a key: a file's outputs.json)
     config: Path | None = None
+    servings: tuple[ServingConfig, ...] = ()  # the serving configs read, in the order given
+    # what each place wrote for each target-side sampling setting ("command line",
+    # "probe.yaml", "sglang-launch.yaml"), for the alignment check's config-conflict rule
+    declared: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         s = BY_NAME.get(name)
@@ -168,18 +173,75 @@ def merge(command: str, params: Mapping[str, Any], given: Collection[str], confi
             candidate = file_vals["outputs.json"]
             origins["candidate"] = f"{name}: outputs.json"
     opts = RunOptions(command=command, values=values, origins=origins, candidate=candidate, config=Path(config) if config is not None else None)
-    _check_together(opts, inputs)
+    # no output may be one of the inputs: refused before any input is read
+    check_outputs(opts.outputs(), [*opts.inputs(), *inputs])
+    if "serving_config" in params:
+        opts = _with_servings(opts, values, origins, [read_serving_config(p) for p in values.get("serving_config") or []])
+    _check_together(opts)
     return opts
 
 
-def _check_together(o: RunOptions, inputs: Collection[InputPath] = ()) -> None:
-    """What no single setting's bounds can say: a run needs both models, a CUDA device
-    must exist, and no two outputs (or an output and an input) may be one file."""
+def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, str], servings: list[ServingConfig]) -> RunOptions:
+    """What the serving configs fill: a setting neither typed nor in the probe config
+    (flags > probe config > serving configs > defaults) takes the serving config's value,
+    its origin `FILE: key`. Sampling, target and drafter from the first config that sets
+    them; the engine and its drafting from the configs, which must agree."""
+
+    def unset(p: str) -> bool:
+        return p in values and origins.get(p, "default") == "default"
+
+    if unset("engine"):
+        engines = {sv.engine for sv in servings}
+        if len(engines) > 1:
+            said = ", ".join(f"{sv.source.name} runs {BY_ENGINE[sv.engine].label}" for sv in servings)
+            raise ConfigError(f"the serving configs disagree on the engine ({said})", "say which to predict for with --engine (or engine: in the probe config)")
+        if engines:
+            values["engine"], origins["engine"] = servings[0].engine, servings[0].where("engine")
+    if unset("draft_sampling"):
+        # a config's drafting is its own engine's: it says nothing of another engine's
+        mine = [sv for sv in servings if sv.drafting and sv.engine == values.get("engine")]
+        if len({sv.drafting for sv in mine}) > 1:
+            said = ", ".join(f"{sv.where('drafting')} {sv.drafting}" for sv in mine)
+            raise ConfigError(f"the serving configs disagree on the drafting ({said})", "say which with --draft-sampling (or draft_sampling: in the probe config)")
+        if mine:
+            values["draft_sampling"], origins["draft_sampling"] = mine[0].drafting, mine[0].where("drafting")
+    filled: set[str] = set()
+    for p in SAMPLING:
+        if not unset(p):
+            continue
+        base = p[len("draft_") :] if p.startswith("draft_") else p
+        for sv in servings:
+            found = sv.draft_sampling if p.startswith("draft_") else sv.sampling
+            if base in found:
+                values[p] = int(found[base]) if base == "top_k" else found[base]
+                origins[p] = sv.where(p)
+                filled.add(p)
+                break
+    for p, of in (("target", lambda sv: sv.target), ("drafter", lambda sv: sv.drafter_spec)):
+        if p in values and values[p] is None:
+            first = next((sv for sv in servings if of(sv)), None)
+            if first is not None:
+                values[p], origins[p] = of(first), first.where(p)
+    declared: dict[str, dict[str, float]] = {}
+    for p in SAMPLING:
+        if not p.startswith("draft_") and p not in filled and values.get(p) is not None and origins.get(p, "default") != "default":
+            place = COMMAND_LINE if origins[p] == BY_NAME[p].flag else origins[p].split(": ")[0]
+            declared.setdefault(place, {})[p] = float(values[p])
+    for sv in servings:
+        if sv.sampling:
+            declared.setdefault(sv.source.name, {}).update(sv.sampling)
+    return replace(opts, values=values, origins=origins, servings=tuple(servings), declared=declared)
+
+
+COMMAND_LINE = "command line"  # how `declared` names the flags typed
+
+
+def _check_together(o: RunOptions) -> None:
+    """What no single setting's bounds can say: a run needs both models and a CUDA device must exist."""
     if o.command in RUNS and (not o.target or not o.drafter):
-        raise ConfigError(f"{o.command} needs a TARGET and a DRAFTER", f"e.g. specprobe {o.command} smollm2 self:layers=28, or give them in a --config file")
+        raise ConfigError(f"{o.command} needs a TARGET and a DRAFTER", f"e.g. specprobe {o.command} smollm2 self:layers=28, or give them in a --config file or a --serving-config")
     if o.command in RUNS | {DEMO}:
         check_runtime(o.device, o.dtype, o.where("device"), o.where("dtype"))
-    check_outputs(o.outputs(), [*o.inputs(), *inputs])
 
 
 def check_runtime(device: str, dtype: str, device_where: str = "--device", dtype_where: str = "--dtype") -> None:

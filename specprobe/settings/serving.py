@@ -1,30 +1,69 @@
-"""Serving configs: what an engine is actually launched with, and how its sampling
-settings meet the ones given on the command line or in a probe config.
+"""Serving configs: what an engine is actually launched with.
 
-`read_serving_config(path)` reads a vLLM `--speculative-config` JSON (or a `vllm serve
---config` YAML) or an SGLang launch config and returns the drafter, K and sampling
-settings found there. `resolve_sampling` decides, for each sampling setting of each side,
-which of the places that set it wins, names that place ("--temperature",
-"probe.yaml", "sglang-launch.yaml"), and returns what each place declared, so the
-alignment check can flag a temperature written differently in two places.
+`read_serving_config(path)` returns a `ServingConfig`: the engine, the target and drafter,
+the engine's own method name, K, how it drafts (greedy | probabilistic, where the config
+says), the sampling it applies to requests that set none, and the engine's knobs. The
+shapes each engine accepts, read from its argument parser:
+
+vLLM (vllm/config/speculative.py, vllm/engine/arg_utils.py, vllm/utils/argparse_utils.py)
+  the `--speculative-config` JSON {"method", "model", "num_speculative_tokens",
+  "draft_sample_method": "greedy" | "probabilistic", …}; a `vllm serve --config` YAML
+  (`model:`, `speculative-config:` as a mapping or as that JSON string,
+  `override-generation-config:`, the shorthands `spec-method/-model/-tokens:` and the
+  older `speculative-model:` / `num-speculative-tokens:`); a command line — `vllm serve
+  MODEL` or `python -m vllm.entrypoints.openai.api_server --model MODEL` with
+  `--speculative-config '{…}'`, `-sc`, `--speculative-config={…}`, the dotted
+  `--speculative-config.num_speculative_tokens 3`, `--spec-method/--spec-model/--spec-tokens`,
+  `--speculative-model/--num-speculative-tokens`, `--override-generation-config`, `--config`.
+SGLang (python/sglang/srt/server_args.py)
+  a `--config` YAML or a `python -m sglang.launch_server` command line: --model-path
+  (--model), --speculative-algorithm, --speculative-draft-model-path (-model),
+  --speculative-num-steps (K, the chain depth), --speculative-eagle-topk,
+  --speculative-num-draft-tokens, --speculative-accept-threshold-single/-acc,
+  --speculative-use-rejection-sampling (drafts sampled, accepted by rejection
+  sampling), --preferred-sampling-params '{"temperature": …}'.
+llama.cpp (common/arg.cpp, docs/speculative.md)
+  a llama-server command line in a launch script or an args file: -m/--model,
+  -md/--model-draft/--spec-draft-model, -hf/-hfd, --spec-type, --spec-draft-n-max (K),
+  --spec-draft-n-min, --spec-draft-p-min, --spec-draft-p-split, and the older
+  --draft-max/--draft/--draft-n, --draft-min/--draft-n-min, --draft-p-min, --draft-p-split;
+  --temp/--temperature, --top-k, --top-p, --min-p; `--flag value` or `--flag=value`; the
+  LLAMA_ARG_* variables of a script's `export`, of a command's env prefix or of an env file
+  (a flag on the command line wins: llama-server reads the environment first).
+TensorRT-LLM (tensorrt_llm/llmapi/llm_args.py)
+  the YAML of `trtllm-serve --extra_llm_api_options` with `speculative_config:
+  {decoding_type: Eagle3 | Eagle | MTP | Medusa | DraftTarget | NGram | …, max_draft_len,
+  speculative_model}`; a trtllm-serve command line is read through the YAML it names.
+
+Every number is held to the bounds of the setting it is (`settings.model.check`: K as
+--k, a temperature as --temperature) or of the engine's knob, and refused naming where it
+was written, `FILE: key` with the key as the file spells it (`launch.sh: --spec-draft-p-min`,
+`serve.yaml: speculative-config.num_speculative_tokens`); `ServingConfig.places` names
+the same place for each value the merge takes, so its origins do too.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.settings.config import normalise_keys, read_mapping
-from specprobe.settings.model import BY_NAME, SAMPLING, check
+from specprobe.settings.engines import BY_ENGINE, PROBABILISTIC
+
+# the one bounds check, for knobs that are no setting of specprobe's own
+from specprobe.settings.model import BY_NAME, SAMPLING, Setting, _check_one, check
+
+VLLM, SGLANG, LLAMA_CPP, TRTLLM = "vllm", "sglang", "llama.cpp", "trtllm"
 
 # Engine method names → specprobe drafter kinds (None: no model drafter, e.g. n-gram).
 _VLLM_KINDS = {
     "draft_model": "independent",
-    "eagle": "eagle3",
+    "eagle": "eagle",
     "eagle3": "eagle3",
     "medusa": "medusa",
     "mlp_speculator": "independent",
@@ -36,26 +75,54 @@ _VLLM_KINDS = {
     "glm4_moe_mtp": "mtp",
     "longcat_flash_mtp": "mtp",
     "ngram": None,
+    "ngram_gpu": None,
     "suffix": None,
 }
-_SGLANG_KINDS = {"EAGLE": "eagle3", "EAGLE3": "eagle3", "STANDALONE": "independent", "NEXTN": "mtp", "MTP": "mtp", "NGRAM": None, "LOOKAHEAD": None}
-_SAMPLING_KEYS = tuple(k for k in SAMPLING if not k.startswith("draft_"))  # as engines spell them
+_SGLANG_KINDS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "STANDALONE": "independent", "NEXTN": "mtp", "MTP": "mtp", "NGRAM": None, "LOOKAHEAD": None, "DFLASH": None}
+_LLAMA_KINDS = {"draft-simple": "independent", "draft": "independent", "draft-eagle3": "eagle3", "draft-mtp": "mtp", "draft-dflash": None, "draft-dspark": None}
+# TensorRT-LLM's PyTorch backend runs "Eagle" as EAGLE-3 (its spec_dec_mode is EAGLE3)
+_TRTLLM_KINDS = {"eagle3": "eagle3", "eagle": "eagle3", "mtp": "mtp", "medusa": "medusa", "drafttarget": "independent", "draft_target": "independent"}
+# a specprobe drafter spec for each kind ({} the engine's drafter path)
+_SPEC_OF_KIND = {"independent": "{}", "eagle3": "eagle3:{}", "eagle": "eagle:{}", "medusa": "medusa:{}"}
+
+_TARGET_SAMPLING = tuple(k for k in SAMPLING if not k.startswith("draft_"))  # as engines spell them
+
+# engine knobs that are no setting of specprobe's, bounded as the engine takes them
+_KNOBS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting("p_min", "p_min", "llama.cpp: stop a draft below this drafter probability", float, ge=0, le=1, hint="a probability in [0, 1]"),
+        Setting("p_split", "p_split", "llama.cpp: split probability", float, ge=0, le=1, hint="a probability in [0, 1]"),
+        Setting("n_min", "n_min", "llama.cpp: fewest draft tokens worth verifying", int, ge=0, hint="a count of draft tokens, 0 or more"),
+        Setting("topk", "topk", "SGLang: candidates per draft step", int, ge=1, hint="a positive number of candidates per step"),
+        Setting("num_draft_tokens", "num_draft_tokens", "SGLang: draft tokens in the tree", int, ge=1, hint="a positive number of draft tokens"),
+        Setting("threshold_single", "threshold_single", "SGLang: accept above this target probability", float, ge=0, le=1, hint="a probability in [0, 1] (SGLang's default is 1)"),
+        Setting("threshold_acc", "threshold_acc", "SGLang: raise acceptance to p / threshold", float, gt=0, le=1, hint="a number in (0, 1] (SGLang's default is 1)"),
+        Setting("draft_tokens", "draft_tokens", "TensorRT-LLM: draft tokens in the tree", int, ge=1, hint="a positive number of draft tokens"),
+        Setting("context_length", "context_length", "the longest sequence the engine serves", int, ge=1, hint="a positive number of tokens"),
+    )
+}
 
 
 @dataclass(frozen=True)
 class ServingConfig:
     """What a serving config says about speculative decoding."""
 
-    engine: Literal["vllm", "sglang"]
+    engine: str  # vllm | sglang | llama.cpp | trtllm (as --engine takes it)
     source: Path
     target: str | None
-    drafter: str | None  # draft model path/name (None for n-gram methods)
-    method: str | None  # the engine's own name: "eagle3", "draft_model", "EAGLE3", …
-    drafter_kind: str | None  # independent | medusa | mtp | eagle3 | None
+    drafter: str | None  # the engine's draft model / head path or name (None for n-gram methods)
+    method: str | None  # the engine's own name: "eagle3", "draft_model", "EAGLE3", "draft-simple", "Eagle3"
+    drafter_kind: str | None  # independent | eagle | eagle3 | medusa | mtp | None
     num_speculative_tokens: int | None  # K: draft tokens proposed per step (chain depth)
     sampling: dict[str, float] = field(default_factory=dict)  # target-side sampling found
     draft_sampling: dict[str, float] = field(default_factory=dict)  # drafter-side, when set apart
-    extra: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (topk, num_draft_tokens, …)
+    extra: dict[str, Any] = field(default_factory=dict)  # engine knobs (topk, num_draft_tokens, p_min, …)
+    drafting: str | None = None  # greedy | probabilistic when the config says; None: the engine's own
+    context_length: int | None = None  # the longest sequence it serves (max_model_len, context-length, -c, max_seq_len)
+    # where each value was written, `FILE: key`: "engine", "target", "drafter", "k",
+    # "drafting" and each sampling setting by name (draft_* for the drafter side)
+    places: dict[str, str] = field(default_factory=dict)
 
     @property
     def temperature(self) -> float | None:
@@ -66,159 +133,820 @@ class ServingConfig:
         """The drafter's temperature: its own when set, else the shared one (engines share SamplingParams)."""
         return self.draft_sampling.get("temperature", self.sampling.get("temperature"))
 
+    def where(self, what: str) -> str:
+        return self.places.get(what) or self.source.name
 
-def _json_value(value: Any, where: str, key: str) -> Any:
-    # CLI-style configs hold JSON objects as strings: '{"temperature": 0.6}'.
+    @property
+    def drafter_spec(self) -> str | None:
+        """The drafter as specprobe names it: a head gets its kind's prefix; the target's
+        own MTP layers are 'mtp'; None where the engine drafts without a model."""
+        if self.drafter_kind == "mtp":
+            return "mtp"
+        pattern = _SPEC_OF_KIND.get(self.drafter_kind or "")
+        return pattern.format(self.drafter) if pattern and self.drafter else None
+
+
+class _Places:
+    """Where each key of one mapping was written, as `FILE: key` with the key spelled as
+    the file spells it; a key it does not know is named under `prefix`."""
+
+    def __init__(self, prefix: str, written: Mapping[str, str] | None = None) -> None:
+        self.prefix = prefix
+        self.written = dict(written or {})
+
+    def __call__(self, key: str) -> str:
+        return self.written.get(key) or f"{self.prefix}{key}"
+
+    def inside(self, key: str) -> str:
+        """The prefix for a mapping nested under `key`: 'serve.yaml: speculative-config.'."""
+        return self(key) + "."
+
+
+def _normal(data: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], _Places]:
+    """Keys with - or _ (a key given under both spellings is refused), and where each was written."""
+    out = normalise_keys(data, prefix.rstrip(". :") or "config")
+    return out, _Places(prefix, {str(k).replace("-", "_"): f"{prefix}{k}" for k in data})
+
+
+def _json_value(value: Any, where: str) -> Any:
+    # command-line configs hold JSON objects as strings: '{"temperature": 0.6}'
     if isinstance(value, str):
         try:
             return json.loads(value)
         except json.JSONDecodeError:
-            raise ConfigError(f"{where}: {key} is not valid JSON: {value[:60]!r}", "write it as a JSON object or a YAML mapping") from None
+            raise ConfigError(f"{where} is not valid JSON: {value[:60]!r}", "write it as a JSON object or a YAML mapping") from None
     return value
 
 
-def _sampling(d: Mapping[str, Any] | None, path: Path, prefix: str = "") -> dict[str, float]:
-    """The sampling values a config sets, each held to the setting's bounds (a serving
-    config's temperature is refused with the same words as --temperature's)."""
-    if not isinstance(d, Mapping):
-        return {}
-    out = {}
-    for k in _SAMPLING_KEYS:
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    value = _json_value(value, where)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a mapping, not {type(value).__name__}", "write it as a JSON object or a YAML mapping")
+    return value
+
+
+def _number(value: Any, where: str, integer: bool = False) -> float | int:
+    """A number as a config or a command line writes it ('0.7', 4, '.nan'); the bounds are the caller's."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{where} {value!r} is not a number", "write a number")
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            x: float | int = int(text) if integer else float(text)
+        except ValueError:
+            try:
+                x = float(text)
+            except ValueError:
+                unset = " (a shell variable this file does not set)" if text.startswith("$") else ""
+                raise ConfigError(f"{where} {value!r} is not a number{unset}", "write a number") from None
+    else:
+        x = value
+    if integer and isinstance(x, float) and x == x and abs(x) != float("inf"):
+        if not x.is_integer():
+            raise ConfigError(f"{where} {value!r} is not a whole number", "write a whole number")
+        x = int(x)
+    return x
+
+
+def _count(name: str, value: Any, where: str) -> int | None:
+    """K or a knob that counts tokens, checked with the setting's (or knob's) bounds."""
+    if value is None:
+        return None
+    x = _number(value, where, integer=True)
+    if name in _KNOBS:
+        _check_one(_KNOBS[name], x, x, where)
+    else:
+        check(name, x, where)
+    return int(x)
+
+
+_SIZED = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG])$")
+
+
+def _context(value: Any, where: str) -> int | None:
+    """A served context length: vLLM writes 32k (10³) or 32K (2¹⁰) as well; -1, 0 and
+    'auto' leave it to the model's own."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("auto", "-1", "0")) or value in (-1, 0):
+        return None
+    m = _SIZED.match(value.strip()) if isinstance(value, str) else None
+    if m:
+        power = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+        value = int(float(m.group(1)) * power)
+    return _count("context_length", value, where)
+
+
+def _knob(name: str, value: Any, where: str) -> float:
+    x = float(_number(value, where))
+    _check_one(_KNOBS[name], x, x, where)
+    return x
+
+
+def _sampling(d: Mapping[str, Any], places: _Places, prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
+    """The sampling values a mapping sets (`prefix` draft_: the drafter's), each held to
+    its setting's bounds — a serving config's temperature is refused in --temperature's
+    words — and where each was written, by setting name."""
+    out: dict[str, float] = {}
+    where: dict[str, str] = {}
+    for k in _TARGET_SAMPLING:
         v = d.get(prefix + k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            name = prefix + k if prefix + k in BY_NAME else k  # draft_min_p: the target's bounds
-            out[k] = float(check(name, float(v), f"{path.name}: {prefix + k}"))
-    return out
+        if v is None:
+            continue
+        at = places(prefix + k)
+        name = prefix + k if prefix + k in BY_NAME else k  # draft_min_p: the target's bounds
+        if k == "top_k":
+            n = _number(v, at, integer=True)
+            x: float = 0.0 if n == -1 else float(n)  # -1: the engines' own spelling of "off"
+        else:
+            x = float(_number(v, at))
+        out[k] = float(check(name, x, at))
+        where[prefix + k] = at
+    return out, where
 
 
-def _draft_sampling(d: Mapping[str, Any], path: Path) -> dict[str, float]:
-    return _sampling(d, path, "draft_")
+def _drafting(value: Any, where: str) -> str | None:
+    return None if value is None else str(check("draft_sampling", value, where))
 
 
-def _vllm(spec: Mapping[str, Any], top: Mapping[str, Any], path: Path) -> ServingConfig:
+def _truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"))
+
+
+# ----------------------------------------------------------------------------- the engines' mappings
+def _vllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _Places, source: Path, engine_at: str) -> ServingConfig:
     method = spec.get("method")
     model = spec.get("model")
     if method is None and model is not None:
         method = "draft_model"  # vLLM infers the method from the model; a plain LM is a draft model
-    k = spec.get("num_speculative_tokens")
-    sampling = _sampling(spec, path) or _sampling(_json_value(top.get("override_generation_config"), str(path), "override-generation-config"), path)
-    extra = {k2: v for k2, v in spec.items() if k2 not in ("method", "model", "num_speculative_tokens") and k2 not in _SAMPLING_KEYS and not k2.startswith("draft_")}
-    extra.update({k2: v for k2, v in spec.items() if k2.startswith("draft_") and k2[6:] not in _SAMPLING_KEYS})
+    places = {"engine": engine_at, "k": sp("num_speculative_tokens"), "drafting": sp("draft_sample_method")}
+    k = _count("k", spec.get("num_speculative_tokens"), sp("num_speculative_tokens"))
+    drafting = _drafting(spec.get("draft_sample_method"), sp("draft_sample_method"))
+    sampling, at = _sampling(spec, sp)
+    if top.get("override_generation_config") is not None:
+        gp = tp.inside("override_generation_config")
+        gen, gen_places = _normal(_mapping(top["override_generation_config"], tp("override_generation_config")), gp)
+        more, more_at = _sampling(gen, gen_places)
+        sampling = {**more, **sampling}  # the speculative config's own setting, where it has one
+        at = {**more_at, **at}
+    draft_sampling, draft_at = _sampling(spec, sp, prefix="draft_")
+    used = {"method", "model", "num_speculative_tokens", "draft_sample_method", *_TARGET_SAMPLING, *(f"draft_{k2}" for k2 in _TARGET_SAMPLING)}
+    if "model" in top:
+        places["target"] = tp("model")
+    if model is not None:
+        places["drafter"] = sp("model")
+    places["context_length"] = tp("max_model_len")  # the server's; the speculative config's own is the drafter's
     return ServingConfig(
-        engine="vllm",
-        source=path,
-        target=top.get("model"),
-        drafter=model,
-        method=method,
+        engine=VLLM,
+        source=source,
+        target=_text(top.get("model")),
+        drafter=_text(model),
+        method=str(method) if method else None,
         drafter_kind=_VLLM_KINDS.get(str(method)) if method else None,
-        num_speculative_tokens=int(k) if isinstance(k, int) else None,
+        num_speculative_tokens=k,
         sampling=sampling,
-        draft_sampling=_draft_sampling(spec, path),
-        extra=extra,
+        draft_sampling=draft_sampling,
+        extra={k2: v for k2, v in spec.items() if k2 not in used},
+        drafting=drafting,
+        context_length=_context(top.get("max_model_len"), tp("max_model_len")),
+        places={**places, **at, **draft_at},
     )
 
 
-def _sglang(d: Mapping[str, Any], path: Path) -> ServingConfig:
+# vLLM's serve arguments that fill its speculative config (the shorthands and the older flags)
+_VLLM_SPEC_ARGS = {
+    "spec_method": "method",
+    "spec_model": "model",
+    "spec_tokens": "num_speculative_tokens",
+    "speculative_model": "model",
+    "num_speculative_tokens": "num_speculative_tokens",
+    "speculative_draft_tensor_parallel_size": "draft_tensor_parallel_size",
+    "speculative_max_model_len": "max_model_len",
+    "speculative_disable_by_batch_size": "disable_by_batch_size",
+}
+
+
+def _vllm_serve(top: Mapping[str, Any], tp: _Places, source: Path, engine_at: str) -> ServingConfig:
+    """`vllm serve`'s arguments as a mapping (its --config YAML, or its command line)."""
+    spec: dict[str, Any] = {}
+    sp = _Places(tp.prefix)
+    if top.get("speculative_config") is not None:
+        spec, sp = _normal(_mapping(top["speculative_config"], tp("speculative_config")), tp.inside("speculative_config"))
+    for arg, key in _VLLM_SPEC_ARGS.items():
+        if arg in top:
+            spec[key] = top[arg]
+            sp.written[key] = tp(arg)
+    return _vllm(spec, sp, top, tp, source, engine_at)
+
+
+_SGLANG_MARKS = (
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_draft_model",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_accept_threshold_single",
+    "speculative_accept_threshold_acc",
+    "speculative_use_rejection_sampling",
+    "speculative_token_map",
+    "model_path",
+    "preferred_sampling_params",
+)
+_SGLANG_KNOBS = {
+    "speculative_eagle_topk": "topk",
+    "speculative_num_draft_tokens": "num_draft_tokens",
+    "speculative_accept_threshold_single": "threshold_single",
+    "speculative_accept_threshold_acc": "threshold_acc",
+}
+
+
+def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> ServingConfig:
     algo = d.get("speculative_algorithm")
-    steps = d.get("speculative_num_steps")
-    prefs = _json_value(d.get("preferred_sampling_params"), str(path), "preferred-sampling-params")
-    extra = {k: d[k] for k in ("speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_token_map") if k in d}
+    drafter_key = "speculative_draft_model_path" if "speculative_draft_model_path" in d else "speculative_draft_model"
+    target_key = "model_path" if "model_path" in d else "model"
+    extra: dict[str, Any] = {}
+    for key, knob in _SGLANG_KNOBS.items():
+        if d.get(key) is not None:
+            extra[key] = _count(knob, d[key], dp(key)) if knob in ("topk", "num_draft_tokens") else _knob(knob, d[key], dp(key))
+    for key in ("speculative_token_map", "speculative_draft_model_revision", "speculative_dflash_block_size", "speculative_adaptive"):
+        if key in d:
+            extra[key] = d[key]
+    # rejection sampling needs the drafter's probabilities: the drafts are sampled from q
+    rejection = _truthy(d.get("speculative_use_rejection_sampling"))
+    if rejection:
+        extra["speculative_use_rejection_sampling"] = True
+    sampling: dict[str, float] = {}
+    at: dict[str, str] = {}
+    if d.get("preferred_sampling_params") is not None:
+        prefs, pp = _normal(_mapping(d["preferred_sampling_params"], dp("preferred_sampling_params")), dp.inside("preferred_sampling_params"))
+        sampling, at = _sampling(prefs, pp)
+    places = {"engine": engine_at, "k": dp("speculative_num_steps"), "drafting": dp("speculative_use_rejection_sampling"), **at}
+    if d.get(target_key) is not None:
+        places["target"] = dp(target_key)
+    if d.get(drafter_key) is not None:
+        places["drafter"] = dp(drafter_key)
     return ServingConfig(
-        engine="sglang",
-        source=path,
-        target=d.get("model_path"),
-        drafter=d.get("speculative_draft_model_path"),
+        engine=SGLANG,
+        source=source,
+        target=_text(d.get(target_key)),
+        drafter=_text(d.get(drafter_key)),
         method=str(algo) if algo else None,
         drafter_kind=_SGLANG_KINDS.get(str(algo).upper()) if algo else None,
-        # SGLang's chain depth is num_steps; num_draft_tokens counts the whole tree.
-        num_speculative_tokens=int(steps) if isinstance(steps, int) else None,
-        sampling=_sampling(prefs, path),
+        # SGLang's chain depth is num_steps; num_draft_tokens counts the whole tree
+        num_speculative_tokens=_count("k", d.get("speculative_num_steps"), dp("speculative_num_steps")),
+        sampling=sampling,
         extra=extra,
+        drafting=PROBABILISTIC if rejection else None,
+        context_length=_context(d.get("context_length"), dp("context_length")),
+        places={**places, "context_length": dp("context_length")},
     )
+
+
+def _trtllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _Places, source: Path) -> ServingConfig:
+    decoding = str(spec.get("decoding_type") or "")
+    kind = _TRTLLM_KINDS.get(decoding.lower())
+    # Medusa's max_draft_len counts the tree's tokens; its chain is one token per head
+    k_key = "num_medusa_heads" if kind == "medusa" and "num_medusa_heads" in spec else "max_draft_len"
+    if kind == "mtp" and spec.get("max_draft_len") is None and "num_nextn_predict_layers" in spec:
+        k_key = "num_nextn_predict_layers"
+    drafter_key = "speculative_model" if "speculative_model" in spec else "speculative_model_dir"
+    extra = {k2: v for k2, v in spec.items() if k2 not in ("decoding_type", k_key, drafter_key)}
+    if spec.get("max_total_draft_tokens") is not None:
+        extra["max_total_draft_tokens"] = _count("draft_tokens", spec["max_total_draft_tokens"], sp("max_total_draft_tokens"))
+    if k_key != "max_draft_len" and spec.get("max_draft_len") is not None:
+        extra["max_draft_len"] = _count("draft_tokens", spec["max_draft_len"], sp("max_draft_len"))
+    places = {"engine": sp("decoding_type"), "k": sp(k_key)}
+    if top.get("model") is not None:
+        places["target"] = tp("model")
+    if spec.get(drafter_key) is not None:
+        places["drafter"] = sp(drafter_key)
+    return ServingConfig(
+        engine=TRTLLM,
+        source=source,
+        target=_text(top.get("model")),
+        drafter=_text(spec.get(drafter_key)),
+        method=decoding or None,
+        drafter_kind=kind,
+        num_speculative_tokens=_count("k", spec.get(k_key), sp(k_key)),
+        extra=extra,
+        context_length=_context(top.get("max_seq_len"), tp("max_seq_len")),
+        places={**places, "context_length": tp("max_seq_len")},
+    )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# ----------------------------------------------------------------------------- files that are mappings
+_VLLM_SERVE_MARKS = ("speculative_config", *_VLLM_SPEC_ARGS)
+
+
+def _from_mapping(data: Mapping[str, Any], path: Path, source: Path | None = None) -> ServingConfig:
+    src = source or path
+    d, dp = _normal(data, f"{path.name}: ")
+    spec = d.get("speculative_config")
+    inner = _mapping(spec, dp("speculative_config")) if spec is not None else None
+    if inner is not None and any(str(k).replace("-", "_") in ("decoding_type", "max_draft_len") for k in inner):
+        s, sp = _normal(inner, dp.inside("speculative_config"))
+        return _trtllm(s, sp, d, dp, src)
+    if "decoding_type" in d:
+        return _trtllm(d, dp, {}, dp, src)
+    if "speculative_config" in d:
+        return _vllm_serve(d, dp, src, dp("speculative_config"))
+    if any(k in d for k in _SGLANG_MARKS):
+        return _sglang(d, dp, src, dp(next(k for k in _SGLANG_MARKS if k in d)))
+    if any(k in d for k in ("speculative_model", "spec_method", "spec_model", "spec_tokens")):
+        return _vllm_serve(d, dp, src, dp(next(k for k in _VLLM_SERVE_MARKS if k in d)))
+    if any(k.startswith("speculative_") for k in d):
+        return _sglang(d, dp, src, dp(next(k for k in d if k.startswith("speculative_"))))
+    if any(k in d for k in ("method", "num_speculative_tokens", "draft_sample_method")) or ("model" in d and len(d) > 1):
+        return _vllm(d, dp, {}, dp, src, dp(next((k for k in ("method", "num_speculative_tokens", "model") if k in d), "model")))
+    raise ConfigError(
+        f"{path} is none of: a vLLM speculative config or serve YAML, an SGLang launch config, a TensorRT-LLM decoding config",
+        "expected keys like method/num_speculative_tokens (vLLM), speculative-algorithm (SGLang) or speculative_config.decoding_type (TensorRT-LLM); a launch script or args file is read by its command line",
+    )
+
+
+# ----------------------------------------------------------------------------- command lines
+@dataclass
+class _Command:
+    line: int
+    words: list[str]
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+
+
+def _commands(text: str, variables: Mapping[str, str]) -> Iterator[_Command]:
+    """A shell script's simple commands, word by word, as bash splits them: quotes, `\\`
+    line continuations, comments, `;` `&` `|` and newlines between commands, redirections
+    dropped, and $NAME / ${NAME} / ${NAME:-default} expanded from `variables` — read as
+    each command is reached, so an assignment counts from the next command on. What cannot
+    be known here ($(…), an unset variable) is kept as written."""
+    i, n, line = 0, len(text), 1
+    words: list[str] = []
+    cur: list[str] | None = None
+    start = 1
+
+    def flush_word() -> None:
+        nonlocal cur
+        if cur is not None:
+            words.append("".join(cur))
+            cur = None
+
+    def expand(j: int) -> tuple[str, int]:
+        """The text of a $ at text[j] and the index after it."""
+        if j + 1 < n and text[j + 1] == "{":
+            end = text.find("}", j + 2)
+            if end < 0:
+                return text[j:], n
+            body = text[j + 2 : end]
+            m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)(?::?[-=](.*))?$", body, re.S)
+            if m and m.group(1) in variables and (variables[m.group(1)] or ":" not in body[len(m.group(1)) : len(m.group(1)) + 1]):
+                return variables[m.group(1)], end + 1
+            if m and m.group(2) is not None:
+                return m.group(2), end + 1
+            return text[j : end + 1], end + 1
+        if j + 1 < n and text[j + 1] == "(":
+            depth, k = 0, j + 1
+            while k < n:
+                depth += {"(": 1, ")": -1}.get(text[k], 0)
+                if depth == 0:
+                    break
+                k += 1
+            return text[j : k + 1], k + 1
+        m = _NAME.match(text, j + 1)
+        if m:
+            return variables.get(m.group(0), text[j : m.end()]), m.end()
+        return "$", j + 1
+
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n and text[i + 1] == "\n":
+            i, line = i + 2, line + 1
+            continue
+        if c == "\n" or c in ";&|()":
+            flush_word()
+            if words:
+                yield _Command(start, words)
+                words = []
+            line += c == "\n"
+            i += 1
+            continue
+        if c in " \t\r":
+            flush_word()
+            i += 1
+            continue
+        if c in "<>":
+            if cur is not None and "".join(cur).isdigit():  # 2>file: the descriptor is no word
+                cur = None
+            flush_word()
+            i += 1
+            while i < n and text[i] in "<>&":
+                i += 1
+            while i < n and text[i].isdigit():  # 2>&1
+                i += 1
+            while i < n and text[i] in " \t":
+                i += 1
+            while i < n and text[i] not in " \t\n;&|":  # the redirection's target
+                i += 1
+            continue
+        if c == "#" and cur is None:
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if cur is None:
+            cur, start = [], (start if words else line)
+        if c == "\\":
+            cur.append(text[i + 1 : i + 2])
+            i += 2
+        elif c == "'":
+            end = text.find("'", i + 1)
+            end = n if end < 0 else end
+            cur.append(text[i + 1 : end])
+            line += text.count("\n", i, end)
+            i = end + 1
+        elif c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                if text[i] == "\\" and i + 1 < n and text[i + 1] in '"\\$`\n':
+                    if text[i + 1] != "\n":
+                        cur.append(text[i + 1])
+                    line += text[i + 1] == "\n"
+                    i += 2
+                elif text[i] == "$":
+                    s, i = expand(i)
+                    cur.append(s)
+                else:
+                    line += text[i] == "\n"
+                    cur.append(text[i])
+                    i += 1
+            i += 1
+        elif c == "$":
+            s, i = expand(i)
+            cur.append(s)
+        else:
+            cur.append(c)
+            i += 1
+    flush_word()
+    if words:
+        yield _Command(start, words)
+
+
+def _program(words: list[str]) -> tuple[str, int, str] | None:
+    """(engine, index of its first argument, the program as written) for a command that
+    starts a serving engine, however it is wrapped (exec, nohup, env, numactl, python -m)."""
+    for i, w in enumerate(words):
+        base = w.rsplit("/", 1)[-1].lower()
+        if base in ("llama-server", "llama-server.exe"):
+            return LLAMA_CPP, i + 1, base
+        if base == "trtllm-serve":
+            return TRTLLM, i + 1, base
+        if base == "vllm" and i + 1 < len(words) and words[i + 1] == "serve":
+            return VLLM, i + 2, "vllm serve"
+        if w == "-m" and i + 1 < len(words):
+            module = words[i + 1]
+            if module.startswith("vllm.entrypoints.openai.api_server") or module == "vllm.entrypoints.cli.main":
+                return VLLM, i + 2, f"python -m {module}"
+            if module.startswith("sglang.launch_server"):
+                return SGLANG, i + 2, f"python -m {module}"
+    return None
+
+
+_NEGATIVE = re.compile(r"^-\.?\d")
+
+
+def _is_flag(word: str) -> bool:
+    return word.startswith("-") and len(word) > 1 and not _NEGATIVE.match(word)
+
+
+def _flags(args: list[str], value_flags: frozenset[str], bool_flags: frozenset[str], dashes: bool = True) -> tuple[list[tuple[str, Any, str]], list[str]]:
+    """(flag, value, as written) for each option of a command line, and its positional
+    words. `--flag=value` and `--flag value`; a flag the engine takes without a value
+    (`bool_flags`, `--enable-*`, `--disable-*`, `--no-*`) is True; an unknown flag takes
+    the next word unless that is a flag. `dashes`: `--a_b` is `--a-b` (all three engines)."""
+    out: list[tuple[str, Any, str]] = []
+    positional: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not _is_flag(a):
+            positional.append(a)
+            i += 1
+            continue
+        written, eq, value = a.partition("=")
+        name = written
+        if dashes and name.startswith("--"):
+            head, dot, tail = name.partition(".")  # vLLM's dotted JSON keys keep their spelling
+            name = head.replace("_", "-") + dot + tail
+        if eq:
+            out.append((name, value, written))
+            i += 1
+        elif name in value_flags:
+            out.append((name, args[i + 1] if i + 1 < len(args) else "", written))
+            i += 2
+        elif name in bool_flags or (name.startswith(("--enable-", "--disable-", "--no-")) and "." not in name):
+            out.append((name, True, written))
+            i += 1
+        elif i + 1 < len(args) and not _is_flag(args[i + 1]):
+            out.append((name, args[i + 1], written))
+            i += 2
+        else:
+            out.append((name, True, written))
+            i += 1
+    return out, positional
+
+
+def _dotted(value: str) -> Any:
+    # vLLM reads --json-arg.key VALUE as JSON, else as the text itself
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+_VLLM_VALUE = frozenset({"--model", "--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens", "--speculative-model", "--num-speculative-tokens", "--override-generation-config", "--generation-config", "--config"})
+
+
+def _vllm_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: _Places, source: Path) -> ServingConfig:
+    top, tp = dict(base), _Places(bp.prefix, bp.written)
+    flags, positional = _flags(args, _VLLM_VALUE, frozenset())
+    if positional:
+        top["model"], tp.written["model"] = positional[0], f"{name}: {prog} MODEL"
+    dotted: dict[str, Any] = {}
+    dotted_as = ""
+    for flag, value, written in flags:
+        if flag in ("--speculative-config", "-sc"):
+            top["speculative_config"], tp.written["speculative_config"] = value, f"{name}: {written}"
+        elif flag.startswith(("--speculative-config.", "-sc.")):
+            head, *path = written.split(".")
+            if path:
+                dotted[path[0]] = _dotted(value) if len(path) == 1 else {".".join(path[1:]): _dotted(value)}
+                dotted_as = dotted_as or head
+        elif flag.startswith("--") and flag != "--config":
+            key = flag[2:].replace("-", "_")
+            top[key], tp.written[key] = value, f"{name}: {written}"
+    if dotted:
+        # vLLM turns the dotted keys into one --speculative-config JSON after the others: it replaces them
+        top["speculative_config"], tp.written["speculative_config"] = dotted, f"{name}: {dotted_as}"
+    return _vllm_serve(top, tp, source, f"{name}: {prog}" if prog else tp("speculative_config"))
+
+
+_SGLANG_ALIASES = {"model": "model_path", "speculative_draft_model": "speculative_draft_model_path"}
+_SGLANG_VALUE = frozenset({"--model-path", "--model", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model", "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-accept-threshold-single", "--speculative-accept-threshold-acc", "--speculative-token-map", "--preferred-sampling-params", "--config"})
+_SGLANG_BOOL = frozenset({"--speculative-use-rejection-sampling", "--trust-remote-code", "--enable-metrics", "--speculative-adaptive"})
+
+
+def _sglang_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: _Places, source: Path) -> ServingConfig:
+    d, dp = dict(base), _Places(bp.prefix, bp.written)
+    flags, _ = _flags(args, _SGLANG_VALUE, _SGLANG_BOOL)
+    for flag, value, written in flags:
+        if flag.startswith("--") and flag != "--config":
+            key = flag[2:].replace("-", "_")
+            key = _SGLANG_ALIASES.get(key, key)
+            d[key], dp.written[key] = value, f"{name}: {written}"
+    return _sglang(d, dp, source, f"{name}: {prog}")
+
+
+# llama-server's spellings (common/arg.cpp) of what specprobe reads, old and new
+_LLAMA_FLAGS = {
+    "-m": "model", "--model": "model",
+    "-md": "model_draft", "--model-draft": "model_draft", "--spec-draft-model": "model_draft",
+    "-hf": "hf_repo", "-hfr": "hf_repo", "--hf-repo": "hf_repo",
+    "-hfd": "hf_repo_draft", "-hfrd": "hf_repo_draft", "--hf-repo-draft": "hf_repo_draft", "--spec-draft-hf": "hf_repo_draft",
+    "--spec-type": "spec_type", "--spec-default": "spec_default",
+    "--spec-draft-n-max": "n_max", "--draft-max": "n_max", "--draft": "n_max", "--draft-n": "n_max",
+    "--spec-draft-n-min": "n_min", "--draft-min": "n_min", "--draft-n-min": "n_min",
+    "--spec-draft-p-min": "p_min", "--draft-p-min": "p_min",
+    "--spec-draft-p-split": "p_split", "--draft-p-split": "p_split",
+    "--temp": "temperature", "--temperature": "temperature",
+    "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p",
+    "-c": "ctx_size", "--ctx-size": "ctx_size",
+}  # fmt: skip
+_LLAMA_ENV = {
+    "LLAMA_ARG_MODEL": "model",
+    "LLAMA_ARG_SPEC_DRAFT_MODEL": "model_draft", "LLAMA_ARG_MODEL_DRAFT": "model_draft",
+    "LLAMA_ARG_HF_REPO": "hf_repo", "LLAMA_ARG_SPEC_DRAFT_HF_REPO": "hf_repo_draft",
+    "LLAMA_ARG_SPEC_TYPE": "spec_type",
+    "LLAMA_ARG_SPEC_DRAFT_N_MAX": "n_max", "LLAMA_ARG_DRAFT_MAX": "n_max",
+    "LLAMA_ARG_SPEC_DRAFT_N_MIN": "n_min", "LLAMA_ARG_DRAFT_MIN": "n_min",
+    "LLAMA_ARG_SPEC_DRAFT_P_MIN": "p_min", "LLAMA_ARG_DRAFT_P_MIN": "p_min",
+    "LLAMA_ARG_SPEC_DRAFT_P_SPLIT": "p_split", "LLAMA_ARG_DRAFT_P_SPLIT": "p_split",
+    "LLAMA_ARG_TEMPERATURE": "temperature", "LLAMA_ARG_TOP_K": "top_k", "LLAMA_ARG_TOP_P": "top_p", "LLAMA_ARG_MIN_P": "min_p",
+    "LLAMA_ARG_CTX_SIZE": "ctx_size",
+}  # fmt: skip
+_LLAMA_VALUE = frozenset(k for k, v in _LLAMA_FLAGS.items() if v != "spec_default")
+
+
+def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path) -> ServingConfig:
+    """llama-server's settings: its environment first, then its flags over it."""
+    vals: dict[str, Any] = {}
+    at: dict[str, str] = {}
+    for var, (value, where) in env.items():
+        if var in _LLAMA_ENV:
+            vals[_LLAMA_ENV[var]], at[_LLAMA_ENV[var]] = value, where
+    flags, _ = _flags(args, _LLAMA_VALUE, frozenset({"--spec-default"}))
+    for flag, value, written in flags:
+        if flag in _LLAMA_FLAGS:  # llama-server keeps the last of a flag given twice
+            vals[_LLAMA_FLAGS[flag]], at[_LLAMA_FLAGS[flag]] = value, f"{name}: {written}"
+    places = _Places(f"{name}: ", at)
+    types = [t.strip() for t in str(vals.get("spec_type") or "").split(",") if t.strip()]
+    if _truthy(vals.get("spec_default")) and not types:
+        types = ["ngram-mod"]  # --spec-default: llama-server's default speculation
+    drafted = [t for t in types if t.startswith("draft")]
+    drafter = vals.get("model_draft") or _repo(vals.get("hf_repo_draft"))
+    method = drafted[0] if drafted else (types[0] if types else ("draft-simple" if drafter else None))
+    kind = _LLAMA_KINDS.get(method or "")
+    extra: dict[str, Any] = {"spec_type": ",".join(types)} if types else {}
+    for knob in ("p_min", "p_split"):
+        if vals.get(knob) is not None:
+            extra[knob] = _knob(knob, vals[knob], places(knob))
+    if vals.get("n_min") is not None:
+        extra["n_min"] = _count("n_min", vals["n_min"], places("n_min"))
+    k = _count("k", vals.get("n_max"), places("n_max"))
+    if k is not None:
+        extra["n_max"] = k
+    if k is not None and extra.get("n_min") is not None and extra["n_min"] > k:
+        raise ConfigError(f"{places('n_min')} {extra['n_min']} is more than {places('n_max')} {k}", "the fewest draft tokens cannot exceed the most")
+    sampling, s_at = _sampling(vals, places)
+    target = vals.get("model") or _repo(vals.get("hf_repo"))
+    cfg_places = {"engine": f"{name}: {prog}" if prog else next(iter(at.values()), name), "k": places("n_max"), **s_at}
+    if target:
+        cfg_places["target"] = places("model" if vals.get("model") else "hf_repo")
+    if drafter:
+        cfg_places["drafter"] = places("model_draft" if vals.get("model_draft") else "hf_repo_draft")
+    return ServingConfig(
+        engine=LLAMA_CPP,
+        source=source,
+        target=_text(target),
+        drafter=_text(drafter),
+        method=method,
+        drafter_kind=kind,
+        num_speculative_tokens=k,
+        sampling=sampling,
+        extra=extra,
+        context_length=_context(vals.get("ctx_size"), places("ctx_size")),  # 0: the model's own
+        places={**cfg_places, "context_length": places("ctx_size")},
+    )
+
+
+def _repo(value: Any) -> str | None:
+    """A -hf repo without its :quant tag."""
+    return str(value).split(":", 1)[0] if value else None
+
+
+_TRTLLM_CONFIG = ("--extra-llm-api-options", "--config")
+
+
+def _trtllm_args(args: list[str], name: str, prog: str, source: Path) -> ServingConfig:
+    flags, positional = _flags(args, frozenset(_TRTLLM_CONFIG), frozenset())
+    named = next(((v, w) for f, v, w in flags if f in _TRTLLM_CONFIG and isinstance(v, str)), None)
+    if named is None:
+        raise ConfigError(f"{name} runs trtllm-serve without --extra_llm_api_options", "its speculative_config is in that YAML: pass it with --extra_llm_api_options, or pass the YAML as the serving config")
+    yaml_path = _beside(source, named[0])
+    cfg = _from_mapping(read_mapping(yaml_path), yaml_path, source)
+    if cfg.engine != TRTLLM:
+        raise ConfigError(f"{name}: {named[1]} {yaml_path.name} holds no speculative_config with a decoding_type", "write speculative_config: {decoding_type: …, max_draft_len: …} in it")
+    seq = next(((v, w) for f, v, w in flags if f == "--max-seq-len"), None)
+    if seq is not None:  # trtllm-serve's flag over its YAML's
+        cfg = _replace(cfg, context_length=_context(seq[0], f"{name}: {seq[1]}"), places={**cfg.places, "context_length": f"{name}: {seq[1]}"})
+    if positional and cfg.target is None:
+        return _replace(cfg, target=positional[0], places={**cfg.places, "target": f"{name}: {prog} MODEL"})
+    return cfg
+
+
+def _beside(script: Path, named: str) -> Path:
+    """A file a launch script names, relative to the script's folder."""
+    p = Path(named).expanduser()
+    p = p if p.is_absolute() else script.parent / p
+    if not p.is_file():
+        raise ConfigError(f"{script.name} names {named}, which does not exist (read relative to {script.parent})", "give the path as the script runs it, or pass that file as the serving config")
+    return p
+
+
+def _replace(cfg: ServingConfig, **changes: Any) -> ServingConfig:
+    return ServingConfig(**{**cfg.__dict__, **changes})
+
+
+def _engine_config(args: list[str], name: str, source: Path) -> tuple[dict[str, Any], _Places]:
+    """The --config YAML a vLLM or SGLang command line names: its flags go over it, as the engines do."""
+    flags, _ = _flags(args, frozenset({"--config"}), frozenset())
+    named = next((v for f, v, _w in flags if f == "--config" and isinstance(v, str)), None)
+    if named is None:
+        return {}, _Places(f"{name}: ")
+    path = _beside(source, named)
+    return _normal(read_mapping(path), f"{path.name}: ")
+
+
+# flags that say which engine an args file (no program named) is for
+_ARGS_MARKS = {
+    LLAMA_CPP: frozenset(_LLAMA_FLAGS),
+    VLLM: frozenset({"--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens", "--speculative-model", "--num-speculative-tokens", "--override-generation-config"}),
+    SGLANG: frozenset(f for f in _SGLANG_VALUE | _SGLANG_BOOL if f.startswith("--speculative") or f in ("--model-path", "--preferred-sampling-params")),
+}
+
+
+def _from_command_lines(path: Path) -> ServingConfig:
+    """A launch script (or an args file, or an env file of LLAMA_ARG_* lines): the one
+    engine command in it, with the environment the script gives that command."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"serving config {path} is not UTF-8 text", "save it as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}", "check the path and its permissions") from None
+    name = path.name
+    variables: dict[str, str] = {}
+    exported: dict[str, tuple[str, str]] = {}  # NAME → (value, where it was set)
+    assigned: dict[str, tuple[str, str]] = {}  # plain NAME=value lines (an env file's)
+    auto_export = False
+    found: list[tuple[_Command, list[str], tuple[str, int, str], dict[str, tuple[str, str]]]] = []
+    loose: list[str] = []
+    for cmd in _commands(text, variables):
+        words = cmd.words
+        j = 0
+        prefix: dict[str, tuple[str, str]] = {}
+        while j < len(words) and (m := _ASSIGN.match(words[j])):
+            prefix[m.group(1)] = (m.group(2), f"{name}: {m.group(1)}")
+            j += 1
+        rest = words[j:]
+        if not rest:
+            for var, (value, where) in prefix.items():
+                variables[var] = value
+                (exported if auto_export else assigned)[var] = (value, where)
+            continue
+        if rest[0] == "export" or (rest[0] in ("declare", "typeset") and "-x" in rest[1:]):
+            for w in rest[1:]:
+                m = _ASSIGN.match(w)
+                if m:
+                    variables[m.group(1)] = m.group(2)
+                    exported[m.group(1)] = (m.group(2), f"{name}: {m.group(1)}")
+                elif _NAME.fullmatch(w) and w in variables:
+                    exported[w] = (variables[w], assigned.get(w, ("", f"{name}: {w}"))[1])
+            continue
+        if rest[0] == "set" and any(w.startswith("-") and "a" in w for w in rest[1:]):
+            auto_export = True
+            continue
+        started = _program(rest)
+        if started is not None:
+            # env A=1 llama-server …, numactl … llama-server: assignments before the program are its environment
+            env = {**prefix, **{m.group(1): (m.group(2), f"{name}: {m.group(1)}") for w in rest[: started[1]] if (m := _ASSIGN.match(w))}}
+            found.append((cmd, rest, started, env))
+        elif _is_flag(rest[0]):
+            loose.extend(rest)
+    if len(found) > 1:
+        lines = ", ".join(str(c.line) for c, _, _, _ in found)
+        raise ConfigError(f"{name} starts {len(found)} serving engines (lines {lines})", "pass a file that starts one, or one command line per serving config")
+    if found:
+        _, rest, (engine, start, prog), env = found[0]
+        args = rest[start:]
+        if engine == LLAMA_CPP:
+            return _llamacpp(args, {**exported, **env}, name, prog, path)
+        if engine == TRTLLM:
+            return _trtllm_args(args, name, prog, path)
+        base, bp = _engine_config(args, name, path)
+        return _vllm_args(args, name, prog, base, bp, path) if engine == VLLM else _sglang_args(args, name, prog, base, bp, path)
+    return _args_file(loose, {**assigned, **exported}, name, path)
+
+
+def _args_file(words: list[str], env: Mapping[str, tuple[str, str]], name: str, path: Path) -> ServingConfig:
+    flags, _ = _flags(words, frozenset(), frozenset())
+    given = {f.split(".", 1)[0] for f, _v, _w in flags}
+    engines = [e for e, marks in _ARGS_MARKS.items() if given & marks]
+    if not engines and any(var in _LLAMA_ENV for var in env):
+        engines = [LLAMA_CPP]
+    if len(engines) > 1:
+        raise ConfigError(f"{name} has flags of {' and '.join(BY_ENGINE[e].label for e in engines)}", "pass one engine's arguments per serving config")
+    if not engines:
+        raise ConfigError(
+            f"{name} starts no serving engine (vllm serve, python -m sglang.launch_server, llama-server, trtllm-serve) and holds no engine arguments",
+            "pass the launch script, an args file, a vLLM/SGLang YAML or JSON, or a TensorRT-LLM YAML",
+        )
+    engine = engines[0]
+    if engine == LLAMA_CPP:
+        return _llamacpp(words, env, name, "", path)
+    base, bp = _engine_config(words, name, path)
+    return _vllm_args(words, name, "", base, bp, path) if engine == VLLM else _sglang_args(words, name, "", base, bp, path)
 
 
 def read_serving_config(path: str | Path) -> ServingConfig:
-    """Read a vLLM speculative-config JSON, a `vllm serve` YAML, or an SGLang launch config.
-
-    Recognised shapes (keys with - or _):
-      vLLM  --speculative-config JSON: {"method", "model", "num_speculative_tokens", …}
-            plus any sampling keys (temperature, top_p, top_k, min_p; draft_* for the drafter);
-      vLLM  serve config: {model, speculative-config: {...}, override-generation-config: {...}};
-      SGLang launch config: {model-path, speculative-algorithm, speculative-draft-model-path,
-            speculative-num-steps, speculative-eagle-topk, speculative-num-draft-tokens,
-            preferred-sampling-params: '{"temperature": …}'}.
-    """
+    """Read what an engine is launched with: a JSON / YAML / TOML config (vLLM, SGLang,
+    TensorRT-LLM), or a launch script, args file or env file (any other name)."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"serving config {p} does not exist", "pass the JSON given to vLLM's --speculative-config or SGLang's launch config")
-    data = normalise_keys(read_mapping(p), p)
-    if any(k.startswith("speculative_") and k not in ("speculative_config",) for k in data) or "model_path" in data:
-        return _sglang(data, p)
-    if "speculative_config" in data:
-        spec = _json_value(data["speculative_config"], str(p), "speculative-config")
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{p}: speculative-config must be a mapping", "write it as a JSON object")
-        return _vllm(normalise_keys(spec, f"{p}: speculative-config"), data, p)
-    if any(k in data for k in ("method", "num_speculative_tokens")) or ("model" in data and len(data) > 1):
-        return _vllm(data, {}, p)
-    raise ConfigError(
-        f"{p} is neither a vLLM speculative config nor an SGLang launch config",
-        "expected keys like method/model/num_speculative_tokens (vLLM) or speculative-algorithm/speculative-draft-model-path (SGLang)",
-    )
-
-
-# ----------------------------------------------------------------------------- sampling from several places
-# the drafter's own settings (its min_p is always the target's), then the target's
-DRAFT_KEYS = tuple(k for k in SAMPLING if k.startswith("draft_"))
-TARGET_KEYS = tuple(k for k in SAMPLING if k not in DRAFT_KEYS)
-COMMAND_LINE = "command line"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One sampling value and the place that set it: a flag as typed (`--temperature`)
-    or a file's name (`probe.yaml`, `sglang-launch.yaml`)."""
-
-    value: float
-    source: str
-    from_flag: bool = False
-
-
-def resolve_sampling(given: Mapping[str, Setting], servings: Sequence[ServingConfig]) -> tuple[dict[str, Setting], dict[str, dict[str, float]]]:
-    """The explicit sampling setting that wins for each SamplingFlags field, and what
-    each place declared (for the alignment check's config-conflict rule).
-
-    A flag typed for this run wins, then the probe config, then the serving configs in
-    the order given: a serving config's shared settings are the target's (engines give
-    the drafter the same unless told otherwise), its draft_* ones the drafter's.
-    Anything not set here falls back, later, to the target's generation_config and the
-    engine's defaults."""
-    chosen: dict[str, Setting] = {}
-    for key in TARGET_KEYS + DRAFT_KEYS:
-        found = [given[key]] if key in given else []
-        if key in DRAFT_KEYS:
-            base = key[len("draft_") :]
-            found += [Setting(sv.draft_sampling[base], sv.source.name) for sv in servings if base in sv.draft_sampling]
-        else:
-            found += [Setting(sv.sampling[key], sv.source.name) for sv in servings if key in sv.sampling]
-        if found:
-            chosen[key] = found[0]
-    declared: dict[str, dict[str, float]] = {}
-    for key in TARGET_KEYS:
-        if key in given:
-            name = COMMAND_LINE if given[key].from_flag else given[key].source
-            declared.setdefault(name, {})[key] = given[key].value
-    for sv in servings:
-        if sv.sampling:
-            declared.setdefault(sv.source.name, {}).update(sv.sampling)
-    return chosen, declared
+        raise ConfigError(f"serving config {p} does not exist", "pass vLLM's --speculative-config JSON, a vllm serve / SGLang / TensorRT-LLM YAML, or the engine's launch script")
+    if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml"):
+        return _from_mapping(read_mapping(p), p)
+    return _from_command_lines(p)
 
 
 def describe_serving(sv: ServingConfig) -> str:
-    """One line: the engine, drafter, K and sampling a serving config sets."""
-    engine = {"vllm": "vLLM", "sglang": "SGLang"}[sv.engine]
+    """One line: the engine, drafter, K, drafting and sampling a serving config sets."""
+    engine = BY_ENGINE[sv.engine].label
     method = f" ({sv.method}{', ' + sv.drafter_kind if sv.drafter_kind else ''})" if sv.method else ""
-    k_name = "speculative-num-steps" if sv.engine == "sglang" else "num_speculative_tokens"
+    k_name = sv.where("k").split(": ", 1)[-1]
     k = f"K = {sv.num_speculative_tokens} ({k_name})" if sv.num_speculative_tokens else "K not set"
+    drafting = f", {sv.drafting} drafting ({sv.where('drafting').split(': ', 1)[-1]})" if sv.drafting else ""
     sampling = ", ".join(f"{k2} {v:g}" for k2, v in {**sv.sampling, **{f"draft_{k3}": v3 for k3, v3 in sv.draft_sampling.items()}}.items()) or "no sampling settings"
-    return f"{sv.source.name} ({engine}): drafter {sv.drafter or 'none'}{method}, {k}, {sampling}"
+    return f"{sv.source.name} ({engine}): drafter {sv.drafter or 'none'}{method}, {k}{drafting}, {sampling}"
