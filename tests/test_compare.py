@@ -231,9 +231,9 @@ def test_compare_cli_bad_input_is_exit_2(tmp_path: Path, baseline: Result) -> No
     assert res.exit_code == 2 and "--allow-target-change" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert runner.invoke(app, ["compare", str(b), str(o), "--allow-target-change"]).exit_code == 0
     v3 = tmp_path / "v3.json"
-    v3.write_text(json.dumps({**json.loads(b.read_text()), "schema_version": 3}))
+    v3.write_text(json.dumps({**json.loads(b.read_text()), "schema_version": 4}))
     res = runner.invoke(app, ["compare", str(b), str(v3)])
-    assert res.exit_code == 2 and "schema_version 3" in res.stderr
+    assert res.exit_code == 2 and "schema_version 4" in res.stderr
     cut = tmp_path / "cut.json"
     cut.write_text(b.read_text()[:300])
     res = runner.invoke(app, ["compare", str(cut), str(b)])

@@ -9,10 +9,13 @@ greedy agreement. llama.cpp's sampler chain truncates before the temperature."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from specprobe.estimates import estimate
 from specprobe.metrics import core
+from specprobe.metrics.accumulate import FIELDS, THRESHOLDS, Accumulator
 from specprobe.metrics.sampling import Sampling, probs, truncate_
 
 
@@ -165,3 +168,145 @@ def test_the_llama_cpp_engine_applies_its_own_transform() -> None:
     untempered = truncate_(torch.softmax(tl.double(), -1), Sampling(1.0, top_k=20, top_p=0.8, min_p=0.05, semantics="llama.cpp")) > 0
     assert torch.equal(probs(tl, ts) > 0, untempered)  # the same survivors as at T = 1: only their weights temper
     assert bool((pm.accept_prob_greedy_draft <= probs(tl, ts).amax(-1) + 1e-6).all())
+
+
+# ----------------------------------------------------------------------------- the estimates
+def _acc(drafting: str, alpha: list[float], greedy: list[float], k_max: int = 3, **kw: object) -> Accumulator:
+
+    acc = Accumulator(k_max=k_max, drafting=drafting)
+    n = len(alpha)
+    vals = {f: np.full(n, 0.5) for f in FIELDS}
+    vals["accept_prob"], vals["accept_prob_greedy_draft"] = np.asarray(alpha), np.asarray(greedy)
+    acc.add_sequence("chat", np.arange(n), vals, **kw)
+    return acc
+
+
+def test_depth_curves_and_tau_follow_the_drafting_from_hand_sequences() -> None:
+    """α = [1, .5, .2, 1] and p(argmax q) = [.8, .4, .5, .9] along one reference: the
+    greedy depth curve is r_1 = mean(.8, .4, .5, .9), r_2 = mean(.8·.4, .4·.5, .5·.9), the
+    probabilistic one the same of α; τ(K) = 1 + Σ r_j either way, and the renewal τ(1) =
+    1 + accepted ÷ drafted over rounds that start where the last one ended."""
+    a, g = [1.0, 0.5, 0.2, 1.0], [0.8, 0.4, 0.5, 0.9]
+    greedy, sampled = _acc("greedy", a, g), _acc("probabilistic", a, g)
+    r = greedy.cumulative_depth()
+    assert r[0] == pytest.approx(0.65) and r[1] == pytest.approx((0.32 + 0.2 + 0.45) / 3) and r[2] == pytest.approx((0.8 * 0.4 * 0.5 + 0.4 * 0.5 * 0.9) / 2)
+    s = sampled.cumulative_depth()
+    assert s[0] == pytest.approx(0.675) and s[1] == pytest.approx((0.5 + 0.1 + 0.2) / 3)
+    assert estimate.tau(r.tolist(), 2) == pytest.approx(1 + r[0] + r[1])
+    # renewal at K = 1 on 4 tokens: a round at t drafts 1 token (t ≤ 2) and emits 2 if accepted
+    # (prob g_t), else 1; the last token always comes from the target
+    c = estimate.renewal_counts(np.asarray([g] * 3))
+    assert greedy.renewal_tau()[0] == pytest.approx(estimate.renewal_tau(c.accepted, c.drafted)[0])
+    start = {0: 1.0}
+    for t in range(3):  # by hand: π(t+1) += π(t)(1 − g_t), π(t+2) += π(t) g_t
+        pi = start.get(t, 0.0)
+        start[t + 1] = start.get(t + 1, 0.0) + pi * (1 - g[t])
+        start[t + 2] = start.get(t + 2, 0.0) + pi * g[t]
+    drafted = sum(start.get(t, 0.0) for t in range(3))
+    accepted = sum(start.get(t, 0.0) * g[t] for t in range(3))
+    assert greedy.renewal_tau()[0] == pytest.approx(1 + accepted / drafted)
+    # the summaries: α stays Σ min(p, q); the procedure's mean is the drafting's
+    assert greedy.summary()["accept_prob_mean"] == pytest.approx(0.675) and greedy.summary()["accept_prob_engine_mean"] == pytest.approx(0.65)
+    assert sampled.summary()["accept_prob_engine_mean"] == pytest.approx(0.675)
+
+
+def test_greedy_adaptive_k_and_heads_read_the_greedy_acceptance() -> None:
+
+    n = 30
+    greedy = _acc("greedy", [0.9] * n, [0.6] * n, k_max=4)
+    theta0 = greedy.adaptive[0]
+    assert theta0[0] / theta0[3] == pytest.approx(sum(0.6**j for j in range(1, 5)))  # threshold 0: all 4 drafted, r_j = .6^j
+    assert greedy.adaptive[THRESHOLDS.index(0.55)][2] == 0  # confidence .5 < .55: nothing drafted
+    # a head's deeper depths: the greedy acceptance per depth, not Σ min(p, q)
+    deep = {d: np.full(n, 0.3) for d in (2, 3, 4)}
+    head = _acc("greedy", [0.9] * n, [0.6] * n, k_max=4, alpha_by_depth={d: np.full(n, 0.95) for d in (2, 3, 4)}, greedy_by_depth=deep)
+    assert head.cumulative_depth()[1] == pytest.approx(0.6 * 0.3)
+    with pytest.raises(ValueError, match="greedy_by_depth"):
+        _acc("greedy", [0.9] * n, [0.6] * n, k_max=4, alpha_by_depth={d: np.full(n, 0.95) for d in (2, 3, 4)})
+
+
+def test_accumulators_of_one_drafting_merge_and_keep_it() -> None:
+    a, b = _acc("greedy", [0.5, 0.7, 0.9], [0.4, 0.6, 0.8]), _acc("greedy", [0.2, 0.3], [0.1, 0.2])
+    merged = Accumulator.from_state(a.to_state()).merge(b)
+    assert merged.drafting == "greedy" and merged.summary()["accept_prob_engine_mean"] == pytest.approx(2.1 / 5)
+    with pytest.raises(ValueError, match="drafting"):
+        merged.merge(_acc("probabilistic", [0.5], [0.5]))
+    with pytest.raises(ValueError, match="drafting"):
+        Accumulator(drafting="sampled")
+
+
+# ----------------------------------------------------------------------------- results
+def test_a_schema_2_result_loads_labelled_probabilistic(tmp_path) -> None:
+    """A v2 file (written before the procedure was followed: its τ came from Σ min(p, q))
+    opens as probabilistic drafting, its procedure's mean its accept_prob_mean."""
+    import json
+    from pathlib import Path
+
+    from specprobe.report.load import load_result
+
+    raw = json.loads((Path(__file__).parent / "data" / "results" / "v1" / "diagnose.json").read_text())
+    raw = {k: v for k, v in raw.items() if k != "best_k"}
+    raw["schema_version"] = 2
+    raw["config"] = {**raw["config"], "engine": "vllm", "draft_sampling": "greedy"}  # what a v2 file of the last v2 code recorded
+    (tmp_path / "v2.json").write_text(json.dumps(raw))
+    r = load_result(tmp_path / "v2.json")
+    assert r.schema_version == 3 and r.procedure is not None
+    assert r.procedure.drafting == "probabilistic" and r.procedure.acceptance == "Σ min(p, q)" and r.procedure.engine is None
+    assert r.metrics["accept_prob_engine_mean"] == raw["metrics"]["accept_prob_mean"]
+    assert [row.tau_tokens for row in r.k_table] == [row["tau_tokens"] for row in raw["k_table"]]
+
+
+def test_the_procedure_section_says_what_the_numbers_follow() -> None:
+    from specprobe.probe.assemble import procedure_section
+
+    v = procedure_section("vllm", "greedy")
+    assert v["description"] == "as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)" and v["adaptive_knob"] is None
+    assert procedure_section("llama.cpp", "greedy")["adaptive_knob"] == "--spec-draft-p-min"
+    t = procedure_section("transformers", "probabilistic")
+    assert t["acceptance"] == "Σ min(p, q)" and t["adaptive_knob"] is None
+
+
+# ----------------------------------------------------------------------------- a real run
+def test_a_tiny_diagnose_follows_greedy_drafts_and_probabilistic_keeps_the_old_numbers(tiny_pair, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default (vLLM, greedy drafts) at T = 1: every position's acceptance is p_t(argmax
+    q) ≤ max p_t, its mean differs from Σ min(p, q), and τ is built from it.
+    --draft-sampling probabilistic gives τ from Σ min(p, q), as before greedy drafts
+    existed: the depth curve rebuilt from the per-position α alone."""
+    from specprobe.metrics.sampling import probs as sampling_probs
+    from specprobe.probe import scoring
+    from specprobe.probe.diagnose import run_diagnose
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
+    from tests.helpers.tiny import prompts_file
+
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    real = scoring.score_chunk
+
+    def spy(tl, drafts, token_pos, sampling, *a, **kw):  # type: ignore[no-untyped-def]
+        out = real(tl, drafts, token_pos, sampling, *a, **kw)
+        seen.append((out.values["accept_prob_greedy_draft"], sampling_probs(tl, sampling.target).amax(-1).numpy()))
+        return out
+
+    monkeypatch.setattr(scoring, "score_chunk", spy)
+    pf = prompts_file(tmp_path / "p.jsonl", n=4)
+    base = dict(target=str(tiny_pair["target"]), drafter="self:layers=1", prompts=str(pf), max_new_tokens=10, batch_size=4, k_max=3, cost_ratio=0.1, verify_factor=1.0, sampling=SamplingFlags(temperature=1.0))
+    greedy = run_diagnose(DiagnoseConfig(**base))  # type: ignore[arg-type]
+    assert greedy.procedure is not None and greedy.procedure.drafting == "greedy" and greedy.config.model_dump().get("draft_sampling") == "greedy"
+    got, top = np.concatenate([g for g, _ in seen]), np.concatenate([t for _, t in seen])
+    assert len(got) == greedy.metrics["num_positions"] and bool((got <= top + 1e-6).all())
+    m = greedy.metrics
+    assert m["accept_prob_engine_mean"] == pytest.approx(float(got.mean()), abs=1e-6) and abs(m["accept_prob_engine_mean"] - m["accept_prob_mean"]) > 1e-4
+    assert greedy.depth is not None and greedy.depth.cumulative[0] == pytest.approx(m["accept_prob_engine_mean"])
+
+    sampled = run_diagnose(DiagnoseConfig(**base, draft_sampling="probabilistic"))  # type: ignore[arg-type]
+    assert sampled.procedure is not None and sampled.procedure.acceptance == "Σ min(p, q)"
+    assert sampled.metrics["accept_prob_mean"] == m["accept_prob_mean"] and sampled.metrics["accept_prob_engine_mean"] == sampled.metrics["accept_prob_mean"]
+    pos = sampled.positions
+    assert pos is not None
+    acc = Accumulator(k_max=3)
+    for pid in dict.fromkeys(pos.prompt_id):
+        rows = [i for i, p in enumerate(pos.prompt_id) if p == pid]
+        vals = {f: np.asarray([getattr(pos, f)[i] for i in rows], dtype=float) for f in FIELDS}
+        acc.add_sequence(pos.domain[rows[0]], np.asarray([pos.position[i] for i in rows]), vals)
+    assert sampled.depth is not None and sampled.depth.cumulative == pytest.approx(acc.cumulative_depth().tolist(), abs=1e-6)  # rows are rounded to 6 digits
+    assert [r.tau_renewal_tokens for r in sampled.k_table] == pytest.approx(acc.renewal_tau().tolist(), abs=1e-5)
+    assert greedy.depth.cumulative != pytest.approx(sampled.depth.cumulative, abs=1e-4)

@@ -226,13 +226,24 @@ def _oracles(root: Path, bg: Path) -> dict[str, tuple[Path, str]]:
 
 def test_oracle_heads_are_accepted_at_every_depth(bigram, prompts, tmp_path) -> None:
     """Weights built so that the depth-d distribution is the target's: α = 1 at every
-    depth, through the chained teacher-forced depths of every layout (sampling at T=0.8)."""
+    depth, through the chained teacher-forced depths of every layout (sampling at T=0.8,
+    sampled drafts). Drafted greedily, the same heads propose the target's argmax at every
+    depth: each accepted with the target's top probability (the bigram target is nearly
+    deterministic: close to 1, never above Σ min(p, q) = 1)."""
     from specprobe.probe.diagnose import run_diagnose
 
-    for name, (target, spec) in _oracles(tmp_path, bigram).items():
-        r = run_diagnose(_cfg(target, spec, prompts, k_max=4, sampling=SamplingFlags(temperature=0.8)))
+    for i, (name, (target, spec)) in enumerate(_oracles(tmp_path, bigram).items()):
+        r = run_diagnose(_cfg(target, spec, prompts, k_max=4, sampling=SamplingFlags(temperature=0.8), draft_sampling="probabilistic"))
         assert r.scored, name
         assert r.depth.cumulative == pytest.approx([1.0] * 4, abs=1e-5), name  # type: ignore[union-attr]
+        if i == 0:
+            g = run_diagnose(_cfg(target, spec, prompts, k_max=4, sampling=SamplingFlags(temperature=0.8)))
+            assert g.procedure is not None and g.procedure.drafting == "greedy" and g.metrics["greedy_agree_frac"] == 1.0
+            pos = g.positions
+            assert pos is not None and len(pos.accept_prob_greedy_draft) == len(pos.position)
+            assert g.metrics["accept_prob_mean"] == pytest.approx(1.0, abs=1e-5) and 0.5 < g.metrics["accept_prob_engine_mean"] < 1.0
+            cum = g.depth.cumulative  # type: ignore[union-attr]
+            assert cum[0] == pytest.approx(g.metrics["accept_prob_engine_mean"]) and cum[3] < cum[2] < cum[1] < cum[0]
     # MiMo concatenates [hidden; embed]: the same oracle weights read in the other order fail
     swapped = hh.target_with_mtp(tmp_path / "swap", bigram, "mimo", oracle=True, swap=True)
     r = run_diagnose(_cfg(swapped, "mtp", prompts))
@@ -250,7 +261,7 @@ def test_medusa_oracle_and_head_indexing(tiny_pair, tmp_path, prompts) -> None:
 
     uni = hh.bigram_target(tmp_path / "uni", unigram=True)
     oracle = hh.medusa_fasterdecoding(tmp_path / "mo", uni, heads=4, version=2, oracle=True)
-    r = run_diagnose(_cfg(uni, str(oracle), prompts, k_max=4))
+    r = run_diagnose(_cfg(uni, str(oracle), prompts, k_max=4, draft_sampling="probabilistic"))
     assert r.depth.cumulative == pytest.approx([1.0] * 4, abs=1e-5)  # type: ignore[union-attr]
 
     t = tiny_pair["target"]
@@ -369,8 +380,9 @@ def _draft_vocab_kl(tl: torch.Tensor, dl: torch.Tensor, ids: torch.Tensor, t: fl
 @pytest.mark.parametrize("case", ["warm", "greedy", "truncated", "greedy-target", "greedy-draft", "sglang-top"])
 def test_head_scoring_path_equals_the_mapped_reference(case) -> None:
     """`score_head_chunk` (target side once per chunk, every depth in the draft vocabulary)
-    gives what mapping every depth into the target vocabulary gives, to 1e-5: α and max q
-    at every depth; α, agreement, entropy, max q and the top-k columns at depth 1. KL is
+    gives what mapping every depth into the target vocabulary gives, to 1e-5: α, p(argmax q)
+    and max q at every depth; α, p(argmax q), agreement, entropy, max q and the top-k
+    columns at depth 1. KL is
     over the draft vocabulary (closed form); with the full vocabulary it is the reference's."""
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.heads.vocab import scoring_vocab
@@ -405,10 +417,12 @@ def test_head_scoring_path_equals_the_mapped_reference(case) -> None:
         for f in ROW_FIELDS:
             # KL reaches ~20 nats, where one float32 ulp is 2e-6: its rounding error scales with it (rel), a probability's does not (abs)
             assert whole.values[f] == pytest.approx(fast.values[f], rel=1e-6, abs=1e-6 if with_ids else 1e-5), (case, with_ids, f)
-        for f in ("accept_prob", "greedy_agree", "target_entropy_nats", "draft_confidence"):
+        for f in ("accept_prob", "accept_prob_greedy_draft", "greedy_agree", "target_entropy_nats", "draft_confidence"):
             assert fast.values[f] == pytest.approx(ref.values[f], abs=1e-5), (case, with_ids, f)
         for d in (2, 3, 4):
             assert fast.alpha_by_depth[d] == pytest.approx(ref.alpha_by_depth[d], abs=1e-5), (case, d)
+            assert fast.greedy_by_depth[d] == pytest.approx(ref.greedy_by_depth[d], abs=1e-5), (case, d)
+            assert whole.greedy_by_depth[d] == pytest.approx(fast.greedy_by_depth[d], abs=1e-6), (case, d)
             assert fast.confidence_by_depth[d] == pytest.approx(ref.confidence_by_depth[d], abs=1e-5), (case, d)
         for k in ("target_ids", "draft_ids"):
             assert (fast.extra[k][:, 0] == ref.extra[k][:, 0]).all(), (case, k)
@@ -423,6 +437,39 @@ def test_head_scoring_path_equals_the_mapped_reference(case) -> None:
             assert fast.values["greedy_agree"][0] == 1.0  # the agreement was forced there
         else:
             assert fast.values["kl_target_draft_nats"] == pytest.approx(ref.values["kl_target_draft_nats"], abs=1e-4)
+
+
+@pytest.mark.parametrize("target", ["warm", "truncated", "greedy"])
+def test_a_heads_greedy_draft_is_accepted_with_p_at_its_mapped_argmax(target: str) -> None:
+    """A head drafts its argmax over its own vocabulary (the lowest draft id on ties),
+    mapped to the target id d2t gives it; accepted with the target's probability of that
+    id, in float64, at every depth and on both head paths (blocks, whole chunk)."""
+    from specprobe.metrics.sampling import Sampling, truncate_
+    from specprobe.models.heads.vocab import scoring_vocab
+    from specprobe.probe.alignment import SamplingPair
+    from specprobe.probe.scoring import score_chunk, score_head_chunk
+
+    ts = {"warm": Sampling(0.7), "truncated": Sampling(0.9, top_k=30, top_p=0.9), "greedy": Sampling(0.0)}[target]
+    pair = SamplingPair(ts, Sampling(1.1))
+    g = torch.Generator().manual_seed(11)
+    v, vd, n = 200, 80, 20
+    ids = torch.randperm(v, generator=g)[:vd].sort().values
+    tl = torch.randn(n, v, generator=g) * 3
+    raw = [torch.randn(n, vd, generator=g) * 3 for _ in range(3)]
+    raw[0][1, [3, 4]] = 50.0  # a tie: draft id 3, not 4
+    tl[2, ids[7]] = 60.0
+    raw[1][2, 7] = 60.0  # depth 2 drafts the greedy target's own argmax there
+    p64 = torch.nn.functional.one_hot(tl.argmax(-1), v).double() if ts.greedy else truncate_(torch.softmax(tl.double() / ts.temperature, -1), ts)
+    for block_rows in (None, 0):
+        got = score_head_chunk(tl, iter(enumerate(raw, 1)), torch.arange(10, 10 + n), pair, scoring_vocab(ids, v), block_rows=block_rows)
+        for d, r in enumerate(raw, 1):
+            want = p64[torch.arange(n), ids[r.argmax(-1)]].float().numpy()
+            have = got.values["accept_prob_greedy_draft"] if d == 1 else got.greedy_by_depth[d]
+            assert have == pytest.approx(want, abs=2e-7), (target, block_rows, d)
+        assert got.values["accept_prob_greedy_draft"][1] == pytest.approx(float(p64[1, ids[3]]), abs=2e-7)
+        if ts.greedy:
+            assert got.greedy_by_depth[2][2] == 1.0
+    assert score_chunk(tl, iter(enumerate(raw, 1)), torch.arange(10, 10 + n), pair, vocab=scoring_vocab(ids, v)).greedy_by_depth.keys() == {2, 3}
 
 
 def test_a_broken_id_map_is_scored_as_the_engine_maps_it() -> None:
@@ -443,6 +490,8 @@ def test_a_broken_id_map_is_scored_as_the_engine_maps_it() -> None:
     fast = score_chunk(tl, iter(enumerate(raw, 1)), torch.arange(10, 16), pair, vocab=vocab)
     assert fast.values["accept_prob"] == pytest.approx(ref.values["accept_prob"], abs=1e-6)
     assert fast.alpha_by_depth[2] == pytest.approx(ref.alpha_by_depth[2], abs=1e-6)
+    assert fast.values["accept_prob_greedy_draft"] == pytest.approx(ref.values["accept_prob_greedy_draft"], abs=1e-6)
+    assert fast.greedy_by_depth[2] == pytest.approx(ref.greedy_by_depth[2], abs=1e-6)
 
 
 def test_medusa_depths_beyond_its_heads_are_never_accepted(tmp_path, prompts) -> None:
@@ -454,7 +503,7 @@ def test_medusa_depths_beyond_its_heads_are_never_accepted(tmp_path, prompts) ->
     two = hh.medusa_fasterdecoding(tmp_path / "m2", uni, heads=2, version=2, oracle=True)
     # a given verify factor: the speedup comparison below then holds by construction (the
     # same τ at a higher cost), not by how the timed verify passes of 3 and 5 tokens came out
-    r = run_diagnose(_cfg(uni, str(two), prompts, k_max=4, verify_factor=1.0))
+    r = run_diagnose(_cfg(uni, str(two), prompts, k_max=4, verify_factor=1.0, draft_sampling="probabilistic"))
     assert r.depth.cumulative == pytest.approx([1.0, 1.0, 0.0, 0.0], abs=1e-5)  # type: ignore[union-attr]
     rows = {row.k: row for row in r.k_table}
     assert rows[2].tau_tokens == pytest.approx(3.0, abs=1e-4)  # oracle heads: both drafts accepted

@@ -80,7 +80,7 @@ def test_kl_stays_finite_when_drafter_lacks_ids() -> None:
 def test_identical_distributions_give_tau_k_plus_one() -> None:
     acc = Accumulator(k_max=8)
     n = 40
-    vals = {f: np.ones(n) for f in ("accept_prob", "greedy_agree", "draft_confidence")}
+    vals = {f: np.ones(n) for f in ("accept_prob", "accept_prob_greedy_draft", "greedy_agree", "draft_confidence")}
     vals.update(kl_target_draft_nats=np.zeros(n), target_entropy_nats=np.ones(n))
     acc.add_sequence("chat", np.arange(n), vals)
     cum = acc.cumulative_depth()
@@ -93,7 +93,7 @@ def test_identical_distributions_give_tau_k_plus_one() -> None:
 def test_constant_alpha_matches_iid_closed_form(alpha: float) -> None:
     acc = Accumulator(k_max=8)
     n = 200
-    vals = {"accept_prob": np.full(n, alpha), "greedy_agree": np.ones(n), "draft_confidence": np.full(n, 0.5), "kl_target_draft_nats": np.zeros(n), "target_entropy_nats": np.ones(n)}
+    vals = {"accept_prob": np.full(n, alpha), "accept_prob_greedy_draft": np.full(n, alpha), "greedy_agree": np.ones(n), "draft_confidence": np.full(n, 0.5), "kl_target_draft_nats": np.zeros(n), "target_entropy_nats": np.ones(n)}
     acc.add_sequence("chat", np.arange(n), vals)
     cum = acc.cumulative_depth()
     for k in range(1, 9):
@@ -117,7 +117,7 @@ def test_speedup_and_best_k() -> None:
 def test_depth_curve_chains_alpha_along_the_sequence() -> None:
     acc = Accumulator(k_max=2)
     a = np.array([1.0, 0.5, 0.2, 1.0])
-    vals = {"accept_prob": a, "greedy_agree": a, "draft_confidence": a, "kl_target_draft_nats": a, "target_entropy_nats": a}
+    vals = {"accept_prob": a, "accept_prob_greedy_draft": a, "greedy_agree": a, "draft_confidence": a, "kl_target_draft_nats": a, "target_entropy_nats": a}
     acc.add_sequence("x", np.arange(4), vals)
     r = acc.cumulative_depth()
     assert r[0] == pytest.approx(a.mean())
@@ -129,7 +129,7 @@ def test_accumulators_merge_equals_one_pass() -> None:
     seqs = []
     for i in range(6):
         n = 20 + i
-        seqs.append(({f: rng.random(n) for f in ("accept_prob", "greedy_agree", "draft_confidence", "kl_target_draft_nats", "target_entropy_nats")}, n))
+        seqs.append(({f: rng.random(n) for f in ("accept_prob", "accept_prob_greedy_draft", "greedy_agree", "draft_confidence", "kl_target_draft_nats", "target_entropy_nats")}, n))
     whole, a, b = Accumulator(), Accumulator(), Accumulator()
     for i, (v, n) in enumerate(seqs):
         whole.add_sequence(f"d{i % 2}", np.arange(n), v)
@@ -146,7 +146,7 @@ def test_accumulators_merge_equals_one_pass() -> None:
 def test_adaptive_threshold_zero_drafts_everything() -> None:
     acc = Accumulator(k_max=4)
     n = 30
-    vals = {"accept_prob": np.full(n, 0.9), "greedy_agree": np.ones(n), "draft_confidence": np.full(n, 0.6), "kl_target_draft_nats": np.zeros(n), "target_entropy_nats": np.ones(n)}
+    vals = {"accept_prob": np.full(n, 0.9), "accept_prob_greedy_draft": np.full(n, 0.9), "greedy_agree": np.ones(n), "draft_confidence": np.full(n, 0.6), "kl_target_draft_nats": np.zeros(n), "target_entropy_nats": np.ones(n)}
     acc.add_sequence("x", np.arange(n), vals)
     from specprobe.metrics.accumulate import THRESHOLDS
 

@@ -893,10 +893,10 @@ def test_J13_compare_given_a_newer_schema_or_a_broken_file(tmp_path: Path) -> No
     base = _v2_result(tmp_path)
     cand = tmp_path / "cand.json"
     data = json.loads(base.read_text())
-    data["schema_version"] = 3
+    data["schema_version"] = 4
     cand.write_text(json.dumps(data))
     line = one_line_error(cli("compare", base, cand))
-    assert str(cand) in line and "schema_version 3" in line
+    assert str(cand) in line and "schema_version 4" in line
     cand.write_text(base.read_text()[:100])
     assert "is truncated" in one_line_error(cli("compare", base, cand))
 

@@ -47,7 +47,7 @@ def test_results_round_trip_through_json(real_results: RealResults, saved: dict[
         original: Result = getattr(real_results, name)
         again = load_result(saved[name])
         assert again == original, name
-        assert json.loads(saved[name].read_text())["schema_version"] == SCHEMA_VERSION == 2
+        assert json.loads(saved[name].read_text())["schema_version"] == SCHEMA_VERSION == 3
     assert real_results.sim.command == "simulate" and real_results.sim.measured is not None
     assert real_results.skip.command == "diagnose" and real_results.skip.measured is None
 
@@ -64,11 +64,16 @@ def test_every_metric_is_in_the_catalogue(real_results: RealResults) -> None:
 @pytest.mark.parametrize("name", ["diagnose", "simulate", "diagnose_stopped"])
 def test_schema_v1_files_still_open(name: str) -> None:
     """Files written before schema 2 (tests/data/results/v1, made by that code) load,
-    keep every number, and lose only the top-level best_k (now read from the metrics)."""
+    keep every number, and lose only the top-level best_k (now read from the metrics).
+    Their τ and speedups came from Σ min(p, q): they are labelled probabilistic drafting,
+    and the procedure's mean acceptance is their accept_prob_mean."""
     raw = json.loads((V1 / f"{name}.json").read_text())
     r = load_result(V1 / f"{name}.json")
-    assert r.schema_version == 2 and r.command == raw["command"] and r.verdict == raw["verdict"]
-    assert r.metrics == raw["metrics"]
+    assert r.schema_version == 3 and r.command == raw["command"] and r.verdict == raw["verdict"]
+    assert {k: v for k, v in r.metrics.items() if k != "accept_prob_engine_mean"} == raw["metrics"]
+    assert r.metrics.get("accept_prob_engine_mean") == raw["metrics"].get("accept_prob_mean")
+    assert r.procedure is not None and r.procedure.drafting == "probabilistic" and r.procedure.acceptance == "Σ min(p, q)" and r.procedure.engine is None
+    assert all(row.accept_prob_engine_mean == row.accept_prob_mean for row in r.by_domain)
     assert r.best_k == raw.get("best_k")
     assert [f.model_dump() for f in r.findings] == raw["findings"]
     if raw.get("k_table"):
@@ -87,7 +92,7 @@ def test_v1_comparison_still_opens() -> None:
     from specprobe.report.load import load_comparison
 
     c = load_comparison(V1 / "compare.json")
-    assert c.schema_version == 2 and c.verdict == "no regression" and c.config.fail_on == "error"
+    assert c.schema_version == 3 and c.verdict == "no regression" and c.config.fail_on == "error"
     assert {e.rule_id for e in c.evaluations} == {"SP501", "SP502", "SP503", "SP504"}
 
 
@@ -98,7 +103,7 @@ def test_v1_comparison_still_opens() -> None:
         (lambda t: "", "is empty"),
         (lambda t: "[1, 2]", "holds a JSON list"),
         (lambda t: "{not json}", "not valid JSON"),
-        (lambda t: json.dumps({**json.loads(t), "schema_version": 3}), "schema_version 3; this specprobe reads versions 1 to 2"),
+        (lambda t: json.dumps({**json.loads(t), "schema_version": 4}), "schema_version 4; this specprobe reads versions 1 to 3"),
         (lambda t: json.dumps({"schema_version": 2, "command": "monitor"}), "is a 'monitor' result; expected 'diagnose' or 'simulate'"),
         (lambda t: json.dumps({"hello": 1}), "not a specprobe result"),
         (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "verdict"}), "has no 'verdict' section"),

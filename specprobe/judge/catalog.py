@@ -79,7 +79,8 @@ _METRICS: list[Metric] = [
     _m("embedding_scale_ratio", "ratio", None, "diagnose", "Median RMS of the drafter's embedding rows ÷ the target's (EAGLE-1: the embedding its fc reads raw; 1 for self-drafts)."),
     _m("logit_scale_ratio", "ratio", None, "diagnose", "Drafter ÷ target logit spread per √width for a unit-RMS hidden state through final norm and LM head (independent drafters; 1 for self-drafts)."),
     # --- divergence and acceptance (diagnose): teacher-forced estimates ----------
-    _m("accept_prob_mean", "frac", True, "diagnose", "Mean per-position acceptance probability α = Σ min(p, q) = 1 − TV."),
+    _m("accept_prob_mean", "frac", True, "diagnose", "Mean per-position α = Σ min(p, q) = 1 − TV: the alignment measure (how close q is to p), whatever the engine; the acceptance of sampled drafts."),
+    _m("accept_prob_engine_mean", "frac", True, "diagnose", "Mean acceptance of one draft token under the engine's procedure (the result's procedure): p_target(argmax q) for greedy drafts (vLLM's default, SGLang, llama.cpp, TensorRT-LLM), Σ min(p, q) for sampled ones. τ, speedups and the acceptance rate follow it."),
     _m("greedy_agree_frac", "frac", True, "diagnose", "Fraction of positions where argmax q = argmax p."),
     _m("kl_target_draft_nats", "nats", False, "diagnose", "Mean KL(p ‖ q) in nats on the untruncated tempered softmax; for a head with a smaller draft vocabulary, over that vocabulary (p renormalised over its ids)."),
     _m("kl_target_draft_p90_nats", "nats", False, "diagnose", "90th percentile of per-position KL(p ‖ q)."),

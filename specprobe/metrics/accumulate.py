@@ -3,7 +3,13 @@ memory does not grow with the number of prompts and shards of a run can be merge
 
 Two estimates of the depth curves live here side by side: the window sums (every start
 position) and the renewal sums (expected counters of the rounds a real loop would run,
-`estimate.renewal_counts`)."""
+`estimate.renewal_counts`).
+
+Both read the acceptance of one draft token under the engine's procedure (`drafting`):
+greedy drafts are accepted with p(argmax q) (`accept_prob_greedy_draft`), sampled drafts
+with Σ min(p, q) (`accept_prob`). Both are summed in every group whatever the drafting, so
+Σ min(p, q) stays the alignment measure KL and the drafter-quality bands read; the depth
+curves, τ, adaptive K and `accept_prob_engine_mean` take the procedure's."""
 
 from __future__ import annotations
 
@@ -16,8 +22,11 @@ import numpy as np
 from specprobe.estimates.estimate import renewal_counts, renewal_tau, renewal_tokens_per_verify
 
 # Fields summed per group; index order is fixed.
-FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
+FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence", "accept_prob_greedy_draft")
 _NF = len(FIELDS)
+GREEDY, PROBABILISTIC = "greedy", "probabilistic"
+# the column of FIELDS that is one draft token's acceptance under each drafting
+_ACCEPT = {GREEDY: FIELDS.index("accept_prob_greedy_draft"), PROBABILISTIC: FIELDS.index("accept_prob")}
 ENTROPY_EDGES = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, math.inf)
 POSITION_EDGES = (0, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192, math.inf)
 ALPHA_EDGES = tuple(np.linspace(0.0, 1.0, 21).tolist())
@@ -39,6 +48,7 @@ def _bucket_label(lo: float, hi: float, unit: str) -> str:
 @dataclass
 class Accumulator:
     k_max: int = 8
+    drafting: str = PROBABILISTIC  # whose acceptance the depth curves, τ and adaptive K read
     overall: np.ndarray = field(default_factory=lambda: np.zeros(_NF + 1))
     domains: dict[str, np.ndarray] = field(default_factory=dict)
     # the prompt file's own categories (Spec-Bench's 13, MT-Bench's 8) beside the folded domains
@@ -64,6 +74,8 @@ class Accumulator:
     renewal_drafted: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     def __post_init__(self) -> None:
+        if self.drafting not in _ACCEPT:
+            raise ValueError(f"drafting {self.drafting!r} is not one of {', '.join(_ACCEPT)}")
         if len(self.depth_sum) != self.k_max:
             self.depth_sum = np.zeros(self.k_max)
             self.depth_count = np.zeros(self.k_max)
@@ -91,11 +103,13 @@ class Accumulator:
         alpha_by_depth: dict[int, np.ndarray] | None = None,
         confidence_by_depth: dict[int, np.ndarray] | None = None,
         category: str | None = None,
+        greedy_by_depth: dict[int, np.ndarray] | None = None,
     ) -> None:
         """One reference sequence: per-position metric arrays in token order.
 
-        alpha_by_depth[d][t] is the acceptance probability of the depth-d prediction of
-        reference token t (head drafters); missing depths chain depth 1 (autoregressive)."""
+        alpha_by_depth[d][t] is Σ min(p, q) of the depth-d prediction of reference token t
+        (head drafters), greedy_by_depth[d][t] its p(argmax q); missing depths chain depth 1
+        (autoregressive). The depth curves read the one `drafting` names."""
         mat = np.stack([np.asarray(values[f], dtype=np.float64) for f in FIELDS], axis=1)  # [N, F]
         n = mat.shape[0]
         if n == 0:
@@ -117,9 +131,13 @@ class Accumulator:
         hi = ent >= HIGH_ENTROPY_NATS
         self.high_entropy += (hi.sum(), mat[hi, 0].sum())
 
-        alpha1 = mat[:, 0]
+        by_depth = greedy_by_depth if self.drafting == GREEDY else alpha_by_depth
+        if self.drafting == GREEDY and alpha_by_depth and not greedy_by_depth:
+            # a head's deeper depths without their greedy acceptance would silently chain depth 1
+            raise ValueError("greedy drafting needs greedy_by_depth where alpha_by_depth is given")
+        alpha1 = mat[:, _ACCEPT[self.drafting]]
         conf1 = mat[:, 4]
-        depth_alpha = [np.asarray((alpha_by_depth or {}).get(d, alpha1), dtype=np.float64) for d in range(1, self.k_max + 1)]
+        depth_alpha = [np.asarray((by_depth or {}).get(d, alpha1), dtype=np.float64) for d in range(1, self.k_max + 1)]
         depth_conf = [np.asarray((confidence_by_depth or {}).get(d, conf1), dtype=np.float64) for d in range(1, self.k_max + 1)]
         # r_j(t) = Π_{i<j} α^{(i+1)}_{t+i}, for every start t with t+j−1 inside the sequence.
         r = np.ones(n)
@@ -153,6 +171,8 @@ class Accumulator:
     def merge(self, other: Accumulator) -> Accumulator:
         if other.k_max != self.k_max:
             raise ValueError("cannot merge accumulators with different k_max")
+        if other.drafting != self.drafting:
+            raise ValueError("cannot merge accumulators of different drafting")
         self.overall += other.overall
         for k, v in other.domains.items():
             self.domains.setdefault(k, np.zeros(_NF + 1))
@@ -181,6 +201,7 @@ class Accumulator:
     def to_state(self) -> dict[str, Any]:
         return {
             "k_max": self.k_max,
+            "drafting": self.drafting,
             "overall": self.overall.tolist(),
             "domains": {k: v.tolist() for k, v in self.domains.items()},
             "categories": {k: v.tolist() for k, v in self.categories.items()},
@@ -202,7 +223,7 @@ class Accumulator:
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> Accumulator:
-        acc = cls(k_max=int(s["k_max"]))
+        acc = cls(k_max=int(s["k_max"]), drafting=str(s["drafting"]))
         acc.overall = np.asarray(s["overall"], dtype=float)
         acc.domains = {k: np.asarray(v, dtype=float) for k, v in s["domains"].items()}
         acc.categories = {k: np.asarray(v, dtype=float) for k, v in s.get("categories", {}).items()}
@@ -226,12 +247,13 @@ class Accumulator:
         return acc
 
     # ------------------------------------------------------------------ reading
-    @staticmethod
-    def _means(row: np.ndarray) -> dict[str, float | int]:
+    def _means(self, row: np.ndarray) -> dict[str, float | int]:
         count = int(row[0])
         out: dict[str, float | int] = {"positions": count}
         for j, f in enumerate(FIELDS):
-            out[_MEAN_NAMES[f]] = float(row[j + 1] / count) if count else float("nan")
+            if f in _MEAN_NAMES:
+                out[_MEAN_NAMES[f]] = float(row[j + 1] / count) if count else float("nan")
+        out["accept_prob_engine_mean"] = float(row[_ACCEPT[self.drafting] + 1] / count) if count else float("nan")
         out["tv_mean"] = 1.0 - out["accept_prob_mean"] if count else float("nan")  # type: ignore[operator]
         return out
 
@@ -332,6 +354,7 @@ class Accumulator:
         return float(s / n) if n else float("nan")
 
 
+# the group means by name; p(argmax q) is read as accept_prob_engine_mean, the procedure's
 _MEAN_NAMES = {
     "accept_prob": "accept_prob_mean",
     "greedy_agree": "greedy_agree_frac",

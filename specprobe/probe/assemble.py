@@ -18,6 +18,7 @@ from specprobe import __version__
 from specprobe.core.environment import environment
 from specprobe.judge.rules import RuleTable, worst_severity
 from specprobe.result import NOTHING_SCORED, Evaluation, Finding, Measured, Result
+from specprobe.settings.engines import BY_ENGINE, GREEDY, describe
 
 if TYPE_CHECKING:
     from specprobe.probe.scoring import Scored
@@ -100,7 +101,22 @@ def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict
         "prompt_set": {"name": prompt_set.name, "source": prompt_set.source, "sha256": prompt_set.sha256, "num_prompts": len(prompt_set.prompts), "domains": prompt_set.domains},
         "reference": "off-policy" if cfg.reference == "dataset" else "on-policy",
         "sampling": _sampling(pair.sampling),
+        "procedure": procedure_section(cfg.engine, cfg.drafting),
         "alignment": {"facts": align.facts, "evidence": align.evidence},
+    }
+
+
+def procedure_section(engine: str, drafting: str) -> dict[str, Any]:
+    """What the estimates follow: the engine, its drafting and one draft token's acceptance
+    law, in words for the headline, and the engine's own knob for the adaptive threshold."""
+    e = BY_ENGINE[engine]
+    return {
+        "engine": e.name,
+        "engine_label": e.label,
+        "drafting": drafting,
+        "acceptance": "p_target(draft token)" if drafting == GREEDY else "Σ min(p, q)",
+        "description": describe(engine, drafting),
+        "adaptive_knob": e.adaptive_knob if drafting == GREEDY else None,
     }
 
 
@@ -156,7 +172,9 @@ def _nothing_scored(result: Result) -> Result:
 def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict[str, Any]:
     """Accumulators + cost -> the estimate's metrics and sections: tables by domain,
     entropy and position, histograms, depth curves, K table (renewal τ the headline, the
-    window τ beside it), speedup per batch size, adaptive K, cost."""
+    window τ beside it), speedup per batch size, adaptive K, cost. The depth curves, τ,
+    speedups and adaptive K follow the procedure the accumulator was made for
+    (`Accumulator.drafting`); accept_prob_mean stays Σ min(p, q), the alignment measure."""
     # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.estimates import estimate
     from specprobe.estimates.costs import price
@@ -167,7 +185,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     cum = acc.cumulative_depth().tolist()
     cond = estimate.conditional(cum)
     priced = price(
-        cost, cumulative=cum if acc.num_positions else [], alpha_mean=float(s["accept_prob_mean"]), renewal=acc.renewal_tau().tolist(),
+        cost, cumulative=cum if acc.num_positions else [], alpha_mean=float(s["accept_prob_engine_mean"]), renewal=acc.renewal_tau().tolist(),
         k_max=cfg.k_max, batch_size=cfg.batch_size, cost_ratio=cfg.cost_ratio, verify_factor=cfg.verify_factor, origins=cfg.cost_origins,
         budget=(acc.renewal_tokens, acc.renewal_rounds, acc.renewal_drafted),  # the renewal sums: speedup at this run's token budget
     )
@@ -178,6 +196,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     dom_alpha = [d["accept_prob_mean"] for d in dom if d["positions"]]
     metrics: dict[str, Any] = {
         "accept_prob_mean": s["accept_prob_mean"],
+        "accept_prob_engine_mean": s["accept_prob_engine_mean"],
         "greedy_agree_frac": s["greedy_agree_frac"],
         "kl_target_draft_nats": s["kl_target_draft_nats"],
         "kl_target_draft_p90_nats": acc.kl_percentile(0.9),

@@ -37,6 +37,7 @@ from specprobe.models.heads.chain import HeadDrafter
 from specprobe.models.heads.vocab import (
     DepthScores,
     ScoringVocab,
+    TargetSide,
     cat_scores,
     depth_scores,
     map_logits,
@@ -52,7 +53,9 @@ if TYPE_CHECKING:
     from specprobe.probe.drilldown import DrillCollector
 
 Row = str | int | float  # a per-position row's value: prompt id, domain, position, metrics
-ROW_FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
+# accept_prob: Σ min(p, q), sampled drafts (and the alignment measure); accept_prob_greedy_draft:
+# p(argmax q), the acceptance of the drafter's argmax (greedy drafting)
+ROW_FIELDS = ("accept_prob", "accept_prob_greedy_draft", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence")
 
 
 # ----------------------------------------------------------------------------- one chunk
@@ -69,8 +72,8 @@ class ChunkScores:
     """Per-position metrics of one chunk, as numpy arrays [N]."""
 
     values: dict[str, np.ndarray]  # ROW_FIELDS of the depth-1 prediction
-    # head drafters only (depths d > 1 predicted directly): acceptance probability (0 where
-    # position t+1−d lies before the sequence) and drafter confidence max q
+    # head drafters only (depths d > 1 predicted directly): acceptance probability Σ min(p, q)
+    # (0 where position t+1−d lies before the sequence) and drafter confidence max q
     alpha_by_depth: dict[int, np.ndarray] = field(default_factory=dict)
     confidence_by_depth: dict[int, np.ndarray] = field(default_factory=dict)
     # what collectors asked for beyond the metrics (depth 1): each side's top-k ([N, k],
@@ -79,6 +82,8 @@ class ChunkScores:
     # [N] whose logits were not numbers (NaN, +inf, or all −inf): 0 neither, 1 the target,
     # 2 the drafter, 3 both; None when every position is fine. Those values are not metrics.
     broken: np.ndarray | None = None
+    # the head depths' greedy-draft acceptance p(argmax q) (0 before the sequence, as α)
+    greedy_by_depth: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 # A collector's probe sees the raw depth-1 logits of a chunk while they exist
@@ -115,7 +120,7 @@ def score_chunk(
                 out.extra.update(probe(chunk, target_logits, dl))
             out.broken = _broken(list(out.values.values()), target_logits, dl, out.broken)
         else:
-            _deeper(out, d, pm.accept_prob, pm.draft_confidence, token_pos, dl)
+            _deeper(out, d, pm.accept_prob, pm.draft_confidence, token_pos, dl, pm.accept_prob_greedy_draft)
         del dl, pm
     return out
 
@@ -158,18 +163,21 @@ def score_head_chunk(
     if block_rows <= 0:
         ts = target_side(target_logits, sampling.target, vocab, top)
         for d, dl in prepped:
-            _emit(out, d, depth_scores(ts, dl, sampling.draft, full=d == 1, top=top if d == 1 else 0), ts.entropy, target_logits, dl, token_pos, vocab, probes, chunk)
+            sc = depth_scores(ts, dl, sampling.draft, full=d == 1, top=top if d == 1 else 0)
+            _emit(out, d, sc, greedy_draft(ts, dl), ts.entropy, target_logits, dl, token_pos, vocab, probes, chunk)
             del dl
         return out
     drafts = list(prepped)  # [N, Vs] per depth
     n = target_logits.shape[0]
-    done: dict[int, tuple[torch.Tensor, dict[int, DepthScores]]] = {}  # block start -> (entropy [b], depth -> scores)
+    # block start -> (entropy [b], depth -> scores, depth -> p(argmax q) [b])
+    done: dict[int, tuple[torch.Tensor, dict[int, DepthScores], dict[int, torch.Tensor]]] = {}
 
     def blocks(starts: list[int]) -> None:
         for r0 in starts:
             r = slice(r0, r0 + block_rows)
             ts = target_side(target_logits[r], sampling.target, vocab, top)
-            done[r0] = (ts.entropy, {d: depth_scores(ts, dl[r], sampling.draft, full=d == 1, top=top if d == 1 else 0) for d, dl in drafts})
+            scores = {d: depth_scores(ts, dl[r], sampling.draft, full=d == 1, top=top if d == 1 else 0) for d, dl in drafts}
+            done[r0] = (ts.entropy, scores, {d: greedy_draft(ts, dl[r]) for d, dl in drafts})
 
     starts = list(range(0, n, block_rows))
     threads = torch.get_num_threads()
@@ -185,8 +193,19 @@ def score_head_chunk(
         blocks(starts)
     entropy = torch.cat([done[r0][0] for r0 in starts])
     for d, dl in drafts:
-        _emit(out, d, cat_scores([done[r0][1][d] for r0 in starts]), entropy, target_logits, dl, token_pos, vocab, probes, chunk)
+        _emit(out, d, cat_scores([done[r0][1][d] for r0 in starts]), torch.cat([done[r0][2][d] for r0 in starts]), entropy, target_logits, dl, token_pos, vocab, probes, chunk)
     return out
+
+
+def greedy_draft(ts: TargetSide, dl: torch.Tensor) -> torch.Tensor:
+    """[N] p(argmax q) of a head's depth: dl [N, Vs] its logits over the kept draft columns
+    (in draft order, so the first maximal column is the lowest draft id, as the engines'
+    argmax over the head's vocabulary), ts the chunk's target side. A greedy target
+    accepts exactly its own argmax (0 when that lies outside the draft vocabulary)."""
+    da = dl.argmax(-1, keepdim=True)  # [N, 1]
+    if ts.pd is None:
+        return (ts.col == da.squeeze(-1)).float()
+    return ts.pd.gather(-1, da).squeeze(-1).clamp_(0.0, 1.0)
 
 
 # Rows per block of a head's CPU scoring: 4–16 rows score within 10 % of each other on
@@ -207,6 +226,7 @@ def _emit(
     out: ChunkScores,
     d: int,
     sc: DepthScores,
+    greedy: torch.Tensor,  # [N] p(argmax q)
     entropy: torch.Tensor,  # [N] the target's
     target_logits: torch.Tensor,  # [N, V]
     dl: torch.Tensor,  # [N, Vs]
@@ -217,7 +237,7 @@ def _emit(
 ) -> None:
     """One depth's scores into `out` (depth 1: the row metrics, top-k, probes)."""
     if d == 1:
-        got = {"accept_prob": sc.alpha, "greedy_agree": sc.agree, "kl_target_draft_nats": sc.kl.clamp_(min=0.0), "target_entropy_nats": entropy, "draft_confidence": sc.confidence}
+        got = {"accept_prob": sc.alpha, "accept_prob_greedy_draft": greedy, "greedy_agree": sc.agree, "kl_target_draft_nats": sc.kl.clamp_(min=0.0), "target_entropy_nats": entropy, "draft_confidence": sc.confidence}
         out.values = {f: got[f].float().cpu().numpy() for f in ROW_FIELDS}
         out.extra = {k: v.cpu().numpy() for k, v in (sc.top or {}).items()}
         if probes:  # they read [N, V] logits: the draft's mapped into the target vocabulary
@@ -228,16 +248,17 @@ def _emit(
             del mapped
         out.broken = _broken(list(out.values.values()), target_logits, dl, out.broken)
     else:
-        _deeper(out, d, sc.alpha, sc.confidence, token_pos, dl)
+        _deeper(out, d, sc.alpha, sc.confidence, token_pos, dl, greedy)
 
 
-def _deeper(out: ChunkScores, d: int, alpha: torch.Tensor, confidence: torch.Tensor, token_pos: torch.Tensor, dl: torch.Tensor) -> None:
-    """A depth d > 1 into `out`: α (0 where the prediction would start before the
-    sequence) and max q; each tensor [N], dl [N, V'] the depth's logits."""
+def _deeper(out: ChunkScores, d: int, alpha: torch.Tensor, confidence: torch.Tensor, token_pos: torch.Tensor, dl: torch.Tensor, greedy: torch.Tensor) -> None:
+    """A depth d > 1 into `out`: α and p(argmax q) (0 where the prediction would start
+    before the sequence) and max q; each tensor [N], dl [N, V'] the depth's logits."""
     ok = (token_pos - d >= 0).float()  # the prediction was made inside the sequence
     out.alpha_by_depth[d] = (alpha * ok).cpu().numpy()
+    out.greedy_by_depth[d] = (greedy.float() * ok).cpu().numpy()
     out.confidence_by_depth[d] = confidence.float().cpu().numpy()
-    out.broken = _broken([out.alpha_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
+    out.broken = _broken([out.alpha_by_depth[d], out.greedy_by_depth[d], out.confidence_by_depth[d]], None, dl, out.broken)
 
 
 def _broken(values: list[np.ndarray], target_logits: torch.Tensor | None, draft_logits: torch.Tensor | None, seen: np.ndarray | None) -> np.ndarray | None:
@@ -302,6 +323,7 @@ class SequenceCollector:
         positions = np.concatenate([c.token_pos for c, _ in pending])
         vals = {f: np.concatenate([s.values[f] for _, s in pending]) for f in ROW_FIELDS}
         alpha = {d: np.concatenate([s.alpha_by_depth[d] for _, s in pending]) for d in pending[0][1].alpha_by_depth}
+        greedy = {d: np.concatenate([s.greedy_by_depth[d] for _, s in pending]) for d in pending[0][1].greedy_by_depth}
         conf = {d: np.concatenate([s.confidence_by_depth[d] for _, s in pending]) for d in pending[0][1].confidence_by_depth}
         broken = np.concatenate([s.broken if s.broken is not None else np.zeros(len(c.prompt), dtype=np.int8) for c, s in pending])
         for sl in _runs(prompt):
@@ -315,6 +337,7 @@ class SequenceCollector:
                 alpha_by_depth={d: a[sl] for d, a in alpha.items()} or None,
                 confidence_by_depth={d: c[sl] for d, c in conf.items()} or None,
                 category=p.category,
+                greedy_by_depth={d: g[sl] for d, g in greedy.items()} or None,
             )
             if self.keep_positions:
                 n = sl.stop - sl.start
@@ -356,7 +379,7 @@ class Scored:
 def score(target: LoadedModel, drafter: Drafter, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: SamplingPair, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
     """Teacher-forced scoring in batches of similar length (prompts without a continuation
     are skipped). Ctrl-C keeps the batches finished so far (`Scored.interrupted`)."""
-    acc = Accumulator(k_max=cfg.k_max)
+    acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting)
     sequences = SequenceCollector(acc, prompts, cfg.keep_positions)
     sinks: list[Collector] = [sequences, *collectors]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]) + len(conts[i]))
@@ -419,6 +442,7 @@ def score_batch(target: LoadedModel, drafter: Drafter, idx: list[int], encoded: 
             scores = score_chunk(tl, drafts, tt + 1, pair, top, probes, chunk, vocab)
             for d in beyond:
                 scores.alpha_by_depth[d] = np.zeros(len(chunk.prompt))
+                scores.greedy_by_depth[d] = np.zeros(len(chunk.prompt))
                 scores.confidence_by_depth[d] = np.zeros(len(chunk.prompt), dtype=np.float32)
             for s in sinks:
                 s.chunk(chunk, scores)

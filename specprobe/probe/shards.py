@@ -44,13 +44,13 @@ from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 from specprobe.settings.values import Shard
 
 FORMAT = "specprobe-part"
-VERSION = 1
+# 2: the greedy-draft acceptance per position and depth, and the accumulator's drafting
+VERSION = 2
 # settings that may differ between the shards of one run (where it runs, what it writes)
 _NOT_IDENTITY = ("shard", "use_cache", "part_path", "device", "device_map", "max_memory")
-
-
-
-
+# what a part keeps per item and position: the row fields, and per head depth Σ min(p, q),
+# p(argmax q) and max q, and what collectors asked for
+_RECORDED = ("values", "alpha", "greedy", "conf", "extra")
 
 
 def owns(prompt_index: int, batch_size: int, shard: Shard | None) -> bool:
@@ -74,19 +74,19 @@ class RecordCollector:
         pending, self._pending = self._pending, []
         for c, s in pending:
             for sl in _runs(c.prompt):
-                rec = self.items.setdefault(int(c.prompt[sl.start]), {"pos": [], "values": {}, "alpha": {}, "conf": {}, "extra": {}})
+                rec = self.items.setdefault(int(c.prompt[sl.start]), {"pos": [], "values": {}, "alpha": {}, "greedy": {}, "conf": {}, "extra": {}})
                 rec["pos"].append(c.token_pos[sl])
-                for name, src in (("values", s.values), ("alpha", s.alpha_by_depth), ("conf", s.confidence_by_depth), ("extra", s.extra)):
+                for name, src in (("values", s.values), ("alpha", s.alpha_by_depth), ("greedy", s.greedy_by_depth), ("conf", s.confidence_by_depth), ("extra", s.extra)):
                     for k, v in src.items():
                         rec[name].setdefault(str(k), []).append(v[sl])
 
     def records(self) -> dict[int, dict[str, Any]]:
-        """-> item index -> {pos [n], values/alpha/conf/extra: name -> [n, ...] arrays}."""
+        """-> item index -> {pos [n], values/alpha/greedy/conf/extra: name -> [n, ...] arrays}."""
         out: dict[int, dict[str, Any]] = {}
         for i, rec in self.items.items():
             n = sum(len(p) for p in rec["pos"])
             out[i] = {"pos": np.concatenate(rec["pos"])}
-            for name in ("values", "alpha", "conf", "extra"):
+            for name in _RECORDED:
                 # a key missing from some chunks (a probe's sampled rows) is NaN there
                 out[i][name] = {k: np.concatenate(v) if sum(len(a) for a in v) == n else _nan_fill(rec, name, k) for k, v in rec[name].items()}
         return out
@@ -136,7 +136,7 @@ def make_part(shard: Shard, ident: dict[str, Any], header: dict[str, Any], metri
         items.append({
             "id": item.id, "domain": item.domain, "category": item.category, "encoded": list(refs.encoded[i]), "cont": list(refs.conts[i]),
             "pos": rec["pos"].tolist(),
-            **{name: {k: np.asarray(v).tolist() for k, v in rec[name].items()} for name in ("values", "alpha", "conf", "extra")},
+            **{name: {k: np.asarray(v).tolist() for k, v in rec[name].items()} for name in _RECORDED},
         })
     return {
         "format": FORMAT, "version": VERSION, "shard": [shard.index, shard.count], "identity": ident, "header": header, "metrics": metrics,
@@ -239,7 +239,7 @@ def merge_parts(parts: Sequence[dict[str, Any]], tokenizer: Any, pair: Any, cfg:
         [Prompt(id=it["id"], domain=it["domain"], category=it["category"], turns=()) for it in items],
         [it["encoded"] for it in items], [it["cont"] for it in items],
     )
-    seq = SequenceCollector(Accumulator(k_max=cfg.k_max), refs.items, cfg.keep_positions)
+    seq = SequenceCollector(Accumulator(k_max=cfg.k_max, drafting=cfg.drafting), refs.items, cfg.keep_positions)
     drill = DrillCollector(tokenizer, refs.items, refs.encoded, refs.conts, pair, k_max=cfg.k_max, every=first.get("drill_every"))
     run_order = sorted(range(len(items)), key=lambda i: len(refs.encoded[i]) + len(refs.conts[i]))
     run_order = [i for i in run_order if refs.conts[i]]
@@ -265,7 +265,8 @@ def _replay(i: int, it: dict[str, Any]) -> tuple[Chunk, ChunkScores]:
     pos = np.asarray(it["pos"], dtype=np.int64)
     arr = lambda v: np.asarray(v, dtype=np.float32)  # noqa: E731
     extra = {k: (np.asarray(v, dtype=np.int64) if k.endswith("_ids") else arr(v)) for k, v in it["extra"].items()}
-    scores = ChunkScores({f: arr(it["values"][f]) for f in ROW_FIELDS}, {int(d): arr(v) for d, v in it["alpha"].items()}, {int(d): arr(v) for d, v in it["conf"].items()}, extra)
+    scores = ChunkScores({f: arr(it["values"][f]) for f in ROW_FIELDS}, {int(d): arr(v) for d, v in it["alpha"].items()}, {int(d): arr(v) for d, v in it["conf"].items()}, extra,
+                         greedy_by_depth={int(d): arr(v) for d, v in it["greedy"].items()})
     return Chunk(np.full(len(pos), i, dtype=np.int64), pos), scores
 
 

@@ -56,7 +56,8 @@ class SweepRow(Part):
     drafter: str
     kind: str | None = None
     num_layers: int | None = None
-    accept_prob_mean: Num = None
+    accept_prob_mean: Num = None  # Σ min(p, q): the alignment measure
+    accept_prob_engine_mean: Num = None  # one draft token's acceptance under the procedure
     kl_target_draft_nats: Num = None
     cost_ratio: Num = None
     cost_measured: bool = False
@@ -80,6 +81,7 @@ class SweepReport(Document):
     num_prompts: int
     num_positions: int
     target_passes: int = Field(description="Teacher-forced target forward passes (one per batch, shared by every drafter).")
+    procedure: str | None = Field(default=None, description="The draft-and-verify procedure τ and speedups follow, in words.")
     rows: list[SweepRow]
     recommended: str | None = Field(default=None, description="The drafter with the highest estimated speedup (ties: higher α).")
     interrupted: bool = False
@@ -89,7 +91,7 @@ def sweep_row(r: Result) -> SweepRow:
     m = r.metrics
     return SweepRow(
         drafter=r.drafter.spec, kind=r.drafter.kind, num_layers=r.drafter.num_layers,
-        accept_prob_mean=m.get("accept_prob_mean"), kl_target_draft_nats=m.get("kl_target_draft_nats"),
+        accept_prob_mean=m.get("accept_prob_mean"), accept_prob_engine_mean=m.get("accept_prob_engine_mean"), kl_target_draft_nats=m.get("kl_target_draft_nats"),
         cost_ratio=m.get("cost_ratio"), cost_measured=bool(r.cost.measured) if r.cost else False,
         best_k=r.best_k, tau_tokens=m.get("tau_tokens"), speedup_best=m.get("speedup_best"),
         tau_by_k=[k.tau_tokens for k in r.k_table], speedup_by_k=[k.speedup for k in r.k_table],
@@ -205,7 +207,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     scored: dict[str, Scored] = {}
     entries = []
     for pair in live:
-        acc = Accumulator(k_max=cfg.k_max)
+        acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting)
         drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max)
         seq = SequenceCollector(acc, refs.items, False)
         scored[pair.drafter.spec] = Scored(acc, seq.rows, drill=drill)
@@ -234,6 +236,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     report = SweepReport(
         specprobe_version=__version__, created=first.created, target=cfg.target, reference=first.reference or "on-policy",
         num_prompts=int(first.metrics.get("num_prompts") or 0), num_positions=int(first.metrics.get("num_positions") or 0),
-        target_passes=passes, rows=rows, recommended=recommend(rows), interrupted=interrupted or refs.interrupted,
+        target_passes=passes, procedure=first.procedure.description if first.procedure else None,
+        rows=rows, recommended=recommend(rows), interrupted=interrupted or refs.interrupted,
     )
     return Sweep(report, results)

@@ -63,6 +63,7 @@ from specprobe.result.run import (
     MeasuredDepth,
     MeasuredRow,
     Positions,
+    Procedure,
     PromptSetInfo,
     Result,
     RunConfig,
@@ -76,7 +77,7 @@ __all__ = [
     "NOTHING_SCORED", "READABLE_VERSIONS", "SCHEMA_VERSION", "Adaptive", "Alignment", "AlignmentFacts", "BucketRow", "CompareConfig", "Comparison",
     "Cost", "Depth", "DepthDelta", "Document", "DrillDown", "DomainDelta", "DomainRow", "Drafter", "Environment", "Evaluation", "Finding",
     "Histogram", "Histograms", "Identity", "KDelta", "KRow", "Measured", "MeasuredAdaptive", "MeasuredDepth", "MeasuredRow", "Num",
-    "OverallDelta", "Part", "Positions", "PromptSetInfo", "Record", "Result", "RunConfig", "SamplingInfo", "SamplingSide", "Severity",
+    "OverallDelta", "Part", "Positions", "Procedure", "PromptSetInfo", "Record", "Result", "RunConfig", "SamplingInfo", "SamplingSide", "Severity",
     "SideFacts", "Target", "Value", "finite", "json_schema", "upgrade",
 ]
 
@@ -92,7 +93,37 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_UPGRADES = {1: _v1_to_v2}
+# What results written before specprobe followed an engine's procedure measured: every
+# draft sampled from q and accepted with Σ min(p, q), whatever their config said.
+OLDER_PROCEDURE = {
+    "engine": None,
+    "engine_label": None,
+    "drafting": "probabilistic",
+    "acceptance": "Σ min(p, q)",
+    "description": "sampled drafts, acceptance = Σ min(p, q) (written before specprobe followed an engine's procedure)",
+    "adaptive_knob": None,
+}
+
+
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 → v3: the procedure the estimates follow (greedy drafts by default). A v2 file's
+    τ and speedups were computed from Σ min(p, q): it is labelled probabilistic, and its
+    procedure's mean acceptance is its accept_prob_mean, in the metrics and the tables."""
+    out = dict(data)
+    out["schema_version"] = 3
+    if out.get("command") not in ("diagnose", "simulate"):
+        return out
+    out["procedure"] = dict(OLDER_PROCEDURE)
+    metrics = dict(out.get("metrics") or {})
+    if "accept_prob_mean" in metrics:
+        metrics.setdefault("accept_prob_engine_mean", metrics["accept_prob_mean"])
+    out["metrics"] = metrics
+    for table in ("by_domain", "by_category", "by_entropy", "by_position"):
+        out[table] = [{**row, "accept_prob_engine_mean": row.get("accept_prob_mean")} if isinstance(row, dict) else row for row in out.get(table) or []]
+    return out
+
+
+_UPGRADES = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:

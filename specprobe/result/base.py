@@ -14,8 +14,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from specprobe.judge.catalog import CATALOG
 
-SCHEMA_VERSION: Literal[2] = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION: Literal[3] = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 Severity = Literal["error", "warning", "info"]
 

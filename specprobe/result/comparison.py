@@ -93,7 +93,7 @@ class CompareConfig(Record):
 class Comparison(Document):
     """A candidate drafter's result against a baseline's (the regression gate)."""
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     command: Literal["compare"] = "compare"
     specprobe_version: str | None = None
     created: str

@@ -121,6 +121,19 @@ class SamplingInfo(Record):
     sources: dict[str, str] = Field(default_factory=dict, description="Where each setting came from: flag, generation_config, default, target's.")
 
 
+class Procedure(Part):
+    """The draft-and-verify procedure the estimates follow: how the engine drafts and what
+    one draft token's acceptance is. τ, speedups, best K, adaptive K and the acceptance
+    rate follow it; accept_prob_mean stays Σ min(p, q), the alignment measure."""
+
+    engine: str | None = Field(default=None, description="--engine (vllm, sglang, llama.cpp, trtllm, transformers); null in results written before specprobe followed an engine.")
+    engine_label: str | None = None
+    drafting: Literal["greedy", "probabilistic"] = Field(description="greedy: the drafter's argmax is the draft; probabilistic: the draft is sampled from q.")
+    acceptance: str = Field(description="One draft token's acceptance: p_target(draft token) (greedy drafts) or Σ min(p, q) (sampled drafts).")
+    description: str = Field(description="The procedure in words, as the headline shows it.")
+    adaptive_knob: str | None = Field(default=None, description="The engine's own flag for the adaptive-K threshold (llama.cpp: --spec-draft-p-min), when it has one.")
+
+
 class SideFacts(Record):
     name: str | None = None
     vocab: int | None = None
@@ -149,6 +162,7 @@ class DomainRow(Part):
     group: str
     positions: int
     accept_prob_mean: Num = None
+    accept_prob_engine_mean: Num = None
     greedy_agree_frac: Num = None
     kl_target_draft_nats: Num = None
     target_entropy_nats: Num = None
@@ -164,6 +178,7 @@ class BucketRow(Part):
     hi: Value = None  # None: open-ended
     positions: int
     accept_prob_mean: Num = None
+    accept_prob_engine_mean: Num = None
     greedy_agree_frac: Num = None
     kl_target_draft_nats: Num = None
     target_entropy_nats: Num = None
@@ -284,19 +299,22 @@ class Cost(Part):
 
 
 class Positions(Part):
-    """Per-position rows (diagnose --csv positions.csv), all columns the same length."""
+    """Per-position rows (diagnose --csv positions.csv), all columns the same length
+    (accept_prob_greedy_draft is empty in results written before it existed)."""
 
     prompt_id: list[str]
     domain: list[str]
     position: list[int]
     accept_prob: list[Num]
+    accept_prob_greedy_draft: list[Num] = Field(default_factory=list, description="p_target(argmax q): the acceptance of a greedy draft at each position.")
     greedy_agree: list[Num]
     kl_target_draft_nats: list[Num]
     target_entropy_nats: list[Num]
     draft_confidence: list[Num]
 
     def columns(self) -> dict[str, list[Any]]:
-        return {name: getattr(self, name) for name in type(self).model_fields}
+        cols = {name: getattr(self, name) for name in type(self).model_fields}
+        return {k: v for k, v in cols.items() if v or not self.position}
 
 
 # ----------------------------------------------------------------------------- measured (simulate)
@@ -362,7 +380,7 @@ class Result(Document):
     `check` and a run stopped by alignment errors have no tables; only `simulate` has
     `measured`."""
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     command: Literal["check", "diagnose", "simulate"]
     specprobe_version: str | None = None
     created: str
@@ -373,6 +391,7 @@ class Result(Document):
     prompt_set: PromptSetInfo | None = None
     reference: Literal["on-policy", "off-policy"] | None = None
     sampling: SamplingInfo | None = None
+    procedure: Procedure | None = Field(default=None, description="The engine's draft-and-verify procedure the estimates follow (diagnose, simulate).")
     alignment: Alignment | None = None
     interrupted: bool = False
     scored: bool = False
