@@ -310,3 +310,48 @@ def test_a_tiny_diagnose_follows_greedy_drafts_and_probabilistic_keeps_the_old_n
     assert sampled.depth is not None and sampled.depth.cumulative == pytest.approx(acc.cumulative_depth().tolist(), abs=1e-6)  # rows are rounded to 6 digits
     assert [r.tau_renewal_tokens for r in sampled.k_table] == pytest.approx(acc.renewal_tau().tolist(), abs=1e-5)
     assert greedy.depth.cumulative != pytest.approx(sampled.depth.cumulative, abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- the headline
+def test_every_report_heads_with_the_procedure_and_names_alpha_the_alignment_measure(real_results) -> None:
+    from io import StringIO
+    from pathlib import Path
+
+    from specprobe.report import terminal
+    from specprobe.report.console import demo_table, render, render_summary
+    from specprobe.report.html import render_html
+    from specprobe.report.load import load_result
+    from specprobe.report.markdown import render_markdown
+
+    r = real_results.skip  # the default: vLLM, greedy drafts
+    m = r.metrics
+    head = f"τ {m['tau_tokens']:.2f} at K={m['best_k']} — as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)"
+    alpha = f"alignment α = Σ min(p, q) {100 * m['accept_prob_mean']:.1f}%"
+
+    def text(fn, *a) -> str:  # type: ignore[no-untyped-def]
+        buf = StringIO()
+        fn(*a, terminal.console(file=buf, width=200))
+        return " ".join(buf.getvalue().split())
+
+    for shown in (text(render, r), text(render_summary, r), render_markdown(r), render_html(r)):
+        assert head in shown and alpha in shown
+    buf = StringIO()
+    terminal.console(file=buf, width=200).print(demo_table([("self-draft", r), ("itself", real_results.twin)]))
+    demo = " ".join(buf.getvalue().split())
+    assert "alignment α" in demo and "as vLLM verifies it: greedy drafts" in demo and f"{100 * m['accept_prob_engine_mean']:.1f}%" in demo
+    # a result saved before the procedure was followed says what its numbers were
+    old = load_result(Path(__file__).parent / "data" / "results" / "v1" / "diagnose.json")
+    assert "sampled drafts, acceptance = Σ min(p, q)" in text(render, old)
+
+
+def test_llama_cpp_adaptive_k_reads_as_its_own_knob() -> None:
+    from types import SimpleNamespace
+
+    from specprobe.probe.assemble import procedure_section
+    from specprobe.report.fmt import adaptive_wording
+    from specprobe.result import Procedure
+
+    llama = SimpleNamespace(procedure=Procedure.model_validate(procedure_section("llama.cpp", "greedy")))
+    assert adaptive_wording(llama, 0.65).startswith("--spec-draft-p-min 0.65 (stop drafting before the first draft")
+    vllm = SimpleNamespace(procedure=Procedure.model_validate(procedure_section("vllm", "greedy")))
+    assert adaptive_wording(vllm, 0.65) == "stop drafting when drafter confidence < 0.65"

@@ -13,11 +13,15 @@ from rich.text import Text
 
 from specprobe.report.fmt import (
     EM_DASH,
+    adaptive_wording,
+    alignment_note,
     fixed,
+    greedy_procedure,
     headline_others,
     headline_source,
     metric,
     pct,
+    procedure_headline,
     signed_pct,
 )
 from specprobe.report.terminal import Column, Grid
@@ -89,12 +93,12 @@ def verdict_panel(result: Result) -> Panel:
         lines.append(Text("0 positions scored: no acceptance, KL, τ or speedup to show", style="yellow"))
     elif result.scored:
         ref = result.reference or "on-policy"
-        best_k = m.get("best_k")
+        lines.append(Text(procedure_headline(result, none=EM_DASH), style="bold"))
         lines.append(Text(
-            f"acceptance {_pct(m.get('accept_prob_mean'))}   KL(target‖draft) {_f(m.get('kl_target_draft_nats'))} nats   "
-            f"τ {_f(m.get('tau_tokens'), '.2f')} at K={EM_DASH if best_k is None else best_k}   speedup {_f(m.get('speedup_best'), '.2f')}×   "
+            f"acceptance {_pct(m.get('accept_prob_engine_mean', m.get('accept_prob_mean')))} per draft token   speedup {_f(m.get('speedup_best'), '.2f')}×   "
             f"({m.get('num_positions')} positions, {m.get('num_prompts')} prompts, {ref} references, teacher-forced estimate)"
         ))
+        lines.append(Text(f"{alignment_note(result, none=EM_DASH)}   KL(target‖draft) {_f(m.get('kl_target_draft_nats'))} nats"))
     if result.stopped:
         lines.append(Text(f"stopped: {result.stopped}", style="red"))
     if result.interrupted:
@@ -126,21 +130,22 @@ def findings_table(findings: list[Finding], title: str = "findings") -> Grid:
 
 
 # ----------------------------------------------------------------------------- evidence tables
-def _group_table(title: str, rows: list[DomainRow] | list[BucketRow]) -> Grid:
-    g = Grid(
-        [
-            Column("group"),
-            Column("positions", "n", "right", "drop", 1),
-            Column("α accept", "α", "right"),
-            Column("greedy agree", "greedy", "right", "drop", 3),
-            Column("KL nats", "KL", "right"),
-            Column("entropy nats", "H nats", "right", "drop", 4),
-            Column("draft conf", "conf", "right", "drop", 2),
-        ],
-        title=title,
-    )
+def _group_table(title: str, rows: list[DomainRow] | list[BucketRow], greedy: bool = False) -> Grid:
+    """greedy: the procedure's acceptance p_target(draft) beside α, which then differs."""
+    cols = [
+        Column("group"),
+        Column("positions", "n", "right", "drop", 1),
+        Column("α alignment", "α", "right"),
+        *([Column("accept greedy", "accept", "right", "drop", 5)] if greedy else []),
+        Column("greedy agree", "greedy", "right", "drop", 3),
+        Column("KL nats", "KL", "right"),
+        Column("entropy nats", "H nats", "right", "drop", 4),
+        Column("draft conf", "conf", "right", "drop", 2),
+    ]
+    g = Grid(cols, title=title)
     for r in rows:
-        g.add(r.group, str(r.positions), _pct(r.accept_prob_mean), _pct(r.greedy_agree_frac), _f(r.kl_target_draft_nats), _f(r.target_entropy_nats), _pct(r.draft_confidence_mean))
+        engine = [_pct(r.accept_prob_engine_mean)] if greedy else []
+        g.add(r.group, str(r.positions), _pct(r.accept_prob_mean), *engine, _pct(r.greedy_agree_frac), _f(r.kl_target_draft_nats), _f(r.target_entropy_nats), _pct(r.draft_confidence_mean))
     return g
 
 
@@ -157,7 +162,7 @@ def depth_k_table(result: Result) -> Grid:
             Column("v_K", None, "right", "drop", 6),
             Column("speedup", justify="left"),
         ],
-        title="by draft depth / K (teacher-forced; τ(K) renewal, τ win window)",
+        title="by draft depth / K (teacher-forced" + (f", acceptance = {result.procedure.acceptance}" if result.procedure else "") + "; τ(K) renewal, τ win window)",
     )
     cum = result.depth.cumulative if result.depth else []
     cond = result.depth.conditional if result.depth else []
@@ -281,19 +286,20 @@ def render(result: Result, console: Console, full: bool = True) -> None:
         return
     if not full:
         return
+    greedy = greedy_procedure(result)
     if result.by_domain:
-        console.print(_group_table("by domain", result.by_domain))
+        console.print(_group_table("by domain", result.by_domain, greedy))
     if result.categories:
-        console.print(_group_table("by the prompt file's category", result.categories))
+        console.print(_group_table("by the prompt file's category", result.categories, greedy))
     if result.by_entropy:
-        console.print(_group_table("by target entropy", result.by_entropy))
+        console.print(_group_table("by target entropy", result.by_entropy, greedy))
     if result.by_position:
-        console.print(_group_table("by context position (tokens before the predicted one)", result.by_position))
+        console.print(_group_table("by context position (tokens before the predicted one)", result.by_position, greedy))
     if result.k_table:
         console.print(depth_k_table(result))
     a, c = result.adaptive, result.cost
     if a:
-        console.print(f"adaptive K: stop drafting when drafter confidence < {_f(a.threshold, '.2f')} → τ {_f(a.tau_tokens, '.2f')}, mean K {_f(a.mean_k, '.2f')}, speedup {_f(a.speedup, '.2f')}×")
+        console.print(f"adaptive K: {adaptive_wording(result, a.threshold, none=EM_DASH)} → τ {_f(a.tau_tokens, '.2f')}, mean K {_f(a.mean_k, '.2f')}, speedup {_f(a.speedup, '.2f')}×", highlight=False)
     if c:
         note = _cost_note(result)
         if note:
@@ -303,7 +309,8 @@ def render(result: Result, console: Console, full: bool = True) -> None:
         bt = batch_table(result)
         if bt is not None:
             console.print(bt)
-    console.print("[dim]KL is computed on the untruncated tempered softmax (T=1 when greedy) so it stays finite; α uses each side's sampling distribution.[/]")
+    law = f"one draft token's acceptance = {result.procedure.acceptance}" if result.procedure else "acceptance = α"
+    console.print(f"[dim]τ, speedups and adaptive K follow the procedure ({law}); α = Σ min(p, q) is the alignment measure the drafter-quality findings read. KL is computed on the untruncated tempered softmax (T=1 when greedy) so it stays finite; both use each side's sampling distribution.[/]", highlight=False)
 
 
 # ----------------------------------------------------------------------------- simulate: the measured block
@@ -368,7 +375,7 @@ def measured_tables(result: Result, console: Console) -> None:
 
 
 # ----------------------------------------------------------------------------- `report`: the short summary
-SUMMARY_METRICS = ("accept_prob_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "num_prompts", "num_positions")
+SUMMARY_METRICS = ("accept_prob_mean", "accept_prob_engine_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "num_prompts", "num_positions")
 
 
 def _verdict_line(result: Result | Comparison, console: Console) -> None:
@@ -387,6 +394,9 @@ def render_summary(result: Result, console: Console) -> None:
     else:
         console.print("[green]no findings[/]")
     m = result.metrics
+    if result.scored and not nothing_scored(result):
+        console.print(procedure_headline(result, none=EM_DASH), highlight=False, markup=False)
+        console.print(f"  {alignment_note(result, none=EM_DASH)}", highlight=False, markup=False)
     g = Grid([Column("metric"), Column("value", justify="right")], title="key metrics (estimates from teacher forcing)")
     for n in SUMMARY_METRICS:
         if n in m:
@@ -418,19 +428,23 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
 
 # ----------------------------------------------------------------------------- `demo`
 def demo_table(rows: list[tuple[str, Result]]) -> Grid:
-    """One line per demo drafter: alignment, α, greedy agreement, KL, τ(4); the verdict
-    and the finding it comes from beside it, or under it on a narrow terminal."""
+    """One line per demo drafter: alignment, α (the alignment measure), the procedure's
+    acceptance, greedy agreement, KL, τ(4) as the engine verifies it; the verdict and the
+    finding it comes from beside it, or under it on a narrow terminal."""
+    proc = next((r.procedure for _, r in rows if r.procedure is not None), None)
     g = Grid(
         [
             Column("drafter"),
             Column("check"),
-            Column("acceptance α", "α", "right"),
+            Column("alignment α", "α", "right"),
+            Column("accept", None, "right", "drop", 4),
             Column("greedy agree", "greedy", "right", "drop", 2),
             Column("KL nats", "KL", "right", "drop", 1),
             Column("τ(4)", None, "right"),
             Column("verdict (the finding it comes from)", "verdict", fallback="under", order=3),
         ],
-        title="specprobe demo — SmolLM2-135M-Instruct target (teacher-forced, on-policy references)",
+        title="specprobe demo — SmolLM2-135M-Instruct target (teacher-forced, on-policy references)"
+        + (f"; τ(4) and accept {proc.description}; α = Σ min(p, q), the alignment measure" if proc else ""),
     )
     for label, r in rows:
         m = r.metrics
@@ -441,5 +455,5 @@ def demo_table(rows: list[tuple[str, Result]]) -> Grid:
         diag = Text(r.verdict, style=SEV_STYLE.get(r.worst_severity, "green"))
         if top:
             diag.append(f" ({top.rule_id} {top.name})", style="default")
-        g.add(label, check, _pct(m.get("accept_prob_mean")), _pct(m.get("greedy_agree_frac")), _f(m.get("kl_target_draft_nats"), ".2f"), _f(k4, ".2f"), diag)
+        g.add(label, check, _pct(m.get("accept_prob_mean")), _pct(m.get("accept_prob_engine_mean")), _pct(m.get("greedy_agree_frac")), _f(m.get("kl_target_draft_nats"), ".2f"), _f(k4, ".2f"), diag)
     return g

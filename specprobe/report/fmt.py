@@ -93,3 +93,39 @@ def headline_reason(result: Any) -> str:
     if others:
         text += "; " + "; ".join(f'{f.rule_id} says "{f.verdict}" ({f.severity})' for f in others) + " — the most severe finding sets the headline"
     return text
+
+
+# ----------------------------------------------------------------------------- the procedure
+# What the alignment measure is called wherever it stands beside the procedure's numbers.
+ALIGNMENT = "alignment α = Σ min(p, q)"
+
+
+def greedy_procedure(result: Any) -> bool:
+    """Whether the result's τ and speedups follow greedy drafts (acceptance p_target(draft))."""
+    p = getattr(result, "procedure", None)
+    return p is not None and p.drafting == "greedy"
+
+
+def procedure_headline(result: Any, none: str = DASH) -> str:
+    """'τ 1.96 at K=4 — as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)'."""
+    m = result.metrics
+    k = m.get("best_k")
+    head = f"τ {fixed(m.get('tau_tokens'), '.2f', none=none)} at K={none if k is None else int(k)}"
+    p = getattr(result, "procedure", None)
+    return f"{head} — {p.description}" if p is not None else head
+
+
+def alignment_note(result: Any, none: str = DASH) -> str:
+    """'alignment α = Σ min(p, q) 51.0% (how close q is to p, whatever the engine)', beside
+    the procedure's own acceptance."""
+    return f"{ALIGNMENT} {pct(result.metrics.get('accept_prob_mean'), none=none)} (how close q is to p, whatever the engine)"
+
+
+def adaptive_wording(result: Any, threshold: Any, none: str = DASH) -> str:
+    """How the adaptive threshold reads in this engine: its own knob where it has one
+    (llama.cpp --spec-draft-p-min), else a drafter-confidence threshold."""
+    knob = getattr(getattr(result, "procedure", None), "adaptive_knob", None)
+    theta = fixed(threshold, ".2f", none=none)
+    if knob:
+        return f"{knob} {theta} (stop drafting before the first draft whose drafter confidence max q is below it)"
+    return f"stop drafting when drafter confidence < {theta}"

@@ -16,8 +16,17 @@ from typing import TYPE_CHECKING, Any
 from specprobe.judge.catalog import CATALOG
 from specprobe.report.charts import Series, bar_chart, esc, histogram_chart, line_chart, pct_axis
 from specprobe.report.drill_html import drill_section
+from specprobe.report.fmt import (
+    adaptive_wording,
+    alignment_note,
+    greedy_procedure,
+    metric,
+    pct,
+    procedure_headline,
+    signed_delta,
+    signed_pct,
+)
 from specprobe.report.fmt import fixed as fnum
-from specprobe.report.fmt import metric, pct, signed_delta, signed_pct
 from specprobe.result import (
     BucketRow,
     Comparison,
@@ -151,11 +160,13 @@ def _page(title: str, body: str) -> str:
     )
 
 
-def _bucket_rows(rs: Sequence[DomainRow | BucketRow]) -> list[list[str]]:
-    return [[r.group, f"{r.positions:,}", pct(r.accept_prob_mean), pct(r.greedy_agree_frac), fnum(r.kl_target_draft_nats), fnum(r.target_entropy_nats, ".2f")] for r in rs]
+def _bucket_rows(rs: Sequence[DomainRow | BucketRow], greedy: bool = False) -> list[list[str]]:
+    return [[r.group, f"{r.positions:,}", pct(r.accept_prob_mean), *([pct(r.accept_prob_engine_mean)] if greedy else []), pct(r.greedy_agree_frac), fnum(r.kl_target_draft_nats), fnum(r.target_entropy_nats, ".2f")] for r in rs]
 
 
-_BUCKET_HEAD = ("group", "positions", "α mean", "greedy agree", "KL nats", "H nats")
+def _bucket_head(greedy: bool = False) -> tuple[str, ...]:
+    """α: the alignment measure; under greedy drafting the procedure's acceptance beside it."""
+    return ("group", "positions", "α mean (alignment)", *(("accept (greedy drafts)",) if greedy else ()), "greedy agree", "KL nats", "H nats")
 
 
 # ----------------------------------------------------------------------------- result report
@@ -181,15 +192,21 @@ def render_html(result: Result) -> str:
     )
     sub = "estimated by teacher forcing" + (" and measured by a real draft→verify loop" if is_sim and meas else "")
     parts.append(_verdict_html(result, sub))
+    if result.scored and m.get("num_positions"):
+        parts.append(
+            f'<p class="note" id="procedure"><b>{esc(procedure_headline(result))}</b> · acceptance {esc(pct(m.get("accept_prob_engine_mean", m.get("accept_prob_mean"))))} per draft token'
+            f" · {esc(alignment_note(result))}</p>"
+        )
     parts.append("<section id=\"findings\"><h2>Findings</h2>")
     parts.append(_findings_html(result.findings, "No rule fired: nothing to report."))
     parts.append("</section>")
 
     # Key metrics: the handful a reader quotes.
-    kpi_names = ["accept_prob_mean", "kl_target_draft_nats", "greedy_agree_frac", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "accept_prob_domain_min", "num_positions"]
+    kpi_names = ["accept_prob_mean", "accept_prob_engine_mean", "kl_target_draft_nats", "greedy_agree_frac", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "accept_prob_domain_min", "num_positions"]
     kpis = "".join(f'<div class="kpi"><div class="v">{esc(metric(n, m.get(n)))}</div><div class="n">{esc(n)}</div></div>' for n in kpi_names if n in m)
     notes = [
-        "α = Σ min(p, q) per position; KL(target‖draft) in nats is computed on the untruncated tempered softmax so it stays finite.",
+        "α = Σ min(p, q) per position, the alignment measure the drafter-quality findings read; KL(target‖draft) in nats is computed on the untruncated tempered softmax so it stays finite.",
+        "τ(K), speedups and adaptive K follow the procedure: " + (result.procedure.description if result.procedure else "acceptance = α") + ".",
         "Depth curves, τ(K) and speedups are estimates from teacher forcing along the reference trajectories" + ("; measured values come from real speculative decoding over the same prompts." if meas else "."),
     ]
     if ref != "on-policy":
@@ -201,11 +218,12 @@ def render_html(result: Result) -> str:
     parts.append(_speedup_section(result))
     parts.append(_batch_section(result))
     parts.append(_histogram_sections(result))
-    parts.append(_bucket_section(result.by_domain, "chart-domain", "α by domain", "domain"))
+    greedy = greedy_procedure(result)
+    parts.append(_bucket_section(result.by_domain, "chart-domain", "α by domain", "domain", greedy))
     if result.categories:
-        parts.append(_bucket_section(result.categories, "chart-category", "α by the prompt file's category", "category"))
-    parts.append(_bucket_section(result.by_entropy, "chart-entropy", "α by target-entropy bucket", "target entropy"))
-    parts.append(_bucket_section(result.by_position, "chart-position", "α by context-position bucket", "position in the response (tokens)"))
+        parts.append(_bucket_section(result.categories, "chart-category", "α by the prompt file's category", "category", greedy))
+    parts.append(_bucket_section(result.by_entropy, "chart-entropy", "α by target-entropy bucket", "target entropy", greedy))
+    parts.append(_bucket_section(result.by_position, "chart-position", "α by context-position bucket", "position in the response (tokens)", greedy))
     parts.append("</section>")
     parts.append(drill_section(result))  # token-level drill-down (report.drill_html)
     parts.append(_run_section(result))
@@ -284,7 +302,7 @@ def _speedup_section(result: Result) -> str:
         " τ(K): renewal estimate (rounds start where the previous one ended); τ window: every start position averaged. τ includes the bonus token."
     )
     if adaptive:
-        caption += f" Adaptive K (stop below confidence {fnum(adaptive.threshold, '.2f')}): {fnum(adaptive.speedup, '.2f')}× at mean K {fnum(adaptive.mean_k, '.2f')}."
+        caption += f" Adaptive K ({esc(adaptive_wording(result, adaptive.threshold))}): {fnum(adaptive.speedup, '.2f')}× at mean K {fnum(adaptive.mean_k, '.2f')}."
     return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if ks[i] == best else ""), "τ and speedup by K")
 
 
@@ -342,14 +360,14 @@ def _histogram_sections(result: Result) -> str:
     return "".join(out)
 
 
-def _bucket_section(rs: Sequence[DomainRow | BucketRow], chart_id: str, title: str, x_label: str) -> str:
+def _bucket_section(rs: Sequence[DomainRow | BucketRow], chart_id: str, title: str, x_label: str, greedy: bool = False) -> str:
     if not rs:
         return ""
     chart = bar_chart(
         chart_id, title, [r.group for r in rs], [Series("α mean", [r.accept_prob_mean for r in rs], EST)],
         y_label="mean α", x_label=x_label, y_fmt=pct_axis, y_max=1.0, hline=(0.7, "70% (good)"),
     )
-    return _row(chart, "Bars: mean α over the positions in each group; dashed line: the 70% 'good' band.", _table(_BUCKET_HEAD, _bucket_rows(rs)), title)
+    return _row(chart, "Bars: mean α over the positions in each group; dashed line: the 70% 'good' band.", _table(_bucket_head(greedy), _bucket_rows(rs, greedy)), title)
 
 
 def _run_section(result: Result) -> str:
@@ -439,9 +457,9 @@ def render_sweep_html(report: SweepReport) -> str:
     ks = list(range(1, max((len(r.speedup_by_k) for r in report.rows), default=0) + 1))
     series = [Series(r.drafter, list(r.speedup_by_k) + [None] * (len(ks) - len(r.speedup_by_k)), palette[i % len(palette)], "" if r.drafter == report.recommended else "6 4") for i, r in enumerate(report.rows)]
     chart = line_chart("chart-sweep", "Estimated speedup against draft length K, per drafter", ks, series, y_label="speedup ×", x_label="draft length K", y_fmt=lambda v: f"{v:.2g}×", hline=(1.0, "no speedup (1×)")) if ks else ""
-    head = ["drafter", "α", "KL nats", "cost ratio c", "best K", "τ(best K)", "speedup", "verdict"]
+    head = ["drafter", "α (alignment)", "accept", "KL nats", "cost ratio c", "best K", "τ(best K)", "speedup", "verdict"]
     body = [
-        [r.drafter, pct(r.accept_prob_mean), fnum(r.kl_target_draft_nats, ".2f"), fnum(r.cost_ratio, ".3f") + ("" if r.cost_measured else " (given)"), r.best_k if r.best_k is not None else "–",
+        [r.drafter, pct(r.accept_prob_mean), pct(r.accept_prob_engine_mean), fnum(r.kl_target_draft_nats, ".2f"), fnum(r.cost_ratio, ".3f") + ("" if r.cost_measured else " (given)"), r.best_k if r.best_k is not None else "–",
          fnum(r.tau_tokens, ".2f"), fnum(r.speedup_best, ".2f") + "×", r.stopped or r.verdict]
         for r in report.rows
     ]
@@ -451,7 +469,8 @@ def render_sweep_html(report: SweepReport) -> str:
         f'<h1>specprobe sweep — {esc(report.target)}</h1>'
         f'<div class="verdict" id="verdict"><div class="head">{esc(verdict)}</div>'
         f'<div class="sub">{len(report.rows)} drafters on {report.num_prompts} prompts ({report.num_positions} positions, {esc(report.reference)} references), '
-        f'{report.target_passes} target passes shared by all{" · interrupted" if report.interrupted else ""}</div></div>'
+        f'{report.target_passes} target passes shared by all{" · interrupted" if report.interrupted else ""}'
+        f'{" · τ and speedups " + esc(report.procedure) if report.procedure else ""}</div></div>'
         + _row(chart, "Teacher-forced estimates on one set of references; speedup(K) = τ(K) / (K·c + v_K), each drafter at its own timed cost ratio.",
                _table(head, body, row_class=lambda i: "best" if report.rows[i].drafter == best else ""), "Drafters")
     )

@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specprobe.report.fmt import fixed, headline_reason, metric, pct, signed_pct
+from specprobe.report.fmt import (
+    alignment_note,
+    fixed,
+    greedy_procedure,
+    headline_reason,
+    metric,
+    pct,
+    procedure_headline,
+    signed_pct,
+)
 from specprobe.result import Comparison, Finding, Result
 
 ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", None: "✅"}
@@ -57,20 +66,27 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
         f"Temperature {t_temp} (drafter {d_temp}) · prompts {result.prompt_set.name if result.prompt_set else cfg.prompts} "
         f"({m.get('num_prompts')} prompts, {m.get('num_positions')} positions) · references {result.reference or cfg.reference} · {result.created}",
         "",
+    ]
+    if result.scored and m.get("num_positions"):
+        lines += [f"**{procedure_headline(result)}** · acceptance {pct(m.get('accept_prob_engine_mean', m.get('accept_prob_mean')))} per draft token · {alignment_note(result)}", ""]
+    lines += [
         "#### Findings",
         "",
     ]
     lines += _findings(result.findings, "No rule fired.")
     lines += ["#### Key metrics", ""]
-    names = ["accept_prob_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio"]
+    names = ["accept_prob_mean", "accept_prob_engine_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio"]
     lines += _table(("metric", "value"), [[n, metric(n, m.get(n))] for n in names if n in m])
 
+    # α is the alignment measure; under greedy drafting the procedure's acceptance differs: beside it
+    extra = ("accept (greedy drafts)",) if greedy_procedure(result) else ()
+    engine = (lambda r: [pct(r.accept_prob_engine_mean)]) if extra else (lambda r: [])
     if result.by_domain:
         lines += ["#### α by domain", ""]
-        lines += _table(("domain", "positions", "α", "greedy", "KL nats"), [[r.group, r.positions, pct(r.accept_prob_mean), pct(r.greedy_agree_frac), metric("kl_target_draft_nats", r.kl_target_draft_nats)] for r in result.by_domain])
+        lines += _table(("domain", "positions", "α", "greedy", "KL nats", *extra), [[r.group, r.positions, pct(r.accept_prob_mean), pct(r.greedy_agree_frac), metric("kl_target_draft_nats", r.kl_target_draft_nats), *engine(r)] for r in result.by_domain])
     if result.categories:
         lines += ["#### α by the prompt file's category", ""]
-        lines += _table(("category", "positions", "α", "greedy", "KL nats"), [[r.group, r.positions, pct(r.accept_prob_mean), pct(r.greedy_agree_frac), metric("kl_target_draft_nats", r.kl_target_draft_nats)] for r in result.categories])
+        lines += _table(("category", "positions", "α", "greedy", "KL nats", *extra), [[r.group, r.positions, pct(r.accept_prob_mean), pct(r.greedy_agree_frac), metric("kl_target_draft_nats", r.kl_target_draft_nats), *engine(r)] for r in result.categories])
     mk = {r.k: r for r in result.measured.k_table} if result.measured else {}
     if result.k_table:
         best = result.best_k
@@ -106,7 +122,8 @@ def _cost_lines(result: Result) -> list[str]:
     src = c.sources or {}
     spread = f", spread (IQR ÷ median) {pct(c.spread_rel)}" if c.spread_rel is not None else ""
     lines = [
-        f"_τ(K): renewal estimate (rounds start where the previous one ended); τ window: every start averaged. "
+        "_τ(K): renewal estimate (rounds start where the previous one ended); τ window: every start averaged"
+        + (f"; one draft token accepted with {result.procedure.acceptance}. " if result.procedure else ". ") +
         f"speedup = τ ÷ (K·c + v_K) with c = {fixed(c.cost_ratio, '.3f')} ({src.get('cost_ratio', 'measured' if c.measured else 'given')}) and v_K "
         f"({src.get('verify_factor', 'measured')}) at batch size {c.batch_size}{spread}._",
         "",
