@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from specprobe.probe.sweep import parse_layers
 from specprobe.report.html import render_html
 from specprobe.result import Result
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
+from tests.helpers import runs_without
 from tests.helpers.tiny import _tokenizer, base_vocab, prompts_file, save
 
 runner = CliRunner()
@@ -214,23 +213,11 @@ def test_explain_bad_input_exit_2(saved: Path, tmp_path: Path) -> None:
 
 def test_explain_runs_without_torch(saved: Path) -> None:
     """torch cannot even be imported: explain must still render every view."""
-    code = (
-        "import sys\n"
-        "sys.modules['torch'] = None  # import torch now raises ImportError\n"
-        "from typer.testing import CliRunner\n"
-        "from specprobe.cli.main import app\n"
-        "import json\n"
-        f"pid = json.load(open({str(saved)!r}))['drilldown']['prompts'][0]['prompt_id']\n"
-        f"r = CliRunner().invoke(app, ['explain', {str(saved)!r}, '--prompt', pid, '--worst', '3', '--confusions'])\n"
-        "assert r.exit_code == 0, r.output\n"
-        f"r = CliRunner().invoke(app, ['explain', {str(saved)!r}])\n"
-        "assert r.exit_code == 0, r.output\n"
-        "heavy = sorted(m for m in ('transformers', 'safetensors', 'accelerate') if m in sys.modules)\n"
-        "print('HEAVY:' + ','.join(heavy))\n"
+    runs_without(
+        [["'explain'", repr(str(saved)), "'--prompt'", "pid", "'--worst'", "'3'", "'--confusions'"], ["'explain'", repr(str(saved))]],
+        ("transformers", "safetensors", "accelerate"), block_torch=True,
+        setup=f"import json\npid = json.load(open({str(saved)!r}))['drilldown']['prompts'][0]['prompt_id']\n",
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "HEAVY:\n" in proc.stdout, proc.stdout
 
 
 # ----------------------------------------------------------------------------- HTML

@@ -24,6 +24,7 @@ from specprobe.cli.main import app
 from specprobe.judge.rules import load_table
 from specprobe.monitor.runner import Monitor
 from specprobe.monitor.sources import PrometheusSource, ScrapeSource, SourceError
+from tests.helpers import stop
 
 K = 4
 HEALTHY = (0.95, 0.85, 0.70, 0.50)  # cumulative per-position rates r_i → 300/400 accepted
@@ -421,8 +422,4 @@ def test_prometheus_source_against_real_server(serve, tmp_path):
         with pytest.raises(SourceError, match="query failed|HTTP 400"):
             src.query("sum(")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 10)

@@ -995,33 +995,23 @@ def test_W01_endpoint_down() -> None:
     assert "no acceptance data" in line and "unreachable" in line
 
 
-def test_W02_endpoint_slower_than_the_timeout(engine: Engine) -> None:
+@pytest.mark.parametrize(
+    ("fault", "value", "timeout", "said"),
+    [
+        pytest.param("delay", 2.0, 0.3, "timed out", id="W02-slower-than-the-timeout"),
+        # headers at once, then a byte every 0.1 s: each read is quick, the whole answer
+        # is not — the timeout bounds the whole request, not each read
+        pytest.param("trickle", 0.1, 1.0, "timed out", id="W03-trickles-its-body"),
+        pytest.param("cut", 50, 2.0, "cut short", id="W13-connection-closed-mid-body"),
+    ],
+)
+def test_an_endpoint_that_fails_mid_answer_is_a_source_error(engine: Engine, fault: str, value: float, timeout: float, said: str) -> None:
     from specprobe.monitor.sources import ScrapeSource, SourceError
 
     engine.body = lambda: _vllm(10, 20)
-    engine.delay = 2.0
-    with pytest.raises(SourceError, match="timed out"):
-        ScrapeSource(engine.url, timeout=0.3, retries=0).poll(0.0, {}, lambda k, m: None)
-
-
-def test_W03_endpoint_trickles_its_body(engine: Engine) -> None:
-    """Headers at once, then a byte every 0.1 s: each read is quick, the whole answer is
-    not — the timeout bounds the whole request, not each read."""
-    from specprobe.monitor.sources import ScrapeSource, SourceError
-
-    engine.body = lambda: _vllm(10, 20)
-    engine.trickle = 0.1
-    with pytest.raises(SourceError, match="timed out"):
-        ScrapeSource(engine.url, timeout=1.0, retries=0).poll(0.0, {}, lambda k, m: None)
-
-
-def test_W13_connection_closed_mid_body(engine: Engine) -> None:
-    from specprobe.monitor.sources import ScrapeSource, SourceError
-
-    engine.body = lambda: _vllm(10, 20)
-    engine.cut = 50
-    with pytest.raises(SourceError, match="cut short"):
-        ScrapeSource(engine.url, timeout=2, retries=0).poll(0.0, {}, lambda k, m: None)
+    setattr(engine, fault, value)
+    with pytest.raises(SourceError, match=said):
+        ScrapeSource(engine.url, timeout=timeout, retries=0).poll(0.0, {}, lambda k, m: None)
 
 
 def test_W04_endpoint_flapping(engine: Engine) -> None:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import stop
+
 BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
 
 
@@ -200,9 +202,4 @@ def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, 
             time.sleep(0.5)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 30)
