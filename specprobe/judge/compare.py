@@ -19,16 +19,8 @@ from specprobe.core.errors import InputError
 from specprobe.judge.catalog import CATALOG
 from specprobe.judge.rules import Chain, Num, RuleTable, Var, worst_severity
 from specprobe.report.fmt import num, pct, signed_pct
-from specprobe.result import (
-    CompareConfig,
-    Comparison,
-    DepthDelta,
-    DomainDelta,
-    Identity,
-    KDelta,
-    OverallDelta,
-    Result,
-)
+from specprobe.result import Result
+from specprobe.result import comparison as deltas  # the comparison's types: deltas.KDelta, …
 
 # Overall metrics shown in the delta table, in reading order.
 OVERALL_METRICS = (
@@ -56,9 +48,9 @@ def _delta(base: float | None, cand: float | None) -> float | None:
     return None if base is None or cand is None else cand - base
 
 
-def identity(result: Result) -> Identity:
+def identity(result: Result) -> deltas.Identity:
     cfg = result.config
-    return Identity(
+    return deltas.Identity(
         command=result.command,
         created=result.created,
         target=result.target.spec or cfg.target,
@@ -154,7 +146,7 @@ def compare_results(
     allow_prompt_change: bool = False,
     files: tuple[str, str] | None = None,
     ks: Sequence[int] | None = None,
-) -> Comparison:
+) -> deltas.Comparison:
     """Deltas and compare metrics (no rules applied; see `judge`). `files` names the
     two result files in the comparison's config; `ks`: the draft lengths to compare τ and
     speedup at (default: the baseline's best K)."""
@@ -169,7 +161,7 @@ def compare_results(
         hib = CATALOG[name].higher_is_better if name in CATALOG else None
         d = _delta(num(b), num(c))
         worse = None if d is None or hib is None else (d < 0 if hib else d > 0)
-        overall.append(OverallDelta(metric=name, baseline=b, candidate=c, delta=d, rel_change=_rel(num(b), num(c)), higher_is_better=hib, worse=worse))
+        overall.append(deltas.OverallDelta(metric=name, baseline=b, candidate=c, delta=d, rel_change=_rel(num(b), num(c)), higher_is_better=hib, worse=worse))
 
     b_dom = {r.group: r for r in baseline.by_domain}
     c_dom = {r.group: r for r in candidate.by_domain}
@@ -178,7 +170,7 @@ def compare_results(
         bd, cd = b_dom.get(g), c_dom.get(g)
         b_a = bd.accept_prob_mean if bd else None
         c_a = cd.accept_prob_mean if cd else None
-        by_domain.append(DomainDelta(
+        by_domain.append(deltas.DomainDelta(
             group=g,
             baseline=b_a,
             candidate=c_a,
@@ -199,7 +191,7 @@ def compare_results(
         return xs[j] if j < len(xs) else None
 
     by_depth = [
-        DepthDelta(
+        deltas.DepthDelta(
             depth=j + 1,
             cumulative_baseline=at(b_cum, j),
             cumulative_candidate=at(c_cum, j),
@@ -216,7 +208,7 @@ def compare_results(
     k_table = []
     for k in sorted(set(b_k) | set(c_k)):
         bk, ck = b_k.get(k), c_k.get(k)
-        k_table.append(KDelta(
+        k_table.append(deltas.KDelta(
             k=k,
             tau_baseline=_tau(bk),
             tau_candidate=_tau(ck),
@@ -226,10 +218,10 @@ def compare_results(
 
     compare_ks = list(ks) if ks else ([baseline.best_k] if baseline.best_k is not None else [])
     metrics = {**compare_metrics(bm, cm, by_domain, by_depth, kl_band_edges(table)), **fixed_k_metrics(k_table, compare_ks)}
-    return Comparison(
+    return deltas.Comparison(
         specprobe_version=__version__,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        config=CompareConfig(
+        config=deltas.CompareConfig(
             baseline=files[0] if files else None,
             candidate=files[1] if files else None,
             allow_target_change=allow_target_change,
@@ -256,7 +248,7 @@ def _tau(row: Any) -> float | None:
     return renewal if renewal is not None else row.tau_tokens
 
 
-def fixed_k_metrics(k_table: Sequence[KDelta], ks: Sequence[int]) -> dict[str, Any]:
+def fixed_k_metrics(k_table: Sequence[deltas.KDelta], ks: Sequence[int]) -> dict[str, Any]:
     """τ and speedup compared at fixed draft lengths: at the K (of `ks`) where τ fell most.
     Neither side's cost timing can move the K compared, so it cannot flip the τ gate."""
     rows = {r.k: r for r in k_table}
@@ -279,8 +271,8 @@ def fixed_k_metrics(k_table: Sequence[KDelta], ks: Sequence[int]) -> dict[str, A
 def compare_metrics(
     bm: Mapping[str, Any],
     cm: Mapping[str, Any],
-    by_domain: Sequence[DomainDelta],
-    by_depth: Sequence[DepthDelta],
+    by_domain: Sequence[deltas.DomainDelta],
+    by_depth: Sequence[deltas.DepthDelta],
     kl_edges: Sequence[float],
 ) -> dict[str, Any]:
     """The flat compare metrics the SP5xx rules read (None when not measurable)."""
@@ -332,7 +324,7 @@ def compare_metrics(
     return out
 
 
-def _evidence(comparison: Comparison) -> dict[str, list[str]]:
+def _evidence(comparison: deltas.Comparison) -> dict[str, list[str]]:
     """Lines that point at the rows behind each compare metric."""
     dom_lines = [
         f"{d.group}: {pct(d.baseline, none='n/a')} → {pct(d.candidate, none='n/a')} ({signed_pct(d.rel_change, none='n/a')} relative)"
@@ -351,7 +343,7 @@ def _evidence(comparison: Comparison) -> dict[str, list[str]]:
     }
 
 
-def judge(comparison: Comparison, table: RuleTable, *, fail_on: str = "error") -> Comparison:
+def judge(comparison: deltas.Comparison, table: RuleTable, *, fail_on: str = "error") -> deltas.Comparison:
     """Apply the SP5xx rules to a comparison -> the comparison with findings, evaluations
     and verdict filled in."""
     findings, evals = table.evaluate(comparison.metrics, families=["regression"], evidence=_evidence(comparison))

@@ -25,14 +25,7 @@ from typing import Any
 
 from specprobe.core.errors import ModelLoadError
 from specprobe.models.anatomy import base_model, decoder_layers
-from specprobe.models.heads.chain import (
-    MAX_CHAIN,
-    ChainedFeatures,
-    HeadDrafter,
-    chain_mask,
-    positions,
-    shifted_tokens,
-)
+from specprobe.models.heads import chain
 from specprobe.models.heads.files import HeadFiles
 from specprobe.models.heads.layout import HeadLayout
 
@@ -100,7 +93,7 @@ def _block_kwargs(layer: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-class MTPDrafter(HeadDrafter):
+class MTPDrafter(chain.HeadDrafter):
     """The target's MTP layers, chained (layer j mod n at step j)."""
 
     def _build(self) -> None:
@@ -181,12 +174,12 @@ class MTPDrafter(HeadDrafter):
     def _step(self, ids: Any, caches: list[Any], uses: list[int], j: int, hidden: Any) -> tuple[Any, Any]:
         k = j % len(self.mods)
         b, s = ids.shape
-        e = self._embed(shifted_tokens(ids, j)).to(hidden.dtype)
+        e = self._embed(chain.shifted_tokens(ids, j)).to(hidden.dtype)
         if j == 0 and self.style in ("deepseek", "mimo"):
             e = e.clone()
             e[:, 0] = 0  # vLLM masks the embedding at position 0
-        pos = positions(b, s, j, e.device)
-        mask = chain_mask(s, uses[k], e.dtype, e.device).expand(b, -1, -1, -1)
+        pos = chain.positions(b, s, j, e.device)
+        mask = chain.chain_mask(s, uses[k], e.dtype, e.device).expand(b, -1, -1, -1)
         uses[k] += 1
         return self.step_at(k, e, hidden, pos, mask, caches[k])
 
@@ -204,12 +197,12 @@ class MTPDrafter(HeadDrafter):
         # DeepSeek chains the pre-norm output; Qwen3-Next and MiMo return (and chain) the normed one
         return (x if self.style == "deepseek" else normed), normed
 
-    def features(self, tp: Any) -> ChainedFeatures:
+    def features(self, tp: Any) -> chain.ChainedFeatures:
         from transformers import DynamicCache
 
         caches = [DynamicCache() for _ in self.mods]
         uses = [0] * len(self.mods)
-        return ChainedFeatures(lambda j, h: self._step(tp.input_ids, caches, uses, j, h), tp.last_hidden, MAX_CHAIN)
+        return chain.ChainedFeatures(lambda j, h: self._step(tp.input_ids, caches, uses, j, h), tp.last_hidden, chain.MAX_CHAIN)
 
     def head_logits(self, features: Any, depth: int) -> Any:
         head = self.own_heads[(depth - 1) % len(self.mods)]
