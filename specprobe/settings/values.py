@@ -28,9 +28,10 @@ def parse_max_memory(text: str, where: str = "--max-memory") -> dict[Any, str]:
     return out
 
 
-# ----------------------------------------------------------------------------- which prompts
 @dataclass(frozen=True)
 class Shard:
+    """Shard `index` of `count`: it owns the reference batches b with b % count == index."""
+
     index: int
     count: int
 
