@@ -22,9 +22,6 @@ from specprobe.cli.common import (
 from specprobe.result import Result
 from specprobe.settings.model import check
 
-SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", None: "green"}
-
-
 def print_summary(result: Result) -> None:
     """Verdict, findings table and key metrics of a diagnose/simulate result."""
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
