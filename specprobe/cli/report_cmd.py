@@ -22,6 +22,7 @@ from specprobe.cli.common import (
 from specprobe.result import Result
 from specprobe.settings.model import check
 
+
 def print_summary(result: Result) -> None:
     """Verdict, findings table and key metrics of a diagnose/simulate result."""
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
