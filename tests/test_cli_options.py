@@ -121,7 +121,7 @@ def test_check_config_keys_reach_check(tiny_pair, tmp_path: Path) -> None:
     cfg = _config(
         tmp_path,
         f"target: {tiny_pair['target']}\ndrafter: {tiny_pair['twin']}\ntemperature: 0.7\ndraft_temperature: 1.2\n"
-        "min_p: 0.05\ndraft_top_k: 7\ndraft_top_p: 0.8\nfail_on: never\n",
+        "min_p: 0.05\ndraft_top_k: 7\ndraft_top_p: 0.8\nfail_on: never\ndraft_sampling: probabilistic\n",
     )
     res = runner.invoke(app, ["check", "--config", str(cfg), "--json", str(tmp_path / "c.json")])
     assert res.exit_code == 0, res.output  # SP012 fires, but the file says fail_on: never

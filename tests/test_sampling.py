@@ -212,12 +212,12 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _check(target: Path, drafter: Path, flags: SamplingFlags, declared: dict | None = None) -> tuple[dict, dict]:
+def _check(target: Path, drafter: Path, flags: SamplingFlags, declared: dict | None = None, drafting: str | None = None) -> tuple[dict, dict]:
     from specprobe.judge.rules import load_table
     from specprobe.models.loader import load_info
 
     t, d = load_info(str(target)), load_info(str(drafter))
-    pair = effective_sampling(flags, t.generation_config, d.generation_config, declared)
+    pair = effective_sampling(flags, t.generation_config, d.generation_config, declared, drafting=drafting)
     rep = compare(t, d, pair)
     found = {f.rule_id: f for f in load_table().findings(rep.metrics, evidence=rep.evidence, families=("alignment",))}
     return rep.metrics | {"facts": rep.facts}, found
@@ -238,9 +238,13 @@ def test_drafter_shipping_another_temperature_is_served_at_the_targets(ckpts) ->
 
 
 def test_a_drafter_flag_that_differs_is_a_mismatch(ckpts) -> None:
-    m, found = _check(ckpts["target"], ckpts["bare"], SamplingFlags(draft_temperature=1.0))
+    # a drafter temperature changes sampled drafts only
+    m, found = _check(ckpts["target"], ckpts["bare"], SamplingFlags(draft_temperature=1.0), drafting="probabilistic")
     assert found["SP012"].severity == "error" and m["temperature_abs_diff"] == pytest.approx(0.4)
     assert "SP018" not in found  # the drafter's own 1.0 is what it is given
+    # greedy drafting (the engines' default) proposes argmax q whatever the temperature: no mismatch, an info line
+    _, greedy = _check(ckpts["target"], ckpts["bare"], SamplingFlags(draft_temperature=1.0), drafting="greedy")
+    assert "SP012" not in greedy and greedy["SP030"].severity == "info"
 
 
 def test_config_files_that_disagree_give_a_number_and_a_finding(ckpts) -> None:
