@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,10 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.settings.config import normalise_keys, read_mapping
 from specprobe.settings.engines import BY_ENGINE, PROBABILISTIC
+from specprobe.settings.model import BY_NAME, SAMPLING, Setting, _check_one, check
 
 # the one bounds check, for knobs that are no setting of specprobe's own
-from specprobe.settings.model import BY_NAME, SAMPLING, Setting, _check_one, check
+from specprobe.settings.shell import ASSIGN, NAME, Command, commands, is_flag, split_flags
 
 VLLM, SGLANG, LLAMA_CPP, TRTLLM = "vllm", "sglang", "llama.cpp", "trtllm"
 
@@ -467,131 +468,10 @@ def _from_mapping(data: Mapping[str, Any], path: Path, source: Path | None = Non
     )
 
 
-# ----------------------------------------------------------------------------- command lines
-@dataclass
-class _Command:
-    line: int
-    words: list[str]
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 
 
-def _commands(text: str, variables: Mapping[str, str]) -> Iterator[_Command]:
-    """A shell script's simple commands, word by word, as bash splits them: quotes, `\\`
-    line continuations, comments, `;` `&` `|` and newlines between commands, redirections
-    dropped, and $NAME / ${NAME} / ${NAME:-default} expanded from `variables` — read as
-    each command is reached, so an assignment counts from the next command on. What cannot
-    be known here ($(…), an unset variable) is kept as written."""
-    i, n, line = 0, len(text), 1
-    words: list[str] = []
-    cur: list[str] | None = None
-    start = 1
-
-    def flush_word() -> None:
-        nonlocal cur
-        if cur is not None:
-            words.append("".join(cur))
-            cur = None
-
-    def expand(j: int) -> tuple[str, int]:
-        """The text of a $ at text[j] and the index after it."""
-        if j + 1 < n and text[j + 1] == "{":
-            end = text.find("}", j + 2)
-            if end < 0:
-                return text[j:], n
-            body = text[j + 2 : end]
-            m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)(?::?[-=](.*))?$", body, re.S)
-            if m and m.group(1) in variables and (variables[m.group(1)] or ":" not in body[len(m.group(1)) : len(m.group(1)) + 1]):
-                return variables[m.group(1)], end + 1
-            if m and m.group(2) is not None:
-                return m.group(2), end + 1
-            return text[j : end + 1], end + 1
-        if j + 1 < n and text[j + 1] == "(":
-            depth, k = 0, j + 1
-            while k < n:
-                depth += {"(": 1, ")": -1}.get(text[k], 0)
-                if depth == 0:
-                    break
-                k += 1
-            return text[j : k + 1], k + 1
-        m = _NAME.match(text, j + 1)
-        if m:
-            return variables.get(m.group(0), text[j : m.end()]), m.end()
-        return "$", j + 1
-
-    while i < n:
-        c = text[i]
-        if c == "\\" and i + 1 < n and text[i + 1] == "\n":
-            i, line = i + 2, line + 1
-            continue
-        if c == "\n" or c in ";&|()":
-            flush_word()
-            if words:
-                yield _Command(start, words)
-                words = []
-            line += c == "\n"
-            i += 1
-            continue
-        if c in " \t\r":
-            flush_word()
-            i += 1
-            continue
-        if c in "<>":
-            if cur is not None and "".join(cur).isdigit():  # 2>file: the descriptor is no word
-                cur = None
-            flush_word()
-            i += 1
-            while i < n and text[i] in "<>&":
-                i += 1
-            while i < n and text[i].isdigit():  # 2>&1
-                i += 1
-            while i < n and text[i] in " \t":
-                i += 1
-            while i < n and text[i] not in " \t\n;&|":  # the redirection's target
-                i += 1
-            continue
-        if c == "#" and cur is None:
-            while i < n and text[i] != "\n":
-                i += 1
-            continue
-        if cur is None:
-            cur, start = [], (start if words else line)
-        if c == "\\":
-            cur.append(text[i + 1 : i + 2])
-            i += 2
-        elif c == "'":
-            end = text.find("'", i + 1)
-            end = n if end < 0 else end
-            cur.append(text[i + 1 : end])
-            line += text.count("\n", i, end)
-            i = end + 1
-        elif c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                if text[i] == "\\" and i + 1 < n and text[i + 1] in '"\\$`\n':
-                    if text[i + 1] != "\n":
-                        cur.append(text[i + 1])
-                    line += text[i + 1] == "\n"
-                    i += 2
-                elif text[i] == "$":
-                    s, i = expand(i)
-                    cur.append(s)
-                else:
-                    line += text[i] == "\n"
-                    cur.append(text[i])
-                    i += 1
-            i += 1
-        elif c == "$":
-            s, i = expand(i)
-            cur.append(s)
-        else:
-            cur.append(c)
-            i += 1
-    flush_word()
-    if words:
-        yield _Command(start, words)
 
 
 def _program(words: list[str]) -> tuple[str, int, str] | None:
@@ -614,48 +494,10 @@ def _program(words: list[str]) -> tuple[str, int, str] | None:
     return None
 
 
-_NEGATIVE = re.compile(r"^-\.?\d")
 
 
-def _is_flag(word: str) -> bool:
-    return word.startswith("-") and len(word) > 1 and not _NEGATIVE.match(word)
 
 
-def _flags(args: list[str], value_flags: frozenset[str], bool_flags: frozenset[str], dashes: bool = True) -> tuple[list[tuple[str, Any, str]], list[str]]:
-    """(flag, value, as written) for each option of a command line, and its positional
-    words. `--flag=value` and `--flag value`; a flag the engine takes without a value
-    (`bool_flags`, `--enable-*`, `--disable-*`, `--no-*`) is True; an unknown flag takes
-    the next word unless that is a flag. `dashes`: `--a_b` is `--a-b` (all three engines)."""
-    out: list[tuple[str, Any, str]] = []
-    positional: list[str] = []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if not _is_flag(a):
-            positional.append(a)
-            i += 1
-            continue
-        written, eq, value = a.partition("=")
-        name = written
-        if dashes and name.startswith("--"):
-            head, dot, tail = name.partition(".")  # vLLM's dotted JSON keys keep their spelling
-            name = head.replace("_", "-") + dot + tail
-        if eq:
-            out.append((name, value, written))
-            i += 1
-        elif name in value_flags:
-            out.append((name, args[i + 1] if i + 1 < len(args) else "", written))
-            i += 2
-        elif name in bool_flags or (name.startswith(("--enable-", "--disable-", "--no-")) and "." not in name):
-            out.append((name, True, written))
-            i += 1
-        elif i + 1 < len(args) and not _is_flag(args[i + 1]):
-            out.append((name, args[i + 1], written))
-            i += 2
-        else:
-            out.append((name, True, written))
-            i += 1
-    return out, positional
 
 
 def _dotted(value: str) -> Any:
@@ -671,7 +513,7 @@ _VLLM_VALUE = frozenset({"--model", "--speculative-config", "-sc", "--spec-metho
 
 def _vllm_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: _Places, source: Path) -> ServingConfig:
     top, tp = dict(base), _Places(bp.prefix, bp.written)
-    flags, positional = _flags(args, _VLLM_VALUE, frozenset())
+    flags, positional = split_flags(args, _VLLM_VALUE, frozenset())
     if positional:
         top["model"], tp.written["model"] = positional[0], f"{name}: {prog} MODEL"
     dotted: dict[str, Any] = {}
@@ -700,7 +542,7 @@ _SGLANG_BOOL = frozenset({"--speculative-use-rejection-sampling", "--trust-remot
 
 def _sglang_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: _Places, source: Path) -> ServingConfig:
     d, dp = dict(base), _Places(bp.prefix, bp.written)
-    flags, _ = _flags(args, _SGLANG_VALUE, _SGLANG_BOOL)
+    flags, _ = split_flags(args, _SGLANG_VALUE, _SGLANG_BOOL)
     for flag, value, written in flags:
         if flag.startswith("--") and flag != "--config":
             key = flag[2:].replace("-", "_")
@@ -746,7 +588,7 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     for var, (value, where) in env.items():
         if var in _LLAMA_ENV:
             vals[_LLAMA_ENV[var]], at[_LLAMA_ENV[var]] = value, where
-    flags, _ = _flags(args, _LLAMA_VALUE, frozenset({"--spec-default"}))
+    flags, _ = split_flags(args, _LLAMA_VALUE, frozenset({"--spec-default"}))
     for flag, value, written in flags:
         if flag in _LLAMA_FLAGS:  # llama-server keeps the last of a flag given twice
             vals[_LLAMA_FLAGS[flag]], at[_LLAMA_FLAGS[flag]] = value, f"{name}: {written}"
@@ -800,7 +642,7 @@ _TRTLLM_CONFIG = ("--extra-llm-api-options", "--config")
 
 
 def _trtllm_args(args: list[str], name: str, prog: str, source: Path) -> ServingConfig:
-    flags, positional = _flags(args, frozenset(_TRTLLM_CONFIG), frozenset())
+    flags, positional = split_flags(args, frozenset(_TRTLLM_CONFIG), frozenset())
     named = next(((v, w) for f, v, w in flags if f in _TRTLLM_CONFIG and isinstance(v, str)), None)
     if named is None:
         raise ConfigError(f"{name} runs trtllm-serve without --extra_llm_api_options", "its speculative_config is in that YAML: pass it with --extra_llm_api_options, or pass the YAML as the serving config")
@@ -831,7 +673,7 @@ def _replace(cfg: ServingConfig, **changes: Any) -> ServingConfig:
 
 def _engine_config(args: list[str], name: str, source: Path) -> tuple[dict[str, Any], _Places]:
     """The --config YAML a vLLM or SGLang command line names: its flags go over it, as the engines do."""
-    flags, _ = _flags(args, frozenset({"--config"}), frozenset())
+    flags, _ = split_flags(args, frozenset({"--config"}), frozenset())
     named = next((v for f, v, _w in flags if f == "--config" and isinstance(v, str)), None)
     if named is None:
         return {}, _Places(f"{name}: ")
@@ -861,13 +703,13 @@ def _from_command_lines(path: Path) -> ServingConfig:
     exported: dict[str, tuple[str, str]] = {}  # NAME → (value, where it was set)
     assigned: dict[str, tuple[str, str]] = {}  # plain NAME=value lines (an env file's)
     auto_export = False
-    found: list[tuple[_Command, list[str], tuple[str, int, str], dict[str, tuple[str, str]]]] = []
+    found: list[tuple[Command, list[str], tuple[str, int, str], dict[str, tuple[str, str]]]] = []
     loose: list[str] = []
-    for cmd in _commands(text, variables):
+    for cmd in commands(text, variables):
         words = cmd.words
         j = 0
         prefix: dict[str, tuple[str, str]] = {}
-        while j < len(words) and (m := _ASSIGN.match(words[j])):
+        while j < len(words) and (m := ASSIGN.match(words[j])):
             prefix[m.group(1)] = (m.group(2), f"{name}: {m.group(1)}")
             j += 1
         rest = words[j:]
@@ -878,11 +720,11 @@ def _from_command_lines(path: Path) -> ServingConfig:
             continue
         if rest[0] == "export" or (rest[0] in ("declare", "typeset") and "-x" in rest[1:]):
             for w in rest[1:]:
-                m = _ASSIGN.match(w)
+                m = ASSIGN.match(w)
                 if m:
                     variables[m.group(1)] = m.group(2)
                     exported[m.group(1)] = (m.group(2), f"{name}: {m.group(1)}")
-                elif _NAME.fullmatch(w) and w in variables:
+                elif NAME.fullmatch(w) and w in variables:
                     exported[w] = (variables[w], assigned.get(w, ("", f"{name}: {w}"))[1])
             continue
         if rest[0] == "set" and any(w.startswith("-") and "a" in w for w in rest[1:]):
@@ -891,9 +733,9 @@ def _from_command_lines(path: Path) -> ServingConfig:
         started = _program(rest)
         if started is not None:
             # env A=1 llama-server …, numactl … llama-server: assignments before the program are its environment
-            env = {**prefix, **{m.group(1): (m.group(2), f"{name}: {m.group(1)}") for w in rest[: started[1]] if (m := _ASSIGN.match(w))}}
+            env = {**prefix, **{m.group(1): (m.group(2), f"{name}: {m.group(1)}") for w in rest[: started[1]] if (m := ASSIGN.match(w))}}
             found.append((cmd, rest, started, env))
-        elif _is_flag(rest[0]):
+        elif is_flag(rest[0]):
             loose.extend(rest)
     if len(found) > 1:
         lines = ", ".join(str(c.line) for c, _, _, _ in found)
@@ -911,7 +753,7 @@ def _from_command_lines(path: Path) -> ServingConfig:
 
 
 def _args_file(words: list[str], env: Mapping[str, tuple[str, str]], name: str, path: Path) -> ServingConfig:
-    flags, _ = _flags(words, frozenset(), frozenset())
+    flags, _ = split_flags(words, frozenset(), frozenset())
     given = {f.split(".", 1)[0] for f, _v, _w in flags}
     engines = [e for e, marks in _ARGS_MARKS.items() if given & marks]
     if not engines and any(var in _LLAMA_ENV for var in env):
