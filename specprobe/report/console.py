@@ -437,14 +437,15 @@ def demo_table(rows: list[tuple[str, Result]]) -> Grid:
             Column("drafter"),
             Column("check"),
             Column("alignment α", "α", "right"),
-            Column("accept", None, "right", "drop", 4),
-            Column("greedy agree", "greedy", "right", "drop", 2),
-            Column("KL nats", "KL", "right", "drop", 1),
+            # what the engine will count: never the column that gives way
+            Column("engine accept", "accept", "right"),
+            Column("greedy agree", "greedy", "right", "drop", 4),
+            Column("KL nats", "KL", "right", "drop", 2),
             Column("τ(4)", None, "right"),
             Column("verdict (the finding it comes from)", "verdict", fallback="under", order=3),
         ],
         title="specprobe demo — SmolLM2-135M-Instruct target (teacher-forced, on-policy references)"
-        + (f"; τ(4) and accept {proc.description}; α = Σ min(p, q), the alignment measure" if proc else ""),
+        + (f"; τ(4) and engine accept {proc.description}; α = Σ min(p, q), the alignment measure" if proc else ""),
     )
     for label, r in rows:
         m = r.metrics
