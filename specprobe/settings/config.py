@@ -133,14 +133,19 @@ _PATH_FIELDS = ("rules", "baseline", "serving_configs")
 _OUTPUT_FIELDS = ("json", "csv", "html", "junit", "markdown")
 
 
-def read_mapping(path: Path) -> dict[str, Any]:
-    suffix = path.suffix.lower()
+def read_text(path: Path, what: str = "config file") -> str:
+    """A config file's text, or one line saying why it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text", "save it as UTF-8") from None
+        raise ConfigError(f"{what} {path} is not UTF-8 text", "save it as UTF-8") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}", "check the path and its permissions") from None
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    suffix = path.suffix.lower()
+    text = read_text(path)
     if suffix == ".toml":
         try:
             import tomllib

@@ -238,6 +238,12 @@ def check(name: str, value: Any, where: str) -> Any:
     return value
 
 
+def check_bounds(s: Setting, x: Any, where: str) -> None:
+    """One value against a setting-like bound (an engine's own knob has one too, though
+    no flag): the words of `check`."""
+    _check_one(s, x, x, where)
+
+
 def _check_one(s: Setting, x: Any, whole: Any, where: str) -> None:
     def refuse(what: str) -> ConfigError:
         return ConfigError(f"{where} {whole!r} {what}", s.hint or (f"use one of {', '.join(s.choices)}" if s.choices else "see docs/settings.md"))

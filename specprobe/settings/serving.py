@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ConfigError
-from specprobe.settings.config import normalise_keys, read_mapping
+from specprobe.settings.config import normalise_keys, read_mapping, read_text
 from specprobe.settings.engines import BY_ENGINE, PROBABILISTIC
-from specprobe.settings.model import BY_NAME, SAMPLING, Setting, _check_one, check
+from specprobe.settings.model import BY_NAME, SAMPLING, Setting, check, check_bounds
 
 # the one bounds check, for knobs that are no setting of specprobe's own
 from specprobe.settings.shell import ASSIGN, NAME, Command, commands, is_flag, split_flags
@@ -215,7 +215,7 @@ def _count(name: str, value: Any, where: str) -> int | None:
         return None
     x = _number(value, where, integer=True)
     if name in _KNOBS:
-        _check_one(_KNOBS[name], x, x, where)
+        check_bounds(_KNOBS[name], x, where)
     else:
         check(name, x, where)
     return int(x)
@@ -238,7 +238,7 @@ def _context(value: Any, where: str) -> int | None:
 
 def _knob(name: str, value: Any, where: str) -> float:
     x = float(_number(value, where))
-    _check_one(_KNOBS[name], x, x, where)
+    check_bounds(_KNOBS[name], x, where)
     return x
 
 
@@ -692,12 +692,7 @@ _ARGS_MARKS = {
 def _from_command_lines(path: Path) -> ServingConfig:
     """A launch script (or an args file, or an env file of LLAMA_ARG_* lines): the one
     engine command in it, with the environment the script gives that command."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"serving config {path} is not UTF-8 text", "save it as UTF-8") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}", "check the path and its permissions") from None
+    text = read_text(path, "serving config")
     name = path.name
     variables: dict[str, str] = {}
     exported: dict[str, tuple[str, str]] = {}  # NAME → (value, where it was set)
