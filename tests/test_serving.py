@@ -211,7 +211,23 @@ def test_llama_server_launch_script(tmp_path: Path) -> None:
 def test_llama_server_spellings(tmp_path: Path, name: str, text: str) -> None:
     sv = read_serving_config(_write(tmp_path, name, text))
     assert (sv.engine, sv.target, sv.drafter, sv.num_speculative_tokens, sv.drafter_kind) == ("llama.cpp", "t.gguf", "d.gguf", 6, "independent")
-    assert (sv.extra["n_min"], sv.extra["p_min"], sv.sampling) == (1, 0.4, {"temperature": 0.3})
+    # what the line leaves unset is the server's own sampler (top-k 40, top-p 0.95, min-p 0.05)
+    assert (sv.extra["n_min"], sv.extra["p_min"], sv.sampling) == (1, 0.4, {"temperature": 0.3, "top_k": 40.0, "top_p": 0.95, "min_p": 0.05})
+
+
+def test_llama_server_defaults_where_the_line_sets_nothing(tmp_path: Path) -> None:
+    """llama-server's own defaults (common/common.h of the vendored llama.cpp 0.3.36):
+    sampler temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; a draft model drafts 3
+    tokens; each default is named as such, and says a request's value replaces it."""
+    sv = read_serving_config(_write(tmp_path, "bare.sh", "llama-server -m t.gguf -md d.gguf --port 8080\n"))
+    assert sv.sampling == {"temperature": 0.8, "top_k": 40.0, "top_p": 0.95, "min_p": 0.05}
+    assert sv.num_speculative_tokens == 3 and sv.extra["n_max"] == 3
+    assert sv.places["temperature"] == "llama-server's default temperature 0.8 (a request's own value replaces it)"
+    assert sv.places["k"] == "llama-server's default --spec-draft-n-max 3"
+    mtp = read_serving_config(_write(tmp_path, "mtp.sh", "llama-server -m t.gguf --spec-type draft-mtp\n"))
+    assert mtp.num_speculative_tokens == 3  # the draft types share the draft n_max
+    ngram = read_serving_config(_write(tmp_path, "ngram.sh", "llama-server -m t.gguf --spec-type ngram-mod\n"))
+    assert ngram.num_speculative_tokens is None  # the n-gram types draft by their own rules
 
 
 def test_llama_server_kinds_and_repos(tmp_path: Path) -> None:
@@ -285,7 +301,7 @@ def test_shell_words_as_bash_splits_them(tmp_path: Path) -> None:
     sv = read_serving_config(_write(tmp_path, "q.sh", text))
     assert (sv.target, sv.drafter, sv.num_speculative_tokens) == ("/m/t.gguf", "/m/d 1.gguf", 4)
     cut = read_serving_config(_write(tmp_path, "cut.sh", "llama-server -m t -md d \\\n  --spec-draft-n-max 4 \\\n# --spec-draft-n-max 9 \\\n  --temp 0.1\n"))
-    assert cut.num_speculative_tokens == 4 and cut.sampling == {}  # --temp 0.1 is another command to bash
+    assert cut.num_speculative_tokens == 4 and cut.sampling["temperature"] == 0.8  # --temp 0.1 is another command to bash: the server default stands
 
 
 # ============================================================================= the merge
@@ -309,7 +325,7 @@ def test_serving_config_fills_what_neither_flag_nor_probe_config_sets(tmp_path: 
     assert (opts.engine, opts.origins["engine"]) == ("vllm", "probe.yaml: engine")
     assert (opts.temperature, opts.origins["temperature"]) == (0.9, "probe.yaml: temperature")
     assert (opts.top_p, opts.origins["top_p"], opts.top_k) == (0.5, "--top-p", 20)
-    assert opts.declared == {"command line": {"top_p": 0.5}, "probe.yaml": {"temperature": 0.9}, "launch.sh": {"temperature": 0.6, "top_k": 20.0, "top_p": 0.8}}
+    assert opts.declared == {"command line": {"top_p": 0.5}, "probe.yaml": {"temperature": 0.9}, "launch.sh": {"temperature": 0.6, "top_k": 20.0, "top_p": 0.8, "min_p": 0.05}}  # min-p: the server default
     opts = merge("diagnose", _params("diagnose", serving_config=[launch], engine="sglang"), {"serving_config", "engine"})
     assert (opts.engine, opts.origins["engine"]) == ("sglang", "--engine")
 

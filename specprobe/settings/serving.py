@@ -580,6 +580,14 @@ _LLAMA_ENV = {
 }  # fmt: skip
 _LLAMA_VALUE = frozenset(k for k, v in _LLAMA_FLAGS.items() if v != "spec_default")
 
+# What llama-server runs with where its command line and environment set nothing
+# (common/common.h: common_params_sampling, common_params_speculative_draft; llama.cpp as
+# vendored by llama-cpp-python 0.3.36, the build the project's engine tests run). A
+# request's own sampling fields replace the sampler's for that request.
+LLAMA_SERVER_DEFAULTS: dict[str, float] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+LLAMA_SERVER_N_MAX = 3
+_LLAMA_DEFAULT_AT = "llama-server's default"
+
 
 def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path) -> ServingConfig:
     """llama-server's settings: its environment first, then its flags over it."""
@@ -607,10 +615,15 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     if vals.get("n_min") is not None:
         extra["n_min"] = _count("n_min", vals["n_min"], places("n_min"))
     k = _count("k", vals.get("n_max"), places("n_max"))
+    if k is None and (method or "").startswith("draft"):  # the draft types share one n_max
+        k, places.written["n_max"] = LLAMA_SERVER_N_MAX, f"{_LLAMA_DEFAULT_AT} --spec-draft-n-max {LLAMA_SERVER_N_MAX}"
     if k is not None:
         extra["n_max"] = k
     if k is not None and extra.get("n_min") is not None and extra["n_min"] > k:
         raise ConfigError(f"{places('n_min')} {extra['n_min']} is more than {places('n_max')} {k}", "the fewest draft tokens cannot exceed the most")
+    for key, value in LLAMA_SERVER_DEFAULTS.items():
+        if vals.get(key) is None:  # the server's sampler, unless the requests say otherwise
+            vals[key], places.written[key] = value, f"{_LLAMA_DEFAULT_AT} {key} {value:g} (a request's own value replaces it)"
     sampling, s_at = _sampling(vals, places)
     target = vals.get("model") or _repo(vals.get("hf_repo"))
     cfg_places = {"engine": f"{name}: {prog}" if prog else next(iter(at.values()), name), "k": places("n_max"), **s_at}

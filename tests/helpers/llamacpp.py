@@ -131,15 +131,19 @@ class LlamaServer:
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def complete(self, prompt: Sequence[int] | str, n_predict: int) -> dict[str, Any]:
-        """One greedy /completion; the response carries `timings` with the server's own
-        draft_n / draft_n_accepted for this request."""
+    def complete(self, prompt: Sequence[int] | str, n_predict: int, *, temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
+        """One /completion, greedy by default; the response carries `timings` with the
+        server's own draft_n / draft_n_accepted for this request. At temperature > 0 the
+        sampler chain is temperature alone (top-k 0, top-p 1, min-p 0: each off, as the
+        server reads them), so the target samples from its plain tempered distribution."""
         body = {
             "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
             "n_predict": n_predict,
-            "temperature": 0.0,
-            "top_k": 1,
-            "seed": 0,
+            "temperature": temperature,
+            "top_k": 1 if temperature == 0 else 0,
+            "top_p": 1.0,
+            "min_p": 0.0,
+            "seed": seed,
             "cache_prompt": False,  # every request drafts from a cold start, as simulate does
             "return_tokens": True,
         }
