@@ -147,6 +147,11 @@ _METRICS: list[Metric] = [
     _m("monitor_depth_decay_ratio", "ratio", True, "monitor", "r_K ÷ r_1 with vLLM's per-position rate r_i = num_accepted_tokens_per_pos[i] ÷ num_drafts, current window."),
     _m("monitor_depth_decay_excess", "frac", False, "monitor", "1 − current ÷ baseline monitor_depth_decay_ratio: how much steeper acceptance falls with depth than in the baseline."),
     _m("monitor_draft_tokens", "count", None, "monitor", "Draft tokens proposed in the current window (nan for gauge-only sources)."),
+    _m("monitor_group_accept_rate", "frac", True, "monitor", "monitor_accept_rate of one group of per-request records (--requests --group-by); nan on the row of all requests and for other sources."),
+    _m("monitor_accept_rate_request_mean", "frac", True, "monitor", "Request-weighted acceptance: the mean of each request's accepted ÷ drafted tokens over the current window (--requests)."),
+    _m("monitor_requests_below_share", "frac", False, "monitor", "Share of the window's requests whose own acceptance is under the request threshold (--requests)."),
+    _m("monitor_drift_drop_rel", "frac", False, "monitor", "Fitted fall of acceptance over the run (Theil–Sen slope over windows: 1 − fit(last) ÷ fit(first)); 0 when Mann–Kendall finds no falling trend at 1 %."),
+    _m("monitor_change_drop_rel", "frac", False, "monitor", "1 − after ÷ before at the run's CUSUM change point (significant at 1 %); 0 when there is none."),
     # --- end monitoring ---
     # --- simulate (SP6xx calibration): measured by a real draft→verify loop on the same ---
     # --- prompts as the teacher-forced estimate; compared at the deepest K measured ---
