@@ -3,7 +3,8 @@
     NoDraft   plain target decoding: proposes nothing (the baseline)
     LMDraft   a causal LM with its own KV cache (`models.kvcache.Stream`)
     HeadDraft a head drafter (EAGLE-1/2, EAGLE-3, Medusa, MTP; `models.heads.live.LiveHead`)
-              that reads the target's states from every verify pass"""
+              that reads the target's states from every verify pass
+    NgramDraft an n-gram drafter (`models.ngram`, no model; `ngram_source`)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import torch
 from specprobe.models.heads.chain import HeadDrafter
 from specprobe.models.heads.live import LiveHead
 from specprobe.models.kvcache import Stream, right_align
+from specprobe.models.ngram import NgramDrafter
 from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, chain
+from specprobe.simulate.ngram_source import NgramDraft
 
 
 def is_head(drafter: Any) -> bool:
@@ -23,9 +26,12 @@ def is_head(drafter: Any) -> bool:
 
 
 def open_source(drafter: Any | None, prompts: Sequence[Sequence[int]], device: Any) -> DraftSource:
-    """The source for a drafter (a causal LM, a head drafter or None) over a batch of prompts."""
+    """The source for a drafter (a causal LM, a head drafter, an n-gram drafter or None)
+    over a batch of prompts."""
     if drafter is None:
         return NoDraft()
+    if isinstance(drafter, NgramDrafter):
+        return NgramDraft(drafter, prompts)
     if is_head(drafter):
         return HeadDraft(drafter, len(prompts), device)
     return LMDraft(drafter, prompts, device)
