@@ -18,16 +18,21 @@ from specprobe.core.errors import ConfigError, InputError
 from specprobe.settings.model import check
 
 
-def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], engine: str, timeout: float, retries: int, follow: bool) -> list[Any]:
+def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], engine: str, timeout: float, retries: int, follow: bool,
+                   requests: list[str] | None = None, group_by: str | None = None, num_spec_tokens: int | None = None,
+                   time_field: str | None = None) -> list[Any]:
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
+    from specprobe.monitor.requests import RequestSource
     from specprobe.monitor.sources import LogSource, PrometheusSource, ScrapeSource
 
     sources: list[Any] = [ScrapeSource(u, engine=engine, timeout=timeout, retries=retries) for u in urls]
     if prometheus:
         sources.append(PrometheusSource(prometheus, engine=engine, timeout=timeout, retries=retries))
-    if logs.count("-") > 1:
-        raise ConfigError("--log - (stdin) given more than once", "stdin can be read once")
+    requests = requests or []
+    if (logs + requests).count("-") > 1:
+        raise ConfigError("stdin ('-') given more than once to --log/--requests", "stdin can be read once")
     sources.extend(LogSource(p, follow=follow) for p in logs)
+    sources.extend(RequestSource(p, follow=follow, group_by=group_by, num_spec_tokens=num_spec_tokens, time_field=time_field) for p in requests)
     return sources
 
 
@@ -37,9 +42,14 @@ def monitor(
     url: Annotated[list[str] | None, typer.Option("--url", help="An engine's /metrics endpoint (vLLM V1/V0, SGLang or llama.cpp's server); repeatable.")] = None,
     prometheus: Annotated[str | None, typer.Option("--prometheus", help="A Prometheus server (http://host:9090) scraping the engines: the whole fleet, per model_name.")] = None,
     log: Annotated[list[str] | None, typer.Option("--log", help="A log file with the engines' spec-decode lines, or '-' for stdin; repeatable.")] = None,
+    requests: Annotated[list[str] | None, typer.Option("--requests", help="Per-request records, one JSON object a line (a gateway's log, saved responses), or '-' for stdin: vLLM's metrics.speculative_decoding, SGLang's meta_info spec_*, llama.cpp's timings.draft_n*, found anywhere in the line; repeatable.", metavar="FILE|-")] = None,
+    group_by: Annotated[str | None, typer.Option("--group-by", help="With --requests: a field of each line (dotted path: task, metadata.tenant) to group by; every group gets its own row, windows and alerts, beside the row of all requests.", metavar="FIELD")] = None,
+    time_field: Annotated[str | None, typer.Option("--time-field", help="With --requests: the field holding each request's time (epoch seconds or ms, ISO 8601); default ts, timestamp, time, then the response's created.", metavar="FIELD")] = None,
+    request_threshold: Annotated[float, typer.Option("--request-threshold", min=0.0, max=1.0, help="With --requests: the per-request acceptance under which a request counts as poor (the share of such requests is shown and is monitor_requests_below_share).")] = 0.5,
+    drift_window: Annotated[str | None, typer.Option("--drift-window", help="Look for drift (a slow fall, a change point) over this much of the run, e.g. 6h (default: all of it that was seen).", metavar="DURATION")] = None,
     engine: Annotated[str, typer.Option("--engine", help="auto | vllm | sglang | llamacpp: which engine's metric names to read.")] = "auto",
-    window: Annotated[str, typer.Option("--window", help="Sliding window for the current rates (300s, 5m, 1h).")] = "5m",
-    baseline_window: Annotated[str, typer.Option("--baseline-window", help="Trailing baseline window, just before the current one.")] = "1h",
+    window: Annotated[str, typer.Option("--window", help="Sliding window for the current rates (300s, 5m, 1h), or with --requests a count of drafted tokens (100tok: the newest whole requests holding them).")] = "5m",
+    baseline_window: Annotated[str | None, typer.Option("--baseline-window", help="Trailing baseline window, just before the current one (default 1h; with --window Ntok, 10 × N tokens).")] = None,
     interval: Annotated[str | None, typer.Option("--interval", help="Time between polls (default 15s; 2s with --once).")] = None,
     once: Annotated[bool, typer.Option("--once", help="Evaluate one window and exit: 0 healthy, 1 alert (cron/CI). Counters need two scrapes, --interval apart.")] = False,
     alerts: Annotated[Path | None, typer.Option("--alerts", help="Append alerts as JSON lines to this file (default: stdout).")] = None,
@@ -68,29 +78,53 @@ def monitor(
       specprobe monitor --url http://127.0.0.1:8080/metrics --once --json window.json   (llama-server --metrics)
 
       kubectl logs -f deploy/sglang | specprobe monitor --log - --follow --num-spec-tokens 4
+
+      specprobe monitor --requests gateway.jsonl --group-by task --window 100tok --rules rules/monitor-mtp.yaml
     """
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.judge.rules import load_table
     from specprobe.monitor.base import ENGINES
     from specprobe.monitor.runner import Monitor
-    from specprobe.monitor.windows import parse_duration
+    from specprobe.monitor.grouprules import read_overrides
+    from specprobe.monitor.requests import check_field_path
+    from specprobe.monitor.windows import parse_duration, parse_window
 
     check("fail_on", fail_on, "--fail-on")
     if engine not in ENGINES:
         raise ConfigError(f"unknown --engine {engine!r}", "use " + ", ".join(ENGINES))
-    win = parse_duration(window, "--window")
-    base = parse_duration(baseline_window, "--baseline-window")
+    urls, logs, reqs = list(url or []), list(log or []), list(requests or [])
+    win, win_tok = parse_window(window, "--window")
+    if win_tok is not None:
+        if urls or prometheus or logs:
+            raise ConfigError(f"--window {window} counts tokens, which only per-request records carry", "use --requests FILE alone with a token window, or a duration (5m) with --url/--prometheus/--log")
+        base_tok = 10 * win_tok
+        if baseline_window is not None:
+            _, base_tok_given = parse_window(baseline_window, "--baseline-window")
+            if base_tok_given is None:
+                raise ConfigError(f"--baseline-window {baseline_window} is a duration but --window {window} counts tokens", "give both as tokens, e.g. --window 100tok --baseline-window 1000tok")
+            base_tok = base_tok_given
+        win, base = 60.0, 3600.0  # unused by token windows; keeps the runner's bookkeeping finite
+    else:
+        base_tok = None
+        base = parse_duration(baseline_window or "1h", "--baseline-window")
+    if group_by is not None:
+        if not reqs:
+            raise ConfigError("--group-by needs --requests", "pass --requests FILE: only per-request records carry a task or tenant field")
+        check_field_path(group_by, "--group-by")
+    if time_field is not None:
+        check_field_path(time_field, "--time-field")
+    drift_span = parse_duration(drift_window, "--drift-window") if drift_window else None
     tmo = parse_duration(timeout, "--timeout")
     ivl = parse_duration(interval, "--interval") if interval else (2.0 if once else 15.0)
-    urls, logs = list(url or []), list(log or [])
-    if not urls and not prometheus and not logs:
-        raise ConfigError("no source to monitor", "pass --url http://host:port/metrics, --prometheus http://host:9090 or --log FILE")
+    if not urls and not prometheus and not logs and not reqs:
+        raise ConfigError("no source to monitor", "pass --url http://host:port/metrics, --prometheus http://host:9090, --log FILE or --requests FILE")
     if urls and ivl >= win:
         raise ConfigError(f"--interval ({ivl:g}s) must be shorter than --window ({win:g}s)", "a window needs at least two scrapes")
     table = load_table(rules or [])
-    sources = _build_sources(urls, prometheus, logs, engine, tmo, retries, follow)
-    # Finite inputs (log files read to the end) are evaluated once, at their last line.
-    finite = all(s.kind == "log" for s in sources) and not follow
+    overrides = read_overrides(rules or [], table)
+    sources = _build_sources(urls, prometheus, logs, engine, tmo, retries, follow, reqs, group_by, num_spec_tokens, time_field)
+    # Finite inputs (log and request files read to the end) are evaluated once, at their last line.
+    finite = all(s.kind in ("log", "requests") for s in sources) and not follow
     if json_out is not None and not (once or finite):
         raise ConfigError("--json needs --once (or log files read to the end)", "add --once, or drop --json and use --alerts")
     from specprobe.core.files import check_writable_file
@@ -99,6 +133,8 @@ def monitor(
     mon = Monitor(
         sources, table, window=win, baseline=base, interval=ivl, num_spec_tokens=num_spec_tokens,
         warn=lambda msg: err.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True),
+        window_tokens=win_tok, baseline_tokens=base_tok, request_threshold=request_threshold,
+        drift_span=drift_span, group_overrides=overrides,
     )
     from specprobe.monitor.alerts import AlertSink
 
@@ -157,7 +193,7 @@ def _run_loop(mon: Any, sink: Any, interval: float, use_live: bool) -> None:
                 sink.write(mon.transitions(snap))
                 if live is not None:
                     live.update(render(snap))
-                if all(s.kind == "log" and getattr(s, "_eof", False) for s in mon.sources):
+                if all(s.kind in ("log", "requests") and getattr(s, "_eof", False) for s in mon.sources):
                     break  # stdin closed: nothing more will come
                 time.sleep(max(0.0, tick + interval - time.time()))
     except KeyboardInterrupt:
@@ -196,6 +232,8 @@ def short_log_notes(mon: Any, snap: Any) -> list[str]:
     from specprobe.monitor.live import duration
 
     notes = []
+    if mon.window_tokens is not None:
+        return notes
     for m in snap.models:
         span = _span(mon.store[m.model]) if m.model in mon.store else None
         if span is None or span >= mon.window + mon.baseline:

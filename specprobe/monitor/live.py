@@ -37,12 +37,55 @@ def bar(frac: float, width: int = 8) -> str:
     return ("█" * full + (part if full < width else "")).ljust(width, " ")
 
 
+def _win(seconds: float, tokens: int | None) -> str:
+    return f"{tokens} tokens" if tokens is not None else duration(seconds)
+
+
 def duration(seconds: float) -> str:
     if seconds >= 3600 and seconds % 3600 == 0:
         return f"{int(seconds // 3600)}h"
     if seconds >= 60 and seconds % 60 == 0:
         return f"{int(seconds // 60)}m"
     return f"{seconds:g}s"
+
+
+def _drift_note(m: Any) -> Text | None:
+    d = m.drift
+    if d is None:
+        return None
+    span = f"over {duration(round(d.span_s))}" if d.span_s > 0 else f"over {d.windows} windows"
+    parts = [f"trend {'-' + format(100 * d.trend_drop_rel, '.0f') + '%' if d.trend_drop_rel > 0 else 'flat'} {span} ({d.windows} windows)"]
+    if d.change_index is not None:
+        when = time.strftime("%H:%M:%S", time.localtime(d.change_at)) if d.change_at and d.change_at > 1e9 else f"window {d.change_index + 1}"
+        parts.append(f"change at {when}: {pct(d.before)} → {pct(d.after)}")
+    style = "red" if d.trend_drop_rel > 0 or d.change_drop_rel > 0 else "dim"
+    return Text("drift: " + "; ".join(parts), style=style)
+
+
+def _requests_grid(snap: Snapshot) -> Grid | None:
+    rows = [m for m in snap.models if m.requests is not None]
+    if not rows:
+        return None
+    thr = rows[0].requests.threshold if rows[0].requests else math.nan
+    grid = Grid(
+        [
+            Column("group"),
+            Column("requests", "reqs", "right"),
+            Column("token-weighted", "tok-w", "right"),
+            Column("request-weighted", "req-w", "right"),
+            Column("p10 / p50 / p90", "p10/50/90", "right", fallback="drop", order=2),
+            Column(f"under {pct(thr)}", "under", "right"),
+        ],
+        title="per-request acceptance in the current window (token-weighted: Σ accepted ÷ Σ drafted; request-weighted: each request once)",
+    )
+    for m in rows:
+        r = m.requests
+        assert r is not None
+        q = dict(zip((0.1, 0.25, 0.5, 0.75, 0.9), r.quantiles, strict=False))
+        dist = " / ".join(pct(q.get(k)) for k in (0.1, 0.5, 0.9)) if r.quantiles else "n/a"
+        under = f"{pct(r.below_share)} ({r.below})" if r.with_drafts else "n/a"
+        grid.add(m.model, str(r.requests), pct(m.now.accept_rate), pct(r.rate_mean), dist, under)
+    return grid
 
 
 def render(snap: Snapshot, *, title: str = "specprobe monitor") -> Group:
@@ -55,7 +98,7 @@ def render(snap: Snapshot, *, title: str = "specprobe monitor") -> Group:
             Column("mean len", "len", "right"),
             Column("state"),
         ],
-        title=f"{title} — window {duration(snap.window)}, baseline {duration(snap.baseline)} before it, {time.strftime('%H:%M:%S', time.localtime(snap.t))}",
+        title=f"{title} — window {_win(snap.window, snap.window_tokens)}, baseline {_win(snap.baseline, snap.baseline_tokens)} before it, {time.strftime('%H:%M:%S', time.localtime(snap.t))}",
     )
     for m in snap.models:
         now, base = m.metrics["monitor_accept_rate"], m.metrics["monitor_accept_rate_baseline"]
@@ -70,6 +113,9 @@ def render(snap: Snapshot, *, title: str = "specprobe monitor") -> Group:
         if m.resets:
             state.append(f" ({m.resets} counter reset(s))", style="dim")
         notes: list[Any] = [Text(f"d{i + 1} {bar(r)} {pct(r)}") for i, r in enumerate(m.now.per_pos_cum)]
+        dn = _drift_note(m)
+        if dn is not None:
+            notes.append(dn)
         if needs_k:
             notes.append(Text("acceptance n/a: this source gives only the mean acceptance length; pass --num-spec-tokens K to turn it into a rate. "
                               "¹ Δ compares accepted tokens per draft (mean len − 1), which moves with the rate at a fixed K.", style="dim"))
@@ -89,7 +135,11 @@ def render(snap: Snapshot, *, title: str = "specprobe monitor") -> Group:
         ) if x)
         sources.add(st.name, st.engine or "?", Text(st.state, style=_STATE.get(st.state, "")), detail)
 
-    parts: list[Any] = [models, sources]
+    parts: list[Any] = [models]
+    rg = _requests_grid(snap)
+    if rg is not None:
+        parts.append(rg)
+    parts.append(sources)
     if snap.alerts:
         alerts = Grid([Column("rule"), Column("severity"), Column("model"), Column("message", fallback="under", order=1)], title="alerts")
         for a in snap.alerts:

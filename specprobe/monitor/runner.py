@@ -16,15 +16,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.judge.rules import RuleTable, sort_findings
+from specprobe.monitor import drift as drift_mod
 from specprobe.monitor.alerts import Alert, AlertTracker, alert_from_finding, iso
+from specprobe.monitor.grouprules import Overrides, table_for
 from specprobe.monitor.sources import IngestResult, Source, SourceError, Store
 from specprobe.monitor.windows import (
+    NAN,
+    QUANTILES,
     AcceptanceStats,
     ModelData,
+    RequestPoint,
+    RequestStats,
     WindowCounts,
     compare,
+    request_counts,
+    request_stats,
     window_stats,
 )
+
+ALL = "all"  # the requests source's row of every group (monitor.requests.ALL)
+MAX_BUCKETS = 20_000  # windows kept for the drift tests (the oldest go first)
 from specprobe.result import Finding
 
 
@@ -54,6 +65,8 @@ class ModelView:
     metrics: dict[str, float]
     findings: tuple[Finding, ...]
     resets: int = 0
+    requests: RequestStats | None = None  # per-request records (--requests)
+    drift: drift_mod.Drift | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,8 @@ class Snapshot:
     models: tuple[ModelView, ...]
     sources: tuple[SourceStatus, ...]
     alerts: tuple[Alert, ...]
+    window_tokens: int | None = None
+    baseline_tokens: int | None = None
 
     @property
     def has_data(self) -> bool:
@@ -85,13 +100,41 @@ class Snapshot:
                 "per_pos_cum": [num(r) for r in a.per_pos_cum],
             }
 
+        def reqs(r: RequestStats | None) -> dict[str, Any] | None:
+            if r is None:
+                return None
+            return {
+                "requests": r.requests,
+                "requests_with_drafts": r.with_drafts,
+                "accept_rate_request_mean": num(r.rate_mean),
+                "mean_accept_len_request_mean": num(r.mean_len_mean),
+                "accept_rate_quantiles": {f"p{round(100 * q)}": num(v) for q, v in zip(QUANTILES, r.quantiles, strict=False)},
+                "threshold": num(r.threshold),
+                "below_threshold": r.below,
+                "below_threshold_share": num(r.below_share),
+            }
+
+        def drift(d: drift_mod.Drift | None) -> dict[str, Any] | None:
+            if d is None:
+                return None
+            return {
+                "windows": d.windows, "span_s": num(d.span_s), "slope_per_h": num(d.slope_per_h), "trend_drop_rel": num(d.trend_drop_rel),
+                "mann_kendall_z": num(d.mk_z), "change_at": iso(d.change_at) if d.change_at is not None and d.change_at > 1e9 else d.change_at,
+                "change_index": d.change_index, "change_stat": num(d.change_stat), "before": num(d.before), "after": num(d.after),
+                "change_drop_rel": num(d.change_drop_rel),
+            }
+
         return {
             "ts": iso(self.t),
-            "window_s": self.window,
-            "baseline_s": self.baseline,
+            "window_s": self.window if self.window_tokens is None else None,
+            "baseline_s": self.baseline if self.baseline_tokens is None else None,
+            "window_tokens": self.window_tokens,
+            "baseline_tokens": self.baseline_tokens,
             "models": [
                 {"model": m.model, "sources": list(m.sources), "stale": m.stale, "now": stats(m.now), "baseline": stats(m.base),
-                 "findings": [f.rule_id for f in m.findings], "counter_resets": m.resets}
+                 "findings": [f.rule_id for f in m.findings], "counter_resets": m.resets,
+                 **({"requests": reqs(m.requests)} if m.requests is not None else {}),
+                 "drift": drift(m.drift)}
                 for m in self.models
             ],
             "sources": [
@@ -113,6 +156,11 @@ class Monitor:
         num_spec_tokens: int | None = None,
         warn: Callable[[str], None] | None = None,
         max_backoff: float = 60.0,
+        window_tokens: int | None = None,
+        baseline_tokens: int | None = None,
+        request_threshold: float = 0.5,
+        drift_span: float | None = None,
+        group_overrides: Overrides | None = None,
     ) -> None:
         self.sources = list(sources)
         self.table = table
@@ -127,6 +175,17 @@ class Monitor:
         self._warned: set[str] = set()
         self._warn_out = warn or (lambda msg: None)
         self.warnings: list[str] = []
+        # Token windows (--window 100tok): over per-request records, whole requests.
+        self.window_tokens = window_tokens
+        self.baseline_tokens = baseline_tokens
+        self.request_threshold = request_threshold
+        self.drift_span = drift_span
+        self.group_overrides = group_overrides or []
+        # The run cut into consecutive windows, per model, for the drift tests.
+        self.buckets: dict[str, list[drift_mod.Bucket]] = {}
+        self._cursor: dict[str, float] = {}  # time windows: where the next one starts
+        self._done: dict[str, int] = {}  # token windows: requests already in a window
+        self._open: dict[str, list[RequestPoint]] = {}  # token windows: the one filling up
 
     # ------------------------------------------------------------------ warnings
     def warn_once(self, key: str, message: str) -> None:
@@ -163,19 +222,68 @@ class Monitor:
             st.next_attempt = 0.0
             st.engine = res.engine or st.engine
             st.malformed += res.malformed
-            if res.malformed and src.kind != "log":  # log sources warn with the line itself
+            if res.malformed and src.kind not in ("log", "requests"):  # log sources warn with the line itself
                 self.warn_once(f"malformed:{src.name}", f"{src.name}: skipped {res.malformed} malformed sample(s)/line(s) (counted; this warning is shown once)")
-            if res.missing and src.kind != "log":
+            if res.missing and src.kind not in ("log", "requests"):
                 st.missing = res.missing
                 self.warn_once(f"missing:{src.name}:{','.join(res.missing)}", f"{src.name}: metric famil{'y' if len(res.missing) == 1 else 'ies'} missing: {', '.join(res.missing)}")
             else:
                 st.missing = []
             st.state = "ok" if res.models or st.engine else "no-data"
+        for model, data in self.store.items():
+            self._advance_buckets(model, data)
         keep = self.window + self.baseline + 2 * self.interval
         for data in self.store.values():
-            if data.precomputed is None:
+            if data.precomputed is not None:
+                continue
+            if self.window_tokens is not None:
+                data.prune_tokens(self.window_tokens + (self.baseline_tokens or 0))
+            else:
                 # Relative to the model's own latest sample: log files carry their own clock.
                 data.prune((data.last_time if data.last_time is not None else now) - keep)
+
+    # ------------------------------------------------------------------ drift windows
+    def _bucket(self, model: str, start: float, end: float, c: WindowCounts) -> None:
+        st = window_stats(c)
+        if not math.isnan(st.accept_rate) and st.draft_tokens == st.draft_tokens and st.draft_tokens > 0:
+            b = drift_mod.Bucket(start, end, st.accept_rate, st.accepted, st.draft_tokens)
+        elif not math.isnan(st.accepted_per_draft) and st.drafts == st.drafts and st.drafts > 0:
+            b = drift_mod.Bucket(start, end, st.accepted_per_draft, st.accepted_per_draft * st.drafts, st.drafts)
+        elif not math.isnan(st.accepted_per_draft):  # gauges only: the window's mean, weight 1
+            b = drift_mod.Bucket(start, end, st.accepted_per_draft, st.accepted_per_draft, 1.0)
+        else:
+            return
+        series = self.buckets.setdefault(model, [])
+        series.append(b)
+        if len(series) > MAX_BUCKETS:
+            del series[: len(series) - MAX_BUCKETS]
+
+    def _advance_buckets(self, model: str, data: ModelData) -> None:
+        """Close every window that is complete in the data seen so far (before pruning)."""
+        if data.precomputed is not None or data.last_time is None:
+            return
+        if self.window_tokens is not None:
+            first = data.requests_seen - len(data.requests)
+            done = self._done.get(model, 0)
+            pending = self._open.setdefault(model, [])
+            for r in data.requests[max(0, done - first):]:
+                pending.append(r)
+                if sum(p.tokens for p in pending) >= self.window_tokens:
+                    self._bucket(model, pending[0].t, pending[-1].t, request_counts(pending, data.num_spec_tokens))
+                    pending.clear()
+            self._done[model] = data.requests_seen
+            return
+        if model not in self._cursor:
+            firsts = [pts[0][0] for pts in (*data.counters.values(), *data.events.values(), *data.gauges.values()) if pts]
+            if not firsts:
+                return
+            # Events count in (start, end]: start just before the first one.
+            self._cursor[model] = min(firsts) - 1e-6
+        start = self._cursor[model]
+        while start + self.window <= data.last_time:
+            self._bucket(model, start, start + self.window, data.counts(start, start + self.window))
+            start += self.window
+        self._cursor[model] = start
 
     def _stale_after(self) -> float:
         return max(3 * self.interval, 1.0)
@@ -189,6 +297,9 @@ class Monitor:
     def model_counts(self, data: ModelData, end: float) -> tuple[WindowCounts, WindowCounts]:
         if data.precomputed is not None:
             now_c, base_c = data.precomputed
+        elif self.window_tokens is not None:
+            now_r, base_r = data.token_split(self.window_tokens, self.baseline_tokens or 0)
+            now_c, base_c = request_counts(now_r, data.num_spec_tokens), request_counts(base_r, data.num_spec_tokens)
         else:
             now_c = data.counts(end - self.window, end)
             base_c = data.counts(end - self.window - self.baseline, end - self.window)
@@ -210,7 +321,21 @@ class Monitor:
             now_c, base_c = self.model_counts(data, end)
             stats_now, stats_base = window_stats(now_c), window_stats(base_c)
             metrics = compare(stats_now, stats_base)
-            findings = tuple(self.table.findings(metrics, families=["monitoring"]))
+            req: RequestStats | None = None
+            if data.requests:
+                if self.window_tokens is not None:
+                    in_window = data.token_split(self.window_tokens, 0)[0]
+                else:
+                    in_window = [r for r in data.requests if end - self.window < r.t <= end]
+                req = request_stats(in_window, self.request_threshold)
+                metrics["monitor_accept_rate_request_mean"] = req.rate_mean
+                metrics["monitor_requests_below_share"] = req.below_share
+                grouped = model != ALL and "=" in model
+                metrics["monitor_group_accept_rate"] = stats_now.accept_rate if grouped else NAN
+            dr = drift_mod.drift(self.buckets.get(model, ()), span=self.drift_span)
+            metrics.update(dr.metrics() if dr is not None else drift_mod.empty_metrics())
+            table = table_for(self.table, self.group_overrides, model) if self.group_overrides else self.table
+            findings = tuple(table.findings(metrics, families=["monitoring"]))
             stale = bool(data.sources) and all(by_name[s].state in ("stale", "down") for s in data.sources if s in by_name)
             views.append(ModelView(
                 model=model,
@@ -221,6 +346,8 @@ class Monitor:
                 metrics=metrics,
                 findings=findings,
                 resets=data.resets(end - self.window, end),
+                requests=req,
+                drift=dr,
             ))
             firing.extend(alert_from_finding(f, model, now) for f in sort_findings(findings))
         return Snapshot(
@@ -230,6 +357,8 @@ class Monitor:
             models=tuple(views),
             sources=tuple(self.status[id(s)] for s in self.sources),
             alerts=tuple(firing),
+            window_tokens=self.window_tokens,
+            baseline_tokens=self.baseline_tokens,
         )
 
     def transitions(self, snap: Snapshot) -> list[Alert]:

@@ -59,6 +59,23 @@ def parse_duration(text: str, what: str = "duration") -> float:
     return seconds
 
 
+_TOK_RE = re.compile(r"^\s*(\d+)\s*(tok|tokens?)\s*$")
+
+
+def parse_window(text: str, what: str = "--window") -> tuple[float | None, int | None]:
+    """'5m' → (300.0, None); '100tok' → (None, 100): a window of drafted tokens."""
+    m = _TOK_RE.match(str(text))
+    if m:
+        n = int(m.group(1))
+        if n <= 0:
+            raise ConfigError(f"{what} {text!r} must hold at least one token", "write e.g. 100tok")
+        return None, n
+    try:
+        return parse_duration(text, what), None
+    except ConfigError:
+        raise ConfigError(f"bad {what} {text!r}", "write a duration (300s, 5m, 1h) or a token count (100tok)") from None
+
+
 def prom_duration(seconds: float) -> str:
     """Seconds → a PromQL range ('300s', '1500ms')."""
     ms = round(seconds * 1000)
@@ -99,6 +116,24 @@ def events_sum(events: Iterable[tuple[float, float]], start: float, end: float) 
 
 
 # ----------------------------------------------------------------------------- store
+@dataclass(frozen=True)
+class RequestPoint:
+    """One finished request's counters (`monitor --requests`): integers, so sums are exact."""
+
+    t: float
+    accepted: int
+    drafted: int | None  # None: not reported and K unknown
+    steps: int | None  # verify steps; None: not reported
+    per_pos: tuple[int, ...] = ()  # draft tokens accepted at position i (0-based)
+
+    @property
+    def tokens(self) -> int:
+        """What a token window counts: drafted tokens, else the tokens the steps yielded."""
+        if self.drafted is not None:
+            return self.drafted
+        return self.accepted + (self.steps or 0)
+
+
 @dataclass
 class ModelData:
     """Everything observed for one model_name: counter series, interval deltas, gauges.
@@ -115,6 +150,9 @@ class ModelData:
     sources: set[str] = field(default_factory=set)
     # A Prometheus server computes the windows itself: (current, baseline) counts.
     precomputed: tuple[WindowCounts, WindowCounts] | None = None
+    # Per-request records (`--requests`), oldest first; also added as events above.
+    requests: list[RequestPoint] = field(default_factory=list)
+    requests_seen: int = 0  # every request ever added (requests[0] is number requests_seen − len)
 
     def _touch(self, t: float) -> None:
         self.last_time = t if self.last_time is None else max(self.last_time, t)
@@ -131,8 +169,54 @@ class ModelData:
         self.gauges.setdefault((quantity, series), []).append((t, value))
         self._touch(t)
 
+    def add_request(self, r: RequestPoint) -> None:
+        """A finished request: its counters as events at its time, and the record itself
+        (request-weighted statistics, token windows)."""
+        self.requests.append(r)
+        self.requests_seen += 1
+        self.add_event(ACCEPTED, r.t, r.accepted)
+        if r.drafted is not None:
+            self.add_event(DRAFT_TOKENS, r.t, r.drafted)
+        if r.steps is not None:
+            self.add_event(DRAFTS, r.t, r.steps)
+        for i, a in enumerate(r.per_pos):
+            self.add_event(pos_key(i), r.t, a)
+
+    def token_split(self, now_tokens: float, base_tokens: float) -> tuple[list[RequestPoint], list[RequestPoint]]:
+        """The newest requests holding at least `now_tokens` tokens (whole requests), and
+        the ones before them holding at least `base_tokens`."""
+        now: list[RequestPoint] = []
+        base: list[RequestPoint] = []
+        got = 0.0
+        i = len(self.requests) - 1
+        while i >= 0 and got < now_tokens:
+            now.append(self.requests[i])
+            got += self.requests[i].tokens
+            i -= 1
+        got = 0.0
+        while i >= 0 and got < base_tokens:
+            base.append(self.requests[i])
+            got += self.requests[i].tokens
+            i -= 1
+        return now[::-1], base[::-1]
+
+    def prune_tokens(self, keep_tokens: float) -> None:
+        """Token windows: keep the newest requests holding `keep_tokens` tokens (and one
+        more), and the events from the oldest kept request on."""
+        got, i = 0.0, len(self.requests) - 1
+        while i >= 0 and got < keep_tokens:
+            got += self.requests[i].tokens
+            i -= 1
+        if i > 0:
+            del self.requests[:i]
+        if self.requests:
+            before = self.requests[0].t
+            for ekey, epts in self.events.items():
+                self.events[ekey] = [p for p in epts if p[0] >= before]
+
     def prune(self, before: float) -> None:
         """Forget samples older than `before` (the start of the baseline window)."""
+        self.requests = [r for r in self.requests if r.t >= before]
         for key, pts in self.counters.items():
             self.counters[key] = [p for p in pts if p[0] >= before]
         for ekey, epts in self.events.items():
@@ -172,6 +256,67 @@ class ModelData:
             accept_rate_gauge=gauge(GAUGE_ACCEPT_RATE),
             num_spec_tokens=self.num_spec_tokens,
         )
+
+
+def request_counts(reqs: Sequence[RequestPoint], num_spec_tokens: int | None = None) -> WindowCounts:
+    """A list of requests summed as a window (None where no request reported a count)."""
+    if not reqs:
+        return WindowCounts(num_spec_tokens=num_spec_tokens)
+    drafted = [r.drafted for r in reqs if r.drafted is not None]
+    steps = [r.steps for r in reqs if r.steps is not None]
+    depth = max(len(r.per_pos) for r in reqs)
+    per_pos = tuple(sum(r.per_pos[i] for r in reqs if i < len(r.per_pos)) for i in range(depth)) if depth and all(r.per_pos for r in reqs) else ()
+    return WindowCounts(
+        accepted=sum(r.accepted for r in reqs),
+        draft_tokens=sum(drafted) if len(drafted) == len(reqs) else None,
+        drafts=sum(steps) if len(steps) == len(reqs) else None,
+        accepted_per_pos=per_pos,
+        num_spec_tokens=num_spec_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Request-level statistics of one window: every request counts once."""
+
+    requests: int = 0
+    with_drafts: int = 0  # requests that drafted at least one token
+    rate_mean: float = NAN  # request-weighted: the mean of per-request acceptance
+    mean_len_mean: float = NAN  # request-weighted mean acceptance length
+    quantiles: tuple[float, ...] = ()  # per-request acceptance at QUANTILES
+    below: int = 0  # requests under the threshold
+    threshold: float = NAN
+
+    @property
+    def below_share(self) -> float:
+        return self.below / self.with_drafts if self.with_drafts else NAN
+
+
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default)."""
+    if not sorted_values:
+        return NAN
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def request_stats(reqs: Sequence[RequestPoint], threshold: float, num_spec_tokens: int | None = None) -> RequestStats:
+    rates = sorted(r.accepted / r.drafted for r in reqs if r.drafted)
+    lens = [1.0 + r.accepted / r.steps for r in reqs if r.steps]
+    return RequestStats(
+        requests=len(reqs),
+        with_drafts=len(rates),
+        rate_mean=sum(rates) / len(rates) if rates else NAN,
+        mean_len_mean=sum(lens) / len(lens) if lens else NAN,
+        quantiles=tuple(quantile(rates, q) for q in QUANTILES) if rates else (),
+        below=sum(1 for r in rates if r < threshold),
+        threshold=threshold,
+    )
 
 
 # ----------------------------------------------------------------------------- stats
