@@ -247,7 +247,7 @@ def survival(depth_alpha: np.ndarray) -> np.ndarray:
     return r
 
 
-def renewal_counts(depth_alpha: np.ndarray) -> RenewalCounts:
+def renewal_counts(depth_alpha: np.ndarray, draft_lengths: np.ndarray | None = None, n_min: int = 0) -> RenewalCounts:
     """Expected rounds and per-depth counters along one reference, rounds starting only
     where the previous round ended, for every K = 1..D at once ([D, n] input as in
     `survival`; an autoregressive drafter repeats its per-position α on every row).
@@ -258,7 +258,11 @@ def renewal_counts(depth_alpha: np.ndarray) -> RenewalCounts:
     with probability r_j(t) − r_{j+1}(t) for j < c and r_c(t) for j = c, and emits j + 1
     tokens. Forward recursion over start probabilities π: π(0) = 1,
     π(t + j + 1) += π(t)·P(j | t); expected rounds = Σ_{t<n} π(t) (the same number as the
-    backward R(0) with R(t) = 1 + Σ_j P(j | t)·R(t + j + 1), R(n) = 0)."""
+    backward R(0) with R(t) = 1 + Σ_j P(j | t)·R(t + j + 1), R(n) = 0).
+
+    Early stop (llama.cpp's --spec-draft-p-min / -n-min): draft_lengths[t] caps the draft of
+    a round at t (the depths its drafter was confident at), and a draft that ends up shorter
+    than n_min — by that cap or the budget — is dropped: the round decodes one token."""
     r = survival(depth_alpha)
     kmax, n = r.shape[0] - 2, r.shape[1]
     ks = np.arange(1, kmax + 1)  # [K]
@@ -267,6 +271,10 @@ def renewal_counts(depth_alpha: np.ndarray) -> RenewalCounts:
         return RenewalCounts(0.0, np.zeros(kmax), z, z.copy())
     t = np.arange(n)
     cap = np.minimum(ks[None, :], (n - 1 - t)[:, None])  # [n, K] draft length of a round at t
+    if draft_lengths is not None:
+        cap = np.minimum(cap, np.asarray(draft_lengths, dtype=np.int64)[:, None])
+    if n_min > 1:
+        cap = np.where(cap < n_min, 0, cap)
     j = np.arange(kmax + 1)  # accepted count
     rt = r[: kmax + 1].T  # [n, K+1] r_j(t)
     exact = rt - r[1 : kmax + 2].T  # [n, K+1] P(accept exactly j) when the draft is longer than j
@@ -286,17 +294,25 @@ def renewal_counts(depth_alpha: np.ndarray) -> RenewalCounts:
     return RenewalCounts(float(n), start.sum(axis=0), accepted, drafted)
 
 
-def renewal_tau(accepted: np.ndarray, drafted: np.ndarray) -> np.ndarray:
+def renewal_tau(accepted: np.ndarray, drafted: np.ndarray, per_draft: bool = False) -> np.ndarray:
     """[K, K] summed expected counters -> [K] τ_renewal(K) = 1 + Σ_{i≤K} A_i / D_i, the mean
     acceptance length exactly as `simulate` (and vLLM) count it, in expectation. Summed over
     sequences, rounds weigh every sequence by its own number of rounds. A depth no round
-    drafted adds nothing; nan when no round drafted at all."""
+    drafted adds nothing; nan when no round drafted at all.
+
+    per_draft: 1 + Σ_i A_i / D_1 — accepted tokens per draft made, as llama-server counts
+    its mean acceptance length (1 + accepted ÷ drafts). Under an early stop (drafts of
+    varying length) this is the tokens a drafting round emits; the per-depth form would
+    count a deep depth's rate as if every round had drafted it."""
     k = accepted.shape[0]
     out = np.full(k, math.nan)
     for kk in range(k):
         d, a = drafted[kk, : kk + 1], accepted[kk, : kk + 1]
         if d[0] > 0:
-            out[kk] = 1.0 + float(np.sum(np.where(d > 0, a / np.where(d > 0, d, 1.0), 0.0)))
+            if per_draft:
+                out[kk] = 1.0 + float(np.sum(a) / d[0])
+            else:
+                out[kk] = 1.0 + float(np.sum(np.where(d > 0, a / np.where(d > 0, d, 1.0), 0.0)))
     return out
 
 

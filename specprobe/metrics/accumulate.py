@@ -49,6 +49,11 @@ def _bucket_label(lo: float, hi: float, unit: str) -> str:
 class Accumulator:
     k_max: int = 8
     drafting: str = PROBABILISTIC  # whose acceptance the depth curves, τ and adaptive K read
+    # llama.cpp's early stop: a round drafts while the drafter's confidence (draft_confidence,
+    # llama.cpp's own under --engine llama.cpp) stays ≥ p_min, and drops a draft shorter
+    # than n_min; the depth curves and the renewal τ follow it (0, 0: K tokens every round)
+    p_min: float = 0.0
+    n_min: int = 0
     overall: np.ndarray = field(default_factory=lambda: np.zeros(_NF + 1))
     domains: dict[str, np.ndarray] = field(default_factory=dict)
     # the prompt file's own categories (Spec-Bench's 13, MT-Bench's 8) beside the folded domains
@@ -140,6 +145,7 @@ class Accumulator:
         depth_alpha = [np.asarray((by_depth or {}).get(d, alpha1), dtype=np.float64) for d in range(1, self.k_max + 1)]
         depth_conf = [np.asarray((confidence_by_depth or {}).get(d, conf1), dtype=np.float64) for d in range(1, self.k_max + 1)]
         # r_j(t) = Π_{i<j} α^{(i+1)}_{t+i}, for every start t with t+j−1 inside the sequence.
+        drafts = self._draft_lengths(depth_conf, n)  # [n] how deep a round at t drafts (None: K)
         r = np.ones(n)
         r_by_j = []
         for j in range(1, self.k_max + 1):
@@ -147,7 +153,8 @@ class Accumulator:
             if m <= 0:
                 break
             r = r[:m] * depth_alpha[j - 1][j - 1 : j - 1 + m]
-            self.depth_sum[j - 1] += r.sum()
+            # under the early stop depth j counts only where the round drafted it
+            self.depth_sum[j - 1] += (r if drafts is None else r * (drafts[:m] >= j)).sum()
             self.depth_count[j - 1] += m
             r_by_j.append(r)
         # Adaptive K over full windows only (starts t ≤ n − k_max).
@@ -161,11 +168,30 @@ class Accumulator:
                 passes = np.minimum(drafted + 1, self.k_max)
                 self.adaptive[i] += ((R * keep).sum(), passes.sum(), drafted.sum(), w)
         # Renewal: rounds start only where the previous round ended.
-        ren = renewal_counts(np.stack(depth_alpha))  # [K, n] -> counts for every K
+        ren = renewal_counts(np.stack(depth_alpha), drafts, self.n_min)  # [K, n] -> counts for every K
         self.renewal_tokens += ren.tokens
         self.renewal_rounds += ren.rounds
         self.renewal_accepted += ren.accepted
         self.renewal_drafted += ren.drafted
+
+    def _draft_lengths(self, depth_conf: list[np.ndarray], n: int) -> np.ndarray | None:
+        """[n] the depths a round starting at t drafts before the early stop: the leading
+        depths i whose confidence (of token t+i−1, depth i) is ≥ p_min; with n_min, 0 where
+        fewer than n_min (the draft is dropped). None when neither knob is set."""
+        if self.p_min <= 0 and self.n_min <= 1:
+            return None
+        length = np.zeros(n, dtype=np.int64)
+        alive = np.ones(n, dtype=bool)
+        for j in range(self.k_max):
+            ok = np.zeros(n, dtype=bool)
+            m = n - j
+            if m > 0:
+                ok[:m] = depth_conf[j][j : j + m] >= self.p_min
+            alive &= ok
+            length += alive
+        if self.n_min > 1:
+            length[length < self.n_min] = 0
+        return length
 
     # ------------------------------------------------------------------ merging
     def merge(self, other: Accumulator) -> Accumulator:
@@ -173,6 +199,8 @@ class Accumulator:
             raise ValueError("cannot merge accumulators with different k_max")
         if other.drafting != self.drafting:
             raise ValueError("cannot merge accumulators of different drafting")
+        if (other.p_min, other.n_min) != (self.p_min, self.n_min):
+            raise ValueError("cannot merge accumulators of different early stops (p_min, n_min)")
         self.overall += other.overall
         for k, v in other.domains.items():
             self.domains.setdefault(k, np.zeros(_NF + 1))
@@ -202,6 +230,8 @@ class Accumulator:
         return {
             "k_max": self.k_max,
             "drafting": self.drafting,
+            "p_min": self.p_min,
+            "n_min": self.n_min,
             "overall": self.overall.tolist(),
             "domains": {k: v.tolist() for k, v in self.domains.items()},
             "categories": {k: v.tolist() for k, v in self.categories.items()},
@@ -223,7 +253,7 @@ class Accumulator:
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> Accumulator:
-        acc = cls(k_max=int(s["k_max"]), drafting=str(s["drafting"]))
+        acc = cls(k_max=int(s["k_max"]), drafting=str(s["drafting"]), p_min=float(s.get("p_min", 0.0)), n_min=int(s.get("n_min", 0)))
         acc.overall = np.asarray(s["overall"], dtype=float)
         acc.domains = {k: np.asarray(v, dtype=float) for k, v in s["domains"].items()}
         acc.categories = {k: np.asarray(v, dtype=float) for k, v in s.get("categories", {}).items()}
@@ -340,7 +370,8 @@ class Accumulator:
         unavailable."""
         if not self._renewal_complete():
             return np.full(self.k_max, math.nan)
-        return renewal_tau(self.renewal_accepted, self.renewal_drafted)
+        # under an early stop drafts vary in length: tokens per draft, as llama-server counts
+        return renewal_tau(self.renewal_accepted, self.renewal_drafted, per_draft=self.p_min > 0 or self.n_min > 1)
 
     def renewal_tokens_per_verify(self) -> np.ndarray:
         """[K] Σ tokens ÷ Σ expected rounds, final short rounds included; nan when unavailable."""

@@ -219,3 +219,17 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
 # Floor on log q: ids the drafter gives probability 0 (−inf logits) cost a large, finite
 # penalty instead of an infinite KL.
 LOGQ_FLOOR = -1e4
+
+
+# llama.cpp's draft sampler keeps the drafter's 10 best tokens (LLAMA_DRAFT_TOP_K in its
+# common/speculative.cpp) at temperature 1
+LLAMA_CPP_DRAFT_TOP_K = 10
+
+
+def llama_cpp_confidence(logits: torch.Tensor) -> torch.Tensor:
+    """[N, V] drafter logits -> [N] the probability llama.cpp's draft sampler gives its
+    top token: softmax over the drafter's 10 best logits at temperature 1. Drafting stops
+    before a token whose probability is below --spec-draft-p-min."""
+    top = torch.topk(logits.float(), min(LLAMA_CPP_DRAFT_TOP_K, logits.shape[-1]), dim=-1).values  # [N, 10]
+    return torch.softmax(top, dim=-1)[:, 0]
+

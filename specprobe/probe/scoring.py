@@ -31,6 +31,7 @@ from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.blocked import on_workers
 from specprobe.metrics.core import align_vocab, position_metrics
 from specprobe.metrics.dispatch import Head, Scorer, case, pick
+from specprobe.metrics.sampling import llama_cpp_confidence
 from specprobe.models.anatomy import capture_layers
 from specprobe.models.base import Drafter, TargetPass
 from specprobe.models.heads.chain import HeadDrafter
@@ -47,6 +48,7 @@ from specprobe.models.loader import LoadedModel
 from specprobe.probe.alignment import SamplingPair
 from specprobe.probe.memory import Backoff, Buffered, chunk_for
 from specprobe.prompts import Prompt
+from specprobe.settings.engines import LLAMA_CPP_TOP
 from specprobe.settings.pipeline import DiagnoseConfig
 
 if TYPE_CHECKING:
@@ -195,6 +197,33 @@ def score_head_chunk(
     for d, dl in drafts:
         _emit(out, d, cat_scores([done[r0][1][d] for r0 in starts]), torch.cat([done[r0][2][d] for r0 in starts]), entropy, target_logits, dl, token_pos, vocab, probes, chunk)
     return out
+
+
+def engine_confidence(drafts: Iterable[tuple[int, torch.Tensor]], confidence: str) -> tuple[Iterable[tuple[int, torch.Tensor]], dict[int, np.ndarray]]:
+    """The drafter confidence an engine's early stop reads, where it is not max q: under
+    llama.cpp its draft sampler's top probability (`llama_cpp_confidence`), taken from each
+    depth's logits as they pass to the scorer -> (the same logits, depth -> [N] filled as
+    they pass). `with_confidence` puts them in the chunk's scores."""
+    seen: dict[int, np.ndarray] = {}
+    if confidence != LLAMA_CPP_TOP:
+        return drafts, seen
+
+    def passing() -> Iterable[tuple[int, torch.Tensor]]:
+        for d, dl in drafts:
+            seen[d] = llama_cpp_confidence(dl).cpu().numpy()
+            yield d, dl
+
+    return passing(), seen
+
+
+def with_confidence(scores: ChunkScores, seen: dict[int, np.ndarray]) -> ChunkScores:
+    """`engine_confidence`'s values in place of max q (depth 1: the row's draft_confidence)."""
+    for d, conf in seen.items():
+        if d == 1:
+            scores.values["draft_confidence"] = conf
+        else:
+            scores.confidence_by_depth[d] = conf
+    return scores
 
 
 def greedy_draft(ts: TargetSide, dl: torch.Tensor) -> torch.Tensor:
@@ -379,7 +408,7 @@ class Scored:
 def score(target: LoadedModel, drafter: Drafter, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: SamplingPair, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
     """Teacher-forced scoring in batches of similar length (prompts without a continuation
     are skipped). Ctrl-C keeps the batches finished so far (`Scored.interrupted`)."""
-    acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting)
+    acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min)
     sequences = SequenceCollector(acc, prompts, cfg.keep_positions)
     sinks: list[Collector] = [sequences, *collectors]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]) + len(conts[i]))
@@ -439,7 +468,8 @@ def score_batch(target: LoadedModel, drafter: Drafter, idx: list[int], encoded: 
             # the depth-d prediction of token t+1 is made at position t+1−d
             drafts = ((d, draft_logits(feats[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in depths)  # [N, V'] each
             chunk = Chunk(prompt_of[c0 : c0 + step], t_np[c0 : c0 + step] + 1)
-            scores = score_chunk(tl, drafts, tt + 1, pair, top, probes, chunk, vocab)
+            drafts, engine_conf = engine_confidence(drafts, cfg.confidence)
+            scores = with_confidence(score_chunk(tl, drafts, tt + 1, pair, top, probes, chunk, vocab), engine_conf)
             for d in beyond:
                 scores.alpha_by_depth[d] = np.zeros(len(chunk.prompt))
                 scores.greedy_by_depth[d] = np.zeros(len(chunk.prompt))

@@ -28,6 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GREEDY, PROBABILISTIC = "greedy", "probabilistic"
+# a drafter's confidence, which adaptive K (and llama.cpp's --spec-draft-p-min) compares
+# with its threshold: max q under the drafter's sampling, or llama.cpp's draft sampler's
+MAX_Q, LLAMA_CPP_TOP = "max-q", "llama.cpp"
 DRAFT_SAMPLING = (GREEDY, PROBABILISTIC)
 
 
@@ -62,3 +65,9 @@ def procedure(draft_sampling: str) -> str:
 def describe(engine: str, draft_sampling: str) -> str:
     """'as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)'."""
     return f"as {BY_ENGINE[engine].label} verifies it: {procedure(draft_sampling)}"
+
+
+def confidence_of(engine: str) -> str:
+    """Whose drafter confidence an engine's adaptive K reads."""
+    return LLAMA_CPP_TOP if engine == "llama.cpp" else MAX_Q
+

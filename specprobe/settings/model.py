@@ -32,8 +32,8 @@ from specprobe.settings.values import (
     parse_shard,
 )
 
-CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES = "check", "diagnose", "simulate", "sweep", "compare", "merge", "demo", "report", "monitor", "rules"
-COMMANDS = (CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES)
+CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES, ALERTS = "check", "diagnose", "simulate", "sweep", "compare", "merge", "demo", "report", "monitor", "rules", "alerts"
+COMMANDS = (CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES, ALERTS)
 MODELS = frozenset({CHECK, DIAGNOSE, SIMULATE, SWEEP})  # commands that load a target
 RUNS = frozenset({DIAGNOSE, SIMULATE, SWEEP})  # commands that run forward passes on prompts
 REPORTS = frozenset({DIAGNOSE, SIMULATE, COMPARE, MERGE, REPORT})  # commands that write every report
@@ -158,6 +158,16 @@ SETTINGS: tuple[Setting, ...] = (
         "How the drafter proposes: greedy (its argmax, accepted with p_target of it; vLLM's default draft_sample_method) or probabilistic (sampled from q, accepted with Σ min(p, q)). Default: the --engine's.",
         str | None, None, commands=MODELS, file_key="draft_sampling", choices=DRAFT_SAMPLING, show_default=False,
     ),
+    Setting(
+        "draft_p_min", "--draft-p-min",
+        "llama.cpp's --spec-draft-p-min: every draft stops before the first token whose probability among the drafter's 10 best (temperature 1) is below this; 0 = off. τ, the depth curves and simulate's rounds follow it. --engine llama.cpp only.",
+        float, 0.0, commands=RUNS, file_key="draft_p_min", ge=0, le=1, hint="a probability in [0, 1]; 0 drafts K tokens every round",
+    ),
+    Setting(
+        "draft_n_min", "--draft-n-min",
+        "llama.cpp's --spec-draft-n-min: a draft shorter than this (cut by --draft-p-min or the token budget) is dropped and the round decodes one token; 0 = off. --engine llama.cpp only.",
+        int, 0, commands=RUNS, file_key="draft_n_min", ge=0, le=K_LIMIT, hint=f"use 0 ≤ N ≤ {K_LIMIT}",
+    ),
     # ------------------------------------------------------------------ prompts and references
     Setting("prompts", "--prompts", "'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).", str, "builtin", commands=RUNS, file_key="prompts"),
     Setting("domains", "--domains", "Comma-separated domains to keep, e.g. code,math.", str | None, commands=RUNS, file_key="domains", file_type=list[str], parse=_P["domains"]),
@@ -195,7 +205,7 @@ SETTINGS: tuple[Setting, ...] = (
         str | None, commands=frozenset({DIAGNOSE}), file_key="shard", parse=_P["shard"], metavar="I/N", show_default=False, recorded=False,
     ),
     # ------------------------------------------------------------------ judging and outputs
-    Setting("rules", "--rules", "Extra rules YAML file(s): add rules or override/disable default ones by id.", list[Path] | None, commands=MODELS | {COMPARE, MERGE, MONITOR, RULES}, file_key="rules", file_type=list[Path], file_commands=MODELS | {COMPARE, MERGE}, metavar="FILE"),
+    Setting("rules", "--rules", "Extra rules YAML file(s): add rules or override/disable default ones by id.", list[Path] | None, commands=MODELS | {COMPARE, MERGE, MONITOR, RULES, ALERTS}, file_key="rules", file_type=list[Path], file_commands=MODELS | {COMPARE, MERGE}, metavar="FILE"),
     Setting("fail_on", "--fail-on", "Exit 1 when a finding at or above this severity: error | warning | info | never.", str, "error", commands=MODELS | {COMPARE, MERGE, MONITOR}, file_key="fail_on", file_commands=MODELS | {COMPARE, MERGE}, choices=FAIL_ON,
             default_by_command={MONITOR: "warning"}, help_by_command={SWEEP: "Exit 1 when the recommended drafter has a finding at or above this severity: error | warning | info | never."}),
     Setting("json_path", "--json", "Write the full result as JSON to this file.", str | None, commands=(MODELS - {SWEEP}) | {COMPARE, MERGE, DEMO}, file_key=_OUT + "json", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False),

@@ -114,6 +114,8 @@ class RunOptions:
             sampling=self.sampling_flags(),
             engine=self.engine,
             draft_sampling=self.draft_sampling,
+            draft_p_min=self.draft_p_min,
+            draft_n_min=self.draft_n_min,
             seed=self.seed,
             batch_size=self.batch_size,
             batch_sizes=self.batch_sizes,
@@ -217,6 +219,12 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
                 origins[p] = sv.where(p)
                 filled.add(p)
                 break
+    for p, knob in (("draft_p_min", "p_min"), ("draft_n_min", "n_min")):
+        # llama-server's early stop, for a run that predicts llama.cpp
+        if unset(p) and values.get("engine") == "llama.cpp":
+            sv_knob = next((sv for sv in servings if sv.engine == "llama.cpp" and sv.extra.get(knob) is not None), None)
+            if sv_knob is not None:
+                values[p], origins[p] = sv_knob.extra[knob], sv_knob.where(knob)
     for p, of in (("target", lambda sv: sv.target), ("drafter", lambda sv: sv.drafter_spec)):
         if p in values and values[p] is None:
             first = next((sv for sv in servings if of(sv)), None)

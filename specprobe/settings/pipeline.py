@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specprobe.core.errors import ConfigError
-from specprobe.settings.engines import BY_ENGINE
+from specprobe.settings.engines import BY_ENGINE, confidence_of
 from specprobe.settings.model import BY_NAME, SAMPLING, check
 
 # Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
@@ -57,6 +57,8 @@ class DiagnoseConfig:
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
     engine: str = "vllm"  # whose draft-and-verify procedure the estimates follow
     draft_sampling: str | None = None  # None: the engine's own drafting
+    draft_p_min: float = 0.0  # llama.cpp's early stop (--spec-draft-p-min); 0: off
+    draft_n_min: int = 0  # llama.cpp's shortest draft (--spec-draft-n-min); 0: off
     seed: int = 0
     batch_size: int = 8
     batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
@@ -92,6 +94,18 @@ class DiagnoseConfig:
             check(name, getattr(self, name), BY_NAME[name].flag)
         for name in SAMPLING:
             check(name, getattr(self.sampling, name), BY_NAME[name].flag)
+        for name in ("draft_p_min", "draft_n_min"):
+            value = check(name, getattr(self, name), BY_NAME[name].flag)
+            if value and self.engine != "llama.cpp":
+                raise ConfigError(
+                    f"{BY_NAME[name].flag} is llama.cpp's (--spec-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} drafts K tokens every round",
+                    f"add --engine llama.cpp, or leave {BY_NAME[name].flag} out",
+                )
+
+    @property
+    def confidence(self) -> str:
+        """Whose drafter confidence the adaptive K and --draft-p-min read (`engines.confidence_of`)."""
+        return confidence_of(self.engine)
 
     @property
     def drafting(self) -> str:

@@ -626,7 +626,7 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
             vals[key], places.written[key] = value, f"{_LLAMA_DEFAULT_AT} {key} {value:g} (a request's own value replaces it)"
     sampling, s_at = _sampling(vals, places)
     target = vals.get("model") or _repo(vals.get("hf_repo"))
-    cfg_places = {"engine": f"{name}: {prog}" if prog else next(iter(at.values()), name), "k": places("n_max"), **s_at}
+    cfg_places = {"engine": f"{name}: {prog}" if prog else next(iter(at.values()), name), "k": places("n_max"), "p_min": places("p_min"), "n_min": places("n_min"), **s_at}
     if target:
         cfg_places["target"] = places("model" if vals.get("model") else "hf_repo")
     if drafter:

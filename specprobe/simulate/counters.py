@@ -35,6 +35,7 @@ class SimCounters:
     draft_s: float = 0.0
     wall_s: float = 0.0
     prompts: int = 0
+    early_stop: bool = False  # drafts cut by llama.cpp's p_min / n_min: τ is per draft made
 
     def __post_init__(self) -> None:
         if len(self.accepted_at) != self.k:
@@ -60,6 +61,8 @@ class SimCounters:
             return 1.0
         if self.num_drafts == 0:
             return float("nan")
+        if self.early_stop:  # drafts of every length: tokens per draft made, as llama-server counts
+            return self.mean_acceptance_length
         return spec_counts.expected_length(self.cumulative())
 
     @property

@@ -22,8 +22,8 @@ from typing import Protocol
 import torch
 
 from specprobe.metrics.core import align_vocab
-from specprobe.metrics.sampling import Sampling, probs
-from specprobe.simulate.procedure import LLAMA_CPP_DRAFT_TOP_K, LLAMA_CPP_TOP, MAX_Q
+from specprobe.metrics.sampling import Sampling, llama_cpp_confidence, probs
+from specprobe.settings.engines import LLAMA_CPP_TOP, MAX_Q
 
 # (d_{j-1} [B], rows fed [B], depth j) -> logits of depth j [B, V']; other rows sit it out as holes
 Step = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -139,8 +139,7 @@ def confidence(logits: torch.Tensor, q: torch.Tensor, rule: DraftRule) -> torch.
     the drafter's 10 best tokens at temperature 1 and reads the first one's probability
     among them."""
     if rule.confidence == LLAMA_CPP_TOP:
-        top = torch.topk(logits.float(), min(LLAMA_CPP_DRAFT_TOP_K, logits.shape[-1]), dim=-1).values  # [B, 10]
-        return torch.softmax(top, dim=-1)[:, 0]
+        return llama_cpp_confidence(logits)
     if rule.greedy and not rule.sampling.greedy:
         q = probs(logits, rule.sampling)  # the one-hot q drafts; the confidence is the drafter's own
     return q.amax(dim=-1)

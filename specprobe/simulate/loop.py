@@ -64,7 +64,8 @@ def speculate(
     this target), or None. k = 0 (or no drafter) is plain autoregressive decoding with
     the same machinery: the baseline. `threshold` stops a row's drafting at the first
     depth whose drafter confidence is below it (adaptive K: max q, which is 1 for a greedy
-    drafter, as in the estimate; llama.cpp's --spec-draft-p-min under its procedure).
+    drafter, as in the estimate; llama.cpp's --spec-draft-p-min under its procedure);
+    without it, the procedure's own p_min (--draft-p-min) does.
     `procedure`: how drafts are made and verified (an engine's, `Procedure.of`); None:
     drafts sampled from q, verified by rejection sampling. `run` is filled as it goes, so
     a caller that catches KeyboardInterrupt keeps what was measured."""
@@ -76,7 +77,7 @@ def speculate(
     settings = Settings(
         k=k,
         target_sampling=target_sampling,
-        draft=DraftRule(k=k, sampling=draft_sampling or target_sampling, threshold=threshold, vocab=vocab, greedy=proc.greedy, confidence=proc.confidence, n_min=proc.n_min),
+        draft=DraftRule(k=k, sampling=draft_sampling or target_sampling, threshold=threshold if threshold is not None else (proc.p_min or None), vocab=vocab, greedy=proc.greedy, confidence=proc.confidence, n_min=proc.n_min),
         eos=frozenset(int(e) for e in eos_ids),
         device=device,
         procedure=proc,

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specprobe.settings.engines import BY_ENGINE, GREEDY, PROBABILISTIC
+from specprobe.metrics.sampling import LLAMA_CPP_DRAFT_TOP_K
+from specprobe.settings.engines import BY_ENGINE, GREEDY, LLAMA_CPP_TOP, MAX_Q, PROBABILISTIC, confidence_of
 
 REJECTION, SAMPLE_MATCH = "rejection", "sample-match"
-MAX_Q, LLAMA_CPP_TOP = "max-q", "llama.cpp"
 
-# llama.cpp's draft sampler keeps the drafter's 10 best tokens (LLAMA_DRAFT_TOP_K) at
-# temperature 1; p_min is compared with the first one's probability among those, before
-# that token joins the draft (draft-simple; the older `draft` type, --draft-p-min, added
-# it first and stopped after it, one token longer)
-LLAMA_CPP_DRAFT_TOP_K = 10
+# llama.cpp's p_min is compared with its draft sampler's top probability (the drafter's
+# LLAMA_CPP_DRAFT_TOP_K best tokens at temperature 1), before that token joins the draft
+# (draft-simple; the older `draft` type, --draft-p-min, added it first and stopped after
+# it, one token longer)
+__all__ = ["LLAMA_CPP_DRAFT_TOP_K", "LLAMA_CPP_TOP", "MAX_Q", "REJECTION", "SAMPLE_MATCH", "Procedure"]  # the names the loop imports from here
 
 # llama.cpp (common_sampler_sample_and_accept_n) and TensorRT-LLM verify by sampling the
 # target and comparing; the others run the rejection sampler
@@ -46,6 +46,7 @@ class Procedure:
     confidence: str = MAX_Q  # max-q | llama.cpp
     n_min: int = 0
     engine: str | None = None  # the engine it stands for; None: the textbook procedure
+    p_min: float = 0.0  # llama.cpp's --spec-draft-p-min: every round stops before an unconfident draft
 
     def __post_init__(self) -> None:
         if self.drafting not in (GREEDY, PROBABILISTIC) or self.verify not in (REJECTION, SAMPLE_MATCH) or self.confidence not in (MAX_Q, LLAMA_CPP_TOP):
@@ -56,7 +57,7 @@ class Procedure:
             raise ValueError("sample-match verifies greedy drafts only")
 
     @classmethod
-    def of(cls, engine: str, drafting: str | None = None, n_min: int = 0) -> Procedure:
+    def of(cls, engine: str, drafting: str | None = None, n_min: int = 0, p_min: float = 0.0) -> Procedure:
         """The engine's procedure, with its drafting overridden by `drafting` when given.
         Sampled drafts are verified by rejection sampling whatever the engine: that is
         what --draft-sampling probabilistic promises (acceptance Σ min(p, q))."""
@@ -64,9 +65,10 @@ class Procedure:
         return cls(
             drafting=d,
             verify=SAMPLE_MATCH if engine in _SAMPLE_MATCH_ENGINES and d == GREEDY else REJECTION,
-            confidence=LLAMA_CPP_TOP if engine == "llama.cpp" else MAX_Q,
+            confidence=confidence_of(engine),
             n_min=n_min,
             engine=engine,
+            p_min=p_min,
         )
 
     @property
@@ -81,7 +83,9 @@ class Procedure:
             how = "greedy drafts (the drafter's argmax, a one-hot q), accepted with p(draft), else the next token from norm(max(0, p − onehot(draft)))"
         else:
             how = "sampled drafts (x ~ q), accepted with min(1, p/q), else the next token from norm(max(0, p − q))"
-        if self.confidence == LLAMA_CPP_TOP:
+        if self.p_min > 0:
+            how += f"; every draft stops before a token whose probability among the drafter's {LLAMA_CPP_DRAFT_TOP_K} best tokens (temperature 1) is below --spec-draft-p-min {self.p_min:g}"
+        elif self.confidence == LLAMA_CPP_TOP:
             how += f"; adaptive K as --spec-draft-p-min: drafting stops before a draft whose probability among the drafter's {LLAMA_CPP_DRAFT_TOP_K} best tokens (temperature 1) is below the threshold"
         if self.n_min > 1:
             how += f"; drafts shorter than {self.n_min} dropped"
