@@ -40,7 +40,7 @@ from specprobe.result.base import Evaluation, Finding, Severity
 
 SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {"error": 3, "warning": 2, "info": 1, "never": 99}
-DRAFTER_KINDS = ("independent", "layer_skip", "medusa", "mtp", "eagle3", "eagle")
+DRAFTER_KINDS = ("independent", "layer_skip", "medusa", "mtp", "eagle3", "eagle", "ngram")
 _ID_RE = re.compile(r"^SP\d{3}$")
 _FAMILY_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 _FAMILY_IDS_RE = re.compile(r"^SP\d{0,3}$")

@@ -12,6 +12,8 @@ Specs:  self                 the target itself (sanity check: α = 1)
         PATH | smollm2       an independent causal LM (checkpoint folder or GGUF)
         eagle3:PATH | eagle:PATH | medusa:PATH | mtp | a head's folder
                              a head drafter (specprobe.models.heads)
+        ngram[:…] | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache
+                             an engine's n-gram drafter, no model (specprobe.models.ngram)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from specprobe.models.anatomy import decoder_layers, final_norm, layer_view
 from specprobe.models.base import Drafter, ModelInfo, TargetPass
 from specprobe.models.heads import build_head, head_info, head_kind
 from specprobe.models.loader import LoadedModel, load_info, load_model
+from specprobe.models.ngram import NgramDrafter, is_ngram_spec
 
 
 class SelfDrafter(Drafter):
@@ -150,6 +153,8 @@ _LAYERS_RE = re.compile(r"^self:layers=(-?\d+)$")
 
 
 def drafter_kind_of(spec: str) -> str:
+    if is_ngram_spec(spec):
+        return NgramDrafter.kind
     if spec == "self":
         return "independent"
     if spec.startswith("self:"):
@@ -170,6 +175,9 @@ def parse_self_spec(spec: str) -> int | None:
 
 def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> ModelInfo:
     """The drafter's tokenizer/config for `check` (no weights)."""
+    if is_ngram_spec(spec):
+        NgramDrafter(spec)  # a bad spec is refused here, before anything loads
+        return target_info  # it drafts the target's own tokens
     if spec == "self" or spec.startswith("self:"):
         if spec != "self":
             n = parse_self_spec(spec)
@@ -181,7 +189,9 @@ def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> Mod
     return head_info(spec, target_info) or load_info(spec, progress)
 
 
-def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> Drafter:
+def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> Drafter | NgramDrafter:
+    if is_ngram_spec(spec):
+        return NgramDrafter(spec, info=target.info)
     if spec == "self":
         return SelfDrafter(spec, target)
     if spec.startswith("self:"):

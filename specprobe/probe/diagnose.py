@@ -20,6 +20,7 @@ from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_samplin
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
 from specprobe.probe.counterfactual import default_every
 from specprobe.probe.drilldown import DrillCollector
+from specprobe.probe.ngram import diagnose_ngram
 from specprobe.probe.references import (  # noqa: F401  (encode_prompt, load_prompt_set re-exported)
     encode_prompt,
     load_prompt_set,
@@ -94,6 +95,8 @@ def run_diagnose(
     blocking = [f for f in findings0 if f.rule_id in BLOCKING_RULES and f.severity == "error"]
     if blocking and not cfg.force:
         return stopped_result(header, metrics, table, drafter.kind, align.evidence, [f.rule_id for f in blocking])
+    if drafter.kind == "ngram":  # no model to score: its proposals walked along the references
+        return diagnose_ngram(cfg, pair, prompt_set, header, metrics, table, align.evidence, progress, on_references)
 
     # 2. references: what the target would write (or the dataset's responses)
     #    (every turn: a later turn follows the target's own answers to the earlier ones)

@@ -168,6 +168,10 @@ class DomainRow(Part):
     target_entropy_nats: Num = None
     draft_confidence_mean: Num = None
     tv_mean: Num = None
+    ngram_proposal_frac: Num = Field(default=None, description="n-gram drafters: verify steps that proposed any token ÷ all.")
+    ngram_draft_tokens_mean: Num = Field(default=None, description="n-gram drafters: tokens per proposal.")
+    tau_tokens: Num = Field(default=None, description="n-gram drafters: tokens per verify step in this group, walked along its references.")
+    speedup: Num = Field(default=None, description="n-gram drafters: this group's tokens over the cost of its steps (verify passes and matching).")
 
 
 class BucketRow(Part):

@@ -18,6 +18,7 @@ from specprobe.models.heads.live import (
     refuse_unsupported,
     unsupported,
 )
+from specprobe.models.ngram import NgramDrafter
 from specprobe.probe.assemble import simulate_result
 from specprobe.probe.diagnose import load_pair, run_diagnose
 from specprobe.probe.references import load_prompt_set, references_by_turn
@@ -162,7 +163,8 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
 
     target, drafter = pair.target, pair.drafter
     # a head drafter runs as itself (models.heads.live), reading the target's states
-    step = drafter if is_head(drafter) else drafter.step_model()
+    ngram = isinstance(drafter, NgramDrafter)  # no model: the loop drafts from its slots
+    step = drafter if is_head(drafter) or ngram else drafter.step_model()
     if step is None:
         raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N, independent causal LMs and head drafters (EAGLE-1/2, EAGLE-3, Medusa, MTP)")
     # the same items diagnose scored: every turn, later ones after the target's own earlier
@@ -187,12 +189,13 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
             baseline = run.counters
             with progress.task(f"plain target decoding (baseline, {n} prompts)", n) as advance:
                 speculate(target.model, None, encoded, k=0, run=run, advance=advance, **kw)
-        for k in cfg.ks:
-            run = SimRun(SimCounters(k))
+        # an n-gram drafter drafts its own length (vLLM's ngram without k=: each K)
+        for k in sorted({drafter.max_draft(k) for k in cfg.ks}) if ngram else cfg.ks:
+            run = SimRun(SimCounters(k, early_stop=procedure.p_min > 0 or procedure.n_min > 1))
             runs.append(run.counters)
             with progress.task(f"speculative decoding K={k} ({n} prompts)", n) as advance:
                 speculate(target.model, step, encoded, k=k, run=run, advance=advance, **kw)
-        if cfg.adaptive_threshold is not None:
+        if cfg.adaptive_threshold is not None and not ngram:  # a deterministic draft's confidence is 1
             run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
             adaptive = run.counters
             knob = BY_ENGINE[dcfg.engine].adaptive_knob  # the engine's own flag, where it has one

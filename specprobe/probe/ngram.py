@@ -1,0 +1,237 @@
+"""diagnose for an n-gram drafter (`models.ngram`): its proposals, teacher-forced over
+the target's own references, priced with the target's measured verify pass.
+
+The walk. For each reference (prompt + the target's continuation), the engine's steps
+are replayed along it: the first token comes from the prompt's pass (no draft, as the
+engines do); then at each step the drafter proposes from prompt + continuation so far
+(its last token the one just sampled), at most `remaining − 1` tokens; the accepted
+count n is how many proposed tokens the continuation itself goes on with, and the next
+step starts n + 1 tokens later. A draft is deterministic and the continuation is the
+target's own sample (greedy at T = 0), so this is one real run of the loop, not an
+approximation: the draft d is accepted with probability p_target(d) and the reference
+token equals d with that same probability; after a rejection the engine's next token
+follows p conditioned on not being d, and so does the reference's (the two verify
+procedures have one law, `simulate.procedure`). What it counts, per request, category
+and domain: the verify steps, the steps that proposed anything, the proposed and
+accepted tokens, and the time the matching took.
+
+Priced: a step that proposed m tokens costs v_m (the target's pass over m + 1 tokens ÷
+one decode step, timed on the device; linear beyond the deepest K timed) plus the
+matching time ÷ the target's decode step; the speedup is the tokens the steps yield over
+their cost (the first token, the same either way, left out)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specprobe.core.progress import Progress
+from specprobe.estimates.costs import cost_tables
+from specprobe.judge.rules import RuleTable
+from specprobe.models.ngram import VLLM_NGRAM, NgramDrafter, Slot
+from specprobe.probe.assemble import evaluate_rules, verdict_fields
+from specprobe.probe.references import references_by_turn
+from specprobe.probe.timing import cost_block, timing_settings
+from specprobe.result import Result
+from specprobe.settings.pipeline import DiagnoseConfig
+
+VERIFY_TIMED_MAX = 16  # the deepest verify pass timed; longer drafts extrapolate linearly
+
+
+# ----------------------------------------------------------------------------- the walk (pure)
+@dataclass
+class Steps:
+    """Counts of a set of walked steps (mergeable)."""
+
+    requests: int = 0
+    steps: int = 0  # verify steps after the first token
+    drafts: int = 0  # steps that proposed ≥ 1 token
+    drafted: int = 0
+    accepted: int = 0
+    match_s: float = 0.0  # time in the drafter's matching
+    by_length: dict[int, int] = field(default_factory=dict)  # draft length m -> steps
+
+    def add(self, other: Steps) -> None:
+        self.requests += other.requests
+        self.steps += other.steps
+        self.drafts += other.drafts
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.match_s += other.match_s
+        for m, c in other.by_length.items():
+            self.by_length[m] = self.by_length.get(m, 0) + c
+
+    @property
+    def proposal_frac(self) -> float:
+        return self.drafts / self.steps if self.steps else math.nan
+
+    @property
+    def draft_tokens_mean(self) -> float:
+        return self.drafted / self.drafts if self.drafts else math.nan
+
+    @property
+    def accept_frac(self) -> float:
+        """Accepted per proposed token (vLLM's acceptance rate)."""
+        return self.accepted / self.drafted if self.drafted else math.nan
+
+    @property
+    def tau_tokens(self) -> float:
+        """Tokens per verify step, the bonus token included."""
+        return (self.steps + self.accepted) / self.steps if self.steps else math.nan
+
+    def speedup(self, verify: Sequence[float], target_step_s: float) -> float:
+        """Tokens over cost in target decode steps (module doc). verify[K−1] = v_K."""
+        if not self.steps:
+            return math.nan
+        cost = sum(c * verify_cost(m, verify) for m, c in self.by_length.items())
+        if target_step_s > 0:
+            cost += self.match_s / target_step_s
+        return (self.steps + self.accepted) / cost if cost > 0 else math.nan
+
+
+def verify_cost(m: int, verify: Sequence[float]) -> float:
+    """v_m: the pass over m + 1 tokens in decode steps (v_0 = 1; linear past the last timed)."""
+    if m <= 0:
+        return 1.0
+    v = [1.0] + [float(x) if x == x else 1.0 for x in verify]
+    if m < len(v):
+        return v[m]
+    slope = v[-1] - v[-2] if len(v) >= 2 else 0.0
+    return v[-1] + slope * (m - (len(v) - 1))
+
+
+def walk(slot: Slot, prompt: Sequence[int], continuation: Sequence[int], max_new_tokens: int) -> Steps:
+    """The engine's steps along one reference (module doc) -> their counts."""
+    out = Steps(requests=1)
+    cont = list(continuation)
+    if not cont:
+        return out
+    slot.begin(list(prompt))
+    history = list(prompt) + cont[:1]
+    t = 1  # tokens of the continuation emitted so far
+    while t < len(cont):
+        cap = max(0, max_new_tokens - t - 1)  # llama-server: n_remaining − 1, never past the budget
+        d = slot.propose(history, cap)
+        out.match_s += d.seconds
+        m = len(d.tokens)
+        n = 0
+        while n < m and t + n < len(cont) and d.tokens[n] == cont[t + n]:
+            n += 1
+        if m:
+            slot.accept(n)
+            out.drafts += 1
+            out.drafted += m
+            out.accepted += n
+        out.steps += 1
+        out.by_length[m] = out.by_length.get(m, 0) + 1
+        step = min(n + 1, len(cont) - t)
+        history.extend(cont[t : t + step])
+        t += step
+    return out
+
+
+# ----------------------------------------------------------------------------- diagnose
+def draft_lengths(drafter: NgramDrafter, k_max: int) -> list[int]:
+    """The K rows to walk: vLLM's `ngram` without k= drafts the run's K, so every K up to
+    k_max; a spec whose length is its own (k=, llama.cpp's types), that one."""
+    if any(t.name == VLLM_NGRAM and t.max_draft is None for t in drafter.types):
+        return list(range(1, k_max + 1))
+    return [drafter.max_draft()]
+
+
+def diagnose_ngram(cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict[str, Any], metrics: dict[str, Any], table: RuleTable, evidence: dict[str, list[str]], progress: Progress, on_references: Any = None) -> Result:
+    """references → walk for every K row → the verify pass timed → the result."""
+    target, drafter = pair.target, pair.drafter
+    refs = references_by_turn(target, list(prompt_set.prompts), cfg, pair.sampling.target, progress)
+    if on_references is not None:
+        on_references(refs)
+    ks = draft_lengths(drafter, cfg.k_max)
+    per_k: dict[int, Steps] = {}
+    groups: dict[tuple[str, str], Steps] = {}
+    main_k = ks[-1]
+    items = [(it, e, c) for it, e, c in zip(refs.items, refs.encoded, refs.conts, strict=True) if c]
+    with progress.task(f"walking {drafter.name} along {len(items)} references", len(items) * len(ks)) as advance:
+        for k in ks:
+            total = Steps()
+            for item, enc, cont in items:
+                s = walk(drafter.slot(k), enc, cont, cfg.max_new_tokens)
+                total.add(s)
+                if k == main_k:
+                    for key in (("domain", item.domain), ("category", item.category)):
+                        groups.setdefault(key, Steps()).add(s)
+                advance(1)
+            per_k[k] = total
+
+    # the verify pass over m + 1 tokens, timed (or --verify-factor); no drafter step to time
+    timing = timing_settings(cfg, refs.encoded, refs.conts, None)
+    timing["k_max"] = min(VERIFY_TIMED_MAX, max(ks))
+    progress.note("timing the target's verify pass on the device")
+    raw = cost_block(target, drafter, 0.0, **timing)
+    tables = cost_tables(raw, timing["k_max"], 0.0, cfg.verify_factor)
+    head = next((t for t in tables if t.batch_size == cfg.batch_size), tables[0] if tables else None)
+    verify = [r.verify_factor for r in head.rounds] if head is not None else []
+    step_ms = ((head.raw.get("target_step") or {}).get("median_ms") if head is not None else None) or math.nan
+    step_s = step_ms / 1e3 if step_ms == step_ms else 0.0
+
+    speedups = {k: per_k[k].speedup(verify, step_s) for k in ks}
+    k_rows: list[dict[str, Any]] = [
+        {"k": k, "tau_tokens": per_k[k].tau_tokens, "accept_rate": per_k[k].accept_frac, "iid_tau_tokens": None, "speedup": speedups[k], "tau_renewal_tokens": per_k[k].tau_tokens, "verify_factor": verify_cost(k, verify) if verify else None}
+        for k in ks
+    ]
+    best_k = max(ks, key=lambda k: speedups[k] if speedups[k] == speedups[k] else -1.0)
+    s = per_k[best_k]
+    match_ratio = (s.match_s / s.steps) / step_s if s.steps and step_s > 0 else math.nan
+    metrics = {
+        **metrics,
+        "ngram_proposal_frac": s.proposal_frac,
+        "ngram_draft_tokens_mean": s.draft_tokens_mean,
+        "ngram_accept_frac": s.accept_frac,
+        "tau_tokens": s.tau_tokens,
+        "best_k": best_k,
+        "speedup_best": speedups[best_k],
+        "cost_ratio": match_ratio,  # the matching per step ÷ a target decode step
+        "num_positions": sum(len(c) for _, _, c in items),
+    }
+    metrics = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+    rows: dict[str, list[dict[str, Any]]] = {"domain": [], "category": []}
+    for (kind, name), g in sorted(groups.items()):
+        rows[kind].append(_group_row(name, g, verify, step_s))
+    findings, evals = evaluate_rules(table, metrics, drafter.kind, evidence)
+    return Result.model_validate({
+        **header,
+        "interrupted": bool(refs.interrupted),
+        "scored": True,
+        "metrics": metrics,
+        "by_domain": rows["domain"],
+        "by_category": rows["category"],
+        "k_table": [_clean(r) for r in k_rows],
+        **verdict_fields(table, findings, evals),
+    })
+
+
+def _group_row(name: str, g: Steps, verify: Sequence[float], step_s: float) -> dict[str, Any]:
+    return _clean({
+        "group": name,
+        "positions": g.steps,
+        "accept_prob_mean": g.accept_frac,  # Σ min(p, q) = p(draft) for a one-hot q
+        "accept_prob_engine_mean": g.accept_frac,
+        "ngram_proposal_frac": g.proposal_frac,
+        "ngram_draft_tokens_mean": g.draft_tokens_mean,
+        "tau_tokens": g.tau_tokens,
+        "speedup": g.speedup(verify, step_s),
+    })
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and (math.isnan(v) or math.isinf(v)) else v) for k, v in row.items()}
+
+
+def summary_line(steps: Steps) -> str:
+    """One line for a log: proposals, length, acceptance, τ."""
+    return (
+        f"{steps.drafts}/{steps.steps} steps proposed ({steps.proposal_frac:.1%}), {steps.draft_tokens_mean:.1f} tokens a draft, "
+        f"{steps.accepted}/{steps.drafted} accepted ({steps.accept_frac:.1%}), τ {steps.tau_tokens:.2f}"
+    )
+
