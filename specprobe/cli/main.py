@@ -58,6 +58,9 @@ compare_cmd.register(app)
 from specprobe.cli import monitor_cmd  # noqa: E402
 
 monitor_cmd.register(app)
+from specprobe.cli import alerts_cmd  # noqa: E402
+
+alerts_cmd.register(app)
 from specprobe.cli import explain_cmd, sweep_cmd  # noqa: E402
 
 explain_cmd.register(app)

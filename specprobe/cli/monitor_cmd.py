@@ -84,16 +84,17 @@ def monitor(
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.judge.rules import load_table
     from specprobe.monitor.base import ENGINES
-    from specprobe.monitor.runner import Monitor
     from specprobe.monitor.grouprules import read_overrides
     from specprobe.monitor.requests import check_field_path
+    from specprobe.monitor.runner import Monitor
     from specprobe.monitor.windows import parse_duration, parse_window
 
     check("fail_on", fail_on, "--fail-on")
     if engine not in ENGINES:
         raise ConfigError(f"unknown --engine {engine!r}", "use " + ", ".join(ENGINES))
     urls, logs, reqs = list(url or []), list(log or []), list(requests or [])
-    win, win_tok = parse_window(window, "--window")
+    win_s, win_tok = parse_window(window, "--window")
+    win = 60.0 if win_s is None else win_s
     if win_tok is not None:
         if urls or prometheus or logs:
             raise ConfigError(f"--window {window} counts tokens, which only per-request records carry", "use --requests FILE alone with a token window, or a duration (5m) with --url/--prometheus/--log")
@@ -103,7 +104,7 @@ def monitor(
             if base_tok_given is None:
                 raise ConfigError(f"--baseline-window {baseline_window} is a duration but --window {window} counts tokens", "give both as tokens, e.g. --window 100tok --baseline-window 1000tok")
             base_tok = base_tok_given
-        win, base = 60.0, 3600.0  # unused by token windows; keeps the runner's bookkeeping finite
+        base = 3600.0  # unused by token windows; keeps the runner's bookkeeping finite
     else:
         base_tok = None
         base = parse_duration(baseline_window or "1h", "--baseline-window")
@@ -231,7 +232,7 @@ def short_log_notes(mon: Any, snap: Any) -> list[str]:
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.monitor.live import duration
 
-    notes = []
+    notes: list[str] = []
     if mon.window_tokens is not None:
         return notes
     for m in snap.models:

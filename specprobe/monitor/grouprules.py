@@ -68,9 +68,8 @@ def table_for(table: RuleTable, overrides: Overrides, label: str) -> RuleTable:
             chosen.update(rules)
     if not chosen:
         return table
-    rules = []
-    for r in table.rules:
-        if r.id in chosen:
-            r = dataclasses.replace(r, when=_NUM_RE.sub(f"{chosen[r.id]:g}", r.when, count=1))
-        rules.append(r)
-    return RuleTable(rules=rules, sources=table.sources, families=table.families)
+    rewritten = [
+        dataclasses.replace(r, when=_NUM_RE.sub(f"{chosen[r.id]:g}", r.when, count=1)) if r.id in chosen else r
+        for r in table.rules
+    ]
+    return RuleTable(rules=rewritten, sources=table.sources, families=table.families)

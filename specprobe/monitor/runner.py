@@ -33,10 +33,10 @@ from specprobe.monitor.windows import (
     request_stats,
     window_stats,
 )
+from specprobe.result import Finding
 
 ALL = "all"  # the requests source's row of every group (monitor.requests.ALL)
 MAX_BUCKETS = 20_000  # windows kept for the drift tests (the oldest go first)
-from specprobe.result import Finding
 
 
 @dataclass
