@@ -9,7 +9,9 @@ the ratios the cost model needs are taken within each repeat, and their median a
 quartiles over the repeats are reported. The measurement must not cost more than the
 scoring it serves: repeating stops at `max_repeats`, or once `min_repeats` are done and
 the time spent reaches the budget (half the scoring time), and never starts a
-repeat that would end past the cap (the scoring time itself) — one repeat always runs.
+repeat that would end past the cap (the scoring time itself) — one repeat runs unless a
+hard limit (`stop_s`: what is left of the cap for the whole cost step) stops it, which
+is checked before every call.
 The timing loop takes its clock as an argument so tests drive it with a fake one."""
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Samples:
     times: dict[str, list[float]]
     elapsed_s: float  # warm-up included
     stopped_by_budget: bool  # fewer than max_repeats because the budget or the cap ran out
+    warmup_rounds: int = 0  # warm-up rounds that ran to the end
 
     @property
     def repeats(self) -> int:
@@ -65,30 +68,52 @@ def interleaved(
     max_repeats: int = MAX_REPEATS,
     budget_s: float = math.inf,
     cap_s: float = math.inf,
+    stop_s: float = math.inf,
 ) -> Samples:
     """Time every call once per repeat, in the same order each time, after `warmup`
     untimed rounds. Stop at max_repeats; or when min_repeats are done and the time spent
     (warm-up included) has reached budget_s; or before a repeat that, as long as the last
-    one, would end past cap_s. The first repeat always runs."""
+    one, would end past cap_s. The first repeat runs unless stop_s, the hard limit, stops
+    it: no call starts (the very first aside) that, as long as its last run (or the call
+    before it, for one not run yet), would end past stop_s — a repeat cut short that way
+    is dropped."""
     start = clock()
-    for _ in range(warmup):
-        for f in calls.values():
-            f()
+    last_of: dict[str, float] = {}
+    prev = 0.0
+
+    def run(name: str, f: Callable[[], object]) -> float | None:
+        nonlocal prev
+        if (last_of or prev) and clock() - start + last_of.get(name, prev) > stop_s:
+            return None
+        t0 = clock()
+        f()
+        prev = last_of[name] = clock() - t0
+        return prev
+
     times: dict[str, list[float]] = {name: [] for name in calls}
+    warmed = 0
+    for _ in range(warmup):
+        if any(run(name, f) is None for name, f in calls.items()):
+            return Samples(times, clock() - start, True, warmed)
+        warmed += 1
     done, stopped, last = 0, False, 0.0
     while done < max_repeats:
         spent = clock() - start
-        if done and ((done >= min_repeats and spent >= budget_s) or spent + last > cap_s):
+        if done and ((done >= min_repeats and spent >= budget_s) or spent + last > min(cap_s, stop_s)):
             stopped = True
             break
         r0 = clock()
+        got: dict[str, float] = {}
         for name, f in calls.items():
-            t0 = clock()
-            f()
-            times[name].append(clock() - t0)
+            t = run(name, f)
+            if t is None:
+                return Samples(times, clock() - start, True, warmed)
+            got[name] = t
+        for name, t in got.items():
+            times[name].append(t)
         last = clock() - r0
         done += 1
-    return Samples(times, clock() - start, stopped)
+    return Samples(times, clock() - start, stopped, warmed)
 
 
 def ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
@@ -243,6 +268,8 @@ def price(
             ],
             "draft_ratios": raw_b.get("draft_ratios", []),
             "verify_ratios": raw_b.get("verify_ratios", []),
+            "context_tokens": raw_b.get("context_tokens"),
+            "skipped": raw_b.get("skipped"),
         })
     spread = None
     if best is not None and head is not None and head.raw.get("repeats", 0) >= 2:
@@ -250,6 +277,7 @@ def price(
         spread = (rc.high - rc.low) / rc.cost if rc.cost and not math.isnan(rc.cost) else None
     no_pay = next((b for b in batches if b["speedup_best"] is not None and b["speedup_best"] < 1.0), None)
     hraw = head.raw if head else {}
+    repeats = int(hraw.get("repeats") or 0) if raw.get("measured") else None
     section = {
         "cost_ratio": c,
         "target_step_ms": (hraw.get("target_step") or {}).get("median_ms"),
@@ -264,6 +292,11 @@ def price(
         "elapsed_s": raw.get("elapsed_s"),
         "stopped_by_budget": bool(raw.get("stopped_by_budget")),
         "spread_rel": spread,
+        "repeats": repeats,
+        "method": raw.get("method"),
+        "prefill_tokens": raw.get("prefill_tokens"),
+        "memory_bytes": raw.get("memory_bytes"),
+        "skipped": list(raw.get("skipped", [])),
         "batches": batches,
         "notes": list(raw.get("notes", [])),
     }
@@ -278,6 +311,7 @@ def price(
         "verify_factor_best_k": best.verify_factor if best else None,
         "cost_ratio": c,
         "cost_spread_rel": spread,
+        "cost_repeats": repeats if best else None,
         "cost_batch_size": head.batch_size if head else batch_size,
         "batch_size_no_speedup": no_pay["batch_size"] if no_pay else (0 if best else None),
         "speedup_batch_no_speedup": no_pay["speedup_best"] if no_pay else None,

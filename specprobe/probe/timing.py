@@ -2,10 +2,27 @@
 and the drafter's step (a head's too), at each batch size over a KV cache as long as the
 prompts' typical context, with the loop and budget of `specprobe.estimates.costs`; what to time for
 a diagnose run; and the environment (device, dtype, package versions) recorded in a
-result."""
+result.
+
+What a decode step costs depends on the length of the KV cache it attends to, not on
+what the cache holds. So the cache is built once per model — one prefill of at most
+`PREFILL_TOKENS` random tokens at batch 1 — and every batch size gets a copy of it
+repeated to the context and to its rows; the verify passes and the drafter's steps run
+over that copy and crop it back, so nothing is prefilled again. (A cache whose layers
+are not plain append-only buffers — sliding windows, linear attention — is prefilled
+for real, in chunks, once, and repeated over the rows.) A layer-skip self-draft's
+layers are the target's first layers, so its cache is theirs.
+
+The budget is kept between steps: the measurement stops once the time spent plus the
+next step's estimate would pass the cap; a batch size whose first round, estimated from
+the batch sizes timed before it, would end past the cap is not started; and a batch
+size's cache is cut to a shorter context when its rows would not fit the memory the
+scoring already used (`MEMORY_FACTOR` of its peak, what is held now included). Every
+cut is written in the cost section's notes and `skipped`."""
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -14,13 +31,18 @@ from typing import Any
 from specprobe.estimates.costs import (
     MIN_REPEATS,
     Clock,
-    Samples,
     batch_timings,
     budget_for,
     interleaved,
 )
 from specprobe.models.base import TargetPass
 from specprobe.models.kvcache import Stream, crop, sync
+
+PREFILL_TOKENS = 256  # one prefill of this many tokens per model; the rest of the context repeats it
+PREFILL_SHARE = 0.5  # a real (chunked) prefill may take at most this share of the cap
+MEMORY_FACTOR = 1.4  # the cost step may hold up to this × the peak memory before it (weights included)
+TRANSIENT = 1.15  # a forward's copies while it appends to a cache, over the cache itself
+MIN_CONTEXT = 16  # a batch size whose rows fit fewer cache slots than this is not timed
 
 
 def cost_block(
@@ -34,17 +56,20 @@ def cost_block(
     context_tokens: int = 64,
     budget_s: float = math.inf,
     cap_s: float = math.inf,
+    memory_bytes: float | str | None = None,
     clock: Clock = time.perf_counter,
 ) -> dict[str, Any]:
     """Time what the cost model needs at each batch size — nothing when both the cost
     ratio (`given`) and the verify factor are given — and return the raw cost entry:
-    per-batch timing statistics and per-repeat ratios, context length, budget, time spent.
-    No batch sizes: nothing is timed (a run stopped before its costs)."""
+    per-batch timing statistics and per-repeat ratios, context length, budget, time spent,
+    how the caches were built and what was skipped. memory_bytes: what the caches may add
+    (None: no limit; "auto": from the peak before it, `_Allowance`). No batch sizes: nothing is timed (a run stopped before its costs)."""
     need_draft, need_verify = given is None, verify_factor is None
     sizes = sorted({int(b) for b in batch_sizes})
     raw: dict[str, Any] = {
         "measured": False, "context_tokens": context_tokens, "budget_s": None if math.isinf(budget_s) else budget_s,
         "cap_s": None if math.isinf(cap_s) else cap_s, "elapsed_s": 0.0, "stopped_by_budget": False, "notes": [],
+        "method": None, "prefill_tokens": None, "skipped": [],
     }
     if not sizes:
         raw["batches"] = []
@@ -52,27 +77,67 @@ def cost_block(
     if not need_draft and not need_verify:
         raw["batches"] = [{"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": []} for b in sizes]
         return raw
+    import torch
+
+    allowed = _Allowance(memory_bytes, target.device)
+    raw["memory_bytes"] = allowed()
     start = clock()
     batches: list[dict[str, Any]] = []
-    for j, b in enumerate(sizes):
-        spent, share = clock() - start, len(sizes) - j  # what is left, shared by the sizes still to time
-        try:
-            samples = _time_batch(target, drafter, b, context_tokens, k_max, need_draft, need_verify, clock, (budget_s - spent) / share, (cap_s - spent) / share)
-        except Exception as e:  # noqa: BLE001  (out of memory at a large batch: report it, time the others)
-            if not _is_oom(e):
-                raise
-            raw["notes"].append(f"batch size {b}: out of memory while timing; not measured")
-            batches.append({"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": []})
-            continue
-        raw["stopped_by_budget"] = raw["stopped_by_budget"] or samples.stopped_by_budget
-        batches.append(batch_timings(samples, k_max, b))
+    with torch.inference_mode():
+        gen = torch.Generator().manual_seed(0)
+        step = drafter.step_model() if need_draft else None
+        ctx = _Caches(target.model, step, context_tokens, target.device, gen, clock, start + PREFILL_SHARE * cap_s)
+        raw["prefill_tokens"], raw["method"] = ctx.prefilled, ctx.method()
+        if ctx.context < context_tokens:
+            raw["notes"].append(f"timed over {ctx.context} tokens of context, not {context_tokens}: a longer prefill would not fit the cap")
+        per_row = ctx.bytes_per_token()
+        prev: tuple[int, float] | None = None  # (batch size, seconds per round) of the last one timed
+        for j, b in enumerate(sizes):
+            spent = clock() - start
+            allowance = allowed()
+            length = ctx.context if allowance is None or per_row <= 0 else min(ctx.context, int(allowance / (TRANSIENT * b * per_row)))
+            why = None
+            if length < min(MIN_CONTEXT, ctx.context):
+                why = f"batch size {b}: not timed — {b} rows of cache would not fit the memory the scoring used"
+            elif prev is not None and spent + 2 * prev[1] * b / prev[0] > cap_s:  # warm-up + one repeat, scaled from the last
+                why = f"batch size {b}: not timed — its first round, about {2 * prev[1] * b / prev[0]:.1f} s, would end past the {cap_s:.1f} s cap"
+            if why is not None:
+                raw["skipped"].append(why)
+                raw["stopped_by_budget"] = raw["stopped_by_budget"] or "cap" in why
+                batches.append({"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": [], "context_tokens": None, "skipped": why})
+                continue
+            if length < ctx.context:
+                raw["notes"].append(f"batch size {b}: timed over {length} tokens of context, not {ctx.context}, to stay within the memory the scoring used")
+            share = len(sizes) - j  # what is left of the budget, shared by the sizes still to time
+            try:
+                calls = _calls(ctx, target, drafter, b, length, k_max, need_draft, need_verify, gen)
+                samples = interleaved(calls, clock=clock, budget_s=(budget_s - spent) / share, cap_s=(cap_s - spent) / share, stop_s=cap_s - spent)
+            except Exception as e:  # noqa: BLE001  (out of memory at a large batch: report it, time the others)
+                if not _is_oom(e):
+                    raise
+                raw["notes"].append(f"batch size {b}: out of memory while timing; not measured")
+                batches.append({"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": [], "context_tokens": length})
+                continue
+            finally:
+                calls = {}
+                _release(target.device)
+            raw["stopped_by_budget"] = raw["stopped_by_budget"] or samples.stopped_by_budget
+            if samples.repeats == 0:
+                why = f"batch size {b}: stopped during its warm-up at the {cap_s:.1f} s cap; not measured"
+                raw["skipped"].append(why)
+            entry = batch_timings(samples, k_max, b)
+            entry["context_tokens"] = length
+            batches.append(entry)
+            rounds = samples.repeats + samples.warmup_rounds
+            if rounds:
+                prev = (b, samples.elapsed_s / rounds)
     raw["batches"] = batches
     raw["elapsed_s"] = clock() - start
     raw["measured"] = any(x.get("repeats") for x in batches)
     few = [str(x["batch_size"]) for x in batches if 0 < int(x.get("repeats") or 0) < MIN_REPEATS]
     if few:
         raw["notes"].append(f"batch size {', '.join(few)}: fewer than {MIN_REPEATS} repeats fit in the time the scoring took; the spread is not known")
-    if need_draft and not any(x.get("draft_ratios") for x in batches):
+    if need_draft and not any(x.get("draft_ratios") for x in batches) and raw["measured"]:
         raw["notes"].append("the drafter has no step that could be timed")
     return raw
 
@@ -82,50 +147,253 @@ def _is_oom(e: Exception) -> bool:
     return "out of memory" in text or "can't allocate memory" in text
 
 
-def _time_batch(target: Any, drafter: Any, batch: int, context: int, k_max: int, need_draft: bool, need_verify: bool, clock: Clock, budget_s: float, cap_s: float) -> Samples:
+def _calls(ctx: _Caches, target: Any, drafter: Any, batch: int, length: int, k_max: int, need_draft: bool, need_verify: bool, gen: Any) -> dict[str, Callable[[], object]]:
+    """The timed functions at one batch size, over copies of the prefilled caches."""
+    room = k_max + 1 if need_verify else 1  # the longest timed pass's new tokens
+    t = _Decoder.over(ctx.target_copy(batch, length, room), target.model, batch, length, target.device, gen)
+    calls: dict[str, Callable[[], object]] = {"target": t.call(1)}
+    if need_draft:
+        if ctx.draft is not None:
+            calls["draft"] = _Decoder.over(ctx.draft_copy(batch, length, 1, t.stream.cache), ctx.draft.model, batch, length, target.device, gen).call(1)
+        else:
+            head = _head_step(target, drafter, batch, gen)
+            if head is not None:
+                calls["draft"] = head
+    if need_verify:
+        for k in range(1, k_max + 1):
+            calls[f"verify{k}"] = t.call(k + 1)
+    return calls
+
+
+# ----------------------------------------------------------------------------- the caches, built once
+class _Prefilled:
+    """One model's KV cache over one row, prefilled once: `tokens` real positions (all of
+    the context when `tiled` is False)."""
+
+    def __init__(self, model: Any, context: int, device: Any, gen: Any, clock: Clock, deadline: float) -> None:
+        import torch
+
+        self.model = model
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        stream = Stream(model, 1, device)
+        first = min(context, PREFILL_TOKENS)
+        ids = torch.randint(0, vocab, (1, first), generator=gen).to(device)  # [1, P]
+        stream.forward(ids, torch.ones_like(ids, dtype=torch.bool), keep=1)
+        self.tiled = _plain(stream.cache)
+        if not self.tiled:  # a real prefill to the context, chunk by chunk, while the next chunk fits
+            last = stream.seconds
+            while stream.length < context and clock() + last <= deadline:
+                n = min(PREFILL_TOKENS, context - stream.length)
+                ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)  # [1, n]
+                before = stream.seconds
+                stream.forward(ids, torch.ones_like(ids, dtype=torch.bool), keep=1)
+                last = stream.seconds - before
+        self.cache, self.tokens, self.calls = stream.cache, stream.length, stream.calls
+        self.context = context if self.tiled else self.tokens
+
+    def copy(self, batch: int, length: int, room: int, layers: int | None = None) -> Any:
+        """A cache of `batch` rows over `length` positions (its first `layers` layers),
+        with `room` slots for the timed passes' new tokens."""
+        if not self.tiled:
+            c = copy.deepcopy(self.cache)
+            if length < self.tokens:
+                crop(c, self.tokens - length)
+            c.batch_repeat_interleave(batch)
+            return c
+        from transformers import DynamicCache
+
+        c = DynamicCache()
+        n = len(self.cache.layers) if layers is None else layers
+        c.layers = [_InPlaceLayer(layer.keys, layer.values, batch, length, room) for layer in self.cache.layers[:n]]
+        return c
+
+
+def _repeated(x: Any, batch: int, length: int, room: int) -> Any:
+    """[1, H, P, D] prefilled -> [batch, H, length + room, D] whose first `length` slots
+    are the P positions over and over, written in place."""
     import torch
 
-    with torch.inference_mode():
-        gen = torch.Generator().manual_seed(batch)
-        t = _Decoder(target.model, batch, context, target.device, gen)
-        calls: dict[str, Callable[[], object]] = {"target": t.call(1)}
-        if need_draft:
-            step = drafter.step_model()
-            if step is not None:
-                calls["draft"] = _Decoder(step, batch, context, target.device, gen).call(1)
-            else:
-                head = _head_step(target, drafter, batch, gen)
-                if head is not None:
-                    calls["draft"] = head
-        if need_verify:
-            for k in range(1, k_max + 1):
-                calls[f"verify{k}"] = t.call(k + 1)
-        samples = interleaved(calls, clock=clock, budget_s=budget_s, cap_s=cap_s)
-    if str(target.device).startswith("cuda"):
-        torch.cuda.empty_cache()
-    return samples
+    out = torch.empty((batch, x.shape[1], length + room, *x.shape[3:]), dtype=x.dtype, device=x.device)
+    p = int(x.shape[2])
+    for s0 in range(0, length, p):
+        n = min(p, length - s0)
+        out[:, :, s0 : s0 + n] = x[:, :, :n]
+    return out
+
+
+def _in_place_layer() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class InPlaceLayer(DynamicLayer):  # type: ignore[misc]
+        """A cache layer over a buffer allocated once with `room` free slots: a forward
+        writes its new keys and values in place (as an engine's preallocated KV cache
+        does) and a crop only moves the length back, so a timed pass allocates no copy of
+        the cache and the memory held is the buffer's."""
+
+        def __init__(self, keys: Any, values: Any, batch: int, length: int, room: int) -> None:
+            super().__init__()
+            self.kbuf, self.vbuf = _repeated(keys, batch, length, room), _repeated(values, batch, length, room)  # [B, H, L + room, D]
+            self.n, self.is_initialized, self.device = length, True, keys.device
+
+        @property  # type: ignore[override]
+        def keys(self) -> Any:
+            return self.kbuf[:, :, : self.n] if hasattr(self, "kbuf") else None
+
+        @keys.setter
+        def keys(self, value: Any) -> None:
+            if value is not None:
+                raise NotImplementedError("the timed cache is written in place")
+
+        @property  # type: ignore[override]
+        def values(self) -> Any:
+            return self.vbuf[:, :, : self.n] if hasattr(self, "vbuf") else None
+
+        @values.setter
+        def values(self, value: Any) -> None:
+            if value is not None:
+                raise NotImplementedError("the timed cache is written in place")
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            t = int(key_states.shape[-2])
+            if self.n + t > self.kbuf.shape[2]:
+                raise ValueError(f"timed cache full: {self.n} + {t} slots > {self.kbuf.shape[2]}")
+            self.kbuf[:, :, self.n : self.n + t] = key_states
+            self.vbuf[:, :, self.n : self.n + t] = value_states
+            self.n += t
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.n
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError("crop takes a negative count")
+            self.n = max(0, self.n + tokens_to_remove)
+
+    return InPlaceLayer
+
+
+_LAYER: type | None = None
+
+
+def _InPlaceLayer(keys: Any, values: Any, batch: int, length: int, room: int) -> Any:  # noqa: N802  (a class made on first use: transformers imports late)
+    global _LAYER
+    if _LAYER is None:
+        _LAYER = _in_place_layer()
+    return _LAYER(keys, values, batch, length, room)
+
+
+def _plain(cache: Any) -> bool:
+    """Every layer an append-only key/value buffer (a repeated copy of it is a cache of that length)."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # transformers before 5: prefill for real
+        return False
+    layers = getattr(cache, "layers", None) or []
+    return bool(layers) and all(type(x) is DynamicLayer and getattr(x, "keys", None) is not None for x in layers)
+
+
+class _Caches:
+    """The target's prefilled cache and the drafter's (None for a head drafter): a
+    layer-skip view shares the target's first layers, so it is not prefilled."""
+
+    def __init__(self, target_model: Any, step: Any, context: int, device: Any, gen: Any, clock: Clock, deadline: float) -> None:
+        self.target = _Prefilled(target_model, context, device, gen, clock, deadline)
+        self.context = self.target.context
+        self.shared = _shared_layers(target_model, step) if step is not None and self.target.tiled else 0
+        own = None if step is None or self.shared else _Prefilled(step, self.context, device, gen, clock, deadline)
+        if own is not None and not own.tiled and own.tokens < self.context:
+            self.context = own.tokens
+        self.draft: _Prefilled | _SharedDraft | None = _SharedDraft(step) if self.shared else own
+
+    @property
+    def prefilled(self) -> int:
+        return self.target.tokens
+
+    def method(self) -> str:
+        how = "repeated from one prefill of" if self.target.tiled else "from one chunked prefill of"
+        draft = ""
+        if self.shared:
+            draft = f"; the layer-skip drafter reads the target's first {self.shared} cache layers"
+        elif isinstance(self.draft, _Prefilled):
+            draft = f"; the drafter's cache likewise from its own prefill of {self.draft.tokens} tokens"
+        return (f"KV cache of {self.context} tokens per row {how} {self.target.tokens} tokens at batch 1, copied to each batch size{draft}; "
+                f"warm-up, then interleaved repeats of the decode step, the drafter's step and the verify passes (median of per-repeat ratios)")
+
+    def bytes_per_token(self) -> float:
+        """Cache bytes one row adds per position, the drafter's own included."""
+        total = _cache_bytes(self.target.cache) / max(1, self.target.tokens)
+        if isinstance(self.draft, _Prefilled):
+            total += _cache_bytes(self.draft.cache) / max(1, self.draft.tokens)
+        return total
+
+    def target_copy(self, batch: int, length: int, room: int) -> Any:
+        return self.target.copy(batch, length, room)
+
+    def draft_copy(self, batch: int, length: int, room: int, target_cache: Any) -> Any:
+        if isinstance(self.draft, _SharedDraft):
+            from transformers import DynamicCache
+
+            c = DynamicCache()
+            c.layers = list(target_cache.layers[: self.shared])  # the same layer objects: every call crops back
+            return c
+        assert self.draft is not None
+        return self.draft.copy(batch, length, room)
+
+
+class _SharedDraft:
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+
+def _shared_layers(target_model: Any, step: Any) -> int:
+    """How many of the step model's decoder layers are the target's own (a layer-skip view), else 0."""
+    from specprobe.models.anatomy import decoder_layers
+
+    try:
+        mine, _ = decoder_layers(step)
+        theirs, _ = decoder_layers(target_model)
+    except Exception:  # noqa: BLE001  (an architecture the anatomy does not know: its own cache)
+        return 0
+    if len(mine) >= len(theirs) or any(a is not b for a, b in zip(mine, theirs, strict=False)):
+        return 0
+    return len(mine)
+
+
+def _cache_bytes(cache: Any) -> int:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return 0
+    return sum(int(t.numel()) * int(t.element_size()) for x in layers for t in (getattr(x, "keys", None), getattr(x, "values", None)) if t is not None)
 
 
 class _Decoder:
-    """One model's KV cache over `batch` rows of `context` random tokens; `call(n)` is a
-    function that runs one forward pass over n new tokens per row (logits for those n
-    only, as the simulate loop asks for them) and crops the cache back, so every call sees
-    the same context. Uses the simulate loop's own stream, so the timed pass is the one
-    `simulate` runs."""
+    """One model's KV cache over `batch` rows of `context` tokens; `call(n)` is a function
+    that runs one forward pass over n new tokens per row (logits for those n only, as the
+    simulate loop asks for them) and crops the cache back, so every call sees the same
+    context. Uses the simulate loop's own stream, so the timed pass is the one `simulate`
+    runs. `_Decoder(model, …)` prefills its own cache (once); `_Decoder.over(cache, …)`
+    runs over a copy made from the one prefill."""
 
-    def __init__(self, model: Any, batch: int, context: int, device: Any, gen: Any) -> None:
+    def __init__(self, model: Any, batch: int, context: int, device: Any, gen: Any, cache: Any = None) -> None:
         import torch
-
 
         self.vocab = int(model.get_output_embeddings().weight.shape[0])
         self.stream = Stream(model, batch, device)
         self.context, self.batch, self.gen, self.device = context, batch, gen, device
-        ids = torch.randint(0, self.vocab, (batch, context), generator=gen).to(device)  # [B, L]
-        self.stream.forward(ids, torch.ones_like(ids, dtype=torch.bool), keep=1)
+        if cache is None:
+            ids = torch.randint(0, self.vocab, (batch, context), generator=gen).to(device)  # [B, L]
+            self.stream.forward(ids, torch.ones_like(ids, dtype=torch.bool), keep=1)
+        else:
+            self.stream.cache = cache
+            self.stream.valid = torch.ones((batch, context), dtype=torch.bool, device=device)  # [B, L]
+
+    @classmethod
+    def over(cls, cache: Any, model: Any, batch: int, context: int, device: Any, gen: Any) -> _Decoder:
+        return cls(model, batch, context, device, gen, cache=cache)
 
     def call(self, n: int) -> Callable[[], object]:
         import torch
-
 
         ids = torch.randint(0, self.vocab, (self.batch, n), generator=self.gen).to(self.device)  # [B, n]
         valid = torch.ones_like(ids, dtype=torch.bool)
@@ -178,7 +446,65 @@ def timing_settings(cfg: Any, encoded: Sequence[Sequence[int]], conts: Sequence[
         "context_tokens": context_length([len(e) for e in encoded], [len(c) for c in conts]),
         "budget_s": budget,
         "cap_s": cap,
+        "memory_bytes": "auto",
     }
+
+
+def memory_use(device: Any) -> tuple[float, float] | None:
+    """(peak so far, held now) in bytes: on a GPU its allocator's figures, on a CPU the
+    process's peak and current resident set; None where neither is known."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        dev = torch.device(device)
+        return float(torch.cuda.max_memory_allocated(dev)), float(torch.cuda.memory_allocated(dev))
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[1]) * resource.getpagesize()
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    return float(peak), float(now)
+
+
+class _Allowance:
+    """Bytes the next batch size's caches may add: a fixed number, or (auto)
+    `MEMORY_FACTOR` × the peak before the cost step (the references and the scoring) less
+    what the process holds when that batch size starts (what earlier ones left included)."""
+
+    def __init__(self, memory_bytes: float | str | None, device: Any) -> None:
+        self.device, self.fixed, self.peak = device, None, None
+        if memory_bytes == "auto":
+            use = memory_use(device)
+            self.peak = None if use is None else use[0]
+        elif memory_bytes is not None:
+            self.fixed = float(memory_bytes)
+
+    def __call__(self) -> float | None:
+        if self.fixed is not None or self.peak is None:
+            return self.fixed
+        use = memory_use(self.device)
+        return None if use is None else max(0.0, MEMORY_FACTOR * self.peak - use[1])
+
+
+def _release(device: Any) -> None:
+    """Hand a batch size's caches back (to the GPU's pool, or the C heap back to the OS)."""
+    import gc
+
+    gc.collect()
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def context_length(prompt_lengths: Sequence[int], continuation_lengths: Sequence[int]) -> int:

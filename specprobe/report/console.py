@@ -210,7 +210,7 @@ def cost_line(result: Result) -> str | None:
     if head is not None and head.repeats:
         spread = f", spread {_pct(c.spread_rel)} (IQR ÷ median)" if c.spread_rel is not None else ""
         parts.append(f"{head.repeats} interleaved repeats{spread}, {_f(c.elapsed_s, '.0f')} s")
-    return "; ".join(parts) + "".join(f"\n  {n}" for n in c.notes)
+    return "; ".join(parts) + "".join(f"\n  {n}" for n in [*c.notes, *c.skipped])
 
 
 def check_facts_table(result: Result) -> Grid:

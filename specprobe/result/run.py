@@ -278,6 +278,8 @@ class BatchCost(Part):
     rows: list[CostK] = Field(default_factory=list)
     draft_ratios: list[Num] = Field(default_factory=list, description="Drafter step ÷ target step, repeat by repeat.")
     verify_ratios: list[list[Num]] = Field(default_factory=list, description="Per K (from 1): target pass over K + 1 tokens ÷ target step, repeat by repeat.")
+    context_tokens: int | None = Field(default=None, description="KV-cache length this batch size was timed over (shorter than the cost's context_tokens where its rows would not fit the memory the scoring used).")
+    skipped: str | None = Field(default=None, description="Why this batch size was not timed (the cap, or the memory), when it was not.")
 
 
 class Cost(Part):
@@ -298,6 +300,11 @@ class Cost(Part):
     elapsed_s: Num = None
     stopped_by_budget: bool = False
     spread_rel: Num = Field(default=None, description="(q3 − q1) ÷ median of the round cost at the best K, at the run's batch size.")
+    repeats: int | None = Field(default=None, description="Interleaved repeats the headline costs rest on (at the run's batch size); fewer than 5 when the budget cut the timing short.")
+    method: str | None = Field(default=None, description="How the costs were measured: the KV caches (one prefill, copied to each batch size) and the timed passes.")
+    prefill_tokens: int | None = Field(default=None, description="Tokens prefilled once per model at batch 1; every timed cache is copied from it.")
+    memory_bytes: Num = Field(default=None, description="Bytes the timed caches were allowed to add: 1.4 × the peak memory before the cost step, less what it held then.")
+    skipped: list[str] = Field(default_factory=list, description="What was not timed and why (a batch size past the cap or the memory).")
     batches: list[BatchCost] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
