@@ -423,3 +423,22 @@ def test_prometheus_source_against_real_server(serve, tmp_path):
             src.query("sum(")
     finally:
         stop(proc, 10)
+
+
+def test_vllm_engine_label_per_engine_and_summed(serve):
+    from specprobe.monitor.sources import ScrapeSource
+
+    eng = FakeVllmV1()
+    srv = serve(eng.text)
+    mon = Monitor([ScrapeSource(srv.url, retries=0, per_engine=True)], load_table(), window=300, baseline=600, interval=15)
+    for t in range(0, 300, 15):
+        if t > 0:
+            eng.step("qwen-7b", HEALTHY, engine="0")
+            eng.step("qwen-7b", DROPPED, engine="1")  # one data-parallel engine lost its drafter
+        mon.poll(float(t))
+    by = {m.model: m for m in mon.evaluate(285.0).models}
+    assert set(by) == {"qwen-7b", "qwen-7b [engine 0]", "qwen-7b [engine 1]"}
+    e0, e1, both = by["qwen-7b [engine 0]"], by["qwen-7b [engine 1]"], by["qwen-7b"]
+    assert e0.metrics["monitor_accept_rate"] == pytest.approx(0.75) and e1.metrics["monitor_accept_rate"] == pytest.approx(0.375)
+    assert both.now.accepted == e0.now.accepted + e1.now.accepted and both.now.draft_tokens == e0.now.draft_tokens + e1.now.draft_tokens
+    assert "SP402" in {f.rule_id for f in e1.findings} and "SP402" not in {f.rule_id for f in e0.findings}

@@ -257,3 +257,18 @@ def test_follow_across_rotation(tmp_path: Path):
         src.close()
     want = sum(json.loads(x)["response"]["timings"]["draft_n_accepted"] for x in lines)
     assert sum(v for _, v in mon.store[ALL].events["accepted_tokens"]) == want
+
+
+def test_tensorrt_llm_iteration_stats():
+    raw = [json.loads(x) for x in (DATA / "requests_trtllm.jsonl").read_text().splitlines()]
+    iterations = [y for x in raw for y in (x if isinstance(x, list) else [x])]
+    spec = [it["specDecodingStats"] for it in iterations if it["specDecodingStats"]["numDraftTokens"]]
+    _, views, warnings = _run(DATA / "requests_trtllm.jsonl", group_by=None)
+    v = views[ALL]
+    assert not warnings
+    accepted, drafted, steps = (sum(s[k] for s in spec) for k in ("numAcceptedTokens", "numDraftTokens", "numRequestsWithDraftTokens"))
+    assert (v.now.accepted, v.now.draft_tokens, v.now.drafts) == (accepted, drafted, steps)
+    # TensorRT-LLM's own acceptanceLength is 1 + accepted ÷ requests with drafts, per iteration
+    for s in spec:
+        assert s["acceptanceLength"] == pytest.approx(1 + s["numAcceptedTokens"] / s["numRequestsWithDraftTokens"])
+    assert v.requests.requests == 9  # 8 iterations a line, and one /metrics poll of 4 iterations

@@ -20,12 +20,12 @@ from specprobe.settings.model import check
 
 def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], engine: str, timeout: float, retries: int, follow: bool,
                    requests: list[str] | None = None, group_by: str | None = None, num_spec_tokens: int | None = None,
-                   time_field: str | None = None) -> list[Any]:
+                   time_field: str | None = None, per_engine: bool = False) -> list[Any]:
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.monitor.requests import RequestSource
     from specprobe.monitor.sources import LogSource, PrometheusSource, ScrapeSource
 
-    sources: list[Any] = [ScrapeSource(u, engine=engine, timeout=timeout, retries=retries) for u in urls]
+    sources: list[Any] = [ScrapeSource(u, engine=engine, timeout=timeout, retries=retries, per_engine=per_engine) for u in urls]
     if prometheus:
         sources.append(PrometheusSource(prometheus, engine=engine, timeout=timeout, retries=retries))
     requests = requests or []
@@ -46,6 +46,7 @@ def monitor(
     group_by: Annotated[str | None, typer.Option("--group-by", help="With --requests: a field of each line (dotted path: task, metadata.tenant) to group by; every group gets its own row, windows and alerts, beside the row of all requests.", metavar="FIELD")] = None,
     time_field: Annotated[str | None, typer.Option("--time-field", help="With --requests: the field holding each request's time (epoch seconds or ms, ISO 8601); default ts, timestamp, time, then the response's created.", metavar="FIELD")] = None,
     request_threshold: Annotated[float, typer.Option("--request-threshold", min=0.0, max=1.0, help="With --requests: the per-request acceptance under which a request counts as poor (the share of such requests is shown and is monitor_requests_below_share).")] = 0.5,
+    per_engine: Annotated[bool, typer.Option("--per-engine", help="With --url on vLLM under data parallelism: a row per engine label beside each model's sum.")] = False,
     drift_window: Annotated[str | None, typer.Option("--drift-window", help="Look for drift (a slow fall, a change point) over this much of the run, e.g. 6h (default: all of it that was seen).", metavar="DURATION")] = None,
     engine: Annotated[str, typer.Option("--engine", help="auto | vllm | sglang | llamacpp: which engine's metric names to read.")] = "auto",
     window: Annotated[str, typer.Option("--window", help="Sliding window for the current rates (300s, 5m, 1h), or with --requests a count of drafted tokens (100tok: the newest whole requests holding them).")] = "5m",
@@ -123,7 +124,9 @@ def monitor(
         raise ConfigError(f"--interval ({ivl:g}s) must be shorter than --window ({win:g}s)", "a window needs at least two scrapes")
     table = load_table(rules or [])
     overrides = read_overrides(rules or [], table)
-    sources = _build_sources(urls, prometheus, logs, engine, tmo, retries, follow, reqs, group_by, num_spec_tokens, time_field)
+    if per_engine and not urls:
+        raise ConfigError("--per-engine needs --url", "the engine label is read from a vLLM /metrics endpoint")
+    sources = _build_sources(urls, prometheus, logs, engine, tmo, retries, follow, reqs, group_by, num_spec_tokens, time_field, per_engine)
     # Finite inputs (log and request files read to the end) are evaluated once, at their last line.
     finite = all(s.kind in ("log", "requests") for s in sources) and not follow
     if json_out is not None and not (once or finite):

@@ -156,8 +156,18 @@ def missing_families(engine: str | None, names: set[str], wanted: str) -> list[s
     return [n for n in required if n not in names]
 
 
-def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, source: str, prev_t: float | None = None) -> IngestResult:
-    """Map one scrape onto the canonical quantities, per model_name.
+ENGINE_LABEL = "engine"  # vLLM's data-parallel engine index
+
+
+def engine_row(model: str, engine: str) -> str:
+    """The row of one data-parallel engine of a model (`--per-engine`)."""
+    return f"{model} [engine {engine}]"
+
+
+def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, source: str, prev_t: float | None = None,
+                   per_engine: bool = False) -> IngestResult:
+    """Map one scrape onto the canonical quantities, per model_name (summed over vLLM's
+    `engine` label); with `per_engine`, also one row per model and engine.
 
     `prev_t` is the time of this source's previous good scrape. A counter series first
     seen now was absent then, so it was created since and counted from zero: it gets a
@@ -201,19 +211,23 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
         if kind == "shape":
             shapes.setdefault(model, {})[quantity] = s.value
             continue
-        data = store.setdefault(model, ModelData())
-        data.sources.add(source)
         sid = _series_id(s.labels, source + "|")
-        if kind == "counter":
-            if prev_t is not None and prev_t < t and (quantity, sid) not in data.counters:
-                data.add_counter(quantity, sid, prev_t, 0.0)
-            data.add_counter(quantity, sid, t, s.value)
-            totals.setdefault(model, {}).setdefault(quantity, 0.0)
-            totals[model][quantity] += s.value
-        else:
-            data.add_gauge(quantity, sid, t, s.value)
-            totals.setdefault(model, {})[quantity] = s.value
-        result.models.add(model)
+        rows = [model]
+        if per_engine and s.labels.get(ENGINE_LABEL):
+            rows.append(engine_row(model, s.labels[ENGINE_LABEL]))
+        for row in rows:
+            data = store.setdefault(row, ModelData())
+            data.sources.add(source)
+            if kind == "counter":
+                if prev_t is not None and prev_t < t and (quantity, sid) not in data.counters:
+                    data.add_counter(quantity, sid, prev_t, 0.0)
+                data.add_counter(quantity, sid, t, s.value)
+                totals.setdefault(row, {}).setdefault(quantity, 0.0)
+                totals[row][quantity] += s.value
+            else:
+                data.add_gauge(quantity, sid, t, s.value)
+                totals.setdefault(row, {})[quantity] = s.value
+            result.models.add(row)
     if detected == "vllm-v0":
         for model, tot in totals.items():
             k = v0_num_spec_tokens(tot.get(windows.DRAFT_TOKENS), tot.get(windows.EMITTED), tot.get(windows.GAUGE_EFFICIENCY))

@@ -101,6 +101,7 @@ class ScrapeSource(HttpSource):
 
     kind: str = "scrape"
     last_ok: float | None = None  # time of the previous good scrape
+    per_engine: bool = False  # vLLM's `engine` label: a row per engine beside the sum
 
     def __post_init__(self) -> None:
         check_http_url(self.url, "--url")
@@ -112,7 +113,7 @@ class ScrapeSource(HttpSource):
     def poll(self, t: float, store: Store, warn: Warn, **_: Any) -> IngestResult:
         text = with_retries(lambda: http_get(self.url, self.timeout), self.retries, self.backoff)
         samples, bad = parse_exposition(text)
-        res = ingest_samples(samples, self.engine, t, store, self.name, prev_t=self.last_ok)
+        res = ingest_samples(samples, self.engine, t, store, self.name, prev_t=self.last_ok, per_engine=self.per_engine)
         self.last_ok = t
         res.malformed += bad
         self.detected = res.detected = res.engine or self.detected

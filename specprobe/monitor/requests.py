@@ -26,7 +26,13 @@ What each engine writes into a response:
   `--num-spec-tokens`.
 - llama.cpp's server: the response's `timings.draft_n` (drafted) and
   `timings.draft_n_accepted`; it does not report the verify steps, so the mean
-  acceptance length needs K (`--num-spec-tokens`: steps ≈ drafted ÷ K).
+  acceptance length is not known.
+- TensorRT-LLM: an iteration's stats (`LLM.get_stats()`, trtllm-serve's `/metrics`
+  JSON) carry `specDecodingStats` — `numDraftTokens`, `numAcceptedTokens`,
+  `numRequestsWithDraftTokens` (each verifies once in the iteration: the steps) and
+  `acceptanceLength` (1 + accepted ÷ those requests). Such a record is one iteration of
+  the whole batch, not one request; a line holding a JSON array (one `/metrics` poll) is
+  the sum of its iterations.
 
 Per-position counts come from the histogram (or the per-step list): the draft tokens at
 position i (0-based) accepted in a step are the steps that accepted more than i, since a
@@ -41,9 +47,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +62,16 @@ from specprobe.monitor.windows import ModelData, RequestPoint
 ALL = "all"  # the row that sums every group
 NO_VALUE = "(none)"  # a record without the group-by field
 _MAX_DEPTH = 12
+_TRT_TS = re.compile(r"^(\d{2})-(\d{2})-(\d{4}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?)$")
 _TIME_KEYS = ("ts", "timestamp", "@timestamp", "time", "end_time", "finished_at")
 # A string field holding a JSON document (a gateway logging the response body as text)
 # is opened when it names one of these.
-_MARKERS = ("num_accepted_draft_tokens", "spec_verify_ct", "draft_n_accepted")
+_MARKERS = ("num_accepted_draft_tokens", "spec_verify_ct", "draft_n_accepted", "specDecodingStats")
 
 
 @dataclass(frozen=True)
 class RequestRecord:
-    engine: str  # vllm | sglang | llamacpp
+    engine: str  # vllm | sglang | llamacpp | trtllm
     accepted: int  # accepted draft tokens (bonus tokens not included)
     drafted: int | None  # proposed draft tokens; None: not reported and K unknown
     steps: int | None  # verify steps; None: not reported (llama.cpp)
@@ -87,19 +95,20 @@ def _walk(obj: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
         return
     if isinstance(obj, dict):
         yield obj
-        for v in obj.values():
-            if isinstance(v, (dict, list)):
-                yield from _walk(v, depth + 1)
-            elif isinstance(v, str) and v[:1] in "{[" and any(m in v for m in _MARKERS):
-                try:
-                    inner = json.loads(v)
-                except ValueError:
-                    continue
-                yield from _walk(inner, depth + 1)
+        values: Iterable[Any] = obj.values()
     elif isinstance(obj, list):
-        for v in obj:
-            if isinstance(v, (dict, list)):
-                yield from _walk(v, depth + 1)
+        values = obj
+    else:
+        return
+    for v in values:
+        if isinstance(v, (dict, list)):
+            yield from _walk(v, depth + 1)
+        elif isinstance(v, str) and v[:1] in "{[" and any(m in v for m in _MARKERS):
+            try:
+                inner = json.loads(v)
+            except ValueError:
+                continue
+            yield from _walk(inner, depth + 1)
 
 
 def _int(d: Mapping[str, Any], key: str, where: str) -> int | None:
@@ -200,6 +209,15 @@ def _llamacpp(d: dict[str, Any], where: str) -> RequestRecord:
     return RequestRecord("llamacpp", accepted, drafted, None)
 
 
+def _trtllm(d: dict[str, Any], where: str) -> RequestRecord | None:
+    drafted = _int(d, "numDraftTokens", where)
+    if not drafted:
+        return None  # an iteration without drafting (prefill, or speculation switched off)
+    accepted = _int(d, "numAcceptedTokens", where) or 0
+    steps = _int(d, "numRequestsWithDraftTokens", where)
+    return RequestRecord("trtllm", accepted, drafted, steps or None)
+
+
 def _sum(records: list[RequestRecord]) -> RequestRecord:
     if len(records) == 1:
         return records[0]
@@ -221,6 +239,10 @@ def _parse_time(v: Any) -> float | None:
         return v / 1000.0 if v > 1e11 else float(v)  # epoch milliseconds
     if isinstance(v, str) and v:
         text = v.strip().replace("Z", "+00:00")
+        m = _TRT_TS.match(text)
+        if m:  # TensorRT-LLM's iteration stats: "MM-DD-YYYY HH:MM:SS" (local time)
+            mo, day, year, rest = m.groups()
+            text = f"{year}-{mo}-{day} {rest}"
         try:
             dt = datetime.fromisoformat(text)
         except ValueError:
@@ -280,6 +302,15 @@ def group_value(obj: Mapping[str, Any], path: str) -> str:
     return str(v)
 
 
+def _iter_time(x: Any) -> dict[str, Any]:
+    if isinstance(x, str):
+        try:
+            x = json.loads(x)
+        except ValueError:
+            return {}
+    return {"timestamp": x["timestamp"]} if isinstance(x, dict) and x.get("timestamp") else {}
+
+
 def parse_request_line(line: str, *, num_spec_tokens: int | None = None, time_field: str | None = None) -> RequestRecord | None:
     """One JSON line → its request's counters; None for a line with no engine's
     speculative-decoding fields (a request served without drafting, another log line).
@@ -291,6 +322,9 @@ def parse_request_line(line: str, *, num_spec_tokens: int | None = None, time_fi
         obj = json.loads(text)
     except ValueError as e:
         raise MalformedLine(f"not JSON ({e})") from None
+    if isinstance(obj, list) and all(isinstance(x, (dict, str)) for x in obj):
+        # a /metrics poll of TensorRT-LLM: a list of iteration stats (or their JSON texts)
+        obj = {"iterations": obj, **next((_iter_time(x) for x in reversed(obj) if _iter_time(x)), {})}
     if not isinstance(obj, dict):
         raise MalformedLine(f"a JSON {type(obj).__name__}, not an object")
     found: dict[str, list[RequestRecord]] = {}
@@ -305,6 +339,11 @@ def parse_request_line(line: str, *, num_spec_tokens: int | None = None, time_fi
             found.setdefault("sglang", []).append(_sglang(d, "meta_info", num_spec_tokens))
         elif "draft_n" in d and "draft_n_accepted" in d:
             found.setdefault("llamacpp", []).append(_llamacpp(d, "timings"))
+        elif isinstance(d.get("specDecodingStats"), dict):
+            seen.add(id(d["specDecodingStats"]))
+            trt = _trtllm(d["specDecodingStats"], "specDecodingStats")
+            if trt is not None:
+                found.setdefault("trtllm", []).append(trt)
     if not found:
         return None
     if len(found) > 1:
