@@ -236,7 +236,7 @@ def test_llama_server_kinds_and_repos(tmp_path: Path) -> None:
     eagle = read_serving_config(_write(tmp_path, "e.sh", "llama-server -m t.gguf -hfd org/Eagle3-GGUF --spec-type draft-eagle3,ngram-mod\n"))
     assert (eagle.drafter_spec, eagle.method, eagle.extra["spec_type"]) == ("eagle3:org/Eagle3-GGUF", "draft-eagle3", "draft-eagle3,ngram-mod")
     ngram = read_serving_config(_write(tmp_path, "n.sh", "llama-server -m t.gguf --spec-default\n"))
-    assert (ngram.method, ngram.drafter_spec, ngram.num_speculative_tokens) == ("ngram-mod", None, None)
+    assert (ngram.method, ngram.drafter_spec, ngram.num_speculative_tokens) == ("ngram-mod", "ngram-mod", None)
 
 
 @pytest.mark.parametrize(

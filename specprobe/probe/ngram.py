@@ -193,6 +193,7 @@ def diagnose_ngram(cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict
         "speedup_best": speedups[best_k],
         "cost_ratio": match_ratio,  # the matching per step ÷ a target decode step
         "num_positions": sum(len(c) for _, _, c in items),
+        "num_prompts": len(items),
     }
     metrics = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
     rows: dict[str, list[dict[str, Any]]] = {"domain": [], "category": []}

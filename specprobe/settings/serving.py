@@ -143,8 +143,42 @@ class ServingConfig:
         own MTP layers are 'mtp'; None where the engine drafts without a model."""
         if self.drafter_kind == "mtp":
             return "mtp"
+        if self.drafter_kind is None and self.method:
+            return _ngram_spec(self)
         pattern = _SPEC_OF_KIND.get(self.drafter_kind or "")
         return pattern.format(self.drafter) if pattern and self.drafter else None
+
+
+# llama-server's n-gram knobs (--spec-ngram-<type>-<knob>) as the drafter spec's knob names
+_LLAMA_NGRAM_KNOBS = {
+    "ngram-simple": ("size_n", "size_m", "min_hits"),
+    "ngram-map-k": ("size_n", "size_m", "min_hits"),
+    "ngram-map-k4v": ("size_n", "size_m", "min_hits"),
+    "ngram-mod": ("n_match", "n_min", "n_max"),
+    "ngram-cache": (),
+}
+
+
+def _ngram_spec(sv: ServingConfig) -> str | None:
+    """The n-gram drafter an engine's config runs, as specprobe's drafter spec
+    (specprobe.models.ngram): vLLM's prompt lookup with its prompt_lookup_min/max and K,
+    llama-server's ngram-* types with their --spec-ngram-* knobs; None for what specprobe
+    does not implement (vLLM's suffix decoding, SGLang's NGRAM)."""
+    if sv.engine == VLLM and sv.method in ("ngram", "ngram_gpu"):
+        knobs = [f"{name}={int(sv.extra[key])}" for name, key in (("min", "prompt_lookup_min"), ("max", "prompt_lookup_max")) if sv.extra.get(key) is not None]
+        if sv.num_speculative_tokens is not None:
+            knobs.append(f"k={sv.num_speculative_tokens}")
+        return "ngram" + (":" + ",".join(knobs) if knobs else "")
+    if sv.engine == LLAMA_CPP:
+        types = [t for t in str(sv.extra.get("spec_type") or sv.method or "").split(",") if t in _LLAMA_NGRAM_KNOBS]
+        if not types or any(t.startswith("draft") for t in str(sv.extra.get("spec_type") or "").split(",")):
+            return None  # a draft model's type beside n-gram ones: the model drafter is named
+        parts = []
+        for t in types:
+            knobs = [f"{k}={sv.extra[f'{t}-{k}']}" for k in _LLAMA_NGRAM_KNOBS[t] if sv.extra.get(f"{t}-{k}") is not None]
+            parts.append(t + (":" + ",".join(knobs) if knobs else ""))
+        return ",".join(parts)
+    return None
 
 
 class _Places:
@@ -380,7 +414,7 @@ def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> 
     if d.get("preferred_sampling_params") is not None:
         prefs, pp = _normal(_mapping(d["preferred_sampling_params"], dp("preferred_sampling_params")), dp.inside("preferred_sampling_params"))
         sampling, at = _sampling(prefs, pp)
-    places = {"engine": engine_at, "k": dp("speculative_num_steps"), "drafting": dp("speculative_use_rejection_sampling"), **at}
+    places = {"engine": engine_at, "k": dp("speculative_num_steps"), "drafting": dp("speculative_use_rejection_sampling"), **{key: dp(key) for key in _SGLANG_KNOBS}, **at}
     if d.get(target_key) is not None:
         places["target"] = dp(target_key)
     if d.get(drafter_key) is not None:
@@ -565,6 +599,7 @@ _LLAMA_FLAGS = {
     "--temp": "temperature", "--temperature": "temperature",
     "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p",
     "-c": "ctx_size", "--ctx-size": "ctx_size",
+    **{f"--spec-{t}-{k.replace('_', '-')}": f"{t}-{k}" for t, ks in _LLAMA_NGRAM_KNOBS.items() for k in ks},
 }  # fmt: skip
 _LLAMA_ENV = {
     "LLAMA_ARG_MODEL": "model",
@@ -614,6 +649,12 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
             extra[knob] = _knob(knob, vals[knob], places(knob))
     if vals.get("n_min") is not None:
         extra["n_min"] = _count("n_min", vals["n_min"], places("n_min"))
+    for key in (k2 for k2 in vals if k2.startswith("ngram-")):  # --spec-ngram-<type>-<knob>
+        x = int(_number(vals[key], places(key), integer=True))
+        low = 0 if key.endswith(("n_min", "n_max")) else 1  # common/arg.cpp's bounds
+        if x < low or (not key.endswith("min_hits") and x > 1024):
+            raise ConfigError(f"{places(key)} {x} is out of range", f"llama-server takes {low} to 1024" if not key.endswith("min_hits") else "llama-server takes at least 1")
+        extra[key] = x
     k = _count("k", vals.get("n_max"), places("n_max"))
     if k is None and (method or "").startswith("draft"):  # the draft types share one n_max
         k, places.written["n_max"] = LLAMA_SERVER_N_MAX, f"{_LLAMA_DEFAULT_AT} --spec-draft-n-max {LLAMA_SERVER_N_MAX}"

@@ -1,0 +1,62 @@
+"""Serving configs that run an n-gram drafter: the drafter spec specprobe reads off them
+(vLLM's method ngram with prompt_lookup_min/max and K, llama-server's --spec-type ngram-*
+lists with their --spec-ngram-* knobs), and what it does not implement named as nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specprobe.core.errors import ConfigError
+from specprobe.models.ngram import NgramDrafter
+from specprobe.settings.serving import read_serving_config
+
+
+def _read(tmp_path: Path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text)
+    return read_serving_config(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "spec"),
+    [
+        ("v.json", '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}', "ngram:max=3,k=4"),
+        ("v2.json", '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}', "ngram:min=2,max=4,k=5"),
+        ("v.sh", "vllm serve org/m --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'\n", "ngram:k=3"),
+        ("l.sh", "llama-server -m t.gguf --spec-type ngram-map-k,ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-map-k-min-hits 2\n", "ngram-map-k:min_hits=2,ngram-simple:size_n=4"),
+        ("l2.sh", "LLAMA_ARG_SPEC_TYPE=ngram-mod llama-server -m t.gguf --spec-ngram-mod-n-match 16 --spec-ngram-mod-n-min 8\n", "ngram-mod:n_match=16,n_min=8"),
+        ("l3.sh", "llama-server -m t.gguf --spec-type ngram-cache\n", "ngram-cache"),
+        ("l4.sh", "llama-server -m t.gguf --spec-default\n", "ngram-mod"),
+    ],
+)
+def test_ngram_drafter_spec_from_serving_config(tmp_path: Path, name: str, text: str, spec: str) -> None:
+    sv = _read(tmp_path, name, text)
+    assert sv.drafter_spec == spec
+    NgramDrafter(sv.drafter_spec)  # and specprobe runs it
+
+
+def test_engine_order_and_knobs_survive_the_round_trip(tmp_path: Path) -> None:
+    sv = _read(tmp_path, "l.sh", "llama-server -m t.gguf --spec-type ngram-mod,ngram-simple --spec-ngram-simple-size-m 8\n")
+    d = NgramDrafter(sv.drafter_spec)
+    assert [t.name for t in d.types] == ["ngram-simple", "ngram-mod"]  # llama.cpp's priority
+    assert d.types[0].get("size_m") == 8 and d.max_draft() == 64
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("s.json", '{"method": "suffix", "num_speculative_tokens": 4}'),  # vLLM suffix decoding: not implemented
+        ("g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\n"),  # SGLang's NGRAM: not implemented
+        ("e.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple,ngram-simple\n"),  # the draft model is named
+    ],
+)
+def test_what_is_not_an_ngram_spec(tmp_path: Path, name: str, text: str) -> None:
+    sv = _read(tmp_path, name, text)
+    assert sv.drafter_spec is None or not sv.drafter_spec.startswith("ngram")
+
+
+def test_bad_llama_ngram_knob_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="l.sh: --spec-ngram-simple-size-n 0"):
+        _read(tmp_path, "l.sh", "llama-server -m t.gguf --spec-type ngram-simple --spec-ngram-simple-size-n 0\n")
