@@ -80,6 +80,9 @@ _METRICS: list[Metric] = [
     _m("logit_scale_ratio", "ratio", None, "diagnose", "Drafter ÷ target logit spread per √width for a unit-RMS hidden state through final norm and LM head (independent drafters; 1 for self-drafts)."),
     # --- divergence and acceptance (diagnose): teacher-forced estimates ----------
     _m("accept_prob_mean", "frac", True, "diagnose", "Mean per-position α = Σ min(p, q) = 1 − TV: the alignment measure (how close q is to p), whatever the engine; the acceptance of sampled drafts."),
+    _m("acceptance_lossy", "bool", False, "diagnose", "1 when the engine's verification accepts drafts the target would not sample (SGLang's acceptance thresholds below 1): its output is no longer the target's distribution."),
+    _m("accept_threshold_single", "frac", None, "diagnose", "SGLang's speculative_accept_threshold_single the estimate follows (1: exact verification)."),
+    _m("accept_threshold_acc", "frac", None, "diagnose", "SGLang's speculative_accept_threshold_acc the estimate follows (1: exact verification)."),
     _m("accept_prob_engine_mean", "frac", True, "diagnose", "Mean acceptance of one draft token under the engine's procedure (the result's procedure): p_target(argmax q) for greedy drafts (vLLM's default, SGLang, llama.cpp, TensorRT-LLM), Σ min(p, q) for sampled ones. τ, speedups and the acceptance rate follow it."),
     _m("greedy_agree_frac", "frac", True, "diagnose", "Fraction of positions where argmax q = argmax p."),
     _m("kl_target_draft_nats", "nats", False, "diagnose", "Mean KL(p ‖ q) in nats on the untruncated tempered softmax; for a head with a smaller draft vocabulary, over that vocabulary (p renormalised over its ids)."),

@@ -54,6 +54,10 @@ class Accumulator:
     # than n_min; the depth curves and the renewal τ follow it (0, 0: K tokens every round)
     p_min: float = 0.0
     n_min: int = 0
+    # SGLang's relaxed acceptance of a greedy draft x: 1 where p(x) ≥ threshold_single,
+    # else min(1, p(x) / threshold_acc) — p(x) itself at (1, 1)
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
     overall: np.ndarray = field(default_factory=lambda: np.zeros(_NF + 1))
     domains: dict[str, np.ndarray] = field(default_factory=dict)
     # the prompt file's own categories (Spec-Bench's 13, MT-Bench's 8) beside the folded domains
@@ -115,6 +119,9 @@ class Accumulator:
         alpha_by_depth[d][t] is Σ min(p, q) of the depth-d prediction of reference token t
         (head drafters), greedy_by_depth[d][t] its p(argmax q); missing depths chain depth 1
         (autoregressive). The depth curves read the one `drafting` names."""
+        if self.drafting == GREEDY and min(self.threshold_single, self.threshold_acc) < 1:
+            values = {**values, "accept_prob_greedy_draft": self.relaxed(values["accept_prob_greedy_draft"])}
+            greedy_by_depth = {d: self.relaxed(g) for d, g in (greedy_by_depth or {}).items()} or greedy_by_depth
         mat = np.stack([np.asarray(values[f], dtype=np.float64) for f in FIELDS], axis=1)  # [N, F]
         n = mat.shape[0]
         if n == 0:
@@ -174,6 +181,13 @@ class Accumulator:
         self.renewal_accepted += ren.accepted
         self.renewal_drafted += ren.drafted
 
+    def relaxed(self, p: np.ndarray) -> np.ndarray:
+        """SGLang's acceptance of a greedy draft whose target probability is p
+        (tree_speculative_sampling_target_only: accept when a uniform coin ≤ p ÷ threshold_acc
+        or p ≥ threshold_single)."""
+        p = np.asarray(p, dtype=np.float64)
+        return np.where(p >= self.threshold_single, 1.0, np.minimum(1.0, p / self.threshold_acc))
+
     def _draft_lengths(self, depth_conf: list[np.ndarray], n: int) -> np.ndarray | None:
         """[n] the depths a round starting at t drafts before the early stop: the leading
         depths i whose confidence (of token t+i−1, depth i) is ≥ p_min; with n_min, 0 where
@@ -199,7 +213,7 @@ class Accumulator:
             raise ValueError("cannot merge accumulators with different k_max")
         if other.drafting != self.drafting:
             raise ValueError("cannot merge accumulators of different drafting")
-        if (other.p_min, other.n_min) != (self.p_min, self.n_min):
+        if (other.p_min, other.n_min, other.threshold_single, other.threshold_acc) != (self.p_min, self.n_min, self.threshold_single, self.threshold_acc):
             raise ValueError("cannot merge accumulators of different early stops (p_min, n_min)")
         self.overall += other.overall
         for k, v in other.domains.items():
@@ -232,6 +246,8 @@ class Accumulator:
             "drafting": self.drafting,
             "p_min": self.p_min,
             "n_min": self.n_min,
+            "threshold_single": self.threshold_single,
+            "threshold_acc": self.threshold_acc,
             "overall": self.overall.tolist(),
             "domains": {k: v.tolist() for k, v in self.domains.items()},
             "categories": {k: v.tolist() for k, v in self.categories.items()},
@@ -253,7 +269,8 @@ class Accumulator:
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> Accumulator:
-        acc = cls(k_max=int(s["k_max"]), drafting=str(s["drafting"]), p_min=float(s.get("p_min", 0.0)), n_min=int(s.get("n_min", 0)))
+        acc = cls(k_max=int(s["k_max"]), drafting=str(s["drafting"]), p_min=float(s.get("p_min", 0.0)), n_min=int(s.get("n_min", 0)),
+                  threshold_single=float(s.get("threshold_single", 1.0)), threshold_acc=float(s.get("threshold_acc", 1.0)))
         acc.overall = np.asarray(s["overall"], dtype=float)
         acc.domains = {k: np.asarray(v, dtype=float) for k, v in s["domains"].items()}
         acc.categories = {k: np.asarray(v, dtype=float) for k, v in s.get("categories", {}).items()}

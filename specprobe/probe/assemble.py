@@ -214,6 +214,9 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "num_prompts": acc.num_prompts,
         "nonfinite_logit_positions": scored.nonfinite_positions,
         "reference_off_policy": int(cfg.reference == "dataset"),
+        "acceptance_lossy": int(cfg.lossy),
+        "accept_threshold_single": cfg.accept_threshold_single,
+        "accept_threshold_acc": cfg.accept_threshold_acc,
     }
     return {
         "metrics": metrics,

@@ -408,7 +408,8 @@ class Scored:
 def score(target: LoadedModel, drafter: Drafter, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: SamplingPair, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
     """Teacher-forced scoring in batches of similar length (prompts without a continuation
     are skipped). Ctrl-C keeps the batches finished so far (`Scored.interrupted`)."""
-    acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min)
+    acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min,
+                      threshold_single=cfg.accept_threshold_single, threshold_acc=cfg.accept_threshold_acc)
     sequences = SequenceCollector(acc, prompts, cfg.keep_positions)
     sinks: list[Collector] = [sequences, *collectors]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]) + len(conts[i]))

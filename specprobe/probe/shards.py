@@ -239,7 +239,8 @@ def merge_parts(parts: Sequence[dict[str, Any]], tokenizer: Any, pair: Any, cfg:
         [Prompt(id=it["id"], domain=it["domain"], category=it["category"], turns=()) for it in items],
         [it["encoded"] for it in items], [it["cont"] for it in items],
     )
-    seq = SequenceCollector(Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min), refs.items, cfg.keep_positions)
+    seq = SequenceCollector(Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min,
+                      threshold_single=cfg.accept_threshold_single, threshold_acc=cfg.accept_threshold_acc), refs.items, cfg.keep_positions)
     drill = DrillCollector(tokenizer, refs.items, refs.encoded, refs.conts, pair, k_max=cfg.k_max, every=first.get("drill_every"))
     run_order = sorted(range(len(items)), key=lambda i: len(refs.encoded[i]) + len(refs.conts[i]))
     run_order = [i for i in run_order if refs.conts[i]]

@@ -208,7 +208,8 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     scored: dict[str, Scored] = {}
     entries = []
     for pair in live:
-        acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min)
+        acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min,
+                      threshold_single=cfg.accept_threshold_single, threshold_acc=cfg.accept_threshold_acc)
         drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max)
         seq = SequenceCollector(acc, refs.items, False)
         scored[pair.drafter.spec] = Scored(acc, seq.rows, drill=drill)

@@ -168,6 +168,16 @@ SETTINGS: tuple[Setting, ...] = (
         "llama.cpp's --spec-draft-n-min: a draft shorter than this (cut by --draft-p-min or the token budget) is dropped and the round decodes one token; 0 = off. --engine llama.cpp only.",
         int, 0, commands=RUNS, file_key="draft_n_min", ge=0, le=K_LIMIT, hint=f"use 0 ≤ N ≤ {K_LIMIT}",
     ),
+    Setting(
+        "accept_threshold_single", "--accept-threshold-single",
+        "SGLang's --speculative-accept-threshold-single: a draft whose target probability is at least this is accepted outright; 1 = off (exact). Below 1 the output is no longer the target's distribution. --engine sglang only.",
+        float, 1.0, commands=RUNS, file_key="accept_threshold_single", gt=0, le=1, hint="a probability in (0, 1]; 1 keeps SGLang's exact verification",
+    ),
+    Setting(
+        "accept_threshold_acc", "--accept-threshold-acc",
+        "SGLang's --speculative-accept-threshold-acc: a draft is accepted with probability min(1, p_target ÷ this); 1 = off (exact). --engine sglang only.",
+        float, 1.0, commands=RUNS, file_key="accept_threshold_acc", gt=0, le=1, hint="a probability in (0, 1]; 1 keeps SGLang's exact verification",
+    ),
     # ------------------------------------------------------------------ prompts and references
     Setting("prompts", "--prompts", "'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).", str, "builtin", commands=RUNS, file_key="prompts"),
     Setting("domains", "--domains", "Comma-separated domains to keep, e.g. code,math.", str | None, commands=RUNS, file_key="domains", file_type=list[str], parse=_P["domains"]),

@@ -116,6 +116,8 @@ class RunOptions:
             draft_sampling=self.draft_sampling,
             draft_p_min=self.draft_p_min,
             draft_n_min=self.draft_n_min,
+            accept_threshold_single=self.accept_threshold_single,
+            accept_threshold_acc=self.accept_threshold_acc,
             seed=self.seed,
             batch_size=self.batch_size,
             batch_sizes=self.batch_sizes,
@@ -219,10 +221,11 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
                 origins[p] = sv.where(p)
                 filled.add(p)
                 break
-    for p, knob in (("draft_p_min", "p_min"), ("draft_n_min", "n_min")):
-        # llama-server's early stop, for a run that predicts llama.cpp
-        if unset(p) and values.get("engine") == "llama.cpp":
-            sv_knob = next((sv for sv in servings if sv.engine == "llama.cpp" and sv.extra.get(knob) is not None), None)
+    for p, knob, engine in (("draft_p_min", "p_min", "llama.cpp"), ("draft_n_min", "n_min", "llama.cpp"),
+                            ("accept_threshold_single", "speculative_accept_threshold_single", "sglang"), ("accept_threshold_acc", "speculative_accept_threshold_acc", "sglang")):
+        # an engine's own knobs (llama-server's early stop, SGLang's thresholds), for a run that predicts that engine
+        if unset(p) and values.get("engine") == engine:
+            sv_knob = next((sv for sv in servings if sv.engine == engine and sv.extra.get(knob) is not None), None)
             if sv_knob is not None:
                 values[p], origins[p] = sv_knob.extra[knob], sv_knob.where(knob)
     for p, of in (("target", lambda sv: sv.target), ("drafter", lambda sv: sv.drafter_spec)):

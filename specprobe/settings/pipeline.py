@@ -59,6 +59,8 @@ class DiagnoseConfig:
     draft_sampling: str | None = None  # None: the engine's own drafting
     draft_p_min: float = 0.0  # llama.cpp's early stop (--spec-draft-p-min); 0: off
     draft_n_min: int = 0  # llama.cpp's shortest draft (--spec-draft-n-min); 0: off
+    accept_threshold_single: float = 1.0  # SGLang's relaxed acceptance; 1: exact
+    accept_threshold_acc: float = 1.0
     seed: int = 0
     batch_size: int = 8
     batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
@@ -101,6 +103,23 @@ class DiagnoseConfig:
                     f"{BY_NAME[name].flag} is llama.cpp's (--spec-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} drafts K tokens every round",
                     f"add --engine llama.cpp, or leave {BY_NAME[name].flag} out",
                 )
+        for name in ("accept_threshold_single", "accept_threshold_acc"):
+            value = check(name, getattr(self, name), BY_NAME[name].flag)
+            if value < 1 and self.engine != "sglang":
+                raise ConfigError(
+                    f"{BY_NAME[name].flag} is SGLang's (--speculative-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} verifies every draft exactly",
+                    f"add --engine sglang, or leave {BY_NAME[name].flag} out",
+                )
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """SGLang's (threshold_single, threshold_acc); (1, 1): exact verification."""
+        return (self.accept_threshold_single, self.accept_threshold_acc)
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the verification accepts drafts the target would not sample (SGLang's thresholds below 1)."""
+        return self.engine == "sglang" and self.drafting == "greedy" and min(self.thresholds) < 1
 
     @property
     def confidence(self) -> str:

@@ -34,8 +34,8 @@ from specprobe.metrics.sampling import Sampling, probs
 from specprobe.models.kvcache import Stream, right_align
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, draw, finite
-from specprobe.simulate.procedure import SAMPLE_MATCH, Procedure
-from specprobe.simulate.rejection import verify_greedy, verify_match, verify_sampled
+from specprobe.simulate.procedure import SAMPLE_MATCH, THRESHOLD, Procedure
+from specprobe.simulate.rejection import verify_greedy, verify_match, verify_sampled, verify_thresholds
 from specprobe.simulate.sources import open_source
 
 Advance = Callable[[int], Any]
@@ -183,6 +183,8 @@ def verify(batch: Batch, s: Settings, prop: Proposal) -> tuple[torch.Tensor, tor
     p = probs(tl, s.target_sampling)  # [B, K+1, V]
     if s.procedure.verify == SAMPLE_MATCH:
         return verify_match(prop.tokens, drafted, p, batch.gen)
+    if s.procedure.verify == THRESHOLD:
+        return verify_thresholds(prop.tokens, drafted, p, *s.procedure.thresholds, batch.gen)
     q_all = torch.stack(prop.q, dim=1) if prop.q else tl.new_zeros((nb, k, tl.shape[-1]), dtype=torch.float32)  # [B, K, V]
     return verify_sampled(prop.tokens, drafted, q_all, p, batch.gen)
 

@@ -176,7 +176,7 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     encoded = refs.encoded
     tau_estimate = estimate_by_k(estimate.k_table)
     # the engine's own procedure, so the measurement is what that engine would measure
-    procedure = Procedure.of(dcfg.engine, dcfg.drafting)
+    procedure = Procedure.of(dcfg.engine, dcfg.drafting, n_min=dcfg.draft_n_min, p_min=dcfg.draft_p_min, thresholds=dcfg.thresholds)
     kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size, "procedure": procedure}
     runs: list[SimCounters] = []
     baseline: SimCounters | None = None

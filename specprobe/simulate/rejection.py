@@ -79,3 +79,36 @@ def verify_match(drafts: torch.Tensor, drafted: torch.Tensor, p: torch.Tensor, g
     in_draft = torch.arange(k, device=drafts.device)[None, :] < drafted[:, None]
     n = leading_accepts((y[:, :k] == drafts) & in_draft)  # [B]
     return n, y.gather(1, n[:, None]).squeeze(1)
+
+
+def verify_thresholds(
+    drafts: torch.Tensor,
+    drafted: torch.Tensor,
+    p: torch.Tensor,
+    threshold_single: float,
+    threshold_acc: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's `tree_speculative_sampling_target_only` on a chain of greedy drafts: draft x
+    is accepted when a uniform coin u ≤ p(x) ÷ threshold_acc or p(x) ≥ threshold_single;
+    on the first rejection the next token is drawn from p with x taken out (the kernel
+    sets the draft's probability to the target's and samples relu(p − that)), after all
+    m accepts from the bonus position's p. At (1, 1) this is the one-hot rejection sampler
+    exactly; below, drafts the target would not sample are kept (lossy).
+
+    drafts [B, K], drafted [B], p [B, K+1, V] target probs -> (accepted n [B], next token [B])."""
+    b, k = drafts.shape
+    rows = torch.arange(b, device=drafts.device)
+    px = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, K]
+    u = 1.0 - torch.rand((b, k), generator=generator, device=drafts.device)  # (0, 1]: p(x) = 0 never passes the coin
+    keep = (u <= px / max(threshold_acc, 1e-9)) | (px >= threshold_single)
+    in_draft = torch.arange(k, device=drafts.device)[None, :] < drafted[:, None]
+    n = leading_accepts(keep & in_draft)  # [B]
+    resid = p[rows, n].clone()  # [B, V]
+    rejected = n < drafted
+    x = drafts[rows, n.clamp(max=k - 1)]
+    resid[rows[rejected], x[rejected]] = 0.0
+    mass = resid.sum(dim=-1, keepdim=True)
+    resid = torch.where(mass > 0, resid / mass.clamp(min=1e-30), p[rows, n])
+    return n, torch.multinomial(resid, 1, generator=generator).squeeze(1)
+
