@@ -272,3 +272,15 @@ def test_tensorrt_llm_iteration_stats():
     for s in spec:
         assert s["acceptanceLength"] == pytest.approx(1 + s["numAcceptedTokens"] / s["numRequestsWithDraftTokens"])
     assert v.requests.requests == 9  # 8 iterations a line, and one /metrics poll of 4 iterations
+
+
+def test_the_once_view_fits_80_columns_with_groups_and_drift(tmp_path: Path):
+    r = CliRunner().invoke(app, ["monitor", "--requests", str(DATA / "requests_vllm.jsonl"), "--group-by", "task", "--window", "100tok", "--no-live", "--fail-on", "never"],
+                           env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    text = r.stderr if hasattr(r, "stderr") and r.stderr else r.output
+    view = [x for x in text.splitlines() if not x.startswith("{")]
+    assert max(len(x) for x in view) <= 80
+    assert "per-request acceptance in the current window" in text and "task=math" in text
+    assert "window 100 tokens, baseline 1000 tokens before it" in text.replace("\n", " ")
+    assert "drift: trend" in text  # 24 records in 100-token windows: enough windows to test

@@ -37,6 +37,14 @@ def bar(frac: float, width: int = 8) -> str:
     return ("█" * full + (part if full < width else "")).ljust(width, " ")
 
 
+def _span(seconds: float) -> str:
+    """A run's length: '5h 50m', '12m', '40s'."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60}m" if s % 3600 >= 60 else f"{s // 3600}h"
+    return f"{s // 60}m" if s >= 60 else f"{s}s"
+
+
 def _win(seconds: float, tokens: int | None) -> str:
     return f"{tokens} tokens" if tokens is not None else duration(seconds)
 
@@ -53,10 +61,10 @@ def _drift_note(m: Any) -> Text | None:
     d = m.drift
     if d is None:
         return None
-    span = f"over {duration(round(d.span_s))}" if d.span_s > 0 else f"over {d.windows} windows"
+    span = f"over {_span(d.span_s)}" if d.span_s > 0 else f"over {d.windows} windows"
     parts = [f"trend {'-' + format(100 * d.trend_drop_rel, '.0f') + '%' if d.trend_drop_rel > 0 else 'flat'} {span} ({d.windows} windows)"]
     if d.change_index is not None:
-        when = time.strftime("%H:%M:%S", time.localtime(d.change_at)) if d.change_at and d.change_at > 1e9 else f"window {d.change_index + 1}"
+        when = time.strftime("%m-%d %H:%M", time.localtime(round(d.change_at))) if d.change_at and d.change_at > 1e9 else f"window {d.change_index + 1}"
         parts.append(f"change at {when}: {pct(d.before)} → {pct(d.after)}")
     style = "red" if d.trend_drop_rel > 0 or d.change_drop_rel > 0 else "dim"
     return Text("drift: " + "; ".join(parts), style=style)
