@@ -195,6 +195,16 @@ def test_real_prometheus_fires_when_acceptance_drops(tmp_path: Path):
             time.sleep(0.5)
         assert healthy is not None and abs(healthy - 0.8) < 0.02, (tmp_path / "prometheus.log").read_text()[-2000:]
         assert ("SP402", "m") not in _firing(base)
+
+        def value(record: str) -> list[float]:
+            return [float(r["value"][1]) for r in _get(f"{base}/api/v1/query?query={record}")["data"]["result"]]
+
+        # the other records, evaluated by Prometheus itself: 1 + 3·0.8 tokens a step, per-position
+        # rates 0.8 · (1, 0.9, 0.8), deepest ÷ first 0.8, the one engine's series equal to the sum
+        assert value("specprobe:spec_decode_mean_acceptance_length:10s") == [pytest.approx(3.4, abs=0.06)]
+        assert sorted(value("specprobe:spec_decode_acceptance_rate_per_position:10s")) == pytest.approx([0.64, 0.72, 0.8], abs=0.03)
+        assert value("specprobe:spec_decode_depth_decay:10s") == [pytest.approx(0.8, abs=0.02)]
+        assert value("specprobe:spec_decode_acceptance_rate_by_engine:10s") == [pytest.approx(healthy, abs=0.02)]
         exporter.accept = 0.2  # the drafter breaks
         seen: set[tuple[str, str]] = set()
         deadline = time.monotonic() + 40
