@@ -139,6 +139,13 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     if scored.drill is not None:  # token-level evidence and what-ifs (specprobe.probe.drilldown)
         sections["drilldown"], drill_metrics = scored.drill.section(metrics.get("best_k"), sections["by_domain"], metrics.get("accept_prob_mean"))
         metrics.update(drill_metrics)
+    # deferred, as in summarise: it reaches the scoring's modules
+    from specprobe.probe import long_context
+
+    by_length = long_context.attached(scored)
+    if by_length is not None:  # --context-lengths: α, τ and decay by (domain, length); SP209 reads this table
+        sections["context_lengths"], length_metrics = by_length.section(metrics.get("best_k"), cfg.k_max)
+        metrics.update(length_metrics)
     if scored.nonfinite:  # the prompts SP107 names: left out of every other metric
         evidence = {**evidence, "nonfinite_logit_positions": scored.nonfinite}
     findings, evals = evaluate_rules(table, metrics, kind, evidence)

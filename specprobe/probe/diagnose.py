@@ -16,6 +16,7 @@ from specprobe.core.progress import Progress
 from specprobe.judge.rules import RuleTable, load_table
 from specprobe.models.drafters import build_drafter, drafter_info
 from specprobe.models.loader import check_paths, load_info, load_model
+from specprobe.probe import long_context
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
 from specprobe.probe.counterfactual import default_every
@@ -87,6 +88,11 @@ def run_diagnose(
     progress.note(f"prompts from {prompt_set.name}: {prompt_set.description}")
     pair = pair or load_pair(cfg, progress)
     target, drafter, align = pair.target, pair.drafter, pair.alignment
+    length_of: dict[str, int] = {}  # --context-lengths: each built prompt's token length
+    if cfg.context_lengths:
+        limit = getattr(target.config, "max_position_embeddings", None)
+        prompt_set, length_of = long_context.build(prompt_set, target.tokenizer, cfg.context_lengths, limit=limit, max_new_tokens=cfg.max_new_tokens, name=target.name)
+        progress.note(f"prompts by context length: {prompt_set.description}")
     header = result_header(cfg, pair, prompt_set)
     metrics: dict[str, Any] = dict(align.metrics)
 
@@ -115,7 +121,10 @@ def run_diagnose(
                 progress.note("interrupted while generating references: no reference token was generated, so nothing is scored or priced")
         drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max, every=drill_every)
         t_score = time.perf_counter()
-        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *extra])
+        by_length = [long_context.LengthCollector(refs.items, length_of, cfg)] if length_of else []
+        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *extra])
+        if by_length:
+            long_context.attach(scored, by_length[0])
         scoring_s.append(time.perf_counter() - t_score)
         scored.drill = drill
         scored.second_press = refs.interrupted and scored.interrupted

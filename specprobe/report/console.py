@@ -149,6 +149,17 @@ def _group_table(title: str, rows: list[DomainRow] | list[BucketRow], greedy: bo
     return g
 
 
+def length_table(result: Result) -> Grid:
+    """diagnose --context-lengths: α, the engine's acceptance, τ and the decay by domain and length."""
+    k = result.context_lengths[0].k
+    g = Grid([Column("domain"), Column("context tokens", "tokens", "right"), Column("positions", "n", "right", "drop", 2), Column("α alignment", "α", "right"),
+              Column("accept", "acc", "right", "drop", 3), Column(f"τ at K={k}", "τ", "right"), Column("α ÷ α shortest", "decay", "right", "drop", 1)],
+             title="by context length (prompts built to each length)")
+    for r in result.context_lengths:
+        g.add(r.domain, str(r.context_tokens), str(r.positions), _pct(r.accept_prob_mean), _pct(r.accept_prob_engine_mean), _f(r.tau_tokens, ".2f"), _f(r.decay, ".2f"))
+    return g
+
+
 def depth_k_table(result: Result) -> Grid:
     g = Grid(
         [
@@ -295,6 +306,8 @@ def render(result: Result, console: Console, full: bool = True) -> None:
         console.print(_group_table("by target entropy", result.by_entropy, greedy))
     if result.by_position:
         console.print(_group_table("by context position (tokens before the predicted one)", result.by_position, greedy))
+    if result.context_lengths:
+        console.print(length_table(result))
     if result.k_table:
         console.print(depth_k_table(result))
     a, c = result.adaptive, result.cost

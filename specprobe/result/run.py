@@ -174,6 +174,20 @@ class DomainRow(Part):
     speedup: Num = Field(default=None, description="n-gram drafters: this group's tokens over the cost of its steps (verify passes and matching).")
 
 
+class LengthRow(Part):
+    """One domain (or 'all') at one context length (diagnose --context-lengths)."""
+
+    domain: str
+    context_tokens: int = Field(description="The prompts' token length (chat template included).")
+    prompts: int
+    positions: int
+    accept_prob_mean: Num = Field(default=None, description="α = Σ min(p, q) over the answers at this length.")
+    accept_prob_engine_mean: Num = Field(default=None, description="One draft token's acceptance under the engine's procedure.")
+    k: int = Field(description="The K τ is read at: the run's best K (k_max when none).")
+    tau_tokens: Num = Field(default=None, description="Renewal τ(K) at this length.")
+    decay: Num = Field(default=None, description="α here ÷ α at the shortest length, within the domain.")
+
+
 class BucketRow(Part):
     """Means over the positions of one bucket [lo, hi) of target entropy or context position."""
 
@@ -420,6 +434,7 @@ class Result(Document):
     positions: Positions | None = None
     measured: Measured | None = None
     drilldown: DrillDown | None = Field(default=None, description="Token-level evidence and what-ifs (diagnose, simulate).")
+    context_lengths: list[LengthRow] = Field(default_factory=list, description="Acceptance by context length and domain (diagnose --context-lengths); accept_prob_long_context_ratio is read from it.")
     # ---- new sections go here, one optional field each (default None), e.g. renewal τ,
     # per-category tables, token-level drill-down, head coverage, shard provenance.
     verdict: str

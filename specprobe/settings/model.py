@@ -24,6 +24,7 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError, OutputError
 from specprobe.settings.engines import DRAFT_SAMPLING, ENGINE_NAMES
+from specprobe.settings.lengths import parse_context_lengths
 from specprobe.settings.values import (
     K_LIMIT,
     parse_batch_sizes,
@@ -192,6 +193,8 @@ SETTINGS: tuple[Setting, ...] = (
     # ------------------------------------------------------------------ draft lengths and costs
     Setting("batch_sizes", "--batch-sizes", "Also time the costs at these batch sizes, e.g. 1,8,32, and estimate the speedup at each (the run's --batch-size is always timed).", str | None,
             commands=RUNS, file_key="batch_sizes", file_type=list[int], parse=_P["batch_sizes"], ge=1, hint="list batch sizes such as 1,8,32", show_default=False),
+    Setting("context_lengths", "--context-lengths", "Score prompts built to these token lengths instead of the prompt set as given, e.g. 1k,2k,4k,8k (k = 1,024; one question per domain after documents from the set, or a longer prompt cut to the length) and report α, τ and their decay across lengths by domain (SP209); up to the target's context.", str | None,
+            commands=frozenset({DIAGNOSE}), file_key="context_lengths", file_type=list[int], parse=parse_context_lengths, ge=16, hint="list token lengths such as 1k,2k,4k,8k", show_default=False),
     Setting("k_max", "--k-max", f"Largest draft length K in the estimated τ(K)/speedup table (at most {K_LIMIT}).", int, 8, commands=RUNS, file_key="k_max", ge=1, le=K_LIMIT, hint=f"use 1 ≤ K ≤ {K_LIMIT}"),
     Setting("k", "--k", "Draft lengths to measure, comma-separated (each at most 32).", str | None, None, commands=frozenset({SIMULATE, COMPARE}), file_key="k", file_type=list[int], parse=_P["ks"], ge=1, le=K_LIMIT, hint="list draft lengths such as 1,2,4",
             default_by_command={SIMULATE: "1,2,4"}, show_default=False,

@@ -121,6 +121,7 @@ class RunOptions:
             seed=self.seed,
             batch_size=self.batch_size,
             batch_sizes=self.batch_sizes,
+            context_lengths=self.context_lengths,
             k_max=self.k_max,
             verify_factor=self.verify_factor,
             cost_ratio=self.cost_ratio,

@@ -64,6 +64,7 @@ class DiagnoseConfig:
     seed: int = 0
     batch_size: int = 8
     batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
+    context_lengths: list[int] | None = None  # also score prompts built to these token lengths (probe.long_context)
     k_max: int = 8
     verify_factor: float | None = None  # None: measure v_K on the device
     cost_ratio: float | None = None  # None: measure on the device

@@ -1,0 +1,104 @@
+"""diagnose --context-lengths: prompts built to the requested token lengths exactly (±1
+chat-template token), a length past the target's context refused with one line (exit 2)
+before any forward pass, and the result's table of α, τ and decay by (domain, length)
+that SP209 reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from specprobe.cli.main import app
+from specprobe.core.errors import ConfigError, InputError
+from specprobe.probe import long_context
+from specprobe.probe.references import encode_prompt
+from specprobe.prompts import builtin_suite
+from specprobe.settings.lengths import parse_context_lengths
+from tests.conftest import requires_smollm2
+from tests.helpers.tiny import prompts_file
+
+runner = CliRunner()
+
+
+def test_lengths_are_read_as_people_write_them() -> None:
+    assert parse_context_lengths("1k,2k,4k,8k") == [1024, 2048, 4096, 8192]
+    assert parse_context_lengths("1500, 1k") == [1024, 1500]
+    assert parse_context_lengths([4096, "2k"]) == [2048, 4096]
+    for bad in ("", "4q", "8"):
+        with pytest.raises(ConfigError):
+            parse_context_lengths(bad)
+
+
+def _tokenizer(tiny_pair: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_pair["target"]))
+
+
+def test_prompts_are_built_to_each_length_exactly(tiny_pair: Any, tmp_path: Path) -> None:
+    from specprobe.prompts.readers import load_prompts
+
+    tok = _tokenizer(tiny_pair)
+    ps = load_prompts(prompts_file(tmp_path / "p.jsonl", n=6, words=8))
+    lengths = [40, 100, 300]
+    built, length_of = long_context.build(ps, tok, lengths, limit=512, max_new_tokens=8)
+    assert {p.domain for p in built.prompts} == {"code", "math", "chat"}  # one question per domain, at every length
+    assert len(built.prompts) == 3 * len(lengths)
+    for p in built.prompts:
+        n = len(encode_prompt(tok, p))
+        assert abs(n - length_of[p.id]) <= long_context.TOLERANCE, (p.id, n)
+        assert p.turns[0].startswith(long_context.PREAMBLE)  # documents first, the question last
+    # a user's own prompt longer than the length is cut to it
+    long = load_prompts(prompts_file(tmp_path / "long.jsonl", n=1, words=200))
+    built, length_of = long_context.build(long, tok, [64], limit=512, max_new_tokens=8)
+    assert abs(len(encode_prompt(tok, built.prompts[0])) - 64) <= 1 and not built.prompts[0].turns[0].startswith(long_context.PREAMBLE)
+
+
+@requires_smollm2
+def test_prompts_reach_smollm2_lengths_exactly() -> None:
+    from specprobe.models.loader import load_info
+
+    info = load_info("smollm2")
+    built, length_of = long_context.build(builtin_suite(), info.tokenizer, [1024, 4096, 8000], limit=info.config.max_position_embeddings, max_new_tokens=32)
+    for p in built.prompts:
+        assert abs(len(encode_prompt(info.tokenizer, p)) - length_of[p.id]) <= 1, p.id
+    with pytest.raises(InputError, match="8k does not fit"):
+        long_context.check_limit([1024, 8192], info.config.max_position_embeddings, 32, "SmolLM2")
+
+
+def test_a_length_past_the_targets_context_is_refused_in_one_line(tiny_pair: Any, tmp_path: Path) -> None:
+    t = str(tiny_pair["target"])
+    res = runner.invoke(app, ["diagnose", t, t, "--context-lengths", "1k", "--max-new-tokens", "8", "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "--context-lengths 1k does not fit" in lines[0] and "512" in lines[0]
+    assert not (tmp_path / "r.json").exists()  # nothing half-written
+
+
+def test_diagnose_reports_acceptance_by_context_length(tiny_pair: Any, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    prompts = prompts_file(tmp_path / "p.jsonl", n=6, words=8)
+    res = runner.invoke(app, [
+        "diagnose", str(tiny_pair["target"]), str(tiny_pair["random"]), "--prompts", str(prompts), "--context-lengths", "64,256",
+        "--max-new-tokens", "12", "--cost-ratio", "0.1", "--verify-factor", "1", "--json", str(out), "--fail-on", "never",
+    ])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    rows = r["context_lengths"]
+    assert {(x["domain"], x["context_tokens"]) for x in rows} == {(d, n) for d in ("code", "math", "chat", "all") for n in (64, 256)}
+    for x in rows:
+        assert x["prompts"] == (3 if x["domain"] == "all" else 1) and x["positions"] > 0 and x["tau_tokens"] >= 1.0
+        if x["context_tokens"] == 64:
+            assert x["decay"] == pytest.approx(1.0)
+    # SP209's metric is the decay from this table: α(longest) ÷ α(shortest) within each domain, weighted by positions
+    num = den = 0.0
+    for d in ("code", "math", "chat"):
+        a = {x["context_tokens"]: x for x in rows if x["domain"] == d}
+        w = min(a[64]["positions"], a[256]["positions"])
+        num, den = num + w * a[256]["accept_prob_mean"] / a[64]["accept_prob_mean"], den + w
+    assert r["metrics"]["accept_prob_long_context_ratio"] == pytest.approx(num / den)
+    assert "by context length" in res.output and r["config"]["context_lengths"] == [64, 256]
