@@ -86,7 +86,7 @@ def test_identical_results_have_zero_deltas_and_no_regression(baseline: Result, 
 
 def test_deltas_per_domain_and_depth(baseline: Result, real_results: RealResults, table) -> None:
     cand = real_results.skip
-    comp = compare_results(baseline, cand, table=table)
+    comp = compare_results(baseline, cand, table=table, allow_procedure_change=True)  # the twin's drafts are sampled
     dom = {d.group: d for d in comp.by_domain}
     assert set(dom) == {r.group for r in baseline.by_domain}
     for row in cand.by_domain:
@@ -158,13 +158,13 @@ def test_regression_rule_golden_cases(rule_id: str, table) -> None:
 
 def test_a_worse_real_drafter_fires_sp501_and_sp504(baseline: Result, real_results: RealResults, table) -> None:
     cand = real_results.skip  # the one-layer self-draft against the identical twin
-    comp = _judge(baseline, cand, table)
+    comp = _judge(baseline, cand, table, allow_procedure_change=True)
     assert {"SP501", "SP504"} <= _fired(comp) and comp.worst_severity == "error" and comp.verdict == "regression"
     f = next(x for x in comp.findings if x.rule_id == "SP501")
     assert f"Acceptance dropped from {100 * baseline.metrics['accept_prob_mean']:.1f}% to {100 * cand.metrics['accept_prob_mean']:.1f}%" in f.message
     # KL went from 0 to tens of nats: every band boundary crossed, the highest reported
     assert comp.metrics["kl_band_boundary_crossed_nats"] == 4.0
-    assert _judge(baseline, real_results.broken, table).verdict == "regression"
+    assert _judge(baseline, real_results.broken, table, allow_procedure_change=True).verdict == "regression"
 
 
 def test_one_domain_falling_fires_sp502_not_sp501(baseline: Result, table) -> None:
@@ -215,9 +215,11 @@ def test_compare_cli_exit_codes(tmp_path: Path, baseline: Result, real_results: 
     assert same.exit_code == 0, same.output
     assert "verdict: no regression" in same.stdout
     worse = _save(tmp_path, "worse.json", real_results.skip)
-    res = runner.invoke(app, ["compare", str(b), str(worse)])
-    assert res.exit_code == 1 and "SP501" in res.stdout
-    assert runner.invoke(app, ["compare", str(b), str(worse), "--fail-on", "never"]).exit_code == 0
+    refused = runner.invoke(app, ["compare", str(b), str(worse)])  # sampled drafts against greedy ones
+    assert refused.exit_code == 2 and "follows probabilistic drafting" in refused.output and "--allow-procedure-change" in refused.output
+    res = runner.invoke(app, ["compare", str(b), str(worse), "--allow-procedure-change"])
+    assert res.exit_code == 1 and "SP501" in res.stdout and "drafting changed: probabilistic → greedy" in res.stdout
+    assert runner.invoke(app, ["compare", str(b), str(worse), "--fail-on", "never", "--allow-procedure-change"]).exit_code == 0
     dom = _save(tmp_path, "dom.json", _domain_fell(baseline, "code", 0.55))
     assert runner.invoke(app, ["compare", str(b), str(dom)]).exit_code == 0  # warning < error
     assert runner.invoke(app, ["compare", str(b), str(dom), "--fail-on", "warning"]).exit_code == 1
@@ -265,3 +267,20 @@ def test_compare_cli_writes_reports(tmp_path: Path, baseline: Result) -> None:
     with pytest.raises(InputError, match="is a 'compare' result"):
         load_result(out / "c.json")
     json.loads((out / "c.json").read_text())  # plain JSON, no NaN
+
+
+def test_results_of_two_acceptance_laws_are_refused_and_another_engine_is_noted(real_results: RealResults, table) -> None:
+    """Greedy drafts (the default) against sampled ones are two acceptance laws: refused
+    with the way out; the same drafting under another engine's procedure is a note."""
+    from specprobe.core.errors import InputError
+    from specprobe.result.run import Procedure
+
+    skip = real_results.skip
+    assert skip.procedure is not None and skip.procedure.drafting == "greedy"
+    sampled = skip.model_copy(update={"procedure": skip.procedure.model_copy(update={"drafting": "probabilistic", "description": "as vLLM verifies it: sampled drafts, acceptance = Σ min(p, q)"})})
+    with pytest.raises(InputError, match="follows greedy drafting .* the candidate's probabilistic"):
+        compare_results(skip, _edited(sampled, "sampled"), table=table)
+    assert "drafting changed: greedy → probabilistic" in " ".join(compare_results(skip, _edited(sampled, "sampled"), table=table, allow_procedure_change=True).notes)
+    llama = Procedure(engine="llama.cpp", engine_label="llama.cpp", drafting="greedy", acceptance="p_target(draft token)", description="as llama.cpp verifies it: greedy drafts, acceptance = p_target(draft token)")
+    notes = compare_results(skip, _edited(skip.model_copy(update={"procedure": llama}), "llama"), table=table).notes
+    assert any(n.startswith("procedure differs: vLLM:") and "llama.cpp:" in n for n in notes)

@@ -107,7 +107,7 @@ def test_summary_and_comparison_fit(real_results) -> None:
     from specprobe.judge.compare import compare_results
 
     assert_fits(at80(fn=render_summary, result=real_results.skip))
-    cmp = compare_results(real_results.twin, real_results.broken)
+    cmp = compare_results(real_results.twin, real_results.broken, allow_procedure_change=True)  # the twin drafts by sampling
     text = at80(fn=render_comparison, result=cmp)
     assert_fits(text)
     for f in cmp.findings:

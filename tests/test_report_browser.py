@@ -90,5 +90,5 @@ def test_result_report_renders_in_chromium(tmp_path: Path, real_results: RealRes
 
 def test_compare_report_renders_in_chromium(tmp_path: Path, real_results: RealResults) -> None:
     table = load_table()
-    comparison = judge(compare_results(real_results.twin, real_results.skip, table=table), table, fail_on="warning")
+    comparison = judge(compare_results(real_results.twin, real_results.skip, table=table, allow_procedure_change=True), table, fail_on="warning")
     _check_page(render_compare_html(comparison), "compare", tmp_path, ("chart-domain", "chart-depth", "chart-speedup"))

@@ -30,11 +30,12 @@ def compare(
     candidate: Annotated[Path | None, typer.Argument(help="The candidate result JSON (the release under test). Default: the --config file's outputs.json, where its diagnose run writes.", metavar="CANDIDATE.json", show_default=False, readable=False)] = None,
     allow_target_change: Annotated[bool, typer.Option("--allow-target-change", help="Compare even when the two were measured on different target models.")] = False,
     allow_prompt_change: Annotated[bool, typer.Option("--allow-prompt-change", help="Compare even when the two used different prompt sets.")] = False,
+    allow_procedure_change: Annotated[bool, typer.Option("--allow-procedure-change", help="Compare even when one result follows greedy drafts and the other sampled ones (--draft-sampling).")] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Compare a candidate drafter's result against a baseline's; exit 1 on a regression.
 
-    Judged by the SP5xx rules ('specprobe rules list --family 5'): acceptance dropped more than 20% relative; a domain fell below 70% while the overall rate held; the depth curve decays faster; KL rose past a band boundary; τ fell more than 15% at the compared K (the baseline's best K, or --k: never each side's own best K, which a cost timing can move). Results from another target model or prompt set are refused unless allowed.
+    Judged by the SP5xx rules ('specprobe rules list --family 5'): acceptance dropped more than 20% relative; a domain fell below 70% while the overall rate held; the depth curve decays faster; KL rose past a band boundary; τ fell more than 15% at the compared K (the baseline's best K, or --k: never each side's own best K, which a cost timing can move). Results from another target model or prompt set, or whose acceptance follows another drafting (greedy against sampled drafts), are refused unless allowed; another engine's procedure with the same drafting is noted.
 
     With --config, the probe config's baseline is the baseline and its outputs.json (what its diagnose run wrote) the candidate; its rules and fail_on apply unless given here.
 
@@ -63,7 +64,7 @@ def compare(
     cand = load_result(opts.candidate)
     ks = opts.k if opts.origins.get("k", "default") != "default" else None  # --k or the config's k
     comparison = compare_results(
-        base, cand, table=table, allow_target_change=allow_target_change, allow_prompt_change=allow_prompt_change, files=(str(opts.baseline), str(opts.candidate)), ks=ks,
+        base, cand, table=table, allow_target_change=allow_target_change, allow_prompt_change=allow_prompt_change, allow_procedure_change=allow_procedure_change, files=(str(opts.baseline), str(opts.candidate)), ks=ks,
     )
     comparison = judge(comparison, table, fail_on=opts.fail_on)
     render_comparison(comparison, out)

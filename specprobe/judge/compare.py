@@ -73,6 +73,7 @@ def check_comparable(
     *,
     allow_target_change: bool = False,
     allow_prompt_change: bool = False,
+    allow_procedure_change: bool = False,
 ) -> list[str]:
     """Refuse pairs that cannot be compared; return notes about differences allowed."""
     b, c = identity(baseline), identity(candidate)
@@ -94,6 +95,7 @@ def check_comparable(
                 "re-run both on the same prompts, or pass --allow-prompt-change",
             )
         notes.append(f"prompt set changed: {b.prompt_set} ({str(b_ps)[:12]}) → {c.prompt_set} ({str(c_ps)[:12]}) (allowed by --allow-prompt-change)")
+    notes += _procedures_comparable(baseline, candidate, allow_procedure_change)
     if b.temperature != c.temperature:
         notes.append(f"target temperature differs: {b.temperature} → {c.temperature}; acceptance depends on it")
     if b.reference != c.reference:
@@ -101,6 +103,32 @@ def check_comparable(
     if b.drafter == c.drafter:
         notes.append("baseline and candidate name the same drafter spec")
     return notes
+
+
+def _procedure(result: Result) -> tuple[str, str, str]:
+    """(engine label, drafting, the procedure in words): results written before specprobe
+    followed an engine were scored with sampled drafts."""
+    p = result.procedure
+    if p is None:
+        return ("—", "probabilistic", "sampled drafts, acceptance = Σ min(p, q) (written before specprobe followed an engine)")
+    return (p.engine_label or p.engine or "—", p.drafting, p.description)
+
+
+def _procedures_comparable(baseline: Result, candidate: Result, allow: bool) -> list[str]:
+    """Acceptance, τ and speedup follow the procedure: greedy drafts against sampled ones
+    are two acceptance laws, refused unless allowed; another engine with the same drafting
+    (or another early stop or threshold) is noted."""
+    (be, bd, bw), (ce, cd, cw) = _procedure(baseline), _procedure(candidate)
+    if bd != cd:
+        if not allow:
+            raise InputError(
+                f"the baseline's acceptance follows {bd} drafting ({bw}), the candidate's {cd} ({cw})",
+                "re-run one with the other's --engine and --draft-sampling, or pass --allow-procedure-change",
+            )
+        return [f"drafting changed: {bd} → {cd} (allowed by --allow-procedure-change); acceptance and τ follow it"]
+    if bw != cw:
+        return [f"procedure differs: {be}: {bw} → {ce}: {cw}"]
+    return []
 
 
 def _depth_curve(result: Result, prefer_measured: bool) -> tuple[list[float | None], list[float | None], Literal["estimate", "measured"]]:
@@ -144,13 +172,14 @@ def compare_results(
     table: RuleTable | None = None,
     allow_target_change: bool = False,
     allow_prompt_change: bool = False,
+    allow_procedure_change: bool = False,
     files: tuple[str, str] | None = None,
     ks: Sequence[int] | None = None,
 ) -> deltas.Comparison:
     """Deltas and compare metrics (no rules applied; see `judge`). `files` names the
     two result files in the comparison's config; `ks`: the draft lengths to compare τ and
     speedup at (default: the baseline's best K)."""
-    notes = check_comparable(baseline, candidate, allow_target_change=allow_target_change, allow_prompt_change=allow_prompt_change)
+    notes = check_comparable(baseline, candidate, allow_target_change=allow_target_change, allow_prompt_change=allow_prompt_change, allow_procedure_change=allow_procedure_change)
     bm, cm = baseline.metrics, candidate.metrics
 
     overall = []
@@ -226,6 +255,7 @@ def compare_results(
             candidate=files[1] if files else None,
             allow_target_change=allow_target_change,
             allow_prompt_change=allow_prompt_change,
+            allow_procedure_change=allow_procedure_change,
             k=compare_ks or None,
         ),
         baseline=identity(baseline),

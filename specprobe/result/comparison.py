@@ -87,6 +87,7 @@ class CompareConfig(Record):
     candidate: str | None = None
     allow_target_change: bool = False
     allow_prompt_change: bool = False
+    allow_procedure_change: bool = False
     k: list[int] | None = None  # the draft lengths τ and speedup were compared at
 
 
