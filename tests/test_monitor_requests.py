@@ -284,3 +284,11 @@ def test_the_once_view_fits_80_columns_with_groups_and_drift(tmp_path: Path):
     assert "per-request acceptance in the current window" in text and "task=math" in text
     assert "window 100 tokens, baseline 1000 tokens before it" in text.replace("\n", " ")
     assert "drift: trend" in text  # 24 records in 100-token windows: enough windows to test
+
+
+def test_sglang_request_that_never_verified_is_no_record():
+    line = {"task": "x", "meta_info": {"spec_verify_ct": 0, "completion_tokens": 1, "prompt_tokens": 9}}
+    assert parse_request_line(json.dumps(line)) is None
+    line["meta_info"].update(spec_verify_ct=4, completion_tokens=11)
+    rec = parse_request_line(json.dumps(line), num_spec_tokens=3)
+    assert (rec.accepted, rec.drafted, rec.steps) == (7, 12, 4)  # SGLang's accept length 11 / 4 = 1 + 7 / 4

@@ -21,9 +21,10 @@ What each engine writes into a response:
   (completion_tokens ÷ verify steps, bonus included) and
   `spec_correct_drafts_histogram` (alias `spec_accept_histogram`, index j = steps that
   accepted j drafts). The oldest builds give only `spec_verify_ct` next to
-  `completion_tokens`: accepted = completion tokens − verify steps (the engine's own
-  accept length times steps, less one token a step), drafted = steps × K with K from
-  `--num-spec-tokens`.
+  `completion_tokens`: accepted = completion tokens − verify steps (the count SGLang's
+  own accept length implies; it counts the prefill's first token too, so this is at most
+  one token a request high), drafted = steps × K with K from `--num-spec-tokens`. A
+  request with `spec_verify_ct` 0 never verified a draft and is no record.
 - llama.cpp's server: the response's `timings.draft_n` (drafted) and
   `timings.draft_n_accepted`; it does not report the verify steps, so the mean
   acceptance length is not known.
@@ -184,11 +185,13 @@ def _vllm(d: dict[str, Any], where: str) -> RequestRecord:
     return RequestRecord("vllm", accepted, drafted, steps, per_pos, k)
 
 
-def _sglang(d: dict[str, Any], where: str, k: int | None) -> RequestRecord:
+def _sglang(d: dict[str, Any], where: str, k: int | None) -> RequestRecord | None:
     steps = _int(d, "spec_verify_ct", where)
     accepted = _first_int(d, ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num", "spec_accepted_tokens"), where)
     drafted = _first_int(d, ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num"), where)
     completion = _int(d, "completion_tokens", where)
+    if steps == 0 and not accepted and not drafted:
+        return None  # never verified a draft (finished at prefill, or speculation off)
     if accepted is None:
         if completion is None or steps is None:
             raise MalformedLine(f"{where} has spec_verify_ct but neither accepted drafts nor completion_tokens")
@@ -336,7 +339,9 @@ def parse_request_line(line: str, *, num_spec_tokens: int | None = None, time_fi
         if "num_accepted_draft_tokens" in d and ("num_spec_steps" in d or "num_draft_tokens" in d):
             found.setdefault("vllm", []).append(_vllm(d, "speculative_decoding"))
         elif "spec_verify_ct" in d:
-            found.setdefault("sglang", []).append(_sglang(d, "meta_info", num_spec_tokens))
+            sgl = _sglang(d, "meta_info", num_spec_tokens)
+            if sgl is not None:
+                found.setdefault("sglang", []).append(sgl)
         elif "draft_n" in d and "draft_n_accepted" in d:
             found.setdefault("llamacpp", []).append(_llamacpp(d, "timings"))
         elif isinstance(d.get("specDecodingStats"), dict):
