@@ -272,9 +272,10 @@ def old_log_notes(mon: Any, snap: Any) -> list[str]:
         if data is None or data.last_time is None or not m.now.empty or snap.t - data.last_time <= mon.window:
             continue
         age = snap.t - data.last_time
+        what = "record" if data.requests else "log line"
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data.last_time))
         notes.append(
-            f"model {m.model}: acceptance is n/a because its newest log line ({when}, {_ago(age)} ago) is older than the "
+            f"model {m.model}: acceptance is n/a because its newest {what} ({when}, {_ago(age)} ago) is older than the "
             f"{duration(mon.window)} window, which ends now; for a finished log drop --follow (or use --once): the windows then end at "
             f"the log's last line"
         )
