@@ -205,4 +205,16 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     except KeyboardInterrupt:
         interrupted = True
     section = measured_section(runs, baseline, adaptive, tau_estimate, procedure)
+    if ngram:
+        _per_step_tau(section)
     return simulate_result(estimate, cfg, section, table, interrupted=interrupted)
+
+
+def _per_step_tau(section: dict[str, Any]) -> None:
+    """An n-gram drafter's τ is tokens per verify step, steps without a draft included (its
+    estimate's, `probe.ngram`); the first round, the prompt's pass, is left out on both."""
+    for row in section["k_table"]:
+        steps = row["emitted_tokens"] / row["tokens_per_verify"] - row["prompts"] if row["tokens_per_verify"] else 0
+        if steps > 0:
+            row["tau_tokens"] = (row["emitted_tokens"] - row["prompts"]) / steps
+            row["tau_gap"] = row["tau_estimate"] - row["tau_tokens"]
