@@ -126,3 +126,66 @@ def test_monitor_change_point_in_the_run(tmp_path: Path):
     v = _monitor(path)[ALL]
     assert "SP406" in {f.rule_id for f in v.findings}
     assert v.drift.change_at == pytest.approx(1_764_000_000.0 + 2.5 * 3600, abs=700)
+
+
+def test_prometheus_source_reads_the_run_from_query_range():
+    """A fleet's history through the query API: increase() over consecutive windows across
+    --drift-window; a six-hour fall of 20 % fires SP405 for that model only."""
+    import threading
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from specprobe.monitor.prometheus import PrometheusSource
+
+    now = 1_764_000_000.0
+    seen: list[dict] = []
+
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            url = urllib.parse.urlparse(self.path)
+            q = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
+            result: list[dict] = []
+            if url.path.endswith("/query_range"):
+                seen.append(q)
+                start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+                for model, fall in (("falling", 0.2), ("steady", 0.0)):
+                    values, ts = [], start
+                    while ts <= end:
+                        level = 0.7 * (1 - fall * (ts - start) / (end - start))
+                        drafted = 3000.0
+                        values.append([ts, str(round(level * drafted) if "accepted" in q["query"] else drafted)])
+                        ts += step
+                    result.append({"metric": {"model_name": model}, "values": values})
+                kind = "matrix"
+            else:
+                kind = "vector"
+                if "vllm:spec_decode_num_accepted_tokens_total" in q["query"] and "offset" not in q["query"]:
+                    result = [{"metric": {"model_name": m}, "value": [now, "2100"]} for m in ("falling", "steady")]
+                elif "vllm:spec_decode_num_draft_tokens_total" in q["query"]:
+                    result = [{"metric": {"model_name": m}, "value": [now, "3000"]} for m in ("falling", "steady")]
+            body = json.dumps({"status": "success", "data": {"resultType": kind, "result": result}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        src = PrometheusSource(f"http://127.0.0.1:{server.server_address[1]}", engine="vllm", timeout=5, retries=0)
+        mon = Monitor([src], load_table(), window=600, baseline=3600, interval=15)
+        mon.poll(now)
+        views = {m.model: m for m in mon.evaluate(now).models}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert {q["step"] for q in seen} == {"600"} and float(seen[0]["end"]) - float(seen[0]["start"]) == 6 * 3600
+    assert "increase(vllm:spec_decode_num_accepted_tokens_total[600s])" in seen[0]["query"]
+    falling, steady = views["falling"], views["steady"]
+    assert falling.drift is not None and falling.drift.windows == 37
+    assert falling.drift.trend_drop_rel == pytest.approx(0.2, abs=0.01)
+    assert "SP405" in {f.rule_id for f in falling.findings}
+    assert steady.drift.trend_drop_rel == 0.0 and "SP405" not in {f.rule_id for f in steady.findings}

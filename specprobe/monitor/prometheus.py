@@ -1,6 +1,8 @@
 """A Prometheus server as a source: windows are computed server-side with
 increase()/avg_over_time() and summed per model_name across every engine instance it
-scrapes, so one source covers a whole fleet.
+scrapes, so one source covers a whole fleet. The drift tests read the run from its
+history: query_range of increase() over consecutive windows across --drift-window
+(default 6 h), for the counter engines (vLLM, llama.cpp).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
 from specprobe.monitor.base import MODEL_LABEL, UNLABELLED, IngestResult, SourceError, Store, Warn
+from specprobe.monitor.drift import Bucket
 from specprobe.monitor.exposition import (
     LLAMACPP_COUNTERS,
     LLAMACPP_PER_POS,
@@ -24,6 +27,9 @@ from specprobe.monitor.exposition import (
 )
 from specprobe.monitor.http_source import HttpSource, check_http_url, http_get, with_retries
 from specprobe.monitor.windows import ModelData, WindowCounts, prom_duration
+
+DEFAULT_DRIFT_SPAN = 6 * 3600.0  # the run a Prometheus source's drift tests look back over
+MAX_RANGE_POINTS = 2000  # per series and query_range (Prometheus refuses more than 11 000)
 
 
 @dataclass
@@ -62,6 +68,56 @@ class PrometheusSource(HttpSource):
                 continue
             if not math.isnan(value):
                 out.append((dict(item.get("metric", {})), value))
+        return out
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        url = f"{self.url}/api/v1/query_range?{urllib.parse.urlencode(params)}"
+        body = with_retries(lambda: http_get(url, self.timeout), self.retries, self.backoff)
+        try:
+            doc = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise SourceError(f"Prometheus answered non-JSON ({e.msg})") from e
+        if doc.get("status") != "success":
+            raise SourceError(f"Prometheus query failed: {doc.get('error', 'unknown error')}")
+        out = []
+        for item in doc.get("data", {}).get("result", []):
+            pts = []
+            for pair in item.get("values", []):
+                try:
+                    ts, v = float(pair[0]), float(pair[1])
+                except (IndexError, TypeError, ValueError):
+                    continue
+                if not math.isnan(v):
+                    pts.append((ts, v))
+            out.append((dict(item.get("metric", {})), pts))
+        return out
+
+    def _drift_series(self, t: float, window: float, span: float) -> dict[str, list[Bucket]]:
+        """The run as consecutive windows, server-side: increase() over `window` every
+        `window` seconds across `span`, accepted and drafted tokens per model."""
+        step = max(window, span / MAX_RANGE_POINTS)
+        rng = prom_duration(step)
+        out: dict[str, list[Bucket]] = {}
+        sets = []
+        if self.engine in ("auto", "vllm"):
+            sets.append(VLLM_COUNTERS)
+        if self.engine in ("auto", "llamacpp"):
+            sets.append(LLAMACPP_COUNTERS)
+        for counters in sets:
+            names = {q: base for base, q in counters.items()}
+            if windows.ACCEPTED not in names or windows.DRAFT_TOKENS not in names:
+                continue
+            got: dict[str, dict[str, dict[float, float]]] = {}
+            for quantity in (windows.ACCEPTED, windows.DRAFT_TOKENS):
+                q = f"sum by ({MODEL_LABEL}) (increase({names[quantity]}_total[{rng}]))"
+                for labels, pts in self.query_range(q, t - span, t, step):
+                    got.setdefault(labels.get(MODEL_LABEL, UNLABELLED), {})[quantity] = dict(pts)
+            for model, series in got.items():
+                acc, dra = series.get(windows.ACCEPTED, {}), series.get(windows.DRAFT_TOKENS, {})
+                buckets = [Bucket(ts - step, ts, acc[ts] / dra[ts], acc[ts], dra[ts]) for ts in sorted(set(acc) & set(dra)) if dra[ts] > 0]
+                if buckets:
+                    out[model] = buckets
         return out
 
     def _window(self, rng: str, offset: str, t: float | None) -> dict[str, dict[str, Any]]:
@@ -105,10 +161,12 @@ class PrometheusSource(HttpSource):
                     self._seen.add(name.split(":")[0])
         return per_model
 
-    def poll(self, t: float, store: Store, warn: Warn, *, window: float, baseline: float, num_spec_tokens: int | None = None, **_: Any) -> IngestResult:
+    def poll(self, t: float, store: Store, warn: Warn, *, window: float, baseline: float, num_spec_tokens: int | None = None,
+             drift_span: float | None = None, **_: Any) -> IngestResult:
         self._seen = set()
         now = self._window(prom_duration(window), "", t)
         base = self._window(prom_duration(baseline), prom_duration(window), t)
+        drift = self._drift_series(t, window, drift_span or DEFAULT_DRIFT_SPAN)
         res = IngestResult(None, set())
         if not now and not base:
             res.missing = missing_families(None, set(), self.engine)
@@ -119,6 +177,7 @@ class PrometheusSource(HttpSource):
             data.last_time = t
             k = data.num_spec_tokens or num_spec_tokens
             data.precomputed = (_counts(now.get(model, {}), k), _counts(base.get(model, {}), k))
+            data.drift_buckets = drift.get(model, [])
             res.models.add(model)
         res.engine = self.detected = ",".join(sorted(self._seen)) or self.detected
         return res

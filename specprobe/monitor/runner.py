@@ -205,6 +205,7 @@ class Monitor:
                 res: IngestResult = src.poll(
                     now, self.store, self.warn_once,
                     window=self.window, baseline=self.baseline, num_spec_tokens=self.num_spec_tokens,
+                    drift_span=self.drift_span,
                 )
             except SourceError as e:
                 st.failures += 1
@@ -332,7 +333,8 @@ class Monitor:
                 metrics["monitor_requests_below_share"] = req.below_share
                 grouped = model != ALL and "=" in model
                 metrics["monitor_group_accept_rate"] = stats_now.accept_rate if grouped else NAN
-            dr = drift_mod.drift(self.buckets.get(model, ()), span=self.drift_span)
+            series = data.drift_buckets if data.precomputed is not None else self.buckets.get(model, ())
+            dr = drift_mod.drift(series, span=self.drift_span)
             metrics.update(dr.metrics() if dr is not None else drift_mod.empty_metrics())
             table = table_for(self.table, self.group_overrides, model) if self.group_overrides else self.table
             findings = tuple(table.findings(metrics, families=["monitoring"]))

@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.metrics import spec_counts
@@ -153,6 +154,8 @@ class ModelData:
     # Per-request records (`--requests`), oldest first; also added as events above.
     requests: list[RequestPoint] = field(default_factory=list)
     requests_seen: int = 0  # every request ever added (requests[0] is number requests_seen − len)
+    # A Prometheus server's history as consecutive windows (the drift tests' series).
+    drift_buckets: list[Any] = field(default_factory=list)  # drift.Bucket, oldest first
 
     def _touch(self, t: float) -> None:
         self.last_time = t if self.last_time is None else max(self.last_time, t)
