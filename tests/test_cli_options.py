@@ -27,6 +27,7 @@ NOT_KEYS = {
     "candidate": "compare's CANDIDATE.json: a file's outputs.json",
     "allow_target_change": "compare-only escape hatch",
     "allow_prompt_change": "compare-only escape hatch",
+    "allow_procedure_change": "compare-only escape hatch",
 }
 
 

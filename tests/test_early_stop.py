@@ -135,6 +135,6 @@ def test_simulate_and_the_estimate_draft_less_under_p_min(tiny_pair, tmp_path) -
     (full, full_depth), (gated, gated_depth) = rows[0.0], rows[0.99]
     assert sum(gated_depth.drafted_per_position) < sum(full_depth.drafted_per_position)
     assert gated_depth.drafted_per_position[-1] < gated_depth.drafted_per_position[0]  # drafts of every length
-    for row, depth in ((full, full_depth), (gated, gated_depth)):
+    for row in (full, gated):
         assert row.tau_estimate == pytest.approx(row.tau_tokens, rel=0.03)
     assert gated.tau_tokens == pytest.approx(1 + sum(gated_depth.accepted_per_position) / gated_depth.num_drafts)

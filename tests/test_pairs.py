@@ -37,11 +37,16 @@ def test_identical_pair_is_excellent(tiny_pair, tmp_path) -> None:
     assert len(r.positions.accept_prob) == m["num_positions"]
 
 
-def test_random_drafter_is_catastrophic(tiny_pair, tmp_path) -> None:
+def test_random_drafter_whose_pairing_is_sound_is_untrained_not_a_broken_pairing(tiny_pair, tmp_path) -> None:
+    """A drafter with the target's tokenizer and vocabulary but random weights: every
+    pre-flight check passes, so the verdict points to training (SP216, SP108), not to the
+    pairing (SP201, SP101) that `check` just cleared."""
     r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["random"]), tmp_path))
-    assert r.metrics["accept_prob_mean"] < 0.05
-    assert r.verdict == "catastrophic mismatch"
-    assert "SP201" in _ids(r)
+    assert r.metrics["accept_prob_mean"] < 0.05 and r.metrics["alignment_errors"] == 0
+    assert r.verdict == "not trained for this target"
+    assert "SP216" in _ids(r) and "SP201" not in _ids(r) and "SP101" not in _ids(r)
+    f = next(f for f in r.findings if f.rule_id == "SP216")
+    assert "every pre-flight check passed" in f.message and "Train the drafter" in f.remedy
 
 
 def test_vocab_shuffled_drafter_is_stopped_before_any_forward_pass(tiny_pair, tmp_path, monkeypatch) -> None:

@@ -101,21 +101,33 @@ def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict
         "prompt_set": {"name": prompt_set.name, "source": prompt_set.source, "sha256": prompt_set.sha256, "num_prompts": len(prompt_set.prompts), "domains": prompt_set.domains},
         "reference": "off-policy" if cfg.reference == "dataset" else "on-policy",
         "sampling": _sampling(pair.sampling),
-        "procedure": procedure_section(cfg.engine, cfg.drafting),
+        "procedure": procedure_section(cfg.engine, cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min, thresholds=cfg.thresholds),
         "alignment": {"facts": align.facts, "evidence": align.evidence},
     }
 
 
-def procedure_section(engine: str, drafting: str) -> dict[str, Any]:
+def procedure_section(engine: str, drafting: str, *, p_min: float = 0.0, n_min: int = 0, thresholds: tuple[float, float] = (1.0, 1.0)) -> dict[str, Any]:
     """What the estimates follow: the engine, its drafting and one draft token's acceptance
-    law, in words for the headline, and the engine's own knob for the adaptive threshold."""
+    law, in words for the headline (with the engine's early stop or relaxed thresholds
+    where set), and the engine's own knob for the adaptive threshold."""
     e = BY_ENGINE[engine]
+    relaxed = drafting == GREEDY and min(thresholds) < 1
+    acceptance = "p_target(draft token)" if drafting == GREEDY else "Σ min(p, q)"
+    if relaxed:
+        acceptance = f"1 where p_target(draft) ≥ {thresholds[0]:g}, else min(1, p_target(draft) ÷ {thresholds[1]:g}) (lossy)"
+    words = describe(engine, drafting)
+    if relaxed:
+        words = f"as {e.label} verifies it: greedy drafts, acceptance = {acceptance}"
+    if p_min > 0:
+        words += f"; drafts stop below --spec-draft-p-min {p_min:g}"
+    if n_min > 1:
+        words += f", shorter than {n_min} dropped"
     return {
         "engine": e.name,
         "engine_label": e.label,
         "drafting": drafting,
-        "acceptance": "p_target(draft token)" if drafting == GREEDY else "Σ min(p, q)",
-        "description": describe(engine, drafting),
+        "acceptance": acceptance,
+        "description": words,
         "adaptive_knob": e.adaptive_knob if drafting == GREEDY else None,
     }
 
@@ -148,6 +160,7 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
         metrics.update(length_metrics)
     if scored.nonfinite:  # the prompts SP107 names: left out of every other metric
         evidence = {**evidence, "nonfinite_logit_positions": scored.nonfinite}
+    metrics["alignment_errors"] = alignment_errors(table, metrics, kind)
     findings, evals = evaluate_rules(table, metrics, kind, evidence)
     if nothing_scored(metrics):
         findings, evals = _alignment_only(table, metrics, kind, evidence, findings, evals)
@@ -160,6 +173,14 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
         "positions": scored.rows if cfg.keep_positions else None,
         **verdict_fields(table, findings, evals),
     }))
+
+
+def alignment_errors(table: RuleTable, metrics: dict[str, Any], kind: str) -> int:
+    """How many error-level pre-flight (alignment) rules fail on this pair: whether a
+    near-zero acceptance can be a broken pairing (SP101, SP201) or is a drafter that never
+    learnt the target (SP108, SP216)."""
+    findings, _ = evaluate_rules(table, metrics, kind, families=DIAGNOSE_FAMILIES[:1])
+    return sum(f.severity == "error" for f in findings)
 
 
 def _alignment_only(table: RuleTable, metrics: dict[str, Any], kind: str, evidence: dict[str, list[str]], findings: list[Any], evals: list[Evaluation]) -> tuple[list[Any], list[Evaluation]]:
@@ -191,10 +212,14 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     s = acc.summary()
     cum = acc.cumulative_depth().tolist()
     cond = estimate.conditional(cum)
+    # a head that answers fixed depths (Medusa: one per head) drafts nothing deeper: the K
+    # table (and every recommendation) stops at its deepest head
+    deepest = max(scored.head_depths, default=0)
+    k_top = deepest if 1 < deepest < cfg.k_max else cfg.k_max
     priced = price(
-        cost, cumulative=cum if acc.num_positions else [], alpha_mean=float(s["accept_prob_engine_mean"]), renewal=acc.renewal_tau().tolist(),
-        k_max=cfg.k_max, batch_size=cfg.batch_size, cost_ratio=cfg.cost_ratio, verify_factor=cfg.verify_factor, origins=cfg.cost_origins,
-        budget=(acc.renewal_tokens, acc.renewal_rounds, acc.renewal_drafted),  # the renewal sums: speedup at this run's token budget
+        cost, cumulative=cum[:k_top] if acc.num_positions else [], alpha_mean=float(s["accept_prob_engine_mean"]), renewal=acc.renewal_tau()[:k_top].tolist(),
+        k_max=k_top, batch_size=cfg.batch_size, cost_ratio=cfg.cost_ratio, verify_factor=cfg.verify_factor, origins=cfg.cost_origins,
+        budget=(acc.renewal_tokens, acc.renewal_rounds[:k_top], acc.renewal_drafted[:k_top, :k_top]),  # the renewal sums: speedup at this run's token budget
     )
     ktab, c = priced.k_table, priced.cost_ratio
     adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor, priced.verify) if acc.num_positions else None
@@ -216,7 +241,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "accept_prob_long_context_ratio": acc.long_context_ratio(),
         "cond_accept_depth_decay": (cond[-1] / cond[0]) if cond and cond[0] and not math.isnan(cond[-1]) else None,
         **priced.metrics,
-        "speedup_adaptive": adaptive.speedup if adaptive else None,
+        "speedup_adaptive": adaptive.speedup if adaptive else None,  # the threshold's, winning or not (`adaptive.beats_fixed`)
         "num_positions": acc.num_positions,
         "num_prompts": acc.num_prompts,
         "nonfinite_logit_positions": scored.nonfinite_positions,
@@ -234,7 +259,8 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "histograms": acc.histograms(),
         "depth": {"depth": list(range(1, cfg.k_max + 1)), "cumulative": cum, "conditional": cond, "source": "estimate", "head_depths": list(scored.head_depths)},
         "k_table": [asdict(r) for r in ktab],
-        "adaptive": asdict(adaptive) if adaptive else None,
+        # never worse than the best fixed K: a threshold that loses to it is reported, not recommended
+        "adaptive": {**asdict(adaptive), "beats_fixed": bool(adaptive.speedup > (priced.metrics.get("speedup_best") or 0.0))} if adaptive else None,
         "cost": priced.section,
     }
 

@@ -469,8 +469,8 @@ def score_batch(target: LoadedModel, drafter: Drafter, idx: list[int], encoded: 
             # the depth-d prediction of token t+1 is made at position t+1−d
             drafts = ((d, draft_logits(feats[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in depths)  # [N, V'] each
             chunk = Chunk(prompt_of[c0 : c0 + step], t_np[c0 : c0 + step] + 1)
-            drafts, engine_conf = engine_confidence(drafts, cfg.confidence)
-            scores = with_confidence(score_chunk(tl, drafts, tt + 1, pair, top, probes, chunk, vocab), engine_conf)
+            passing, engine_conf = engine_confidence(drafts, cfg.confidence)
+            scores = with_confidence(score_chunk(tl, passing, tt + 1, pair, top, probes, chunk, vocab), engine_conf)
             for d in beyond:
                 scores.alpha_by_depth[d] = np.zeros(len(chunk.prompt))
                 scores.greedy_by_depth[d] = np.zeros(len(chunk.prompt))

@@ -140,7 +140,15 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
     import torch
 
     # deferred: loads torch, which the torch-free commands that import this module never need
-    from specprobe.probe.scoring import Chunk, _pad_id, _right_padded, _wants, engine_confidence, score_chunk, with_confidence
+    from specprobe.probe.scoring import (
+        Chunk,
+        _pad_id,
+        _right_padded,
+        _wants,
+        engine_confidence,
+        score_chunk,
+        with_confidence,
+    )
 
     ids, mask = _right_padded([encoded[i] + conts[i] for i in idx], _pad_id(target.tokenizer), target.device)
     lengths = [len(conts[i]) for i in idx]
@@ -161,8 +169,8 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
             chunk = Chunk(prompt_of[c0 : c0 + step], t_np[c0 : c0 + step] + 1)
             for e, f, ds, (top, probes) in zip(entries, feats, depths, wants, strict=True):
                 drafts = ((d, e.drafter.logits(f[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in ds)  # [N, V'] each
-                drafts, engine_conf = engine_confidence(drafts, cfg.confidence)
-                scores = with_confidence(score_chunk(tl, drafts, tt + 1, e.sampling, top, probes, chunk), engine_conf)
+                passing, engine_conf = engine_confidence(drafts, cfg.confidence)
+                scores = with_confidence(score_chunk(tl, passing, tt + 1, e.sampling, top, probes, chunk), engine_conf)
                 for s in e.sinks:
                     s.chunk(chunk, scores)
             del tl

@@ -311,7 +311,10 @@ def render(result: Result, console: Console, full: bool = True) -> None:
     if result.k_table:
         console.print(depth_k_table(result))
     a, c = result.adaptive, result.cost
-    if a:
+    if a and a.beats_fixed is False:
+        best = result.metrics.get("best_k")
+        console.print(f"adaptive K: no confidence threshold beats fixed K = {best} (the best, {adaptive_wording(result, a.threshold, none=EM_DASH)}, gives {_f(a.speedup, '.2f')}×): draft K = {best}", highlight=False)
+    elif a:
         console.print(f"adaptive K: {adaptive_wording(result, a.threshold, none=EM_DASH)} → τ {_f(a.tau_tokens, '.2f')}, mean K {_f(a.mean_k, '.2f')}, speedup {_f(a.speedup, '.2f')}×", highlight=False)
     if c:
         note = _cost_note(result)

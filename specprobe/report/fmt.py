@@ -127,5 +127,5 @@ def adaptive_wording(result: Any, threshold: Any, none: str = DASH) -> str:
     knob = getattr(getattr(result, "procedure", None), "adaptive_knob", None)
     theta = fixed(threshold, ".2f", none=none)
     if knob:
-        return f"{knob} {theta} (stop drafting before the first draft whose drafter confidence max q is below it)"
+        return f"{knob} {theta} (stop drafting before the first draft whose probability among the drafter's 10 best is below it)"
     return f"stop drafting when drafter confidence < {theta}"

@@ -301,7 +301,9 @@ def _speedup_section(result: Result) -> str:
         f" v_K {esc(src.get('verify_factor', 'given'))}{f' at batch size {cost.batch_size}' if cost and cost.batch_size else ''}."
         " τ(K): renewal estimate (rounds start where the previous one ended); τ window: every start position averaged. τ includes the bonus token."
     )
-    if adaptive:
+    if adaptive and adaptive.beats_fixed is False:
+        caption += f" Adaptive K: no confidence threshold beats fixed K = {esc(str(result.metrics.get('best_k')))} (the best gives {fnum(adaptive.speedup, '.2f')}×)."
+    elif adaptive:
         caption += f" Adaptive K ({esc(adaptive_wording(result, adaptive.threshold))}): {fnum(adaptive.speedup, '.2f')}× at mean K {fnum(adaptive.mean_k, '.2f')}."
     return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if ks[i] == best else ""), "τ and speedup by K")
 

@@ -248,6 +248,7 @@ class Adaptive(Part):
     tau_tokens: Num
     speedup: Num
     mean_k: Num
+    beats_fixed: bool | None = Field(default=None, description="Whether the best threshold's speedup beats the best fixed K's; when it does not, the recommendation is the fixed K (null in results written before this was judged).")
 
 
 class Timing(Part):

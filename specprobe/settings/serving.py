@@ -662,9 +662,9 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
         extra["n_max"] = k
     if k is not None and extra.get("n_min") is not None and extra["n_min"] > k:
         raise ConfigError(f"{places('n_min')} {extra['n_min']} is more than {places('n_max')} {k}", "the fewest draft tokens cannot exceed the most")
-    for key, value in LLAMA_SERVER_DEFAULTS.items():
+    for key, default in LLAMA_SERVER_DEFAULTS.items():
         if vals.get(key) is None:  # the server's sampler, unless the requests say otherwise
-            vals[key], places.written[key] = value, f"{_LLAMA_DEFAULT_AT} {key} {value:g} (a request's own value replaces it)"
+            vals[key], places.written[key] = default, f"{_LLAMA_DEFAULT_AT} {key} {default:g} (a request's own value replaces it)"
     sampling, s_at = _sampling(vals, places)
     target = vals.get("model") or _repo(vals.get("hf_repo"))
     cfg_places = {"engine": f"{name}: {prog}" if prog else next(iter(at.values()), name), "k": places("n_max"), "p_min": places("p_min"), "n_min": places("n_min"), **s_at}
