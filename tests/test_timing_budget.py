@@ -8,6 +8,7 @@ result says how the costs were measured and what was skipped."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -88,12 +89,25 @@ def test_the_hard_cap_cuts_even_the_first_warm_up_round() -> None:
     tw, _ = Watch(t, clock, per_row=1.0), Watch(d, clock, per_row=0.3)
     raw = timing.cost_block(target, drafter, None, k_max=8, batch_sizes=[4], context_tokens=20, budget_s=5.0, cap_s=10.0, clock=clock)
     b = raw["batches"][0]
-    # a round at batch 4 is 4 × (1 + 0.3 + 8) = 37 s; the cap is 10 s: the warm-up is cut, nothing is timed
-    assert b["repeats"] == 0 and not raw["measured"]
+    # a round at batch 4 is 4 × (1 + 0.3 + 4 verify passes) = 21.2 s; the cap is 10 s: the warm-up is cut
     timed = [c for c in tw.rows(4)]
-    assert 1 <= len(timed) < 1 + 8  # it stopped before the round's last verify pass
+    assert 1 <= len(timed) < 1 + len(timing.timed_ks(8))  # it stopped before the round's last verify pass
     assert raw["elapsed_s"] <= 10.0 + 4.0  # at most the one call that was under way
-    assert any("warm-up" in s for s in raw["skipped"])
+    assert any("the 10.0 s cap came during the warm-up round" in s for s in raw["skipped"])
+    # what the warm-up finished stands as one repeat: the drafter's step and the first verify passes, the rest interpolated
+    assert b["from_warmup"] and b["repeats"] == 1 and len(b["draft_ratios"]) == 1 and b["verify_ratios"][0] and not b["verify_ratios"][-1]
+    priced = costs.price(raw, cumulative=[0.8] * 8, alpha_mean=0.8, renewal=None, k_max=8, batch_size=4)
+    assert priced.section["sources"]["verify_factor"] == "measured at some K, interpolated between"
+    assert all(not math.isnan(r.verify_factor) for r in priced.k_table[0:1]) and priced.metrics["cost_repeats"] == 1
+
+
+def test_verify_passes_not_timed_are_interpolated_per_repeat() -> None:
+    vr = [[2.0, 3.0], [4.0, 5.0], [], [8.0, 9.0], [], [], [], [16.0, 17.0]]  # K = 1, 2, 4, 8 timed
+    filled = costs.fill_verify(vr, 8)
+    assert filled[2] == [6.0, 7.0] and filled[4] == [10.0, 11.0] and filled[6] == [14.0, 15.0]
+    # cut after K = 2: past it along the last two timed
+    assert costs.fill_verify([[2.0], [4.0], [], []], 4) == [[2.0], [4.0], [6.0], [8.0]]
+    assert timing.timed_ks(8) == [1, 2, 4, 8] and timing.timed_ks(5) == [1, 2, 4, 5] and timing.timed_ks(1) == [1]
 
 
 @pytest.mark.parametrize("layer_skip", [False, True])

@@ -53,6 +53,7 @@ class Samples:
     elapsed_s: float  # warm-up included
     stopped_by_budget: bool  # fewer than max_repeats because the budget or the cap ran out
     warmup_rounds: int = 0  # warm-up rounds that ran to the end
+    from_warmup: bool = False  # the hard stop cut the warm-up: times[name] is its one call, where it ran
 
     @property
     def repeats(self) -> int:
@@ -76,7 +77,8 @@ def interleaved(
     one, would end past cap_s. The first repeat runs unless stop_s, the hard limit, stops
     it: no call starts (the very first aside) that, as long as its last run (or the call
     before it, for one not run yet), would end past stop_s — a repeat cut short that way
-    is dropped."""
+    is dropped, and a warm-up cut short leaves the calls it finished as one sample each
+    (`from_warmup`: first-call effects included)."""
     start = clock()
     last_of: dict[str, float] = {}
     prev = 0.0
@@ -93,8 +95,9 @@ def interleaved(
     times: dict[str, list[float]] = {name: [] for name in calls}
     warmed = 0
     for _ in range(warmup):
-        if any(run(name, f) is None for name, f in calls.items()):
-            return Samples(times, clock() - start, True, warmed)
+        for name, f in calls.items():
+            if run(name, f) is None:  # cut: the calls the warm-up finished are all there is, one sample each
+                return Samples({n: [last_of[n]] if n in last_of else [] for n in calls}, clock() - start, True, warmed, from_warmup=True)
         warmed += 1
     done, stopped, last = 0, False, 0.0
     while done < max_repeats:
@@ -136,7 +139,8 @@ def batch_timings(samples: Samples, k_max: int, batch_size: int) -> dict[str, An
     t1 = t.get("target", [])
     return {
         "batch_size": batch_size,
-        "repeats": samples.repeats,
+        "repeats": samples.repeats if not samples.from_warmup else int(bool(t1)),
+        "from_warmup": samples.from_warmup,
         "target_step": stats_ms(t1),
         "draft_step": stats_ms(t.get("draft", [])),
         "verify": [stats_ms(t.get(f"verify{k}", [])) for k in range(1, k_max + 1)],
@@ -174,7 +178,7 @@ def cost_tables(raw: Mapping[str, Any], k_max: int, cost_ratio: float | None, ve
     out = []
     for b in raw.get("batches", []):
         dr = list(b.get("draft_ratios") or [])
-        vr = [list(v) for v in (b.get("verify_ratios") or [])]
+        vr = fill_verify([list(v) for v in (b.get("verify_ratios") or [])], k_max)
         c = cost_ratio if cost_ratio is not None else (None if dr else 0.0)
         v = verify_factor if verify_factor is not None else (None if vr and all(vr) else 1.0)
         rounds = round_costs(k_max, draft_ratios=dr, verify_ratios=vr, cost_ratio=c, verify_factor=v)
@@ -183,14 +187,43 @@ def cost_tables(raw: Mapping[str, Any], k_max: int, cost_ratio: float | None, ve
     return out
 
 
+def fill_verify(vr: Sequence[Sequence[float]], k_max: int) -> list[list[float]]:
+    """Per K = 1..k_max the per-repeat v_K, those not timed (an empty list: a K left out
+    of the timing, or past where the cap cut it) linear in K between the timed ones in the
+    same repeat, and past the last one along the last two timed (flat from one). Nothing
+    timed: unchanged (empty)."""
+    rows = [list(vr[k]) if k < len(vr) else [] for k in range(k_max)]
+    timed = [k for k in range(k_max) if rows[k]]
+    if not timed:
+        return rows
+    n = min(len(rows[k]) for k in timed)
+    for k in range(k_max):
+        if rows[k]:
+            continue
+        lo = max((j for j in timed if j < k), default=None)
+        hi = min((j for j in timed if j > k), default=None)
+        if lo is not None and hi is not None:
+            a, b = lo, hi
+        elif lo is not None:  # past the last timed K
+            below = [j for j in timed if j < lo]
+            a, b = (below[-1], lo) if below else (lo, lo)
+        else:  # before the first timed K (never: K = 1 is timed first)
+            a = b = hi  # type: ignore[assignment]
+        assert a is not None and b is not None
+        rows[k] = [rows[a][i] + (rows[b][i] - rows[a][i]) * (k - a) / (b - a) if b != a else rows[a][i] for i in range(n)]
+    return rows
+
+
 def sources(raw: Mapping[str, Any], cost_ratio_from: str | None, verify_factor_from: str | None) -> dict[str, str]:
     """Where c and v came from: the flag or config key that gave them, measured, or assumed."""
     batches = raw.get("batches", [])
     timed_draft = any(b.get("draft_ratios") for b in batches)
-    timed_verify = any(b.get("verify_ratios") and all(b["verify_ratios"]) for b in batches)
+    every_k = any(b.get("verify_ratios") and all(b["verify_ratios"]) for b in batches)
+    some_k = any(b.get("verify_ratios") and any(b["verify_ratios"]) for b in batches)
+    measured = "measured per K" if every_k else "measured at some K, interpolated between" if some_k else "not measured (1 assumed)"
     return {
         "cost_ratio": cost_ratio_from or ("measured" if timed_draft else "not measured (0 assumed)"),
-        "verify_factor": verify_factor_from or ("measured per K" if timed_verify else "not measured (1 assumed)"),
+        "verify_factor": verify_factor_from or measured,
     }
 
 

@@ -122,8 +122,10 @@ def cost_block(
                 calls = {}
                 _release(target.device)
             raw["stopped_by_budget"] = raw["stopped_by_budget"] or samples.stopped_by_budget
-            if samples.repeats == 0:
-                why = f"batch size {b}: stopped during its warm-up at the {cap_s:.1f} s cap; not measured"
+            if samples.from_warmup:
+                done = [n for n, v in samples.times.items() if v]
+                why = (f"batch size {b}: the {cap_s:.1f} s cap came during the warm-up round; "
+                       + (f"its {len(done)} finished call(s) ({', '.join(done)}) stand as one repeat, first-call effects included" if done else "not measured"))
                 raw["skipped"].append(why)
             entry = batch_timings(samples, k_max, b)
             entry["context_tokens"] = length
@@ -134,6 +136,8 @@ def cost_block(
     raw["batches"] = batches
     raw["elapsed_s"] = clock() - start
     raw["measured"] = any(x.get("repeats") for x in batches)
+    if need_verify and k_max > 2:
+        raw["method"] = f"{raw['method']}; verify passes timed at K = {', '.join(map(str, timed_ks(k_max)))}, the others interpolated per repeat"
     few = [str(x["batch_size"]) for x in batches if 0 < int(x.get("repeats") or 0) < MIN_REPEATS]
     if few:
         raw["notes"].append(f"batch size {', '.join(few)}: fewer than {MIN_REPEATS} repeats fit in the time the scoring took; the spread is not known")
@@ -160,9 +164,18 @@ def _calls(ctx: _Caches, target: Any, drafter: Any, batch: int, length: int, k_m
             if head is not None:
                 calls["draft"] = head
     if need_verify:
-        for k in range(1, k_max + 1):
+        for k in timed_ks(k_max):
             calls[f"verify{k}"] = t.call(k + 1)
     return calls
+
+
+def timed_ks(k_max: int) -> list[int]:
+    """The K whose verify pass is timed: 1, 2, 4, … and k_max (the others are interpolated, `costs.fill_verify`)."""
+    ks, k = [], 1
+    while k < k_max:
+        ks.append(k)
+        k *= 2
+    return [*ks, k_max]
 
 
 # ----------------------------------------------------------------------------- the caches, built once
