@@ -63,7 +63,7 @@ def test_diagnose_writes_json_and_csv(tiny_pair, tmp_path) -> None:
     for name in ("summary", "by_domain", "k_table", "positions"):
         assert (tmp_path / "csv" / f"{name}.csv").is_file()
     random = run("diagnose", str(tiny_pair["target"]), str(tiny_pair["random"]), "--prompts", str(pf), "--max-new-tokens", "8")
-    assert random.exit_code == 1 and "CATASTROPHIC MISMATCH" in random.output
+    assert random.exit_code == 1 and "NOT TRAINED FOR THIS TARGET" in random.output  # check passes: untrained, not a broken pairing
 
 
 def test_bad_inputs_exit_2(tiny_pair, tmp_path) -> None:
