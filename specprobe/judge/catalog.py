@@ -100,7 +100,7 @@ _METRICS: list[Metric] = [
     _m("accept_prob_config_loss_frac", "frac", False, "diagnose", "Share of α the drafter's sampling settings cost: (α aligned − α) ÷ α aligned, on the what-if sample (null when the settings match)."),
     _m("accept_prob_vocab_ceiling", "frac", True, "diagnose", "What-if: mean target probability mass on ids the drafter can propose at all — an upper bound on α (1 when it can propose every id)."),
     _m("accept_prob_high_entropy", "frac", True, "diagnose", "Mean α over positions where the target entropy is ≥ 2 nats."),
-    _m("accept_prob_long_context_ratio", "ratio", True, "diagnose", "α at the longest contexts ÷ α at the shortest, within each domain (weighted mean over domains)."),
+    _m("accept_prob_long_context_ratio", "ratio", True, "diagnose", "α at the longest contexts ÷ α at the shortest, within each domain (weighted mean over domains): with --context-lengths, between the longest and the shortest prompt length built; otherwise between context-position buckets of the prompts as given."),
     _m("cond_accept_depth_decay", "ratio", True, "diagnose", "Conditional acceptance at depth 8 ÷ at depth 1 (a_8 / a_1)."),
     _m("tau_tokens", "tokens", True, "diagnose", "Expected tokens per verify step τ(K) at the best K (bonus token included): the renewal estimate, rounds starting where the previous one ended."),
     _m("tau_window_tokens", "tokens", True, "diagnose", "Window estimate of τ at the best K: every start position averaged (runs high when acceptance comes in bursts)."),
