@@ -137,6 +137,10 @@ def test_sglang_launch_yaml_and_command_line(tmp_path: Path) -> None:
         "speculative_use_rejection_sampling": True,
     }
     assert sv.sampling == {"temperature": 0.8} and sv.where("drafting") == "sglang.sh: --speculative-use-rejection-sampling"
+    # topk 4: a tree, said as one (not "K = 3"), with each knob where the script set it
+    line = describe_serving(sv)
+    assert "a tree: depth 3 (--speculative-num-steps), 4 candidates per step (--speculative-eagle-topk), 16 tokens verified (--speculative-num-draft-tokens)" in line
+    assert "K = 3" not in line
     # an EAGLE (1/2) head and the args-file form (no program named)
     args = read_serving_config(_write(tmp_path, "sglang.args", "--model-path org/t\n--speculative-algorithm EAGLE\n--speculative-draft-model org/e\n--speculative-num-steps 5\n"))
     assert (args.engine, args.drafter_spec, args.num_speculative_tokens) == ("sglang", "eagle:org/e", 5)

@@ -838,6 +838,29 @@ def describe_serving(sv: ServingConfig) -> str:
     method = f" ({sv.method}{', ' + sv.drafter_kind if sv.drafter_kind else ''})" if sv.method else ""
     k_name = sv.where("k").split(": ", 1)[-1]
     k = f"K = {sv.num_speculative_tokens} ({k_name})" if sv.num_speculative_tokens else "K not set"
+    tree = served_tree(sv)
+    if tree is not None:
+        k = f"a tree: {tree}"
     drafting = f", {sv.drafting} drafting ({sv.where('drafting').split(': ', 1)[-1]})" if sv.drafting else ""
     sampling = ", ".join(f"{k2} {v:g}" for k2, v in {**sv.sampling, **{f"draft_{k3}": v3 for k3, v3 in sv.draft_sampling.items()}}.items()) or "no sampling settings"
     return f"{sv.source.name} ({engine}): drafter {sv.drafter or 'none'}{method}, {k}{drafting}, {sampling}"
+
+
+def served_tree(sv: ServingConfig) -> str | None:
+    """The draft tree a serving config verifies, in words, or None for a chain: SGLang's
+    EAGLE/STANDALONE with speculative-eagle-topk > 1 drafts topk candidates per step, num_steps
+    deep, and verifies num_draft_tokens of them in one pass (topk 1 and num_draft_tokens
+    num_steps + 1 is the chain). specprobe's estimates are a chain's."""
+    if sv.engine != SGLANG:
+        return None
+    topk = sv.extra.get("speculative_eagle_topk")
+    tokens = sv.extra.get("speculative_num_draft_tokens")
+    steps = sv.num_speculative_tokens
+    if topk is None or int(topk) <= 1:
+        return None
+    where = {key: sv.where(key).split(": ", 1)[-1] for key in ("k", "speculative_eagle_topk", "speculative_num_draft_tokens")}
+    parts = [f"depth {steps} ({where['k']})" if steps else "depth not set", f"{topk} candidates per step ({where['speculative_eagle_topk']})"]
+    if tokens is not None:
+        parts.append(f"{tokens} tokens verified ({where['speculative_num_draft_tokens']})")
+    return ", ".join(parts) + "; specprobe estimates the chain of its top candidates (K = depth)"
+
