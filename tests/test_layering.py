@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specprobe.probe",),  # the diagnose pipeline: alignment → references → scoring → assembly
     ("specprobe.simulate",),  # the real draft → verify loop
     ("specprobe.report",),  # renders saved results; never computes
+    ("specprobe.export",),  # saved results → engine configs and retraining data
     ("specprobe.monitor",),
     ("specprobe.cli", "specprobe.__main__"),
 )

@@ -65,6 +65,9 @@ from specprobe.cli import explain_cmd, sweep_cmd  # noqa: E402
 
 explain_cmd.register(app)
 sweep_cmd.register(app)
+from specprobe.cli import export_cmd  # noqa: E402
+
+export_cmd.register(app)
 
 
 def run() -> None:

@@ -34,7 +34,8 @@ from specprobe.settings.values import (
 )
 
 CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES, ALERTS = "check", "diagnose", "simulate", "sweep", "compare", "merge", "demo", "report", "monitor", "rules", "alerts"
-COMMANDS = (CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES, ALERTS)
+EXPORT = "export"
+COMMANDS = (CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES, ALERTS, EXPORT)
 MODELS = frozenset({CHECK, DIAGNOSE, SIMULATE, SWEEP})  # commands that load a target
 RUNS = frozenset({DIAGNOSE, SIMULATE, SWEEP})  # commands that run forward passes on prompts
 REPORTS = frozenset({DIAGNOSE, SIMULATE, COMPARE, MERGE, REPORT})  # commands that write every report
@@ -152,7 +153,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "engine", "--engine",
         "The serving engine whose draft-and-verify procedure to predict: vllm | sglang | llama.cpp | trtllm | transformers. It sets the sampling transform and how drafts are made and accepted.",
-        str, "vllm", commands=MODELS, file_key="engine", choices=ENGINE_NAMES,
+        str, "vllm", commands=MODELS | {EXPORT}, file_key="engine", file_commands=MODELS, choices=ENGINE_NAMES,
+        default_by_command={EXPORT: None}, help_by_command={EXPORT: "The engine to write a serving config for: vllm | sglang | llama.cpp | trtllm."},
     ),
     Setting(
         "draft_sampling", "--draft-sampling",
@@ -196,9 +198,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("context_lengths", "--context-lengths", "Score prompts built to these token lengths instead of the prompt set as given, e.g. 1k,2k,4k,8k (k = 1,024; one question per domain after documents from the set, or a longer prompt cut to the length) and report α, τ and their decay across lengths by domain (SP209); up to the target's context.", str | None,
             commands=frozenset({DIAGNOSE}), file_key="context_lengths", file_type=list[int], parse=parse_context_lengths, ge=16, hint="list token lengths such as 1k,2k,4k,8k", show_default=False),
     Setting("k_max", "--k-max", f"Largest draft length K in the estimated τ(K)/speedup table (at most {K_LIMIT}).", int, 8, commands=RUNS, file_key="k_max", ge=1, le=K_LIMIT, hint=f"use 1 ≤ K ≤ {K_LIMIT}"),
-    Setting("k", "--k", "Draft lengths to measure, comma-separated (each at most 32).", str | None, None, commands=frozenset({SIMULATE, COMPARE}), file_key="k", file_type=list[int], parse=_P["ks"], ge=1, le=K_LIMIT, hint="list draft lengths such as 1,2,4",
+    Setting("k", "--k", "Draft lengths to measure, comma-separated (each at most 32).", str | None, None, commands=frozenset({SIMULATE, COMPARE, EXPORT}), file_key="k", file_commands=frozenset({SIMULATE, COMPARE}), file_type=list[int], parse=_P["ks"], ge=1, le=K_LIMIT, hint="list draft lengths such as 1,2,4",
             default_by_command={SIMULATE: "1,2,4"}, show_default=False,
-            help_by_command={COMPARE: "Draft length(s) to compare τ and speedup at, e.g. 4 (default: the baseline's best K); the gate judges the K where τ fell most."}),
+            help_by_command={COMPARE: "Draft length(s) to compare τ and speedup at, e.g. 4 (default: the baseline's best K); the gate judges the K where τ fell most.",
+                             EXPORT: "The draft length K to export (default: the result's best K); a per-batch-size schedule is written only for the result's own K."}),
     Setting("adaptive_threshold", "--adaptive-threshold", "Also measure adaptive K: stop drafting at the first depth whose drafter confidence max q is below this.", float | None, commands=frozenset({SIMULATE}), file_key="adaptive_threshold",
             ge=0, le=1, hint="it is a drafter confidence max q; use e.g. 0.4"),
     Setting("verify_factor", "--verify-factor", "Override: a round costs (1 + K·c)·v target steps; default: the verify pass over K+1 tokens timed on the device for every K.", float | None, commands=RUNS, file_key="verify_factor",
@@ -235,6 +238,11 @@ SETTINGS: tuple[Setting, ...] = (
         "Its engine, drafting, sampling, drafter and K fill what neither a flag nor --config sets.",
         list[Path] | None, commands=MODELS, file_key="serving_configs", file_type=list[Path], metavar="FILE", recorded=False,
     ),
+    # ------------------------------------------------------------------ export
+    Setting("synthetic", "--synthetic", "Write the engine's synthetic-acceptance form (vLLM rejection_sample_method synthetic, llama-server --spec-synth-rates): the engine accepts drafts at the result's per-position rates, so a benchmark measures the speedup such a drafter would give on that hardware.", bool, False, commands=frozenset({EXPORT}), recorded=False),
+    Setting("training", "--training", "Write retraining data instead of a serving config: specforge | speculators (the weakest prompts with the target's own answers, and a manifest).", str | None, commands=frozenset({EXPORT}), choices=("specforge", "speculators"), recorded=False, show_default=False),
+    Setting("budget", "--budget", "--training: how many prompts to export, the weakest first.", int, 64, commands=frozenset({EXPORT}), ge=1, hint="a positive number of prompts", recorded=False),
+    Setting("export_out", "--output", "Where to write: the config file (default: stdout), or the folder for --training.", Path | None, commands=frozenset({EXPORT}), declared_by_command=True, recorded=False, metavar="FILE|DIR", show_default=False),
     Setting("baseline", "BASELINE.json", "The baseline result JSON (the drafter in production).", Path | None, commands=frozenset({COMPARE}), file_key="baseline", file_type=Path, declared_by_command=True, recorded=False),
 )
 

@@ -1,0 +1,86 @@
+"""`specprobe export RESULT.json --engine E [--k K] [--synthetic] [-o FILE]`: the engine's
+serving config for the result's recommendation; `--training specforge|speculators -o DIR`:
+retraining data where the drafter is weakest.
+
+The serving-config export reads JSON only and never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specprobe.cli.common import err, gather, handle_errors, takes_settings
+
+
+@takes_settings("export")
+@handle_errors
+def export(
+    ctx: typer.Context,
+    result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json", readable=False)],
+    export_out: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write: the config file (default: stdout), or the folder for --training.", metavar="FILE|DIR", show_default=False)] = None,
+) -> None:
+    """Turn a result into something to run: the engine's config for the recommended K, its synthetic-acceptance form, or retraining data.
+
+    --engine writes vLLM's --speculative-config JSON (a 'vllm serve --config' YAML when -o ends in .yaml), an SGLang launch YAML, a llama-server args file or a TensorRT-LLM speculative_config YAML, with the adaptive threshold in the engine's own knob (llama.cpp --spec-draft-p-min, when adaptive K beats the fixed K), a per-batch-size schedule where the result timed several batch sizes, and TensorRT-LLM's acceptance floor; the numbers it rests on are named in comments (and on stderr).
+
+    Examples:
+
+      specprobe export result.json --engine vllm -o spec.json
+
+
+      specprobe export result.json --engine llama.cpp --synthetic -o synth.args
+
+
+      specprobe export result.json --training specforge -o retrain/ --budget 200
+    """
+    # deferred: the command's own work: `specprobe --help` imports every command module and none of this
+    from specprobe.core.errors import ConfigError
+    from specprobe.core.files import InputPath, OutputPath, check_outputs, write_text_atomic
+    from specprobe.report.load import load_result
+    from specprobe.settings.model import check
+
+    opts = gather(ctx, "export", inputs=[InputPath("RESULT.json", result_file)])
+    engine, training, synthetic = opts.engine, opts.training, opts.synthetic
+    ks = opts.k
+    if ks is not None and len(ks) != 1:
+        raise ConfigError(f"--k {','.join(map(str, ks))}: export writes one K", "pass one draft length, e.g. --k 3")
+    k = ks[0] if ks else None
+    if (engine is None) == (training is None):
+        raise ConfigError("export needs one of --engine (a serving config) or --training (retraining data)", "e.g. specprobe export result.json --engine vllm, or --training specforge -o DIR")
+    if training is not None:
+        if export_out is None:
+            raise ConfigError("--training writes a folder", "give it with -o DIR")
+        if synthetic or k is not None:
+            raise ConfigError(f"--training takes neither {'--synthetic' if synthetic else '--k'}", "leave it out, or export a serving config with --engine")
+    check("engine", engine, "--engine")
+    if engine == "transformers":
+        raise ConfigError("--engine transformers has no serving config", "use vllm, sglang, llama.cpp or trtllm")
+    # every output checked, and kept off the input, before anything is read or written
+    if export_out is not None:
+        check_outputs([OutputPath("--output", export_out, "dir" if training else "file")], [InputPath("RESULT.json", result_file)])
+    result = load_result(result_file)
+
+    if training is not None:
+        from specprobe.export.training import export_training
+
+        written = export_training(result, result_file, training, export_out, opts.budget, progress_note=lambda m: err.print(m, highlight=False))  # type: ignore[arg-type]
+        err.print(f"wrote {len(written)} files into {export_out}", highlight=False)
+        return
+
+    from specprobe.export.engines import export_config
+
+    ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out)
+    for line in ex.note:
+        err.print(f"note: {line}", highlight=False, soft_wrap=True)
+    if export_out is None:
+        typer.echo(ex.text, nl=False)
+    else:
+        write_text_atomic(export_out, ex.text)
+        err.print(f"wrote {export_out}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

@@ -1,0 +1,389 @@
+"""A result's recommendation as the configuration each engine takes, field by field as
+the engines' own config code reads it:
+
+vLLM (vllm/config/speculative.py, vllm/v1/spec_decode/dynamic/utils.py)
+  `--speculative-config` JSON: method (draft_model | eagle | eagle3 | medusa | mtp |
+  ngram), model, num_speculative_tokens (> 0), draft_sample_method (greedy |
+  probabilistic); num_speculative_tokens_per_batch_size: [[start, end, k], …] with
+  inclusive batch-size ranges, the first starting at 1, sorted and not overlapping,
+  k ≥ 0 and clamped to num_speculative_tokens; past the last range its k holds. The
+  synthetic form: rejection_sample_method "synthetic" with synthetic_acceptance_rates,
+  entry i the probability that the first i + 1 drafts are all accepted (unconditional),
+  length num_speculative_tokens, each in [0, 1], non-increasing.
+SGLang (python/sglang/srt/server_args.py)
+  a launch `--config` YAML: speculative-algorithm (EAGLE | EAGLE3 | STANDALONE | NEXTN |
+  NGRAM), speculative-num-steps (the chain depth K), speculative-eagle-topk 1 (a chain),
+  speculative-num-draft-tokens K + 1 (the tree's tokens, the root included).
+llama.cpp (common/arg.cpp, common/speculative.cpp, tools/server/server-context.cpp)
+  llama-server arguments: -m, -md, --spec-type, --spec-draft-n-max, --spec-draft-n-min,
+  --spec-draft-p-min (stop drafting below this drafter probability: the adaptive-K
+  threshold). `--spec-synth-rates P0,P1,…`: unconditional per-position rates, exactly
+  n-max of them, finite, in [0, 1], non-increasing; the server accepts draft i with
+  P_i / P_(i−1) (benchmarking only: the output is not the target's).
+TensorRT-LLM (tensorrt_llm/llmapi/llm_args.py, DecodingBaseConfig)
+  `speculative_config:` {decoding_type, max_draft_len, speculative_model};
+  draft_len_schedule {batch size: draft length}: each key the largest batch size its
+  length serves, batch sizes above the largest key do not speculate, the smallest key's
+  length must equal max_draft_len and none exceed it; acceptance_window (≥ 0, requests)
+  and acceptance_length_threshold (≥ 0): speculation is switched off for good once the
+  mean acceptance length over the last acceptance_window finished requests falls below it.
+
+Every export names the numbers it rests on (in comments where the format has them, and
+in `Export.note`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specprobe.core.errors import InputError
+from specprobe.result import Result
+from specprobe.settings.engines import BY_ENGINE, GREEDY, PROBABILISTIC
+
+VLLM, SGLANG, LLAMA_CPP, TRTLLM = "vllm", "sglang", "llama.cpp", "trtllm"
+EXPORT_ENGINES = (VLLM, SGLANG, LLAMA_CPP, TRTLLM)
+
+# specprobe's drafter kinds → each engine's method name (absent: the engine has none)
+METHODS: dict[str, dict[str, str]] = {
+    VLLM: {"independent": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "mtp": "mtp", "ngram": "ngram"},
+    SGLANG: {"independent": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "ngram": "NGRAM"},
+    LLAMA_CPP: {"independent": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp"},
+    TRTLLM: {"independent": "DraftTarget", "eagle": "Eagle", "eagle3": "Eagle3", "medusa": "Medusa", "mtp": "MTP", "ngram": "NGram"},
+}
+_SPEC_PREFIXES = ("eagle3:", "eagle:", "medusa:", "mtp:")
+
+
+@dataclass
+class Plan:
+    """What an export says, before it is written in any engine's words."""
+
+    engine: str
+    source: Path
+    kind: str
+    method: str
+    target: str | None
+    drafter: str | None  # the draft model / head path (None: the target's own MTP layers, n-gram)
+    k: int  # the K the config runs (num_speculative_tokens, n-max, max_draft_len)
+    drafting: str
+    # [(start, end, k)] inclusive batch-size ranges (vLLM's shape), None: one K for all
+    schedule: list[tuple[int, int, int]] | None = None
+    p_min: float | None = None  # llama.cpp's adaptive threshold
+    floor: float | None = None  # TensorRT-LLM acceptance_length_threshold (tokens per verify step)
+    window: int | None = None  # TensorRT-LLM acceptance_window (requests)
+    rates: list[float] | None = None  # synthetic: P(first i drafts all accepted), i = 1..K
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tau_synthetic(self) -> float | None:
+        """Tokens per verify step the synthetic rates give: 1 + Σ rates."""
+        return None if self.rates is None else 1.0 + sum(self.rates)
+
+
+@dataclass(frozen=True)
+class Export:
+    text: str
+    note: list[str]
+    plan: Plan
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}g}"
+
+
+def _drafter_path(result: Result) -> str | None:
+    spec = result.drafter.spec or result.config.drafter or ""
+    if spec in ("mtp",):
+        return None
+    for prefix in _SPEC_PREFIXES:
+        if spec.startswith(prefix):
+            return spec[len(prefix) :] or None
+    return spec or None
+
+
+def _kind(result: Result) -> str:
+    kind = result.drafter.kind or ""
+    spec = result.drafter.spec or ""
+    if not kind or kind == "head":
+        kind = next((p[:-1] for p in _SPEC_PREFIXES if spec.startswith(p)), kind)
+        if spec == "mtp":
+            kind = "mtp"
+    return kind
+
+
+def _k_row(result: Result, k: int) -> Any:
+    return next((r for r in result.k_table if r.k == k), None)
+
+
+def _tau(row: Any) -> float | None:
+    if row is None:
+        return None
+    return row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
+
+
+def schedule_from_costs(result: Result) -> list[tuple[int, int, int]] | None:
+    """Each timed batch size's best K (0 where no K paid), as inclusive batch-size ranges:
+    a timed size serves up to the geometric mean of it and the next timed size; adjacent
+    ranges with the same K are merged. None unless at least two batch sizes were timed."""
+    if result.cost is None:
+        return None
+    timed = sorted((b for b in result.cost.batches if b.best_k is not None and not b.skipped and b.rows), key=lambda b: b.batch_size)
+    if len(timed) < 2:
+        return None
+    out: list[tuple[int, int, int]] = []
+    lo = 1
+    for i, b in enumerate(timed):
+        k = int(b.best_k or 0) if (b.speedup_best or 0.0) > 1.0 else 0
+        hi = math.isqrt(b.batch_size * timed[i + 1].batch_size) if i + 1 < len(timed) else b.batch_size
+        hi = max(hi, lo)
+        if out and out[-1][2] == k:
+            out[-1] = (out[-1][0], hi, k)
+        else:
+            out.append((lo, hi, k))
+        lo = hi + 1
+    return out
+
+
+def synthetic_rates(result: Result, k: int) -> list[float]:
+    """r_1..r_K from the result's depth curve: the probability that the first i drafts are
+    all accepted, clamped to [0, 1] and made non-increasing (a running minimum; the curve
+    is one by construction, the clamp only guards rounding)."""
+    depth = result.depth
+    cum = list(depth.cumulative) if depth is not None else []
+    if len(cum) < k or any(c is None for c in cum[:k]):
+        have = len(cum)
+        raise InputError(
+            f"the result's depth curve has {have} depth{'s' if have != 1 else ''}; --synthetic at K = {k} needs {k}",
+            "pass --k at most the depths it measured, or re-run diagnose with a larger --k-max",
+        )
+    rates: list[float] = []
+    prev = 1.0
+    for c in cum[:k]:
+        r = min(prev, max(0.0, min(1.0, float(c))))
+        rates.append(r)
+        prev = r
+    return rates
+
+
+def plan(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False) -> Plan:
+    """What to export, checked against what the engine takes (InputError, one line, when
+    the result cannot be written for it)."""
+    label = BY_ENGINE[engine].label
+    if not result.scored or not result.k_table:
+        raise InputError(f"{source.name} has no τ(K) table ({result.command}{', stopped: ' + result.stopped if result.stopped else ''})", "export a result of 'specprobe diagnose' or 'simulate' that scored its prompts")
+    kind = _kind(result)
+    method = METHODS[engine].get(kind)
+    if method is None:
+        what = {"layer_skip": f"a layer-skip self-draft ({result.drafter.spec})"}.get(kind, f"a {kind or 'unknown'} drafter ({result.drafter.spec})")
+        engines = [BY_ENGINE[e].label for e in EXPORT_ENGINES if kind in METHODS[e]]
+        hint = f"export it for {', '.join(engines)}" if engines else "the engines serve a layer-skip self-draft only as its own checkpoint: save the target's first layers as a model and diagnose that drafter"
+        raise InputError(f"{label} has no method for {what}", hint)
+    if synthetic and engine not in (VLLM, LLAMA_CPP):
+        raise InputError(f"--synthetic: {label} has no synthetic-acceptance mode that takes per-position rates", "use --engine vllm (rejection_sample_method synthetic) or --engine llama.cpp (--spec-synth-rates)")
+    best = result.best_k
+    chosen = k if k is not None else best
+    if chosen is None:
+        raise InputError(f"{source.name} recommends no K (no cost could be judged)", "pass --k")
+    ks = [r.k for r in result.k_table]
+    if chosen not in ks:
+        raise InputError(f"--k {chosen} is not in the result's τ(K) table (K {min(ks)}–{max(ks)})", "pass a K the result measured, or re-run diagnose with a larger --k-max")
+    drafting = result.procedure.drafting if result.procedure is not None else GREEDY
+    p = Plan(engine=engine, source=source, kind=kind, method=method, target=result.target.spec or result.config.target, drafter=_drafter_path(result) if kind != "ngram" else None, k=chosen, drafting=drafting)
+    row = _k_row(result, chosen)
+    tau, speedup = _tau(row), row.speedup if row is not None else None
+    alpha = result.metric("accept_prob_engine_mean") or result.metric("accept_prob_mean")
+    batch = result.cost.batch_size if result.cost is not None else result.config.batch_size
+    cost_ratio = result.cost.cost_ratio if result.cost is not None else None
+    why = "the result's best K" if k is None else f"--k {k}" + (f" (the result's best K is {best})" if best is not None and best != k else "")
+    p.notes.append(f"from {source.name} ({result.command}, {result.created}): drafter {result.drafter.spec} → target {result.target.spec}, {result.procedure.description if result.procedure else drafting + ' drafts'}")
+    p.notes.append(f"K = {chosen}: {why}; τ({chosen}) = {_f(tau)} tokens per verify step, speedup {_f(speedup)}× at batch {batch} (drafter/target cost c = {_f(cost_ratio)}), α = {_f(alpha)} per token")
+
+    # per-batch-size schedule (vLLM, TensorRT-LLM): only for the result's own recommendation
+    if engine in (VLLM, TRTLLM) and k is None and not synthetic:
+        sched = schedule_from_costs(result)
+        if sched is not None:
+            p.schedule = sched
+            p.k = max(chosen, max(kk for _, _, kk in sched))
+            p.notes.append("batch-size schedule (each timed batch size's best K; K 0 where no K paid): " + ", ".join(f"batch {lo}–{hi} K {kk}" for lo, hi, kk in sched))
+    elif engine in (VLLM, TRTLLM) and k is not None and schedule_from_costs(result) is not None:
+        p.notes.append("no batch-size schedule: --k fixes one K for every batch size")
+
+    # the adaptive threshold, in the engine's own knob
+    ad = result.adaptive
+    if ad is not None and ad.beats_fixed and not synthetic:
+        knob = BY_ENGINE[engine].adaptive_knob
+        if engine == LLAMA_CPP and drafting == GREEDY:
+            p.p_min = float(ad.threshold)
+            if k is None:  # the threshold's estimate drafts up to the table's deepest K
+                p.k = max(ks)
+            p.notes.append(f"adaptive K beats the best fixed K: stop drafting below drafter confidence {_f(ad.threshold)} ({knob}) → mean K {_f(ad.mean_k)}, τ {_f(ad.tau_tokens)}, speedup {_f(ad.speedup)}×, drafting at most {p.k}")
+        else:
+            p.notes.append(f"adaptive K (confidence {_f(ad.threshold)}: speedup {_f(ad.speedup)}×) beats the fixed K, but {label} has no {'greedy ' if engine == LLAMA_CPP else ''}confidence threshold to set: fixed K written")
+    elif ad is not None and ad.beats_fixed is False and engine == LLAMA_CPP and not synthetic:
+        p.notes.append(f"no --spec-draft-p-min: adaptive K ({_f(ad.speedup)}×) does not beat the fixed K")
+
+    # TensorRT-LLM: switch speculation off when the acceptance length falls below break-even
+    if engine == TRTLLM and tau is not None and speedup:
+        p.floor = round(tau / speedup, 3)  # a round's cost in target steps: τ below it loses
+        p.window = result.prompt_set.num_prompts if result.prompt_set is not None else None
+        p.notes.append(f"acceptance_length_threshold {p.floor:g}: a round at K {chosen} costs {p.floor:g} target steps (τ {_f(tau)} ÷ speedup {_f(speedup)}), so a mean acceptance length below it is slower than no speculation; window {p.window or '—'} requests (the prompts the result scored)")
+
+    if synthetic:
+        p.rates = synthetic_rates(result, chosen)
+        p.notes.append(f"synthetic acceptance: rates r_i = P(the first i drafts all accepted) from the result's depth curve ({result.depth.source if result.depth else '?'}), i = 1..{chosen}; tokens per verify step 1 + Σ r_i = {p.tau_synthetic:.4g}")
+    if drafting == PROBABILISTIC and engine == LLAMA_CPP:
+        p.notes.append("the result follows sampled drafts; llama-server drafts greedily (its drafter's top token)")
+    return p
+
+
+# ----------------------------------------------------------------------------- the writers
+def _yaml_scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{kk}: {_yaml_scalar(vv)}" for kk, vv in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
+    return json.dumps(str(v))  # a JSON string is a YAML double-quoted scalar
+
+
+def _comments(notes: Sequence[str]) -> list[str]:
+    return [f"# {n}" for n in ["written by specprobe export", *notes]]
+
+
+def vllm_spec(p: Plan) -> dict[str, Any]:
+    spec: dict[str, Any] = {"method": p.method}
+    if p.drafter:
+        spec["model"] = p.drafter
+    spec["num_speculative_tokens"] = p.k
+    if p.kind not in ("ngram",):
+        spec["draft_sample_method"] = p.drafting
+    if p.schedule:
+        spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in p.schedule]
+    if p.rates is not None:
+        spec["rejection_sample_method"] = "synthetic"
+        spec["synthetic_acceptance_rates"] = [round(r, 6) for r in p.rates]
+    return spec
+
+
+def write_vllm(p: Plan, as_yaml: bool = False) -> str:
+    """The --speculative-config JSON (no comments: its note goes to stderr); as_yaml: a
+    `vllm serve --config` YAML with the target and the note as comments."""
+    spec = vllm_spec(p)
+    if not as_yaml:
+        return json.dumps(spec) + "\n"
+    lines = _comments(p.notes)
+    if p.target:
+        lines.append(f"model: {_yaml_scalar(p.target)}")
+    lines.append("speculative-config:")
+    lines += [f"  {key}: {_yaml_scalar(v)}" for key, v in spec.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_sglang(p: Plan) -> str:
+    lines = _comments(p.notes)
+    if p.target:
+        lines.append(f"model-path: {_yaml_scalar(p.target)}")
+    lines.append(f"speculative-algorithm: {p.method}")
+    if p.drafter:
+        lines.append(f"speculative-draft-model-path: {_yaml_scalar(p.drafter)}")
+    lines.append(f"speculative-num-steps: {p.k}")
+    lines.append("speculative-eagle-topk: 1")
+    lines.append(f"speculative-num-draft-tokens: {p.k + 1}")
+    if p.drafting == PROBABILISTIC:
+        lines.append("speculative-use-rejection-sampling: true")
+    return "\n".join(lines) + "\n"
+
+
+def llama_args(p: Plan) -> list[str]:
+    """llama-server's arguments, as words."""
+    words: list[str] = []
+    if p.target:
+        words += ["-m", p.target]
+    if p.drafter:
+        words += ["-md", p.drafter]
+    if p.method != "draft-simple":
+        words += ["--spec-type", p.method]
+    words += ["--spec-draft-n-max", str(p.k), "--spec-draft-n-min", "0"]
+    if p.p_min is not None:
+        words += ["--spec-draft-p-min", f"{p.p_min:g}"]
+    if p.rates is not None:
+        words += ["--spec-synth-rates", ",".join(f"{r:.6g}" for r in p.rates)]
+    return words
+
+
+def _shell_word(w: str) -> str:
+    return w if w and all(c.isalnum() or c in "-_./,:=+@%" for c in w) else "'" + w.replace("'", "'\\''") + "'"
+
+
+def write_llamacpp(p: Plan) -> str:
+    """An args file: one flag and its value a line (`llama-server $(grep -v '^#' FILE)`)."""
+    words = llama_args(p)
+    lines = _comments(p.notes)
+    i = 0
+    while i < len(words):
+        if i + 1 < len(words) and not words[i + 1].startswith("-"):
+            lines.append(f"{words[i]} {_shell_word(words[i + 1])}")
+            i += 2
+        else:
+            lines.append(words[i])
+            i += 1
+    return "\n".join(lines) + "\n"
+
+
+def trtllm_schedule(p: Plan) -> tuple[int, dict[int, int] | None]:
+    """(max_draft_len, draft_len_schedule) from the vLLM-shaped ranges: each range's end
+    is its key; the first length is max_draft_len and bounds the others; a last range
+    that does not speculate is left to the implicit 0 above the largest key."""
+    if not p.schedule or p.schedule[0][2] == 0:
+        return p.k, None
+    first = p.schedule[0][2]
+    out = {hi: min(kk, first) for _, hi, kk in p.schedule}
+    while len(out) > 1 and out[max(out)] == 0:
+        del out[max(out)]
+    return first, out
+
+
+def write_trtllm(p: Plan) -> str:
+    max_len, sched = trtllm_schedule(p)
+    spec: dict[str, Any] = {"decoding_type": p.method}
+    if p.kind == "mtp":
+        spec["num_nextn_predict_layers"] = max_len
+    if p.kind == "medusa":
+        spec["num_medusa_heads"] = max_len
+    spec["max_draft_len"] = max_len
+    if p.drafter:
+        spec["speculative_model"] = p.drafter
+    if sched:
+        spec["draft_len_schedule"] = sched
+    if p.floor is not None:
+        spec["acceptance_window"] = p.window or 0
+        spec["acceptance_length_threshold"] = p.floor
+    lines = _comments(p.notes)
+    if sched:
+        lines.append(f"# above batch {max(sched)} (the largest batch size timed) TensorRT-LLM does not speculate")
+    if p.target:
+        lines.append(f"model: {_yaml_scalar(p.target)}")
+    lines.append("speculative_config:")
+    lines += [f"  {key}: {_yaml_scalar(v)}" for key, v in spec.items()]
+    return "\n".join(lines) + "\n"
+
+
+def export_config(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False, output: Path | None = None) -> Export:
+    """The engine's config text and the note it rests on. vLLM writes its JSON unless the
+    output is a .yaml/.yml file (then a `vllm serve --config` YAML)."""
+    p = plan(result, source, engine, k, synthetic)
+    if engine == VLLM:
+        text = write_vllm(p, as_yaml=output is not None and output.suffix.lower() in (".yaml", ".yml"))
+    elif engine == SGLANG:
+        text = write_sglang(p)
+    elif engine == LLAMA_CPP:
+        text = write_llamacpp(p)
+    else:
+        text = write_trtllm(p)
+    return Export(text=text, note=list(p.notes), plan=p)

@@ -1,0 +1,245 @@
+"""specprobe export --engine: each engine's config for the result's recommendation, read
+back by the --serving-config reader to the same engine, drafter, K and threshold; the
+shapes each engine's own config code accepts (vLLM's batch-size ranges, TensorRT-LLM's
+draft_len_schedule, the synthetic rates); the synthetic rates non-increasing and giving
+τ = 1 + Σ rates; bad input refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specprobe.cli.main import app
+from specprobe.export.engines import export_config, schedule_from_costs, synthetic_rates, trtllm_schedule
+from specprobe.report.load import load_result
+from specprobe.result import Result
+from specprobe.settings.serving import read_serving_config
+
+runner = CliRunner()
+DATA = Path(__file__).parent / "data" / "results" / "v1"
+
+
+def _result(tmp_path: Path, *, kind: str = "independent", spec: str | None = None, drafting: str = "greedy", engine: str = "vllm", beats: bool | None = None, batches: list[tuple[int, int, float]] | None = None, name: str = "result.json") -> tuple[Result, Path]:
+    """The stored diagnose result made into the case under test (another drafter, a
+    procedure, an adaptive verdict, costs timed at several batch sizes), written to disk."""
+    base = load_result(DATA / "diagnose.json")
+    d: dict[str, Any] = json.loads(base.to_json())
+    d["drafter"] = {**d["drafter"], "kind": kind, "spec": spec if spec is not None else str(tmp_path / "draft-model")}
+    d["procedure"] = {"engine": engine, "engine_label": engine, "drafting": drafting, "acceptance": "p_target(draft token)", "description": f"{drafting} drafts", "adaptive_knob": "--spec-draft-p-min" if engine == "llama.cpp" else None}
+    if beats is not None:
+        d["adaptive"] = {**d["adaptive"], "beats_fixed": beats, "threshold": 0.4}
+    if batches is not None:
+        rows = [{"k": r["k"], "tau_tokens": r["tau_tokens"], "verify_factor": 1.0, "round_cost": 1.2, "speedup": 1.1} for r in d["k_table"]]
+        d["cost"] = {**d["cost"], "batch_size": batches[0][0], "batches": [{"batch_size": b, "best_k": k, "speedup_best": s, "rows": rows} for b, k, s in batches]}
+    r = Result.model_validate(d)
+    path = tmp_path / name
+    path.write_text(r.to_json(), encoding="utf-8")
+    return r, path
+
+
+def _write(tmp_path: Path, text: str, name: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+# ----------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize(
+    ("engine", "kind", "name", "method"),
+    [
+        ("vllm", "independent", "spec.json", "draft_model"),
+        ("vllm", "eagle3", "serve.yaml", "eagle3"),
+        ("sglang", "eagle3", "launch.yaml", "EAGLE3"),
+        ("sglang", "independent", "launch.yaml", "STANDALONE"),
+        ("llama.cpp", "independent", "server.args", "draft-simple"),
+        ("llama.cpp", "eagle3", "server.args", "draft-eagle3"),
+        ("trtllm", "eagle3", "extra.yaml", "Eagle3"),
+        ("trtllm", "independent", "extra.yaml", "DraftTarget"),
+    ],
+)
+def test_each_export_reads_back_as_the_same_engine_drafter_and_k(tmp_path: Path, engine: str, kind: str, name: str, method: str) -> None:
+    spec = f"{kind}:{tmp_path / 'head'}" if kind == "eagle3" else None
+    r, src = _result(tmp_path, kind=kind, spec=spec, engine=engine)
+    out = tmp_path / name
+    res = runner.invoke(app, ["export", str(src), "--engine", engine, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    sv = read_serving_config(out)
+    assert sv.engine == engine
+    assert sv.method == method
+    assert sv.drafter_kind == kind
+    assert sv.num_speculative_tokens == r.best_k
+    want_drafter = str(tmp_path / ("head" if kind == "eagle3" else "draft-model"))
+    assert sv.drafter == want_drafter
+    if engine != "vllm" or name.endswith(".yaml"):
+        assert sv.target == r.target.spec
+        assert "# K = 1: the result's best K" in out.read_text()  # the numbers it rests on
+    assert "note: K = 1" in res.output
+
+
+def test_vllm_json_is_the_speculative_config_exactly(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, drafting="probabilistic")
+    ex = export_config(r, src, "vllm")
+    spec = json.loads(ex.text)
+    assert spec == {"method": "draft_model", "model": str(tmp_path / "draft-model"), "num_speculative_tokens": 1, "draft_sample_method": "probabilistic"}
+    assert read_serving_config(_write(tmp_path, ex.text, "s.json")).drafting == "probabilistic"
+
+
+def test_sglang_chain_shape(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, kind="eagle3", spec=f"eagle3:{tmp_path / 'head'}")
+    d = yaml.safe_load(export_config(r, src, "sglang", k=3).text)
+    assert d["speculative-num-steps"] == 3 and d["speculative-eagle-topk"] == 1 and d["speculative-num-draft-tokens"] == 4
+
+
+def test_llamacpp_p_min_only_when_adaptive_beats_fixed(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, engine="llama.cpp", beats=True)
+    ex = export_config(r, src, "llama.cpp")
+    sv = read_serving_config(_write(tmp_path, ex.text, "a.args"))
+    assert sv.extra["p_min"] == pytest.approx(0.4)
+    assert sv.num_speculative_tokens == max(row.k for row in r.k_table)  # the threshold drafts up to the deepest K
+    assert sv.extra["n_min"] == 0
+    r2, src2 = _result(tmp_path, engine="llama.cpp", beats=False, name="r2.json")
+    ex2 = export_config(r2, src2, "llama.cpp")
+    sv2 = read_serving_config(_write(tmp_path, ex2.text, "b.args"))
+    assert "p_min" not in sv2.extra and sv2.num_speculative_tokens == r2.best_k
+    assert any("does not beat" in n for n in ex2.note)
+
+
+def test_adaptive_threshold_on_an_engine_without_the_knob_is_a_note(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, beats=True)
+    ex = export_config(r, src, "vllm")
+    assert "p_min" not in ex.text and any("no confidence threshold" in n for n in ex.note)
+
+
+# ----------------------------------------------------------------------------- schedules
+BATCHES = [(1, 4, 1.8), (8, 2, 1.3), (32, 1, 1.05), (128, 1, 0.9)]
+
+
+def test_vllm_batch_size_schedule_is_what_vllm_validates(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, batches=BATCHES)
+    sched = schedule_from_costs(r)
+    assert sched == [(1, 2, 4), (3, 16, 2), (17, 64, 1), (65, 128, 0)]
+    spec = json.loads(export_config(r, src, "vllm").text)
+    ranges = spec["num_speculative_tokens_per_batch_size"]
+    # vllm/v1/spec_decode/dynamic/utils.py: starts at 1, sorted, no overlap, start ≤ end, k ≥ 0
+    assert ranges[0][0] == 1
+    assert all(lo <= hi for lo, hi, _ in ranges)
+    assert all(ranges[i + 1][0] == ranges[i][1] + 1 for i in range(len(ranges) - 1))
+    assert all(k >= 0 for *_, k in ranges)
+    assert spec["num_speculative_tokens"] == max(k for *_, k in ranges) == 4
+    # --k fixes one K: no schedule
+    spec_k = json.loads(export_config(r, src, "vllm", k=2).text)
+    assert "num_speculative_tokens_per_batch_size" not in spec_k and spec_k["num_speculative_tokens"] == 2
+
+
+def test_trtllm_draft_len_schedule_is_what_trtllm_validates(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, kind="eagle3", spec=f"eagle3:{tmp_path / 'head'}", batches=BATCHES)
+    text = export_config(r, src, "trtllm").text
+    sc = yaml.safe_load(text)["speculative_config"]
+    sched = sc["draft_len_schedule"]
+    assert sched == {2: 4, 16: 2, 64: 1}  # batch 65+ : implicit 0
+    # llm_args.py: keys ≥ 1, lengths ≥ 0, the smallest key's length = max_draft_len, none above it
+    assert all(b >= 1 and n >= 0 for b, n in sched.items())
+    assert sched[min(sched)] == sc["max_draft_len"] and max(sched.values()) <= sc["max_draft_len"]
+    assert read_serving_config(_write(tmp_path, text, "t.yaml")).num_speculative_tokens == 4
+
+
+def test_trtllm_schedule_never_exceeds_the_first_length() -> None:
+    from specprobe.export.engines import Plan
+
+    p = Plan(engine="trtllm", source=Path("r.json"), kind="eagle3", method="Eagle3", target=None, drafter=None, k=5, drafting="greedy", schedule=[(1, 2, 3), (3, 8, 5), (9, 40, 0)])
+    assert trtllm_schedule(p) == (3, {2: 3, 8: 3})
+
+
+def test_trtllm_acceptance_floor_is_the_break_even_length(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, kind="eagle3", spec=f"eagle3:{tmp_path / 'head'}")
+    row = next(x for x in r.k_table if x.k == r.best_k)
+    tau = row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
+    sc = yaml.safe_load(export_config(r, src, "trtllm").text)["speculative_config"]
+    assert sc["acceptance_length_threshold"] == pytest.approx(tau / row.speedup, abs=1e-3)
+    assert sc["acceptance_window"] == r.prompt_set.num_prompts
+    assert sc["acceptance_length_threshold"] >= 0 and sc["acceptance_window"] >= 0
+
+
+# ----------------------------------------------------------------------------- synthetic
+def test_synthetic_rates_are_unconditional_non_increasing_and_give_tau(tmp_path: Path) -> None:
+    r, src = _result(tmp_path)
+    assert r.depth is not None
+    for k in range(1, len(r.depth.cumulative) + 1):
+        rates = synthetic_rates(r, k)
+        assert len(rates) == k and all(0 <= x <= 1 for x in rates)
+        assert all(rates[i + 1] <= rates[i] for i in range(k - 1))
+        # the depth curve r_j is P(first j accepted): τ(K) = 1 + Σ_j r_j, the window estimate
+        row = next(x for x in r.k_table if x.k == k)
+        raw = 1 + sum(r.depth.cumulative[:k])
+        assert raw == pytest.approx(row.tau_tokens, rel=1e-9)
+        assert 1 + sum(rates) == pytest.approx(raw, abs=1e-3)  # the running minimum moves it by rounding only
+
+
+def test_vllm_synthetic_form(tmp_path: Path) -> None:
+    r, src = _result(tmp_path)
+    res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "--synthetic", "--k", "3"])
+    assert res.exit_code == 0, res.output
+    spec = json.loads(res.stdout)
+    assert spec["rejection_sample_method"] == "synthetic" and spec["num_speculative_tokens"] == 3
+    rates = spec["synthetic_acceptance_rates"]
+    assert len(rates) == 3 and rates == sorted(rates, reverse=True)
+    assert "synthetic_acceptance_length" not in spec  # vLLM takes exactly one of the two
+    assert math.isclose(1 + sum(rates), 1 + sum(synthetic_rates(r, 3)), abs_tol=1e-5)
+
+
+def test_llamacpp_synthetic_form(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, engine="llama.cpp", beats=True)
+    text = export_config(r, src, "llama.cpp", k=2, synthetic=True).text
+    words = " ".join(ln for ln in text.splitlines() if not ln.startswith("#")).split()
+    rates = [float(x) for x in words[words.index("--spec-synth-rates") + 1].split(",")]
+    assert len(rates) == int(words[words.index("--spec-draft-n-max") + 1]) == 2  # exactly n-max of them
+    assert "--spec-draft-p-min" not in words  # a threshold would cut the drafts the rates assume
+    assert read_serving_config(_write(tmp_path, text, "s.args")).num_speculative_tokens == 2
+
+
+# ----------------------------------------------------------------------------- refusals
+def _one_line(res: Any, *needles: str) -> None:
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    r, src = _result(tmp_path)
+    out = tmp_path / "out.json"
+    _one_line(runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(src)]), "also an input")
+    assert json.loads(src.read_text())["command"] == "diagnose"  # the input untouched
+    _one_line(runner.invoke(app, ["export", str(src), "--engine", "vllm", "--k", "9", "-o", str(out)]), "--k 9")
+    _one_line(runner.invoke(app, ["export", str(src), "--engine", "nope", "-o", str(out)]), "--engine")
+    _one_line(runner.invoke(app, ["export", str(src), "-o", str(out)]), "--engine", "--training")
+    _one_line(runner.invoke(app, ["export", str(src), "--engine", "trtllm", "--synthetic", "-o", str(out)]), "synthetic")
+    _one_line(runner.invoke(app, ["export", str(tmp_path / "missing.json"), "--engine", "vllm", "-o", str(out)]), "missing.json")
+    _one_line(runner.invoke(app, ["export", str(src), "--engine", "vllm", "--k", "1,2", "-o", str(out)]), "one K")
+    skip, skip_src = _result(tmp_path, kind="layer_skip", spec="self:layers=1", name="skip.json")
+    _one_line(runner.invoke(app, ["export", str(skip_src), "--engine", "vllm", "-o", str(out)]), "layer-skip")
+    med, med_src = _result(tmp_path, kind="medusa", spec=f"medusa:{tmp_path}", name="med.json")
+    _one_line(runner.invoke(app, ["export", str(med_src), "--engine", "sglang", "-o", str(out)]), "medusa")
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_the_config_export_starts_without_torch(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    _, src = _result(tmp_path)
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom specprobe.cli.main import app\n"
+        f"res = CliRunner().invoke(app, ['export', {str(src)!r}, '--engine', 'sglang'])\n"
+        "assert res.exit_code == 0, res.output\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
