@@ -6,10 +6,10 @@ run's device live in `specprobe.probe.timing`, the environment record in `specpr
 Timing on a shared machine: one untimed warm-up round, then repeats that call every
 timed function once in the same order (A B C … A B C …), so drift hits all of them alike;
 the ratios the cost model needs are taken within each repeat, and their median and
-quartiles over the repeats are reported. The measurement must not cost more than the
-scoring it serves: repeating stops at `max_repeats`, or once `min_repeats` are done and
+quartiles over the repeats are reported. The measurement must not cost more than half
+the scoring it serves: repeating stops at `max_repeats`, or once `min_repeats` are done and
 the time spent reaches the budget (half the scoring time), and never starts a
-repeat that would end past the cap (the scoring time itself) — one repeat runs unless a
+repeat that would end past the cap (half the scoring time too) — one repeat runs unless a
 hard limit (`stop_s`: what is left of the cap for the whole cost step) stops it, which
 is checked before every call.
 The timing loop takes its clock as an argument so tests drive it with a fake one."""
@@ -38,7 +38,7 @@ Clock = Callable[[], float]
 # The cost measurement aims at BUDGET_FRACTION of the scoring time it serves and never
 # starts a repeat that would take it past CAP_FRACTION of it (one repeat always runs).
 BUDGET_FRACTION = 0.5
-CAP_FRACTION = 1.0
+CAP_FRACTION = 0.5  # so a run with its costs timed takes at most 1.5× one given them
 MIN_REPEATS = 5  # fewer leave a median that moves by ±10 % on a loaded machine
 MAX_REPEATS = 15
 MIN_BUDGET_S = 2.0  # a tiny run still gets a few repeats
@@ -77,8 +77,8 @@ def interleaved(
     one, would end past cap_s. The first repeat runs unless stop_s, the hard limit, stops
     it: no call starts (the very first aside) that, as long as its last run (or the call
     before it, for one not run yet), would end past stop_s — a repeat cut short that way
-    is dropped, and a warm-up cut short leaves the calls it finished as one sample each
-    (`from_warmup`: first-call effects included)."""
+    is dropped; when no repeat finished, each call's latest run (the warm-up's, or the cut
+    repeat's) stands as one sample (`from_warmup`: first-call effects may be included)."""
     start = clock()
     last_of: dict[str, float] = {}
     prev = 0.0
@@ -109,8 +109,10 @@ def interleaved(
         got: dict[str, float] = {}
         for name, f in calls.items():
             t = run(name, f)
-            if t is None:
-                return Samples(times, clock() - start, True, warmed)
+            if t is None:  # a repeat cut short is dropped; with none finished, each call's latest run stands as one
+                if done:
+                    return Samples(times, clock() - start, True, warmed)
+                return Samples({n: [last_of[n]] if n in last_of else [] for n in calls}, clock() - start, True, warmed, from_warmup=True)
             got[name] = t
         for name, t in got.items():
             times[name].append(t)

@@ -311,7 +311,7 @@ class Cost(Part):
     batch_size: int | None = None
     context_tokens: int | None = Field(default=None, description="KV-cache length the timings ran over: the prompts' median length + half the continuation.")
     budget_s: Num = Field(default=None, description="Time the cost measurement aimed at: half the scoring time.")
-    cap_s: Num = Field(default=None, description="Time it may not pass (beyond its first repeat): the scoring time.")
+    cap_s: Num = Field(default=None, description="Time it may not pass (beyond the one call under way): half the scoring time, so a run that times its costs takes at most 1.5× one given them.")
     elapsed_s: Num = None
     stopped_by_budget: bool = False
     spread_rel: Num = Field(default=None, description="(q3 − q1) ÷ median of the round cost at the best K, at the run's batch size.")
