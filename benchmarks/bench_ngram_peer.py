@@ -92,14 +92,24 @@ def serve(binary: Path, flags: list[str], encoded: list[list[int]], max_new: int
         stop(proc, 30)
 
 
+def end_of_generation() -> frozenset[int]:
+    from transformers import AutoTokenizer
+
+    from specprobe.models.loader import checkpoint_dir, resolve
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint_dir(resolve("smollm2"))))
+    return frozenset({int(tok.eos_token_id)})
+
+
 def replay(spec: str, encoded: list[list[int]], responses: list[dict[str, Any]], max_new: int) -> list[tuple[int, int]]:
     from specprobe.models.ngram import NgramDrafter
     from specprobe.probe.ngram import walk
 
     slot = NgramDrafter(spec).slot()  # one slot across the requests, as -np 1 keeps it
+    eog = end_of_generation()  # llama.cpp accepts no drafted EOG but a draft's last token
     out = []
     for p, r in zip(encoded, responses, strict=True):
-        s = walk(slot, p, list(r.get("tokens") or []), max_new)
+        s = walk(slot, p, list(r.get("tokens") or []), max_new, eog)
         out.append((s.drafted, s.accepted))
     return out
 

@@ -37,6 +37,18 @@ def test_walk_respects_the_budget() -> None:
     assert s.drafted <= 2 and s.steps + s.accepted == 2
 
 
+def test_llama_cpp_accepts_no_drafted_eog_but_a_drafts_last() -> None:
+    """llama.cpp's verify stops at a drafted end-of-generation token unless it is the
+    draft's last: that EOG is emitted as the next token, not counted as accepted."""
+    prompt = [1, 2, 3, 9, 0, 1, 2]
+    cont = [3, 9, 0]  # 0: EOS; after [.., 2, 3] prompt lookup drafts [9, 0, 1]
+    plain = walk(NgramDrafter("ngram:min=2,max=2,k=3").slot(), prompt, cont, 64)
+    llama = walk(NgramDrafter("ngram:min=2,max=2,k=3").slot(), prompt, cont, 64, eog={0})
+    assert (plain.drafted, plain.accepted) == (3, 2)
+    assert (llama.drafted, llama.accepted) == (3, 1)
+    assert plain.steps == llama.steps == 1
+
+
 def test_speedup_prices_each_step_by_its_length() -> None:
     s = Steps(requests=1, steps=4, drafts=2, drafted=6, accepted=4, match_s=0.0, by_length={0: 2, 3: 2})
     # 8 tokens over 2 plain steps (1 each) + 2 steps verifying 4 tokens (v_3 = 1.5)

@@ -23,7 +23,7 @@ their cost (the first token, the same either way, left out)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,8 +102,11 @@ def verify_cost(m: int, verify: Sequence[float]) -> float:
     return v[-1] + slope * (m - (len(v) - 1))
 
 
-def walk(slot: Slot, prompt: Sequence[int], continuation: Sequence[int], max_new_tokens: int) -> Steps:
-    """The engine's steps along one reference (module doc) -> their counts."""
+def walk(slot: Slot, prompt: Sequence[int], continuation: Sequence[int], max_new_tokens: int, eog: Collection[int] = ()) -> Steps:
+    """The engine's steps along one reference (module doc) -> their counts. `eog`:
+    llama.cpp's end-of-generation tokens — its verify stops accepting at a drafted EOG
+    that is not the draft's last token (that EOG is the emitted token, not an accepted
+    draft: `common_sampler_sample_and_accept_n`); empty for the other engines."""
     out = Steps(requests=1)
     cont = list(continuation)
     if not cont:
@@ -118,6 +121,8 @@ def walk(slot: Slot, prompt: Sequence[int], continuation: Sequence[int], max_new
         m = len(d.tokens)
         n = 0
         while n < m and t + n < len(cont) and d.tokens[n] == cont[t + n]:
+            if cont[t + n] in eog and n + 1 < m:
+                break
             n += 1
         if m:
             slot.accept(n)
@@ -151,12 +156,13 @@ def diagnose_ngram(cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict
     per_k: dict[int, Steps] = {}
     groups: dict[tuple[str, str], Steps] = {}
     main_k = ks[-1]
+    eog = end_of_generation(target) if cfg.engine == "llama.cpp" else frozenset()
     items = [(it, e, c) for it, e, c in zip(refs.items, refs.encoded, refs.conts, strict=True) if c]
     with progress.task(f"walking {drafter.name} along {len(items)} references", len(items) * len(ks)) as advance:
         for k in ks:
             total = Steps()
             for item, enc, cont in items:
-                s = walk(drafter.slot(k), enc, cont, cfg.max_new_tokens)
+                s = walk(drafter.slot(k), enc, cont, cfg.max_new_tokens, eog)
                 total.add(s)
                 if k == main_k:
                     for key in (("domain", item.domain), ("category", item.category)):
@@ -210,6 +216,17 @@ def diagnose_ngram(cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict
         "k_table": [_clean(r) for r in k_rows],
         **verdict_fields(table, findings, evals),
     })
+
+
+def end_of_generation(target: Any) -> frozenset[int]:
+    """The target's end-of-generation ids: its tokenizer's EOS and its generation config's."""
+    ids: set[int] = set()
+    for src in (getattr(target.info.generation_config, "eos_token_id", None), getattr(target.tokenizer, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(x) for x in src)
+    return frozenset(ids)
 
 
 def _group_row(name: str, g: Steps, verify: Sequence[float], step_s: float) -> dict[str, Any]:
