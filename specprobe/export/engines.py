@@ -15,7 +15,8 @@ SGLang (python/sglang/srt/server_args.py)
   NGRAM), speculative-num-steps (the chain depth K), speculative-eagle-topk 1 (a chain),
   speculative-num-draft-tokens K + 1 (the tree's tokens, the root included).
 llama.cpp (common/arg.cpp, common/speculative.cpp, tools/server/server-context.cpp)
-  llama-server arguments: -m, -md, --spec-type, --spec-draft-n-max, --spec-draft-n-min,
+  llama-server arguments: -m, -md, --spec-type (always: without it the server starts no
+  speculative context for a plain -md), --spec-draft-n-max, --spec-draft-n-min,
   --spec-draft-p-min (stop drafting below this drafter probability: the adaptive-K
   threshold). `--spec-synth-rates P0,P1,…`: unconditional per-position rates, exactly
   n-max of them, finite, in [0, 1], non-increasing; the server accepts draft i with
@@ -307,8 +308,9 @@ def llama_args(p: Plan) -> list[str]:
         words += ["-m", p.target]
     if p.drafter:
         words += ["-md", p.drafter]
-    if p.method != "draft-simple":
-        words += ["--spec-type", p.method]
+    # always named: llama-server (0.3.36's build) infers no draft type from a plain -md
+    # and, without one, starts no speculative context
+    words += ["--spec-type", p.method]
     words += ["--spec-draft-n-max", str(p.k), "--spec-draft-n-min", "0"]
     if p.p_min is not None:
         words += ["--spec-draft-p-min", f"{p.p_min:g}"]
