@@ -94,3 +94,28 @@ def test_training_refusals(skip_result: Path, tmp_path: Path) -> None:
     _one_line(runner.invoke(app, ["export", str(skip_result), "--training", "specforge", "--budget", "0", "-o", str(tmp_path / "x")]), "--budget")
     _one_line(runner.invoke(app, ["export", str(skip_result), "--training", "specforge", "-o", str(tmp_path)]), "holds an input")
     _one_line(runner.invoke(app, ["export", str(skip_result), "--training", "specforge", "--engine", "vllm", "-o", str(tmp_path / "x")]), "one of --engine")
+
+
+def test_every_turn_of_a_multi_turn_prompt_is_exported(tiny_pair: dict[str, Path], tmp_path: Path) -> None:
+    """A two-turn question: its second turn was asked after the target's own first answer;
+    the export carries both answers, in order, roles alternating."""
+    from specprobe.probe.diagnose import run_diagnose
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
+
+    pf = tmp_path / "mt.jsonl"
+    pf.write_text("".join(json.dumps({"question_id": i, "category": "writing", "turns": [f"tell me about item {i}", "and once more, shorter"]}) + "\n" for i in range(2)))
+    r = run_diagnose(DiagnoseConfig(target=str(tiny_pair["target"]), drafter="self:layers=1", prompts=str(pf), max_new_tokens=6, batch_size=2, k_max=2, cost_ratio=0.1, sampling=SamplingFlags(temperature=1.0)))
+    src = tmp_path / "mt.json"
+    src.write_text(r.to_json(), encoding="utf-8")
+    out = tmp_path / "sf"
+    res = runner.invoke(app, ["export", str(src), "--training", "specforge", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = read_back(SPECFORGE, out / "train.jsonl")
+    assert len(rows) == 2
+    for row in rows:
+        roles = [m["role"] for m in row["conversations"] if m["role"] != "system"]
+        assert roles == ["user", "assistant", "user", "assistant"]
+    res = runner.invoke(app, ["export", str(src), "--training", "speculators", "-o", str(tmp_path / "sp")])
+    assert res.exit_code == 0, res.output
+    ids = sorted(x["id"] for x in read_back(SPECULATORS, tmp_path / "sp" / "train.jsonl"))
+    assert len(ids) == 4 and sum("#2" in i for i in ids) == 2
