@@ -507,3 +507,25 @@ def test_check_holds_the_drafter_to_the_served_context(tiny_pair: dict[str, Path
     data = json.loads((tmp_path / "a.json").read_text())
     assert data["metrics"]["context_length_serving_tokens"] == 2048, res.output
     assert any(f["rule_id"] == "SP011" for f in data["findings"]), res.output
+
+
+def test_trtllm_relaxed_acceptance_is_flagged_in_check(tmp_path: Path) -> None:
+    """TensorRT-LLM's relaxed acceptance for thinking models (MTPDecodingConfig's
+    use_relaxed_acceptance_for_thinking, relaxed_topk, relaxed_delta): check raises SP037;
+    the strict config does not."""
+    from types import SimpleNamespace
+
+    from specprobe.cli.check_cmd import relaxed_acceptance
+    from specprobe.judge.rules import load_table
+
+    relaxed = read_serving_config(_write(tmp_path, "trt.yaml", "speculative_config:\n  decoding_type: MTP\n  num_nextn_predict_layers: 3\n  use_relaxed_acceptance_for_thinking: true\n  relaxed_topk: 10\n  relaxed_delta: 0.6\n"))
+    strict = read_serving_config(_write(tmp_path, "strict.yaml", "speculative_config:\n  decoding_type: MTP\n  num_nextn_predict_layers: 3\n"))
+    table = load_table()
+    reports = {}
+    for sv, fires in ((relaxed, True), (strict, False)):
+        report = reports[fires] = SimpleNamespace(metrics={}, evidence={})
+        relaxed_acceptance(report, [sv])
+        findings, _ = table.evaluate(report.metrics, kind="mtp", families=("alignment",), evidence=report.evidence)
+        assert ("SP037" in {f.rule_id for f in findings}) is fires
+    assert reports[True].evidence["relaxed_acceptance_served"] == ["trt.yaml: use_relaxed_acceptance_for_thinking true, relaxed_topk 10, relaxed_delta 0.6"]
+    assert "relaxed_acceptance_served" not in reports[False].evidence

@@ -73,6 +73,7 @@ def check(
     )
     pair.sources = relabel_sources(pair.sources, opts.sampling_origins())
     report = compare(tinfo, dinfo, pair, serving_context=next((sv.context_length for sv in servings if sv.context_length), None))
+    relaxed_acceptance(report, servings)
     kind = drafter_kind_of(local_spec(drafter_spec))
     result = _result(opts, target_spec, drafter_spec, kind, tinfo, dinfo, flags, pair, report, table)
 
@@ -98,6 +99,19 @@ def _serving_lines(sv: Any, drafter_spec: str, drafter_from_serving: bool) -> No
     out.print(f"serving config {describe_serving(sv)}", highlight=False, soft_wrap=True)
     if not drafter_from_serving and sv.drafter_spec and sv.drafter_spec != drafter_spec:
         out.print(f"[yellow]note:[/] {sv.source.name} serves drafter {sv.drafter_spec}; this check compared {drafter_spec}", highlight=False, soft_wrap=True)
+
+
+def relaxed_acceptance(report: Any, servings: Any) -> None:
+    """TensorRT-LLM's relaxed acceptance for thinking models (use_relaxed_acceptance_for_thinking):
+    in the thinking phase a draft in the target's relaxed_topk whose probability is within
+    relaxed_delta of the top one is accepted — lossy, and not what specprobe estimates."""
+    on = [sv for sv in servings if sv.engine == "trtllm" and str(sv.extra.get("use_relaxed_acceptance_for_thinking", "")).lower() in ("true", "1", "yes")]
+    report.metrics["relaxed_acceptance_served"] = int(bool(on))
+    if on:
+        sv = on[0]
+        report.evidence["relaxed_acceptance_served"] = [
+            f"{sv.source.name}: use_relaxed_acceptance_for_thinking true, relaxed_topk {sv.extra.get('relaxed_topk', 1)}, relaxed_delta {sv.extra.get('relaxed_delta', 0.0)}"
+        ]
 
 
 def _result(opts: Any, target_spec: str, drafter_spec: str, kind: str, tinfo: Any, dinfo: Any, flags: Any, pair: Any, report: Any, table: Any) -> Any:

@@ -80,6 +80,7 @@ _METRICS: list[Metric] = [
     _m("logit_scale_ratio", "ratio", None, "diagnose", "Drafter ÷ target logit spread per √width for a unit-RMS hidden state through final norm and LM head (independent drafters; 1 for self-drafts)."),
     # --- divergence and acceptance (diagnose): teacher-forced estimates ----------
     _m("accept_prob_mean", "frac", True, "diagnose", "Mean per-position α = Σ min(p, q) = 1 − TV: the alignment measure (how close q is to p), whatever the engine; the acceptance of sampled drafts."),
+    _m("relaxed_acceptance_served", "bool", False, "check", "1 when a TensorRT-LLM serving config turns on use_relaxed_acceptance_for_thinking (lossy acceptance in the thinking phase)."),
     _m("alignment_errors", "count", False, "diagnose", "Error-level pre-flight (alignment) findings on the pair: 0 means a near-zero acceptance is not a broken pairing."),
     _m("acceptance_lossy", "bool", False, "diagnose", "1 when the engine's verification accepts drafts the target would not sample (SGLang's acceptance thresholds below 1): its output is no longer the target's distribution."),
     _m("accept_threshold_single", "frac", None, "diagnose", "SGLang's speculative_accept_threshold_single the estimate follows (1: exact verification)."),
