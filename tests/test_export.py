@@ -16,7 +16,12 @@ import yaml
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
-from specprobe.export.engines import export_config, schedule_from_costs, synthetic_rates, trtllm_schedule
+from specprobe.export.engines import (
+    export_config,
+    schedule_from_costs,
+    synthetic_rates,
+    trtllm_schedule,
+)
 from specprobe.report.load import load_result
 from specprobe.result import Result
 from specprobe.settings.serving import read_serving_config

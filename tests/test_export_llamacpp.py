@@ -22,7 +22,13 @@ import pytest
 
 from tests.conftest import requires_smollm2
 from tests.helpers import stop
-from tests.helpers.llamacpp import BUILD_SCRIPT, find_llama_server, free_port, http_json, write_self_draft_gguf
+from tests.helpers.llamacpp import (
+    BUILD_SCRIPT,
+    find_llama_server,
+    free_port,
+    http_json,
+    write_self_draft_gguf,
+)
 from tests.test_export import _result
 
 BINARY = find_llama_server()

@@ -163,7 +163,7 @@ def synthetic_rates(result: Result, k: int) -> list[float]:
     rates: list[float] = []
     prev = 1.0
     for c in cum[:k]:
-        r = min(prev, max(0.0, min(1.0, float(c))))
+        r = min(prev, max(0.0, min(1.0, float(c or 0.0))))  # None refused above
         rates.append(r)
         prev = r
     return rates
@@ -214,7 +214,7 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
 
     # the adaptive threshold, in the engine's own knob
     ad = result.adaptive
-    if ad is not None and ad.beats_fixed and not synthetic:
+    if ad is not None and ad.beats_fixed and ad.threshold is not None and not synthetic:
         knob = BY_ENGINE[engine].adaptive_knob
         if engine == LLAMA_CPP and drafting == GREEDY:
             p.p_min = float(ad.threshold)
