@@ -121,6 +121,30 @@ def test_adaptive_threshold_on_an_engine_without_the_knob_is_a_note(tmp_path: Pa
     assert "p_min" not in ex.text and any("no confidence threshold" in n for n in ex.note)
 
 
+@pytest.mark.parametrize(
+    ("engine", "spec", "name"),
+    [("vllm", "ngram:min=2,max=4", "spec.json"), ("llama.cpp", "ngram-simple:size_n=4,size_m=8", "n.args"), ("llama.cpp", "ngram-mod,ngram-simple", "m.args")],
+)
+def test_an_ngram_drafter_reads_back_as_the_same_drafter(tmp_path: Path, engine: str, spec: str, name: str) -> None:
+    from specprobe.models.ngram import parse_spec
+
+    r, src = _result(tmp_path, kind="ngram", spec=spec, engine=engine)
+    sv = read_serving_config(_write(tmp_path, export_config(r, src, engine).text, name))
+    assert sv.drafter_kind is None and sv.drafter_spec is not None
+    want = [t.label() for t in parse_spec(spec)]
+    got = [t.label() for t in parse_spec(sv.drafter_spec)]
+    if engine == "vllm":  # vLLM's K rides along as k=
+        assert got == [want[0] + f",k={r.best_k}"] and sv.num_speculative_tokens == r.best_k
+    else:
+        assert got == want
+
+
+def test_an_ngram_drafter_for_the_wrong_engine_is_refused(tmp_path: Path) -> None:
+    _, src = _result(tmp_path, kind="ngram", spec="ngram-simple")
+    _one_line(runner.invoke(app, ["export", str(src), "--engine", "vllm"]), "llama.cpp's n-gram drafter")
+    _one_line(runner.invoke(app, ["export", str(src), "--engine", "sglang"]), "no method")
+
+
 # ----------------------------------------------------------------------------- schedules
 BATCHES = [(1, 4, 1.8), (8, 2, 1.3), (32, 1, 1.05), (128, 1, 0.9)]
 

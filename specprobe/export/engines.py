@@ -51,9 +51,11 @@ EXPORT_ENGINES = (VLLM, SGLANG, LLAMA_CPP, TRTLLM)
 # specprobe's drafter kinds → each engine's method name (absent: the engine has none)
 METHODS: dict[str, dict[str, str]] = {
     VLLM: {"independent": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "mtp": "mtp", "ngram": "ngram"},
-    SGLANG: {"independent": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "ngram": "NGRAM"},
-    LLAMA_CPP: {"independent": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp"},
-    TRTLLM: {"independent": "DraftTarget", "eagle": "Eagle", "eagle3": "Eagle3", "medusa": "Medusa", "mtp": "MTP", "ngram": "NGram"},
+    # SGLang's NGRAM and TensorRT-LLM's NGram are other algorithms than the engines' prompt
+    # lookups specprobe reimplements (models/ngram.py): an n-gram result is not theirs
+    SGLANG: {"independent": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN"},
+    LLAMA_CPP: {"independent": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp", "ngram": "ngram"},
+    TRTLLM: {"independent": "DraftTarget", "eagle": "Eagle", "eagle3": "Eagle3", "medusa": "Medusa", "mtp": "MTP"},
 }
 _SPEC_PREFIXES = ("eagle3:", "eagle:", "medusa:", "mtp:")
 
@@ -76,6 +78,7 @@ class Plan:
     floor: float | None = None  # TensorRT-LLM acceptance_length_threshold (tokens per verify step)
     window: int | None = None  # TensorRT-LLM acceptance_window (requests)
     rates: list[float] | None = None  # synthetic: P(first i drafts all accepted), i = 1..K
+    ngram: dict[str, int] = field(default_factory=dict)  # an n-gram drafter's knobs, as the engine spells them
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -193,6 +196,8 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
         raise InputError(f"--k {chosen} is not in the result's τ(K) table (K {min(ks)}–{max(ks)})", "pass a K the result measured, or re-run diagnose with a larger --k-max")
     drafting = result.procedure.drafting if result.procedure is not None else GREEDY
     p = Plan(engine=engine, source=source, kind=kind, method=method, target=result.target.spec or result.config.target, drafter=_drafter_path(result) if kind != "ngram" else None, k=chosen, drafting=drafting)
+    if kind == "ngram":
+        _ngram(p, result.drafter.spec or "", label, synthetic)
     row = _k_row(result, chosen)
     tau, speedup = _tau(row), row.speedup if row is not None else None
     alpha = result.metric("accept_prob_engine_mean") or result.metric("accept_prob_mean")
@@ -240,6 +245,27 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
     return p
 
 
+def _ngram(p: Plan, spec: str, label: str, synthetic: bool) -> None:
+    """An n-gram drafter's knobs in the engine's words: vLLM's prompt lookup
+    (prompt_lookup_min/max), llama-server's --spec-type ngram-* with --spec-ngram-*."""
+    from specprobe.models.ngram import VLLM_NGRAM, parse_spec
+
+    types = parse_spec(spec)
+    vllm_kind = types[0].name == VLLM_NGRAM
+    if p.engine == VLLM and not vllm_kind or p.engine == LLAMA_CPP and vllm_kind:
+        other = "vLLM" if vllm_kind else "llama.cpp"
+        raise InputError(f"{label} does not run {spec!r}: it is {other}'s n-gram drafter", f"export it with --engine {'vllm' if vllm_kind else 'llama.cpp'}")
+    if synthetic and p.engine == LLAMA_CPP:
+        raise InputError("--synthetic: llama-server's synthetic acceptance needs a draft model's draft, not an n-gram type", "export a model drafter's result, or use --engine vllm")
+    if vllm_kind:
+        t = types[0]
+        p.ngram = {"prompt_lookup_min": t.get("min"), "prompt_lookup_max": t.get("max")}
+        return
+    p.method = ",".join(t.name for t in types)
+    p.ngram = {f"--spec-{t.name}-{key.replace('_', '-')}": v for t in types for key, v in t.knobs}
+    p.notes.append(f"llama-server drafts as {p.method}: the draft length is the type's own knob (size_m / n_max), not --spec-draft-n-max")
+
+
 # ----------------------------------------------------------------------------- the writers
 def _yaml_scalar(v: Any) -> str:
     if isinstance(v, bool):
@@ -262,6 +288,7 @@ def vllm_spec(p: Plan) -> dict[str, Any]:
     if p.drafter:
         spec["model"] = p.drafter
     spec["num_speculative_tokens"] = p.k
+    spec.update(p.ngram)
     if p.kind not in ("ngram",):
         spec["draft_sample_method"] = p.drafting
     if p.schedule:
@@ -311,6 +338,10 @@ def llama_args(p: Plan) -> list[str]:
     # always named: llama-server (0.3.36's build) infers no draft type from a plain -md
     # and, without one, starts no speculative context
     words += ["--spec-type", p.method]
+    if p.kind == "ngram":
+        for flag, v in p.ngram.items():
+            words += [flag, str(v)]
+        return words
     words += ["--spec-draft-n-max", str(p.k), "--spec-draft-n-min", "0"]
     if p.p_min is not None:
         words += ["--spec-draft-p-min", f"{p.p_min:g}"]
