@@ -210,3 +210,23 @@ def test_the_cost_step_at_long_context_stays_within_1_5x_the_scoring_peak() -> N
     # ... so it is timed over a shorter context, and the peak stays within 1.5× the scoring's
     assert r["contexts"][0] == 3000 and r["contexts"][1] < 3000
     assert r["after_kb"] <= 1.5 * r["scoring_kb"]
+
+
+def test_a_call_not_run_yet_is_estimated_by_its_size() -> None:
+    clock = FakeClock()
+    log: list[str] = []
+
+    def make(name: str, seconds: float) -> Any:
+        def run() -> None:
+            log.append(name)
+            clock.now += seconds
+
+        return run
+
+    # the verify pass over 9 tokens takes 9× the step: estimated as the step × 9 it is not started at 5 s
+    calls = {"target": make("target", 1.0), "verify8": make("verify8", 9.0)}
+    s = costs.interleaved(calls, clock=clock, stop_s=5.0, sizes={"target": 1.0, "verify8": 9.0})
+    assert log == ["target"] and s.from_warmup and s.times == {"target": [1.0], "verify8": []}
+    clock.now, log[:] = 0.0, []
+    costs.interleaved(calls, clock=clock, stop_s=5.0)  # without sizes it looks like the step: started, and 10 s spent
+    assert log[:2] == ["target", "verify8"] and clock.now >= 10.0

@@ -70,26 +70,32 @@ def interleaved(
     budget_s: float = math.inf,
     cap_s: float = math.inf,
     stop_s: float = math.inf,
+    sizes: Mapping[str, float] | None = None,
 ) -> Samples:
     """Time every call once per repeat, in the same order each time, after `warmup`
     untimed rounds. Stop at max_repeats; or when min_repeats are done and the time spent
     (warm-up included) has reached budget_s; or before a repeat that, as long as the last
     one, would end past cap_s. The first repeat runs unless stop_s, the hard limit, stops
     it: no call starts (the very first aside) that, as long as its last run (or the call
-    before it, for one not run yet), would end past stop_s — a repeat cut short that way
+    before it scaled by `sizes` — each call's relative work, e.g. its new tokens — for one
+    not run yet), would end past stop_s — a repeat cut short that way
     is dropped; when no repeat finished, each call's latest run (the warm-up's, or the cut
     repeat's) stands as one sample (`from_warmup`: first-call effects may be included)."""
     start = clock()
     last_of: dict[str, float] = {}
-    prev = 0.0
+    prev, prev_name = 0.0, ""
+    size = sizes or {}
 
     def run(name: str, f: Callable[[], object]) -> float | None:
-        nonlocal prev
-        if (last_of or prev) and clock() - start + last_of.get(name, prev) > stop_s:
-            return None
+        nonlocal prev, prev_name
+        if last_of or prev:
+            guess = last_of.get(name, prev * size.get(name, 1.0) / size.get(prev_name, 1.0))
+            if clock() - start + guess > stop_s:
+                return None
         t0 = clock()
         f()
         prev = last_of[name] = clock() - t0
+        prev_name = name
         return prev
 
     times: dict[str, list[float]] = {name: [] for name in calls}

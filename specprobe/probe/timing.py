@@ -111,7 +111,8 @@ def cost_block(
             share = len(sizes) - j  # what is left of the budget, shared by the sizes still to time
             try:
                 calls = _calls(ctx, target, drafter, b, length, k_max, need_draft, need_verify, gen)
-                samples = interleaved(calls, clock=clock, budget_s=(budget_s - spent) / share, cap_s=(cap_s - spent) / share, stop_s=cap_s - spent)
+                work = {name: float(name[6:]) + 1 if name.startswith("verify") else 1.0 for name in calls}  # new tokens per row
+                samples = interleaved(calls, clock=clock, budget_s=(budget_s - spent) / share, cap_s=(cap_s - spent) / share, stop_s=cap_s - spent, sizes=work)
             except Exception as e:  # noqa: BLE001  (out of memory at a large batch: report it, time the others)
                 if not _is_oom(e):
                     raise
