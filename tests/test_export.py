@@ -85,6 +85,9 @@ def test_each_export_reads_back_as_the_same_engine_drafter_and_k(tmp_path: Path,
         assert sv.target == r.target.spec
         assert "# K = 1: the result's best K" in out.read_text()  # the numbers it rests on
     assert "note: K = 1" in res.output
+    if engine == "llama.cpp" or name.endswith(".yaml") and engine in ("vllm", "sglang"):  # served with the sampling measured
+        t = r.sampling.target
+        assert sv.sampling == {"temperature": t.temperature, "top_k": t.top_k, "top_p": t.top_p, "min_p": t.min_p}
 
 
 def test_vllm_json_is_the_speculative_config_exactly(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ llama.cpp (common/arg.cpp, common/speculative.cpp, tools/server/server-context.c
   llama-server arguments: -m, -md, --spec-type (always: without it the server starts no
   speculative context for a plain -md), --spec-draft-n-max, --spec-draft-n-min,
   --spec-draft-p-min (stop drafting below this drafter probability: the adaptive-K
-  threshold). `--spec-synth-rates P0,P1,…`: unconditional per-position rates, exactly
+  threshold); --temp/--top-k/--top-p/--min-p, the result's sampling (the server's own
+  defaults are T 0.8, top-k 40, top-p 0.95, min-p 0.05). `--spec-synth-rates P0,P1,…`: unconditional per-position rates, exactly
   n-max of them, finite, in [0, 1], non-increasing; the server accepts draft i with
   P_i / P_(i−1) (benchmarking only: the output is not the target's).
 TensorRT-LLM (tensorrt_llm/llmapi/llm_args.py, DecodingBaseConfig)
@@ -79,6 +80,7 @@ class Plan:
     window: int | None = None  # TensorRT-LLM acceptance_window (requests)
     rates: list[float] | None = None  # synthetic: P(first i drafts all accepted), i = 1..K
     ngram: dict[str, int] = field(default_factory=dict)  # an n-gram drafter's knobs, as the engine spells them
+    sampling: dict[str, float] = field(default_factory=dict)  # the target's sampling the result measured
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -198,6 +200,12 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
     p = Plan(engine=engine, source=source, kind=kind, method=method, target=result.target.spec or result.config.target, drafter=_drafter_path(result) if kind != "ngram" else None, k=chosen, drafting=drafting)
     if kind == "ngram":
         _ngram(p, result.drafter.spec or "", label, synthetic)
+    if result.sampling is not None:  # served as the result measured it (each engine's own defaults differ)
+        t = result.sampling.target
+        p.sampling = {"temperature": float(t.temperature), "top_k": int(t.top_k), "top_p": float(t.top_p), "min_p": float(t.min_p)}
+    followed = result.procedure.engine if result.procedure is not None else None
+    if followed and followed != engine:
+        p.notes.append(f"the result's numbers follow {BY_ENGINE[followed].label}'s draft-and-verify procedure, not {label}'s: 'specprobe diagnose … --engine {engine}' gives {label}'s")
     row = _k_row(result, chosen)
     tau, speedup = _tau(row), row.speedup if row is not None else None
     alpha = result.metric("accept_prob_engine_mean") or result.metric("accept_prob_mean")
@@ -308,6 +316,8 @@ def write_vllm(p: Plan, as_yaml: bool = False) -> str:
     lines = _comments(p.notes)
     if p.target:
         lines.append(f"model: {_yaml_scalar(p.target)}")
+    if p.sampling:  # the requests' defaults: the sampling the result measured
+        lines.append(f"override-generation-config: {_yaml_scalar(p.sampling)}")
     lines.append("speculative-config:")
     lines += [f"  {key}: {_yaml_scalar(v)}" for key, v in spec.items()]
     return "\n".join(lines) + "\n"
@@ -325,6 +335,9 @@ def write_sglang(p: Plan) -> str:
     lines.append(f"speculative-num-draft-tokens: {p.k + 1}")
     if p.drafting == PROBABILISTIC:
         lines.append("speculative-use-rejection-sampling: true")
+    if p.sampling:  # a JSON string, as --preferred-sampling-params takes it (top_k -1: off)
+        prefs = {**p.sampling, "top_k": int(p.sampling["top_k"]) or -1}
+        lines.append(f"preferred-sampling-params: {_yaml_scalar(json.dumps(prefs))}")
     return "\n".join(lines) + "\n"
 
 
@@ -338,6 +351,8 @@ def llama_args(p: Plan) -> list[str]:
     # always named: llama-server (0.3.36's build) infers no draft type from a plain -md
     # and, without one, starts no speculative context
     words += ["--spec-type", p.method]
+    if p.sampling:  # llama-server's own defaults (T 0.8, top-k 40, top-p 0.95, min-p 0.05) differ
+        words += ["--temp", f"{p.sampling['temperature']:g}", "--top-k", str(int(p.sampling["top_k"])), "--top-p", f"{p.sampling['top_p']:g}", "--min-p", f"{p.sampling['min_p']:g}"]
     if p.kind == "ngram":
         for flag, v in p.ngram.items():
             words += [flag, str(v)]
