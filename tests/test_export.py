@@ -192,8 +192,12 @@ def test_trtllm_acceptance_floor_is_the_break_even_length(tmp_path: Path) -> Non
     r, src = _result(tmp_path, kind="eagle3", spec=f"eagle3:{tmp_path / 'head'}")
     row = next(x for x in r.k_table if x.k == r.best_k)
     tau = row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
+    from specprobe.export.engines import acceptance_floor
+
+    assert acceptance_floor(r) == ("SP202", 0.30)  # the default table's error band: α < 0.30
+    tau_floor = sum(0.30**j for j in range(r.best_k + 1))
     sc = yaml.safe_load(export_config(r, src, "trtllm").text)["speculative_config"]
-    assert sc["acceptance_length_threshold"] == pytest.approx(tau / row.speedup, abs=1e-3)
+    assert sc["acceptance_length_threshold"] == pytest.approx(max(tau / row.speedup, tau_floor), abs=1e-3)
     assert sc["acceptance_window"] == r.prompt_set.num_prompts
     assert sc["acceptance_length_threshold"] >= 0 and sc["acceptance_window"] >= 0
 
@@ -270,8 +274,8 @@ def test_the_config_export_starts_without_torch(tmp_path: Path) -> None:
     _, src = _result(tmp_path)
     code = (
         "import sys\nfrom typer.testing import CliRunner\nfrom specprobe.cli.main import app\n"
-        f"res = CliRunner().invoke(app, ['export', {str(src)!r}, '--engine', 'sglang'])\n"
-        "assert res.exit_code == 0, res.output\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')\n"
+        f"for engine in ('sglang', 'trtllm', 'vllm'):\n    res = CliRunner().invoke(app, ['export', {str(src)!r}, '--engine', engine])\n    assert res.exit_code == 0, res.output\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr

@@ -153,6 +153,31 @@ def schedule_from_costs(result: Result) -> list[tuple[int, int, int]] | None:
     return out
 
 
+def acceptance_floor(result: Result) -> tuple[str, float] | None:
+    """(rule id, α) of the rules table's acceptance floor: the highest bound `accept_prob_mean
+    < X` of an error-severity acceptance rule (the default table: SP202, α < 0.30, 'far
+    below a useful drafter'), from the rule files the result was judged with where they are
+    still there, else the default table."""
+    import re
+
+    from specprobe.core.errors import SpecprobeError
+    from specprobe.judge.rules import load_table
+
+    try:
+        table = load_table([Path(p) for p in result.config.rules])
+    except SpecprobeError:
+        table = load_table()
+    best: tuple[str, float] | None = None
+    for rule in table.rules:
+        if rule.family != "acceptance" or rule.severity != "error":
+            continue
+        for m in re.finditer(r"accept_prob_mean\s*<\s*([0-9]*\.?[0-9]+)", rule.when):
+            x = float(m.group(1))
+            if best is None or x > best[1]:
+                best = (rule.id, x)
+    return best
+
+
 def synthetic_rates(result: Result, k: int) -> list[float]:
     """r_1..r_K from the result's depth curve: the probability that the first i drafts are
     all accepted, clamped to [0, 1] and made non-increasing (a running minimum; the curve
@@ -240,10 +265,19 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
         p.notes.append(f"no --spec-draft-p-min: adaptive K ({_f(ad.speedup)}×) does not beat the fixed K")
 
     # TensorRT-LLM: switch speculation off when the acceptance length falls below break-even
+    # (a round's cost in target steps) or below the rules' acceptance floor at this K
     if engine == TRTLLM and tau is not None and speedup:
-        p.floor = round(tau / speedup, 3)  # a round's cost in target steps: τ below it loses
+        even = tau / speedup
+        floor_rule = acceptance_floor(result)
+        why = f"a round at K {chosen} costs {even:.3g} target steps (τ {_f(tau)} ÷ speedup {_f(speedup)}): a mean acceptance length below it is slower than no speculation"
+        p.floor = round(even, 3)
+        if floor_rule is not None:
+            rid, a_floor = floor_rule
+            tau_floor = sum(a_floor**j for j in range(chosen + 1))  # τ(K) of a drafter at the floor, i.i.d.
+            why += f"; the rules' acceptance floor ({rid}: α < {a_floor:g}) is τ({chosen}) = {tau_floor:.3g}"
+            p.floor = round(max(even, tau_floor), 3)
         p.window = result.prompt_set.num_prompts if result.prompt_set is not None else None
-        p.notes.append(f"acceptance_length_threshold {p.floor:g}: a round at K {chosen} costs {p.floor:g} target steps (τ {_f(tau)} ÷ speedup {_f(speedup)}), so a mean acceptance length below it is slower than no speculation; window {p.window or '—'} requests (the prompts the result scored)")
+        p.notes.append(f"acceptance_length_threshold {p.floor:g}, the larger: {why}; window {p.window or '—'} requests (the prompts the result scored)")
 
     if synthetic:
         p.rates = synthetic_rates(result, chosen)
