@@ -87,6 +87,24 @@ def _sampling(pair: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- diagnose
+def served(loaded: Any) -> dict[str, Any]:
+    """{"quant": …} for a model served quantized (specprobe.models.quant), else nothing."""
+    q = getattr(loaded, "quant", None)
+    return {} if q is None else {"quant": {"weights": q.scheme, **{k: v for k, v in q.record().items() if k != "scheme"}}}
+
+
+def served_drafter(drafter: Any) -> dict[str, Any]:
+    """The drafter's own quantization, or the target's when it shares the target's weights
+    (a self-draft)."""
+    own = getattr(drafter, "loaded", None)
+    if own is not None:
+        return served(own)
+    shared = served(getattr(drafter, "target", None)) if drafter.kind in ("layer_skip", "independent") else {}
+    if shared:
+        shared["quant"]["shared_with_target"] = True
+    return shared
+
+
 def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict[str, Any]:
     """What was run, on what, where: the fields every diagnose/simulate result starts with."""
     target, drafter, align = pair.target, pair.drafter, pair.alignment
@@ -96,8 +114,8 @@ def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict
         "created": _now(),
         "config": cfg.to_dict(),
         "environment": environment(target.device, target.dtype),
-        "target": {"spec": cfg.target, "name": target.name, "num_layers": target.num_layers, "vocab_size": target.vocab_size, "params": target.params},
-        "drafter": {"spec": cfg.drafter, "kind": drafter.kind, "name": drafter.name, "num_layers": drafter.num_layers, "params": drafter.params},
+        "target": {"spec": cfg.target, "name": target.name, "num_layers": target.num_layers, "vocab_size": target.vocab_size, "params": target.params, **served(target)},
+        "drafter": {"spec": cfg.drafter, "kind": drafter.kind, "name": drafter.name, "num_layers": drafter.num_layers, "params": drafter.params, **served_drafter(drafter)},
         "prompt_set": {"name": prompt_set.name, "source": prompt_set.source, "sha256": prompt_set.sha256, "num_prompts": len(prompt_set.prompts), "domains": prompt_set.domains},
         "reference": "off-policy" if cfg.reference == "dataset" else "on-policy",
         "sampling": _sampling(pair.sampling),

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specprobe.core.errors import ConfigError
 from specprobe.core.interrupts import shielded
 from specprobe.core.progress import Progress
 from specprobe.judge.rules import RuleTable, load_table
 from specprobe.models.drafters import build_drafter, drafter_info
 from specprobe.models.loader import check_paths, load_info, load_model
+from specprobe.models.quant import serve_quantized
 from specprobe.probe import long_context
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
@@ -55,18 +57,34 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
         progress.note(f"loading target {cfg.target}")
         tinfo = load_info(cfg.target, progress)
         dinfo = drafter_info(cfg.drafter, tinfo, progress)
+        refuse_draft_quant(cfg, dinfo is tinfo or "head" in dinfo.extra)
         if vet is not None:
             vet(dinfo)
         max_memory = parse_max_memory(cfg.max_memory) if cfg.max_memory else None  # a larger-than-one-GPU target
         target = load_model(cfg.target, cfg.device, cfg.dtype, progress, info=tinfo, device_map=cfg.device_map, max_memory=max_memory)
+        if cfg.target_quant:  # the original weights kept aside for the full-precision what-if
+            serve_quantized(target, cfg.target_quant, keep=True, progress=progress)
     if drafter is None:
         dinfo = drafter_info(cfg.drafter, target.info, progress)
+        refuse_draft_quant(cfg, dinfo is target.info or "head" in dinfo.extra)
         progress.note(f"building drafter {cfg.drafter}")
         drafter = build_drafter(cfg.drafter, target, cfg.device, cfg.dtype, progress, info=None if dinfo is target.info else dinfo)
+        if cfg.draft_quant:
+            serve_quantized(drafter.loaded, cfg.draft_quant, progress=progress)
     draft_gen = None if drafter.info is target.info else drafter.info.generation_config
     pair = effective_sampling(cfg.sampling, target.info.generation_config, draft_gen, engine=cfg.engine, drafting=cfg.drafting)
     pair.sources = relabel_sources(pair.sources, cfg.sampling_origins)  # "--temperature" / "probe.yaml", not "flag"
     return Pair(target, drafter, pair, compare(target.info, drafter.info, pair, models=(target, drafter)))
+
+
+def refuse_draft_quant(cfg: DiagnoseConfig, no_model_of_its_own: bool) -> None:
+    """--draft-quant quantizes a drafter model of its own: a self-draft shares the target's
+    weights (--target-quant quantizes it), an n-gram drafter has none, a head is not simulated."""
+    if cfg.draft_quant and no_model_of_its_own:
+        raise ConfigError(
+            f"--draft-quant {cfg.draft_quant} needs a drafter model of its own; {cfg.drafter} is a self-draft, a head or an n-gram drafter",
+            "a self-draft shares the target's weights: use --target-quant, which quantizes both; leave --draft-quant out for a head or an n-gram drafter",
+        )
 
 
 # ----------------------------------------------------------------------------- the pipeline

@@ -106,7 +106,8 @@ def _model_identity(loaded: Any) -> str:
     path = Path(loaded.info.path)
     files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
     stamp = [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files]
-    return json.dumps([str(path), stamp])
+    served = getattr(loaded, "quant", None)  # weights quantized after loading write other text
+    return json.dumps([str(path), stamp] + ([served.scheme] if served is not None else []))
 
 
 def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, batching: Any = None) -> Path:

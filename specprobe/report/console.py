@@ -6,6 +6,7 @@ or moving columns, never by cutting a rule id, a flag or a number."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -60,6 +61,20 @@ def headline_reason(result: Result | Comparison) -> Text | None:
     return line
 
 
+def _served_line(tq: Any, dq: Any) -> str | None:
+    """Which side was scored with quantized weights, and that it is a simulation."""
+    parts = []
+    if tq is not None:
+        parts.append(f"target {tq.weights}")
+    if dq is not None and not dq.shared_with_target:
+        parts.append(f"drafter {dq.weights}")
+    elif dq is not None:
+        parts.append("drafter shares the target's quantized weights")
+    if not parts:
+        return None
+    return "served quantized: " + ", ".join(parts) + " — round-to-nearest simulation, not AWQ/GPTQ calibration"
+
+
 def _cost_note(result: Result) -> str | None:
     c = result.cost
     if c is None or c.measured or result.config.cost_ratio is not None:
@@ -86,6 +101,9 @@ def verdict_panel(result: Result) -> Panel:
         lines.append(why)
     t, d = result.target, result.drafter
     lines.append(Text(f"target  {t.name or t.spec}   drafter  {d.name or d.spec} [{d.kind or '?'}]"))
+    served = _served_line(t.quant, d.quant)
+    if served:
+        lines.append(Text(served, style="yellow"))
     s = result.sampling
     if s is not None:
         lines.append(Text(f"sampling  target {_sampling(s.target)}   drafter {_sampling(s.draft)}"))

@@ -77,12 +77,31 @@ class Environment(Record):
     packages: dict[str, str | None] = Field(default_factory=dict)
 
 
+class Served(Part):
+    """How a side was served when not as loaded: its weights quantized round-to-nearest
+    after loading (a simulation, not the calibrated checkpoint)."""
+
+    weights: str | None = Field(None, description="fp8 | fp8:per-tensor | int8 | int4; null: as loaded")
+    method: str = "rtn"
+    layers: int = Field(0, description="linear layers quantized (the decoder layers'; not the embeddings or LM head)")
+    weight_rel_error: float | None = Field(None, description="‖W_q − W‖ / ‖W‖ over the quantized weights")
+    shared_with_target: bool = Field(False, description="a self-draft: the target's own quantized weights")
+    note: str = ""
+
+
 class Target(Part):
     spec: str
     name: str | None = None
     num_layers: int | None = None
     vocab_size: int | None = None
     params: int | None = None
+    quant: Served | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # `quant` is written only for a side served quantized
+        d = handler(self)
+        return d if self.quant is not None else {k: v for k, v in d.items() if k != "quant"}
 
 
 class Drafter(Part):
@@ -91,6 +110,13 @@ class Drafter(Part):
     name: str | None = None
     num_layers: int | None = None
     params: int | None = None
+    quant: Served | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # `quant` is written only for a side served quantized
+        d = handler(self)
+        return d if self.quant is not None else {k: v for k, v in d.items() if k != "quant"}
 
 
 class PromptSetInfo(Part):

@@ -44,6 +44,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 REFERENCES = ("on-policy", "dataset")
 SEMANTICS = ("vllm", "sglang", "transformers", "llama.cpp")  # whose sampling transform and defaults
 FAIL_ON = ("error", "warning", "info", "never")
+QUANT_SCHEMES = ("fp8", "fp8:per-tensor", "int8", "int4")  # RTN weight quantization (specprobe.models.quant)
+KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings this simulates
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dtype", "--dtype", "auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).", str, "auto", commands=RUNS | {DEMO}, file_key="dtype", file_commands=RUNS, choices=DTYPES),
     Setting("device_map", "--device-map", "Spread a target larger than one GPU over the devices with accelerate: auto | balanced | sequential | cpu.", str | None, commands=frozenset({DIAGNOSE}), file_key="device_map", show_default=False),
     Setting("max_memory", "--max-memory", "Memory per device for --device-map, e.g. 0=70GiB,1=70GiB (cpu=… too).", str | None, commands=frozenset({DIAGNOSE}), file_key="max_memory", parse=_P["max_memory"], metavar="DEV=SIZE,…", show_default=False),
+    Setting(
+        "target_quant", "--target-quant",
+        "Serve the target quantized: fp8 (e4m3, per-output-channel scale) | fp8:per-tensor | int8 (W8A16, per channel) | int4 (W4A16, groups of 128). "
+        "Round-to-nearest onto the grid after loading, dequantized to --dtype (RTN simulation, not AWQ/GPTQ calibration); the decoder layers' linear weights, not the embeddings or LM head. "
+        "A self:layers=N drafter shares these weights.",
+        str | None, commands=MODELS, file_key="target_quant", choices=QUANT_SCHEMES, show_default=False,
+    ),
+    Setting(
+        "draft_quant", "--draft-quant",
+        "Serve the drafter model quantized, as --target-quant (an independent drafter model only; a self:layers=N drafter follows --target-quant).",
+        str | None, commands=MODELS, file_key="draft_quant", choices=QUANT_SCHEMES, show_default=False,
+    ),
     Setting("force", "--force", "Run even when alignment errors make the numbers meaningless.", bool, False, commands=RUNS, file_key="force"),
     Setting("no_cache", "--no-cache", "Regenerate on-policy references instead of reusing the disk cache.", bool, False, commands=RUNS, file_key="no_cache"),
     Setting("brief", "--brief", "Verdict and findings only.", bool, False, commands=frozenset({DIAGNOSE, SIMULATE, MERGE}), file_key="brief", file_commands=frozenset({DIAGNOSE, SIMULATE, MERGE}), recorded=False),

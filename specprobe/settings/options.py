@@ -130,6 +130,8 @@ class RunOptions:
             dtype=self.dtype,
             device_map=self.device_map,
             max_memory=self.max_memory,
+            target_quant=self.target_quant,
+            draft_quant=self.draft_quant,
             rules=[str(r) for r in self.rules],
             fail_on=self.fail_on,
             force=self.force,

@@ -85,6 +85,9 @@ class DiagnoseConfig:
     # the memory per device ("0=70GiB,1=70GiB"); recorded only when given
     device_map: str | None = None
     max_memory: str | None = None
+    # the weights as served: RTN-quantized after loading (specprobe.models.quant); recorded only when given
+    target_quant: str | None = None
+    draft_quant: str | None = None
     # where each explicit sampling setting came from ("--temperature", "probe.yaml"),
     # by SamplingPair.sources slot; not part of the recorded config
     sampling_origins: dict[str, str] = field(default_factory=dict)
@@ -93,7 +96,7 @@ class DiagnoseConfig:
 
     def __post_init__(self) -> None:
         # a config built in code (not by the options merge) is held to the same bounds
-        for name in ("max_new_tokens", "batch_size", "k_max", "max_prompts", "verify_factor", "cost_ratio", "batch_sizes", "reference", "dtype", "fail_on", "engine", "draft_sampling"):
+        for name in ("max_new_tokens", "batch_size", "k_max", "max_prompts", "verify_factor", "cost_ratio", "batch_sizes", "reference", "dtype", "fail_on", "engine", "draft_sampling", "target_quant", "draft_quant"):
             check(name, getattr(self, name), BY_NAME[name].flag)
         for name in SAMPLING:
             check(name, getattr(self.sampling, name), BY_NAME[name].flag)
@@ -142,7 +145,7 @@ class DiagnoseConfig:
         d.pop("cost_origins")
         d.pop("shard")
         d.pop("part_path")
-        for k in ("device_map", "max_memory"):
+        for k in ("device_map", "max_memory", "target_quant", "draft_quant"):
             if d[k] is None:
                 d.pop(k)
         d.update(d.pop("sampling"))

@@ -1,0 +1,102 @@
+"""--target-quant / --draft-quant through the pipeline on the tiny models: the weights are
+quantized after loading, the result says so (and that it is RTN simulation), a bad pairing
+of the flag with a drafter is refused before anything loads, and simulate runs the
+quantized target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specprobe.core.errors import ConfigError
+from specprobe.probe.diagnose import run_diagnose
+from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
+from tests.helpers.tiny import prompts_file
+
+
+def _cfg(tiny_pair: dict[str, Path], drafter: str, tmp_path: Path, **kw: Any) -> DiagnoseConfig:
+    pf = prompts_file(tmp_path / "prompts.jsonl", n=3)
+    base: dict[str, Any] = dict(target=str(tiny_pair["target"]), drafter=drafter, prompts=str(pf), max_new_tokens=8, batch_size=3, k_max=3, cost_ratio=0.1, sampling=SamplingFlags(temperature=1.0), device="cpu")
+    return DiagnoseConfig(**{**base, **kw})
+
+
+def test_twin_against_int4_target_is_no_longer_identical(tiny_pair, tmp_path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, target_quant="int4", draft_sampling="probabilistic"))
+    q = r.target.quant
+    assert q is not None and q.weights == "int4" and q.layers == 2 * 7 and 0 < q.weight_rel_error < 0.3
+    assert "not AWQ/GPTQ" in q.note
+    assert r.drafter.quant is None  # the twin drafter was loaded as it is
+    assert r.config.target_quant == "int4"  # type: ignore[attr-defined]
+    assert 0.3 < r.metrics["accept_prob_mean"] < 0.999
+    doc = r.model_dump(mode="json")
+    assert "quant" in doc["target"] and "quant" not in doc["drafter"]
+
+
+def test_layer_skip_shares_the_quantized_target(tiny_pair, tmp_path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, target_quant="fp8"))
+    assert r.target.quant is not None and r.drafter.quant is not None
+    assert r.drafter.quant.shared_with_target and r.drafter.quant.weights == "fp8"
+
+
+def test_draft_quant_on_a_self_draft_is_refused_before_loading(tiny_pair, tmp_path, monkeypatch) -> None:
+    import specprobe.probe.diagnose as diagnose
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the target's weights were loaded before the refusal")
+
+    monkeypatch.setattr(diagnose, "load_model", boom)
+    with pytest.raises(ConfigError, match="--draft-quant int8 needs a drafter model of its own"):
+        run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, draft_quant="int8"))
+
+
+def test_bad_scheme_in_a_config_built_in_code() -> None:
+    with pytest.raises(ConfigError, match="--target-quant 'int2' is not one of"):
+        DiagnoseConfig(target="t", drafter="d", target_quant="int2")
+
+
+def test_quantized_target_greedy_speculation_equals_its_own_decoding() -> None:
+    # the loop verifies against the quantized weights: its greedy output is the quantized
+    # model's plain greedy decoding, token for token, whatever the (full-precision) drafter
+    import copy
+
+    import torch
+
+    from specprobe.models.quant import quantize_model
+    from specprobe.simulate import speculate
+    from tests.test_simulate import GREEDY, hf_greedy, rand_prompts, tiny
+
+    full = tiny(0, dtype=torch.float32)
+    served = copy.deepcopy(full)
+    quantize_model(served, "int4")
+    prompts = rand_prompts(3)
+    reference = hf_greedy(served, prompts, 16)
+    assert reference != hf_greedy(full, prompts, 16)  # int4 moved the target's own text
+    run = speculate(served, full, prompts, k=3, target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
+    assert run.outputs == reference
+    assert run.counters.accept_rate < 1
+
+
+def test_simulate_runs_the_quantized_target(tiny_pair, tmp_path) -> None:
+    from specprobe.settings.pipeline import SimulateConfig
+    from specprobe.simulate import run_simulate
+
+    d = _cfg(tiny_pair, "self", tmp_path, target_quant="int8", sampling=SamplingFlags(temperature=0.0), keep_positions=False)
+    r = run_simulate(SimulateConfig(d, ks=[2], baseline=False))
+    assert r.target.quant is not None and r.target.quant.weights == "int8"
+    assert r.drafter.quant is not None and r.drafter.quant.shared_with_target
+    # the drafter is the served target itself: every greedy draft is accepted
+    assert r.measured.k_table[0].accept_rate == pytest.approx(1.0)
+
+
+def test_references_of_a_quantized_target_are_cached_apart(tiny_pair) -> None:
+    from types import SimpleNamespace
+
+    from specprobe.models.loader import load_info
+    from specprobe.probe.references import _model_identity
+
+    info = load_info(str(tiny_pair["target"]))
+    plain = _model_identity(SimpleNamespace(info=info))
+    assert _model_identity(SimpleNamespace(info=info, quant=None)) == plain
+    assert _model_identity(SimpleNamespace(info=info, quant=SimpleNamespace(scheme="int4"))) != plain
