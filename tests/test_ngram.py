@@ -251,6 +251,12 @@ def test_bad_specs_are_refused(spec: str) -> None:
         parse_spec(spec)
 
 
+def test_suffix_decoding_is_refused_by_name() -> None:
+    assert is_ngram_spec("suffix:k=4")
+    with pytest.raises(ConfigError, match="suffix decoding"):
+        NgramDrafter("suffix")
+
+
 def test_vllm_ngram_without_k_needs_the_runs_k() -> None:
     with pytest.raises(ConfigError):
         NgramDrafter("ngram").max_draft()

@@ -69,10 +69,16 @@ MAP_MAX_COUNT = 16380  # counts saturate here (COMMON_NGRAM_MAX_VALUE_COUNT)
 _HINT = "use ngram[:min=N,max=N,k=N], ngram-simple, ngram-map-k, ngram-map-k4v (knobs size_n, size_m, min_hits), ngram-mod (n_match, n_min, n_max), ngram-cache, or a comma list of llama.cpp types"
 
 
+NOT_IMPLEMENTED = {
+    "suffix": "vLLM's suffix decoding (method: suffix) is not implemented",
+    "ngram_gpu": "vLLM's ngram_gpu is not implemented under its own name",
+}
+
+
 def is_ngram_spec(spec: str) -> bool:
     """Whether a drafter spec names an n-gram drafter (no model to load)."""
     head = spec.split(":", 1)[0].split(",", 1)[0].strip().lower()
-    return head in TYPES
+    return head in TYPES or head in NOT_IMPLEMENTED
 
 
 # ----------------------------------------------------------------------------- specs
@@ -105,6 +111,9 @@ class NgramType:
 def parse_spec(spec: str) -> tuple[NgramType, ...]:
     """A drafter spec -> its types in the order the engine tries them; ConfigError when it
     is not one (see module doc)."""
+    head = spec.split(":", 1)[0].split(",", 1)[0].strip().lower()
+    if head in NOT_IMPLEMENTED:
+        raise ConfigError(f"drafter {spec}: {NOT_IMPLEMENTED[head]}", "use ngram[:min=…,max=…,k=…] (vLLM's prompt lookup) or one of llama.cpp's ngram-* types")
     items = [s.strip() for s in spec.split(",")]
     groups: list[tuple[str, list[str]]] = []
     for item in items:
