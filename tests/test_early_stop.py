@@ -132,6 +132,12 @@ def test_simulate_and_the_estimate_draft_less_under_p_min(tiny_pair, tmp_path) -
         r = run_simulate(SimulateConfig(d, ks=[4], baseline=False))
         rows[p_min] = (r.measured.k_table[0], r.measured.depth)
         assert r.config.model_dump()["draft_p_min"] == p_min
+        est = next(row for row in r.k_table if row.k == 4)
+        # accepted ÷ drafted, as llama-server counts it (not (τ − 1) ÷ K under the early
+        # stop). Past a draft the target rejects, the loop drafts on from its own tokens,
+        # where the teacher-forced estimate reads the reference's: the drafted count, not
+        # the accepted one, is approximate there (measured 9 % at p-min 0.99 here)
+        assert est.accept_rate_renewal == pytest.approx(r.measured.k_table[0].accept_rate, rel=0.03 if p_min == 0 else 0.12)
     (full, full_depth), (gated, gated_depth) = rows[0.0], rows[0.99]
     assert sum(gated_depth.drafted_per_position) < sum(full_depth.drafted_per_position)
     assert gated_depth.drafted_per_position[-1] < gated_depth.drafted_per_position[0]  # drafts of every length

@@ -10,7 +10,7 @@ provenance) is filled in here, next to the others, and declared once in result/r
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -87,10 +87,20 @@ def _sampling(pair: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- diagnose
+KV_NOTE = "fp8 KV cache simulated: keys and values rounded to e4m3 with scales 1.0 as the attention reads them"
+
+
 def served(loaded: Any) -> dict[str, Any]:
-    """{"quant": …} for a model served quantized (specprobe.models.quant), else nothing."""
+    """{"quant": …} for a model served quantized or with an fp8 KV cache
+    (specprobe.models.quant), else nothing."""
     q = getattr(loaded, "quant", None)
-    return {} if q is None else {"quant": {"weights": q.scheme, **{k: v for k, v in q.record().items() if k != "scheme"}}}
+    kv = getattr(loaded, "kv_cache_dtype", None)
+    if q is None and kv is None:
+        return {}
+    out: dict[str, Any] = {"weights": q.scheme, **{k: v for k, v in q.record().items() if k != "scheme"}} if q is not None else {"note": KV_NOTE}
+    if kv is not None:
+        out["kv_cache_dtype"] = kv
+    return {"quant": out}
 
 
 def served_drafter(drafter: Any) -> dict[str, Any]:
@@ -193,6 +203,16 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     }))
 
 
+def _per_drafted(row: Any, drafted: Any) -> Any:
+    """Under an early stop a round drafts fewer than K: the renewal acceptance rate is
+    accepted ÷ drafted, (τ − 1) over the mean draft length Σ_i D_i ÷ D_1, as llama-server
+    counts it — not (τ − 1) ÷ K."""
+    d = drafted[row.k - 1, : row.k]
+    if d[0] <= 0 or math.isnan(row.tau_renewal_tokens):
+        return row
+    return replace(row, accept_rate_renewal=(row.tau_renewal_tokens - 1.0) / (float(d.sum()) / float(d[0])))
+
+
 def alignment_errors(table: RuleTable, metrics: dict[str, Any], kind: str) -> int:
     """How many error-level pre-flight (alignment) rules fail on this pair: whether a
     near-zero acceptance can be a broken pairing (SP101, SP201) or is a drafter that never
@@ -240,6 +260,8 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         budget=(acc.renewal_tokens, acc.renewal_rounds[:k_top], acc.renewal_drafted[:k_top, :k_top]),  # the renewal sums: speedup at this run's token budget
     )
     ktab, c = priced.k_table, priced.cost_ratio
+    if acc.p_min > 0 or acc.n_min > 1:
+        ktab = [_per_drafted(r, acc.renewal_drafted) for r in ktab]
     adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor, priced.verify) if acc.num_positions else None
     dom = acc.by_domain()
     pos = acc.by_position()
