@@ -62,12 +62,13 @@ def build_prompt(n: int, folder: Path) -> Path:
 
 
 def run(prompts: Path, out: Path, scoring_only: bool) -> dict:
+    out.unlink(missing_ok=True)
     args = ["diagnose", "smollm2", "self:layers=28", "--prompts", str(prompts), "--max-new-tokens", "32", "--json", str(out), "--fail-on", "never"]
     if scoring_only:
         args += ["--cost-ratio", "0.5", "--verify-factor", "1"]
     p = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     line = next((x for x in p.stdout.splitlines()[::-1] if x.startswith("BENCH ")), None)
-    if line is None or not out.exists():
+    if line is None or not out.exists() or p.returncode:
         raise SystemExit(f"diagnose failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     m = json.loads(line[6:])
     r = json.loads(out.read_text())
@@ -94,11 +95,11 @@ def main() -> None:
         folder = Path(tmp)
         for n in lengths:
             prompts = build_prompt(n, folder)
-            run(prompts, folder / "warm.json", True)  # references into the disk cache, untimed
+            run(prompts, folder / f"warm-{n}.json", True)  # references into the disk cache, untimed
             res: dict[str, list[dict]] = {"A": [], "B": []}
             for i in range(a.repeats):
                 for mode in "AB":
-                    res[mode].append(run(prompts, folder / f"{mode}{i}.json", scoring_only=mode == "B"))
+                    res[mode].append(run(prompts, folder / f"{mode}{i}-{n}.json", scoring_only=mode == "B"))
             rows.append((n, res))
             A, B = res["A"], res["B"]
             ratio_t = [x["wall_s"] / y["wall_s"] for x, y in zip(A, B, strict=True)]

@@ -70,13 +70,13 @@ def build(prompt_set: PromptSet, tokenizer: Any, lengths: Sequence[int], *, limi
         own = _ids(tokenizer, q.turns[0])
         for n in sorted(lengths):
             if encode(q.turns[0]) >= n:  # a long prompt of the user's: cut to the length
-                text = _fit(lambda k, own=own: _decode(tokenizer, own[:k]), encode, n, len(own))
+                text = _fit(lambda k, pad="", own=own: _decode(tokenizer, own[:k]) + pad, encode, n, len(own))
             else:
                 while len(pool) < n + 64:  # the documents, cycled as long as the length needs
                     for p in others:
                         doc += 1
                         pool.extend(_ids(tokenizer, f"Document {doc}: {p.turns[0]}\n\n"))
-                text = _fit(lambda k, pool=pool, q=q: f"{PREAMBLE}\n\n{_decode(tokenizer, pool[:k]).strip()}\n\nQuestion: {q.turns[0]}", encode, n, len(pool))
+                text = _fit(lambda k, pad="", pool=pool, q=q: f"{PREAMBLE}\n\n{_decode(tokenizer, pool[:k]).strip()}{pad}\n\nQuestion: {q.turns[0]}", encode, n, len(pool))
             pid = f"{q.id}@{label(n)}"
             out.append(Prompt(id=pid, domain=q.domain, category=q.category, turns=(text,)))
             length_of[pid] = n
@@ -92,10 +92,11 @@ def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
-def _fit(make: Callable[[int], str], encode: Callable[[str], int], n: int, k_max: int) -> str:
-    """The text `make(k)` for the largest k ≤ k_max whose encoding is at most n tokens,
-    moved up to n where one more filler token gets there (binary search, the encoding
-    being nearly monotone in k)."""
+def _fit(make: Callable[..., str], encode: Callable[[str], int], n: int, k_max: int) -> str:
+    """The text `make(k)` for the largest k ≤ k_max whose encoding is at most n tokens
+    (binary search, the encoding being nearly monotone in k), then topped up to n with a
+    few one-token words (`make(k, pad)`) where decode/encode joins left it short — never
+    past n: the length is a limit too (the target's context)."""
     lo, hi = 0, k_max
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -103,14 +104,18 @@ def _fit(make: Callable[[int], str], encode: Callable[[str], int], n: int, k_max
             lo = mid
         else:
             hi = mid - 1
-    best, got = make(lo), encode(make(lo))
-    for k in range(lo + 1, min(k_max, lo + 4) + 1):  # decode/encode may join tokens: look a little further
-        t = make(k)
-        m = encode(t)
-        if abs(m - n) < abs(got - n):
-            best, got = t, m
-        if m >= n:
-            break
+    best = make(lo)
+    got = encode(best)
+    for word in (" the", " .", " a", "\n"):
+        for j in range(1, n - got + 3):
+            if got == n:
+                return best
+            t = make(lo, word * j)
+            m = encode(t)
+            if got < m <= n:
+                best, got = t, m
+            if m > n:
+                break
     return best
 
 
