@@ -138,3 +138,58 @@ def test_model_decoder_linears_only_and_swap_back() -> None:
         full = m(x).logits
     assert not torch.equal(served, full)
     assert torch.equal(m(x).logits, served)  # the quantized weights are back
+
+
+# ----------------------------------------------------------------------------- the fp8 KV cache
+def _spy_attention(seen: list[tuple[torch.Tensor, torch.Tensor]]) -> str:
+    """An attention implementation that records the K/V it is given and runs sdpa."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    def spy(mod, q, k, v, *a, **kw):
+        seen.append((k.detach().clone(), v.detach().clone()))
+        return sdpa_attention_forward(mod, q, k, v, *a, **kw)
+
+    AttentionInterface.register("specprobe_test_spy", spy)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("specprobe_test_spy", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return "specprobe_test_spy"
+
+
+def test_fp8_kv_values_seen_by_attention_are_e4m3() -> None:
+    m = _tiny_llama()
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    m.config._attn_implementation = _spy_attention(seen)
+    x = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        full = m(x).logits
+        assert any(not torch.equal(k, quant.fp8_e4m3(k)) for k, _ in seen)  # sanity: raw K is not on the grid
+        seen.clear()
+        quant.fp8_kv_cache(m)
+        served = m(x).logits
+        assert len(seen) == 2  # one per layer
+        for k, v in seen:
+            assert torch.equal(k, quant.fp8_e4m3(k)) and torch.equal(v, quant.fp8_e4m3(v))
+        # generation with a cache: every step's keys (old and new) are on the grid
+        seen.clear()
+        m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert len(seen) == 2 * 3 and all(torch.equal(k, quant.fp8_e4m3(k)) for k, _ in seen)
+    # a bounded change of the logits: e4m3 keeps ~2^-4 relative precision
+    diff = (served - full).abs().max() / full.abs().max()
+    assert 0 < float(diff) < 0.05
+
+
+def test_fp8_kv_scale() -> None:
+    x = torch.randn(2, 2, 5, 8) * 3
+    y = quant.fp8_kv(x, 0.5)
+    assert torch.equal(y / 0.5, quant.fp8_e4m3(y / 0.5))
+    assert torch.equal(quant.fp8_kv(torch.tensor([1000.0])), torch.tensor([448.0]))  # saturates at scale 1
+
+
+def test_fp8_kv_is_per_model() -> None:
+    a, b = _tiny_llama(), _tiny_llama()
+    quant.fp8_kv_cache(a)
+    x = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert b.config._attn_implementation == "sdpa"
+        assert not torch.equal(a(x).logits, b(x).logits)

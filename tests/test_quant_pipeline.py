@@ -100,3 +100,19 @@ def test_references_of_a_quantized_target_are_cached_apart(tiny_pair) -> None:
     plain = _model_identity(SimpleNamespace(info=info))
     assert _model_identity(SimpleNamespace(info=info, quant=None)) == plain
     assert _model_identity(SimpleNamespace(info=info, quant=SimpleNamespace(scheme="int4"))) != plain
+
+
+def test_fp8_kv_cache_on_the_drafter_alone(tiny_pair, tmp_path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, draft_kv_cache_dtype="fp8", draft_sampling="probabilistic"))
+    assert r.target.quant is None  # vLLM's speculative_config.kv_cache_dtype: the drafter's cache only
+    dq = r.drafter.quant
+    assert dq is not None and dq.kv_cache_dtype == "fp8" and dq.weights is None and "e4m3" in dq.note
+    assert 0.5 < r.metrics["accept_prob_mean"] < 1  # the twin is no longer the target's exact copy
+
+
+def test_draft_kv_cache_on_a_self_draft_is_refused(tiny_pair, tmp_path, monkeypatch) -> None:
+    import specprobe.probe.diagnose as diagnose
+
+    monkeypatch.setattr(diagnose, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    with pytest.raises(ConfigError, match="--draft-kv-cache-dtype fp8 needs a drafter model of its own"):
+        run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, draft_kv_cache_dtype="fp8"))

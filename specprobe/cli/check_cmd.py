@@ -128,7 +128,7 @@ def _result(opts: Any, target_spec: str, drafter_spec: str, kind: str, tinfo: An
             "draft_sampling": opts.draft_sampling or BY_ENGINE[opts.engine].draft_sampling,  # resolved, as diagnose records it
             "rules": [str(r) for r in opts.rules],
             "fail_on": opts.fail_on,
-            **{k: getattr(opts, k) for k in ("target_quant", "draft_quant") if getattr(opts, k)},  # recorded; check loads no weights
+            **{k: getattr(opts, k) for k in ("target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype") if getattr(opts, k)},  # recorded; check loads no weights
         },
         target={"spec": target_spec, "name": tinfo.name},
         drafter={"spec": drafter_spec, "kind": kind, "name": dinfo.name if dinfo is not tinfo else drafter_spec},

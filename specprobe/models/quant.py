@@ -1,4 +1,4 @@
-"""Weight quantization simulated on the fly: round-to-nearest (RTN) onto the served
+"""Weight and KV-cache quantization simulated on the fly: round-to-nearest (RTN) onto the served
 format's grid, then dequantized back to the compute dtype so every matmul runs as before.
 
 This is RTN simulation, not AWQ/GPTQ calibration: a calibrated checkpoint places its
@@ -20,6 +20,13 @@ Every `nn.Linear` inside the decoder layers is quantized; the embeddings and the
 stay in high precision, as llm-compressor's recipes leave them (`ignore: [lm_head]`) and
 vLLM loads them. A layer-skip self-draft shares the target's modules, so quantizing the
 target quantizes it too.
+
+`--kv-cache-dtype fp8` (`fp8_kv_cache`): every key and value a decoder layer's attention
+reads is rounded to e4m3 with vLLM's default scales (k_scale = v_scale = 1.0, used when the
+checkpoint ships none): K after its rotary embedding, as the cache stores it; queries stay
+in the compute dtype. vLLM's attention reads the current tokens from the cache too, so
+the rounding applies to the prompt's own keys as well as the past ones. Rounding is
+idempotent, so re-reading a cache of rounded values changes nothing.
 """
 
 from __future__ import annotations
@@ -164,3 +171,69 @@ def serve_quantized(loaded: Any, scheme: str, keep: bool = False, progress: Any 
     loaded.quant = done
     loaded._head = None
     return done
+
+
+# ----------------------------------------------------------------------------- the KV cache
+def fp8_kv(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """K or V as an fp8 (e4m3) cache holds them: x / scale on the e4m3 grid, times scale."""
+    return fp8_e4m3(x / scale) * scale if scale != 1.0 else fp8_e4m3(x)
+
+
+def _attention_modules(model: Any) -> list[Any]:
+    layers = decoder_layers_of(model)
+    found = []
+    for layer in layers:
+        for mod in layer.modules():
+            if hasattr(mod, "layer_idx") and hasattr(mod, "config") and hasattr(mod, "k_proj"):
+                found.append(mod)
+                break
+    return found
+
+
+def decoder_layers_of(model: Any) -> Any:
+    from specprobe.models.anatomy import decoder_layers
+
+    return decoder_layers(model)[0]
+
+
+def fp8_kv_cache(model: Any, scale: float = 1.0) -> str:
+    """Round K and V to e4m3 wherever `model`'s decoder attention reads them, by a
+    registered attention implementation that wraps the model's own (sdpa, eager, flash…)
+    and uses its mask. Only this model's config switches to it, so a drafter of the same
+    architecture keeps its own. Returns the implementation's name."""
+    import sys
+
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from specprobe.core.errors import ModelLoadError
+
+    attn = _attention_modules(model)
+    if not attn:
+        raise ModelLoadError(f"{type(model).__name__}: no decoder attention with k_proj/v_proj found", "--kv-cache-dtype fp8 supports transformers decoder models (Llama, Qwen, Mistral, SmolLM2, …)")
+    base = model.config._attn_implementation or "eager"
+    if base.startswith("specprobe_fp8kv"):
+        return base
+    module = type(attn[0]).__module__
+    eager = getattr(sys.modules[module], "eager_attention_forward", None)
+    inner = ALL_ATTENTION_FUNCTIONS[base] if base in ALL_ATTENTION_FUNCTIONS else eager
+    if inner is None:
+        raise ModelLoadError(f"{type(model).__name__}: no attention function for {base!r}", "load the model with attn_implementation sdpa or eager")
+    name = f"specprobe_fp8kv_{base}_{module.rsplit('.', 1)[-1]}_{scale:g}".replace(".", "_")
+
+    def fp8_cached(mod: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return inner(mod, query, fp8_kv(key, scale), fp8_kv(value, scale), *args, **kwargs)
+
+    AttentionInterface.register(name, fp8_cached)
+    mask_base = base if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping else "eager"
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_base])
+    model.config._attn_implementation = name
+    return name
+
+
+def serve_fp8_kv(loaded: Any) -> None:
+    """A loaded model's KV cache served as fp8 (`fp8_kv_cache`), noted on `loaded.kv_cache_dtype`."""
+    fp8_kv_cache(loaded.model)
+    loaded.kv_cache_dtype = "fp8"
+    loaded._head = None

@@ -17,7 +17,7 @@ from specprobe.core.progress import Progress
 from specprobe.judge.rules import RuleTable, load_table
 from specprobe.models.drafters import build_drafter, drafter_info
 from specprobe.models.loader import check_paths, load_info, load_model
-from specprobe.models.quant import serve_quantized
+from specprobe.models.quant import serve_fp8_kv, serve_quantized
 from specprobe.probe import long_context
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
@@ -57,33 +57,45 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
         progress.note(f"loading target {cfg.target}")
         tinfo = load_info(cfg.target, progress)
         dinfo = drafter_info(cfg.drafter, tinfo, progress)
-        refuse_draft_quant(cfg, dinfo is tinfo or "head" in dinfo.extra)
+        refuse_draft_serving(cfg, dinfo is tinfo or "head" in dinfo.extra)
         if vet is not None:
             vet(dinfo)
         max_memory = parse_max_memory(cfg.max_memory) if cfg.max_memory else None  # a larger-than-one-GPU target
         target = load_model(cfg.target, cfg.device, cfg.dtype, progress, info=tinfo, device_map=cfg.device_map, max_memory=max_memory)
         if cfg.target_quant:  # the original weights kept aside for the full-precision what-if
             serve_quantized(target, cfg.target_quant, keep=True, progress=progress)
+        if cfg.kv_fp8[0]:
+            serve_fp8_kv(target)
     if drafter is None:
         dinfo = drafter_info(cfg.drafter, target.info, progress)
-        refuse_draft_quant(cfg, dinfo is target.info or "head" in dinfo.extra)
+        refuse_draft_serving(cfg, dinfo is target.info or "head" in dinfo.extra)
         progress.note(f"building drafter {cfg.drafter}")
         drafter = build_drafter(cfg.drafter, target, cfg.device, cfg.dtype, progress, info=None if dinfo is target.info else dinfo)
         if cfg.draft_quant:
             serve_quantized(drafter.loaded, cfg.draft_quant, progress=progress)
+        if cfg.kv_fp8[1] and getattr(drafter, "loaded", None) is not None:
+            serve_fp8_kv(drafter.loaded)
     draft_gen = None if drafter.info is target.info else drafter.info.generation_config
     pair = effective_sampling(cfg.sampling, target.info.generation_config, draft_gen, engine=cfg.engine, drafting=cfg.drafting)
     pair.sources = relabel_sources(pair.sources, cfg.sampling_origins)  # "--temperature" / "probe.yaml", not "flag"
     return Pair(target, drafter, pair, compare(target.info, drafter.info, pair, models=(target, drafter)))
 
 
-def refuse_draft_quant(cfg: DiagnoseConfig, no_model_of_its_own: bool) -> None:
-    """--draft-quant quantizes a drafter model of its own: a self-draft shares the target's
-    weights (--target-quant quantizes it), an n-gram drafter has none, a head is not simulated."""
-    if cfg.draft_quant and no_model_of_its_own:
+def refuse_draft_serving(cfg: DiagnoseConfig, no_model_of_its_own: bool) -> None:
+    """--draft-quant and --draft-kv-cache-dtype act on a drafter model of its own: a
+    self-draft shares the target's weights and attention (the target's flags cover it), an
+    n-gram drafter has none, a head's are not simulated."""
+    if not no_model_of_its_own:
+        return
+    if cfg.draft_quant:
         raise ConfigError(
             f"--draft-quant {cfg.draft_quant} needs a drafter model of its own; {cfg.drafter} is a self-draft, a head or an n-gram drafter",
             "a self-draft shares the target's weights: use --target-quant, which quantizes both; leave --draft-quant out for a head or an n-gram drafter",
+        )
+    if cfg.draft_kv_cache_dtype and cfg.kv_fp8[1] != cfg.kv_fp8[0]:
+        raise ConfigError(
+            f"--draft-kv-cache-dtype {cfg.draft_kv_cache_dtype} needs a drafter model of its own; {cfg.drafter} is a self-draft, a head or an n-gram drafter",
+            "a self-draft shares the target's attention: use --kv-cache-dtype, which covers both; leave --draft-kv-cache-dtype out otherwise",
         )
 
 

@@ -107,7 +107,8 @@ def _model_identity(loaded: Any) -> str:
     files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
     stamp = [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files]
     served = getattr(loaded, "quant", None)  # weights quantized after loading write other text
-    return json.dumps([str(path), stamp] + ([served.scheme] if served is not None else []))
+    kv = getattr(loaded, "kv_cache_dtype", None)  # so does an fp8 KV cache
+    return json.dumps([str(path), stamp] + ([served.scheme] if served is not None else []) + ([f"kv:{kv}"] if kv else []))
 
 
 def _cache_file(target: Any, encoded: list[list[int]], sampling: Any, cfg: DiagnoseConfig, batching: Any = None) -> Path:

@@ -63,16 +63,20 @@ def headline_reason(result: Result | Comparison) -> Text | None:
 
 def _served_line(tq: Any, dq: Any) -> str | None:
     """Which side was scored with quantized weights, and that it is a simulation."""
+    def side(q: Any) -> str:
+        return " + ".join(x for x in (q.weights, f"{q.kv_cache_dtype} KV cache" if q.kv_cache_dtype else None) if x)
+
     parts = []
     if tq is not None:
-        parts.append(f"target {tq.weights}")
+        parts.append(f"target {side(tq)}")
     if dq is not None and not dq.shared_with_target:
-        parts.append(f"drafter {dq.weights}")
+        parts.append(f"drafter {side(dq)}")
     elif dq is not None:
-        parts.append("drafter shares the target's quantized weights")
+        parts.append("drafter shares the target's")
     if not parts:
         return None
-    return "served quantized: " + ", ".join(parts) + " — round-to-nearest simulation, not AWQ/GPTQ calibration"
+    rtn = any(q is not None and q.weights for q in (tq, dq))
+    return "served quantized: " + ", ".join(parts) + (" — round-to-nearest simulation, not AWQ/GPTQ calibration" if rtn else " — simulated")
 
 
 def _cost_note(result: Result) -> str | None:

@@ -79,13 +79,14 @@ class Environment(Record):
 
 class Served(Part):
     """How a side was served when not as loaded: its weights quantized round-to-nearest
-    after loading (a simulation, not the calibrated checkpoint)."""
+    after loading (a simulation, not the calibrated checkpoint), its KV cache in fp8."""
 
     weights: str | None = Field(None, description="fp8 | fp8:per-tensor | int8 | int4; null: as loaded")
     method: str = "rtn"
     layers: int = Field(0, description="linear layers quantized (the decoder layers'; not the embeddings or LM head)")
     weight_rel_error: float | None = Field(None, description="‖W_q − W‖ / ‖W‖ over the quantized weights")
     shared_with_target: bool = Field(False, description="a self-draft: the target's own quantized weights")
+    kv_cache_dtype: str | None = Field(None, description="fp8: keys and values rounded to e4m3 (scales 1.0) as the attention reads them; null: the compute dtype")
     note: str = ""
 
 

@@ -226,6 +226,16 @@ SETTINGS: tuple[Setting, ...] = (
         "Serve the drafter model quantized, as --target-quant (an independent drafter model only; a self:layers=N drafter follows --target-quant).",
         str | None, commands=MODELS, file_key="draft_quant", choices=QUANT_SCHEMES, show_default=False,
     ),
+    Setting(
+        "kv_cache_dtype", "--kv-cache-dtype",
+        "vLLM's --kv-cache-dtype: fp8 rounds every key and value the attention reads to e4m3 (scales 1.0, vLLM's default without calibrated scales), on the target and the drafter model; auto keeps the compute dtype.",
+        str | None, commands=MODELS, file_key="kv_cache_dtype", choices=KV_CACHE_DTYPES, show_default=False,
+    ),
+    Setting(
+        "draft_kv_cache_dtype", "--draft-kv-cache-dtype",
+        "The drafter's own KV-cache dtype (vLLM's speculative_config.kv_cache_dtype): auto | fp8; default: --kv-cache-dtype. An independent drafter model only (a self-draft shares the target's attention).",
+        str | None, commands=MODELS, file_key="draft_kv_cache_dtype", choices=KV_CACHE_DTYPES, show_default=False,
+    ),
     Setting("force", "--force", "Run even when alignment errors make the numbers meaningless.", bool, False, commands=RUNS, file_key="force"),
     Setting("no_cache", "--no-cache", "Regenerate on-policy references instead of reusing the disk cache.", bool, False, commands=RUNS, file_key="no_cache"),
     Setting("brief", "--brief", "Verdict and findings only.", bool, False, commands=frozenset({DIAGNOSE, SIMULATE, MERGE}), file_key="brief", file_commands=frozenset({DIAGNOSE, SIMULATE, MERGE}), recorded=False),

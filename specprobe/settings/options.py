@@ -132,6 +132,8 @@ class RunOptions:
             max_memory=self.max_memory,
             target_quant=self.target_quant,
             draft_quant=self.draft_quant,
+            kv_cache_dtype=self.kv_cache_dtype,
+            draft_kv_cache_dtype=self.draft_kv_cache_dtype,
             rules=[str(r) for r in self.rules],
             fail_on=self.fail_on,
             force=self.force,

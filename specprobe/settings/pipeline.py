@@ -88,6 +88,8 @@ class DiagnoseConfig:
     # the weights as served: RTN-quantized after loading (specprobe.models.quant); recorded only when given
     target_quant: str | None = None
     draft_quant: str | None = None
+    kv_cache_dtype: str | None = None  # "fp8": K/V rounded to e4m3 on both sides (specprobe.models.quant)
+    draft_kv_cache_dtype: str | None = None  # the drafter's own; None: kv_cache_dtype
     # where each explicit sampling setting came from ("--temperature", "probe.yaml"),
     # by SamplingPair.sources slot; not part of the recorded config
     sampling_origins: dict[str, str] = field(default_factory=dict)
@@ -96,7 +98,7 @@ class DiagnoseConfig:
 
     def __post_init__(self) -> None:
         # a config built in code (not by the options merge) is held to the same bounds
-        for name in ("max_new_tokens", "batch_size", "k_max", "max_prompts", "verify_factor", "cost_ratio", "batch_sizes", "reference", "dtype", "fail_on", "engine", "draft_sampling", "target_quant", "draft_quant"):
+        for name in ("max_new_tokens", "batch_size", "k_max", "max_prompts", "verify_factor", "cost_ratio", "batch_sizes", "reference", "dtype", "fail_on", "engine", "draft_sampling", "target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype"):
             check(name, getattr(self, name), BY_NAME[name].flag)
         for name in SAMPLING:
             check(name, getattr(self.sampling, name), BY_NAME[name].flag)
@@ -114,6 +116,12 @@ class DiagnoseConfig:
                     f"{BY_NAME[name].flag} is SGLang's (--speculative-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} verifies every draft exactly",
                     f"add --engine sglang, or leave {BY_NAME[name].flag} out",
                 )
+
+    @property
+    def kv_fp8(self) -> tuple[bool, bool]:
+        """(target, drafter): whether each side's KV cache is fp8."""
+        draft = self.draft_kv_cache_dtype or self.kv_cache_dtype
+        return (self.kv_cache_dtype == "fp8", draft == "fp8")
 
     @property
     def thresholds(self) -> tuple[float, float]:
@@ -145,7 +153,7 @@ class DiagnoseConfig:
         d.pop("cost_origins")
         d.pop("shard")
         d.pop("part_path")
-        for k in ("device_map", "max_memory", "target_quant", "draft_quant"):
+        for k in ("device_map", "max_memory", "target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype"):
             if d[k] is None:
                 d.pop(k)
         d.update(d.pop("sampling"))
