@@ -95,7 +95,12 @@ def references(result: Result, source: Path, note: Callable[[str], None]) -> tup
     from specprobe.core.progress import Progress
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.loader import load_info, resolve_dtype
-    from specprobe.probe.references import _cache_file, encode_prompts, load_prompt_set, references_by_turn
+    from specprobe.probe.references import (
+        _cache_file,
+        encode_prompts,
+        load_prompt_set,
+        references_by_turn,
+    )
 
     if result.reference != "on-policy":
         raise InputError(f"{source.name} scored the dataset's own responses, not the target's", "diagnose with on-policy references (the default) and export that result")
