@@ -116,3 +116,36 @@ def test_draft_kv_cache_on_a_self_draft_is_refused(tiny_pair, tmp_path, monkeypa
     monkeypatch.setattr(diagnose, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     with pytest.raises(ConfigError, match="--draft-kv-cache-dtype fp8 needs a drafter model of its own"):
         run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, draft_kv_cache_dtype="fp8"))
+
+
+def test_whatif_full_precision_target_beside_the_served_one(tiny_pair, tmp_path) -> None:
+    # the twin is the full-precision target's exact copy: against the full target it
+    # accepts as the target itself does, against the int4 one less — the difference is
+    # what quantization costs; the served target against its full self is below 1
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, target_quant="int4", draft_sampling="probabilistic"))
+    m = r.metrics
+    assert m["accept_prob_full_target"] == pytest.approx(1.0, abs=1e-4)  # Σ min(p, p) = 1
+    assert m["quant_accept_cost"] == pytest.approx(1.0 - m["accept_prob_mean"], abs=1e-4)
+    assert 0.3 < m["target_quant_accept"] < 0.999
+    # the twin's α against the served target is the served target's α against its full self
+    assert m["target_quant_accept"] == pytest.approx(m["accept_prob_mean"], abs=1e-4)
+    assert "SP217" in [f.rule_id for f in r.findings] or m["quant_accept_cost"] <= 0.05
+
+
+def test_no_whatif_without_quantization(tiny_pair, tmp_path, monkeypatch) -> None:
+    import specprobe.probe.served as served
+
+    monkeypatch.setattr(served.FullTargetWhatIf, "_forward", lambda *a: (_ for _ in ()).throw(AssertionError("a second target forward")))
+    r = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path))
+    assert "accept_prob_full_target" not in r.metrics
+    doc = r.model_dump(mode="json")
+    assert "quant" not in doc["target"] and "quant" not in doc["drafter"] and "target_quant" not in doc["config"]
+
+
+def test_fp8_moves_the_target_less_than_int4(tiny_pair, tmp_path) -> None:
+    moved = {}
+    for scheme in ("fp8", "int4"):
+        (tmp_path / scheme).mkdir()
+        r = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path / scheme, target_quant=scheme))
+        moved[scheme] = r.metrics["target_quant_accept"]
+    assert moved["int4"] < moved["fp8"] < 1

@@ -234,6 +234,28 @@ def fp8_kv_cache(model: Any, scale: float = 1.0) -> str:
 
 def serve_fp8_kv(loaded: Any) -> None:
     """A loaded model's KV cache served as fp8 (`fp8_kv_cache`), noted on `loaded.kv_cache_dtype`."""
+    loaded.attn_as_loaded = loaded.model.config._attn_implementation
     fp8_kv_cache(loaded.model)
     loaded.kv_cache_dtype = "fp8"
     loaded._head = None
+
+
+@contextmanager
+def as_loaded(loaded: Any) -> Iterator[None]:
+    """The model as it was loaded for the duration: the original weights swapped back in
+    (`serve_quantized(keep=True)`) and its own attention (no fp8 KV rounding)."""
+    q = getattr(loaded, "quant", None)
+    attn = getattr(loaded, "attn_as_loaded", None)
+    served_attn = loaded.model.config._attn_implementation
+    with full_precision(q) if q is not None else _nothing():
+        if attn is not None:
+            loaded.model.config._attn_implementation = attn
+        try:
+            yield
+        finally:
+            loaded.model.config._attn_implementation = served_attn
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield

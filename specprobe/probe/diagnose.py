@@ -30,6 +30,7 @@ from specprobe.probe.references import (  # noqa: F401  (encode_prompt, load_pro
     references_by_turn,
 )
 from specprobe.probe.scoring import Scored, score
+from specprobe.probe.served import FullTargetWhatIf, served_differently
 from specprobe.probe.shards import run_shard
 from specprobe.probe.timing import cost_block, timing_settings
 from specprobe.result import Result
@@ -152,7 +153,11 @@ def run_diagnose(
         drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max, every=drill_every)
         t_score = time.perf_counter()
         by_length = [long_context.LengthCollector(refs.items, length_of, cfg)] if length_of else []
-        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *extra])
+        # a target served quantized: the drafter against the full-precision target too (a second forward per batch)
+        whatif = [FullTargetWhatIf(target, refs.encoded, refs.conts, pair.sampling, cfg.drafting, cfg.batch_size)] if served_differently(target) and drafter.kind in ("independent", "layer_skip") else []
+        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *extra])
+        if whatif:
+            scored.served_whatif = whatif[0]  # type: ignore[attr-defined]  (read by assemble.build_result)
         if by_length:
             long_context.attach(scored, by_length[0])
         scoring_s.append(time.perf_counter() - t_score)
