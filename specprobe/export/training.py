@@ -117,7 +117,11 @@ def references(result: Result, source: Path, note: Callable[[str], None]) -> tup
     info = load_info(cfg.target)
     env = result.environment
     device = env.device.split(" ", 1)[0]  # "cuda (NVIDIA …)" → "cuda"
-    target = SimpleNamespace(info=info, tokenizer=info.tokenizer, config=info.config, dtype=resolve_dtype(env.dtype, device), device=device, vocab_size=result.target.vocab_size, model=_CacheOnlyModel())
+    served = getattr(result.target, "quant", None)  # weights quantized after loading, an fp8 KV cache: keyed apart
+    target = SimpleNamespace(
+        info=info, tokenizer=info.tokenizer, config=info.config, dtype=resolve_dtype(env.dtype, device), device=device, vocab_size=result.target.vocab_size, model=_CacheOnlyModel(),
+        quant=SimpleNamespace(scheme=served.weights) if served is not None and served.weights else None, kv_cache_dtype=served.kv_cache_dtype if served is not None else None,
+    )
     sampling = Sampling(**{k: v for k, v in result.sampling.target.model_dump().items() if v is not None})
     prompts = list(prompt_set.prompts)
     first = _cache_file(target, encode_prompts(target, prompts, cfg.max_new_tokens), sampling, cfg)
