@@ -206,6 +206,25 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     }))
 
 
+def best_k_rivals(rows: Any) -> list[Any]:
+    """The Ks whose speedup the timing cannot tell from the best K's: their range (τ over
+    the round cost's quartiles) overlaps the best's. The best K is then a coin toss of the
+    machine's load — said so (SP312) rather than recommended as if measured apart. Nearest
+    first."""
+    def num(x: Any, default: float) -> float:
+        return default if x is None or math.isnan(x) else float(x)
+
+    valid = [r for r in rows if not math.isnan(r.speedup)]
+    if not valid:
+        return []
+    best = max(valid, key=lambda r: (r.speedup, -r.k))
+    floor = num(best.speedup_low, best.speedup)
+    # a spread of zero (costs given, not timed) overlaps nothing: the choice is exact
+    timed = [r for r in valid if num(r.speedup_high, r.speedup) > num(r.speedup_low, r.speedup)]
+    out = [r for r in timed if r.k != best.k and best in timed and num(r.speedup_high, r.speedup) >= floor]
+    return sorted(out, key=lambda r: (best.speedup - r.speedup, r.k))
+
+
 def _per_drafted(row: Any, drafted: Any) -> Any:
     """Under an early stop a round drafts fewer than K: the renewal acceptance rate is
     accepted ÷ drafted, (τ − 1) over the mean draft length Σ_i D_i ÷ D_1, as llama-server
@@ -265,6 +284,8 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     ktab, c = priced.k_table, priced.cost_ratio
     if acc.p_min > 0 or acc.n_min > 1:
         ktab = [_per_drafted(r, acc.renewal_drafted) for r in ktab]
+    rivals = best_k_rivals(ktab)
+    top = max(ktab, key=lambda r: (r.speedup, -r.k)) if ktab else None
     adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor, priced.verify) if acc.num_positions else None
     dom = acc.by_domain()
     pos = acc.by_position()
@@ -289,6 +310,13 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "num_prompts": acc.num_prompts,
         "nonfinite_logit_positions": scored.nonfinite_positions,
         "reference_off_policy": int(cfg.reference == "dataset"),
+        "best_k_rivals": len(rivals),
+        "best_k_rival": rivals[0].k if rivals else None,
+        "speedup_best_low": top.speedup_low if top else None,
+        "speedup_best_high": top.speedup_high if top else None,
+        "speedup_rival": rivals[0].speedup if rivals else None,
+        "speedup_rival_low": rivals[0].speedup_low if rivals else None,
+        "speedup_rival_high": rivals[0].speedup_high if rivals else None,
         "acceptance_lossy": int(cfg.lossy),
         "accept_threshold_single": cfg.accept_threshold_single,
         "accept_threshold_acc": cfg.accept_threshold_acc,
