@@ -149,3 +149,29 @@ def test_fp8_moves_the_target_less_than_int4(tiny_pair, tmp_path) -> None:
         r = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path / scheme, target_quant=scheme))
         moved[scheme] = r.metrics["target_quant_accept"]
     assert moved["int4"] < moved["fp8"] < 1
+
+
+def test_whatif_of_a_quantized_drafter(tiny_pair, tmp_path) -> None:
+    # the twin quantized to int4 against the full target: in full precision it is the
+    # target's copy (α 1 under sampled drafts), so the cost is everything it lost
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, draft_quant="int4", draft_sampling="probabilistic"))
+    m = r.metrics
+    assert r.target.quant is None and r.drafter.quant is not None and r.drafter.quant.weights == "int4"
+    assert m["accept_prob_full_drafter"] == pytest.approx(1.0, abs=1e-4)
+    assert m["draft_quant_accept_cost"] == pytest.approx(1.0 - m["accept_prob_mean"], abs=1e-4) and m["draft_quant_accept_cost"] > 0.001
+    assert "accept_prob_full_target" not in m  # the target was served as loaded
+
+
+def test_whatif_of_a_self_draft_uses_its_full_precision_layers(tiny_pair, tmp_path) -> None:
+    import json
+
+    from tests.helpers.tiny import WORDS
+
+    # dataset references: both runs score the same positions
+    lines = [json.dumps({"id": f"p{i}", "prompt": " ".join(WORDS[i * 5 : i * 5 + 6]), "response": " ".join(WORDS[i * 3 + 40 : i * 3 + 48]), "domain": "chat"}) for i in range(3)]
+    (tmp_path / "refs.jsonl").write_text("\n".join(lines) + "\n")
+    kw: dict[str, Any] = dict(prompts=str(tmp_path / "refs.jsonl"), reference="dataset", draft_sampling="probabilistic")
+    plain = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, **kw))
+    served = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, target_quant="int4", **kw))
+    # the full-precision system is the unquantized run, position for position
+    assert served.metrics["accept_prob_full_target"] == pytest.approx(plain.metrics["accept_prob_mean"], abs=1e-4)

@@ -73,7 +73,7 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
         progress.note(f"building drafter {cfg.drafter}")
         drafter = build_drafter(cfg.drafter, target, cfg.device, cfg.dtype, progress, info=None if dinfo is target.info else dinfo)
         if cfg.draft_quant:
-            serve_quantized(drafter.loaded, cfg.draft_quant, progress=progress)
+            serve_quantized(drafter.loaded, cfg.draft_quant, keep=True, progress=progress)
         if cfg.kv_fp8[1] and getattr(drafter, "loaded", None) is not None:
             serve_fp8_kv(drafter.loaded)
     draft_gen = None if drafter.info is target.info else drafter.info.generation_config
@@ -153,8 +153,9 @@ def run_diagnose(
         drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max, every=drill_every)
         t_score = time.perf_counter()
         by_length = [long_context.LengthCollector(refs.items, length_of, cfg)] if length_of else []
-        # a target served quantized: the drafter against the full-precision target too (a second forward per batch)
-        whatif = [FullTargetWhatIf(target, refs.encoded, refs.conts, pair.sampling, cfg.drafting, cfg.batch_size)] if served_differently(target) and drafter.kind in ("independent", "layer_skip") else []
+        # a side served quantized: the drafter against the full-precision sides too (a second forward per batch)
+        served = served_differently(target) or served_differently(getattr(drafter, "loaded", None))
+        whatif = [FullTargetWhatIf(target, drafter, refs.encoded, refs.conts, pair.sampling, cfg.drafting, cfg.batch_size)] if served and drafter.kind in ("independent", "layer_skip") else []
         scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *extra])
         if whatif:
             scored.served_whatif = whatif[0]  # type: ignore[attr-defined]  (read by assemble.build_result)
