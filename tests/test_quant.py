@@ -193,3 +193,58 @@ def test_fp8_kv_is_per_model() -> None:
     with torch.no_grad():
         assert b.config._attn_implementation == "sdpa"
         assert not torch.equal(a(x).logits, b(x).logits)
+
+
+# ----------------------------------------------------------------------------- a compressed-tensors fp8 checkpoint
+def _write_fp8_checkpoint(src, folder, strategy: str = "channel"):
+    """The layout llm-compressor writes for FP8 (format float-quantized): every decoder
+    Linear's weight in float8_e4m3fn beside its weight_scale ([out, 1] per channel), the
+    LM head and embeddings left as they are, quantization_config in config.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    src.save_pretrained(folder, safe_serialization=True)
+    state = {k: v.clone().contiguous() for k, v in src.state_dict().items()}
+    for name, mod in quant.decoder_linears(src):
+        key = f"model.{name}.weight"
+        w = state[key].float()
+        amax = w.abs().amax() if strategy == "tensor" else w.abs().amax(dim=1, keepdim=True)
+        scale = amax / 448
+        state[key] = (w / scale).to(torch.float8_e4m3fn)
+        state[key + "_scale"] = scale.reshape(1) if strategy == "tensor" else scale
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}, "input_activations": None}},
+    }
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+def test_compressed_tensors_fp8_checkpoint_reads_as_served(tmp_path, strategy) -> None:
+    from transformers import AutoConfig
+
+    src = _tiny_llama()
+    folder = _write_fp8_checkpoint(src, tmp_path / "fp8", strategy)
+    model, record = quant.load_quantized_checkpoint(folder, AutoConfig.from_pretrained(folder), torch.float32)
+    assert record["method"] == "checkpoint" and record["layers"] == 14 and record["weights"] == ("fp8" if strategy == "channel" else "fp8:per-tensor")
+    # the weights are exactly what the simulation produces from the full-precision model
+    simulated = _tiny_llama()
+    quant.quantize_model(simulated, "fp8" if strategy == "channel" else "fp8:per-tensor")
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), simulated.state_dict().items(), strict=True):
+        assert k == k2 and torch.allclose(v, v2, rtol=1e-6, atol=1e-7), k
+
+
+def test_other_quantized_checkpoints_are_refused(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from specprobe.core.errors import ModelLoadError
+
+    cfg = SimpleNamespace(quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128})
+    with pytest.raises(ModelLoadError, match="gptq 4 quantized checkpoint, which specprobe does not read yet"):
+        quant.load_quantized_checkpoint(tmp_path, cfg, torch.float32)

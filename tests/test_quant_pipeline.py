@@ -175,3 +175,20 @@ def test_whatif_of_a_self_draft_uses_its_full_precision_layers(tiny_pair, tmp_pa
     served = run_diagnose(_cfg(tiny_pair, "self:layers=1", tmp_path, target_quant="int4", **kw))
     # the full-precision system is the unquantized run, position for position
     assert served.metrics["accept_prob_full_target"] == pytest.approx(plain.metrics["accept_prob_mean"], abs=1e-4)
+
+
+def test_a_compressed_tensors_fp8_target_from_disk(tiny_pair, tmp_path) -> None:
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_quant import _write_fp8_checkpoint
+
+    folder = tmp_path / "target-fp8"
+    shutil.copytree(tiny_pair["target"], folder)
+    _write_fp8_checkpoint(AutoModelForCausalLM.from_pretrained(tiny_pair["target"]), folder)
+    cfg = _cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, draft_sampling="probabilistic")
+    r = run_diagnose(DiagnoseConfig(**{**cfg.__dict__, "target": str(folder)}))
+    q = r.target.quant
+    assert q is not None and q.method == "checkpoint" and q.weights == "fp8" and "not a simulation" in q.note
+    assert 0.5 < r.metrics["accept_prob_mean"] < 0.9999  # the bf16 twin against the fp8 served weights

@@ -464,8 +464,17 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
         return _load_spread(info, torch_dtype, device_map or "auto", max_memory, progress)
     from transformers import AutoModelForCausalLM
 
+    from specprobe.models.quant import checkpoint_quantization, load_quantized_checkpoint  # deferred: imports torch
+
     if progress:
         progress(f"loading {info.name} weights")
+    if checkpoint_quantization(info.config) is not None:  # a quantized checkpoint: dequantized as served (models.quant)
+        model, record = load_quantized_checkpoint(info.path, info.config, torch_dtype)
+        model.to(dev).eval()  # type: ignore[arg-type]
+        model.requires_grad_(False)
+        loaded = LoadedModel(info, model, dev, torch_dtype)
+        loaded.checkpoint_quant = record  # type: ignore[attr-defined]
+        return loaded
     try:
         model = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=torch_dtype, local_files_only=True)
     except Exception as e:
