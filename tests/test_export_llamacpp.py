@@ -20,24 +20,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import requires_smollm2
 from tests.helpers import stop
-from tests.helpers.llamacpp import (
-    BUILD_SCRIPT,
-    find_llama_server,
-    free_port,
-    http_json,
-    write_self_draft_gguf,
-)
+from tests.helpers.llamacpp import free_port, http_json, write_self_draft_gguf
 from tests.test_export import _result
+from tests.test_llamacpp import BINARY, needs_server
 
-BINARY = find_llama_server()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.engine,
-    requires_smollm2,
-    pytest.mark.skipif(BINARY is None, reason=f"llama-server is not built (run {BUILD_SCRIPT}; .ci/run does)"),
-]
+pytestmark = needs_server
 
 RATES = [0.6, 0.4, 0.25, 0.1]  # the depth curve of the result under test: τ(4) = 2.35
 N_PREDICT = 1500

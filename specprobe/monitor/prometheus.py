@@ -48,11 +48,10 @@ class PrometheusSource(HttpSource):
     def name(self) -> str:
         return self.url
 
-    def query(self, promql: str, t: float | None = None) -> list[tuple[dict[str, str], float]]:
-        params = {"query": promql}
-        if t is not None:
-            params["time"] = f"{t:.3f}"
-        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}"
+    def _api(self, endpoint: str, params: dict[str, str]) -> dict[str, Any]:
+        """One call of the HTTP API (/api/v1/query or /query_range), retried; its JSON
+        document, refused unless Prometheus says success."""
+        url = f"{self.url}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
         body = with_retries(lambda: http_get(url, self.timeout), self.retries, self.backoff)
         try:
             doc = json.loads(body)
@@ -60,6 +59,13 @@ class PrometheusSource(HttpSource):
             raise SourceError(f"Prometheus answered non-JSON ({e.msg})") from e
         if doc.get("status") != "success":
             raise SourceError(f"Prometheus query failed: {doc.get('error', 'unknown error')}")
+        return dict(doc)
+
+    def query(self, promql: str, t: float | None = None) -> list[tuple[dict[str, str], float]]:
+        params = {"query": promql}
+        if t is not None:
+            params["time"] = f"{t:.3f}"
+        doc = self._api("query", params)
         out = []
         for item in doc.get("data", {}).get("result", []):
             try:
@@ -72,14 +78,7 @@ class PrometheusSource(HttpSource):
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
         params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        url = f"{self.url}/api/v1/query_range?{urllib.parse.urlencode(params)}"
-        body = with_retries(lambda: http_get(url, self.timeout), self.retries, self.backoff)
-        try:
-            doc = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise SourceError(f"Prometheus answered non-JSON ({e.msg})") from e
-        if doc.get("status") != "success":
-            raise SourceError(f"Prometheus query failed: {doc.get('error', 'unknown error')}")
+        doc = self._api("query_range", params)
         out = []
         for item in doc.get("data", {}).get("result", []):
             pts = []
