@@ -206,7 +206,7 @@ def _write_fp8_checkpoint(src, folder, strategy: str = "channel"):
 
     src.save_pretrained(folder, safe_serialization=True)
     state = {k: v.clone().contiguous() for k, v in src.state_dict().items()}
-    for name, mod in quant.decoder_linears(src):
+    for name, _mod in quant.decoder_linears(src):
         key = f"model.{name}.weight"
         w = state[key].float()
         amax = w.abs().amax() if strategy == "tensor" else w.abs().amax(dim=1, keepdim=True)

@@ -38,7 +38,9 @@ from typing import Any
 
 import torch
 
-from specprobe.settings.model import QUANT_SCHEMES as SCHEMES
+from specprobe.settings.model import QUANT_SCHEMES
+
+SCHEMES = QUANT_SCHEMES  # the --target-quant / --draft-quant choices
 
 E4M3_MAX = 448.0
 INT4_GROUP = 128
@@ -217,7 +219,7 @@ def fp8_kv_cache(model: Any, scale: float = 1.0) -> str:
         return base
     module = type(attn[0]).__module__
     eager = getattr(sys.modules[module], "eager_attention_forward", None)
-    inner = ALL_ATTENTION_FUNCTIONS[base] if base in ALL_ATTENTION_FUNCTIONS else eager
+    inner = ALL_ATTENTION_FUNCTIONS.get(base, eager)
     if inner is None:
         raise ModelLoadError(f"{type(model).__name__}: no attention function for {base!r}", "load the model with attn_implementation sdpa or eager")
     name = f"specprobe_fp8kv_{base}_{module.rsplit('.', 1)[-1]}_{scale:g}".replace(".", "_")
@@ -333,7 +335,7 @@ def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype) -> t
         raise ModelLoadError(f"{folder}: the quantized checkpoint's tensors do not match its config ({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(list(missing) + list(unexpected))[0]})", "check that config.json belongs to these safetensors files")
     if tied:
         model.tie_weights()
-    strategy = sorted({(g.get("weights") or {}).get("strategy") for g in (qc.get("config_groups") or {}).values()})
+    strategy = sorted({str((g.get("weights") or {}).get("strategy")) for g in (qc.get("config_groups") or {}).values()})
     record = {"weights": "fp8" if strategy == ["channel"] else "fp8:per-tensor", "method": "checkpoint", "layers": n, "weight_rel_error": None,
               "note": f"compressed-tensors fp8 checkpoint ({', '.join(strategy)} scales), dequantized to the compute dtype: the served weights, not a simulation"}
     return model, record
