@@ -35,7 +35,12 @@ from specprobe.models.kvcache import Stream, right_align
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, draw, finite
 from specprobe.simulate.procedure import SAMPLE_MATCH, THRESHOLD, Procedure
-from specprobe.simulate.rejection import verify_greedy, verify_match, verify_sampled, verify_thresholds
+from specprobe.simulate.rejection import (
+    verify_greedy,
+    verify_match,
+    verify_sampled,
+    verify_thresholds,
+)
 from specprobe.simulate.sources import open_source
 
 Advance = Callable[[int], Any]

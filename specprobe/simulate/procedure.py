@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specprobe.metrics.sampling import LLAMA_CPP_DRAFT_TOP_K
-from specprobe.settings.engines import BY_ENGINE, GREEDY, LLAMA_CPP_TOP, MAX_Q, PROBABILISTIC, confidence_of
+from specprobe.settings.engines import (
+    BY_ENGINE,
+    GREEDY,
+    LLAMA_CPP_TOP,
+    MAX_Q,
+    PROBABILISTIC,
+    confidence_of,
+)
 
 REJECTION, SAMPLE_MATCH, THRESHOLD = "rejection", "sample-match", "threshold"
 
