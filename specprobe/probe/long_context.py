@@ -180,8 +180,8 @@ class LengthCollector:
             if acc.num_positions:
                 by_domain.setdefault(d, {})[n] = acc
         everything: dict[int, Accumulator] = {}
-        for d in by_domain.values():
-            for n, acc in d.items():
+        for per_length in by_domain.values():
+            for n, acc in per_length.items():
                 everything[n] = everything[n].merge(acc) if n in everything else _copy(acc)
         rows: list[dict[str, Any]] = []
         num = den = 0.0
