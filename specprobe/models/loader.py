@@ -464,7 +464,10 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
         return _load_spread(info, torch_dtype, device_map or "auto", max_memory, progress)
     from transformers import AutoModelForCausalLM
 
-    from specprobe.models.quant import checkpoint_quantization, load_quantized_checkpoint  # deferred: imports torch
+    from specprobe.models.quant import (  # deferred: imports torch
+        checkpoint_quantization,
+        load_quantized_checkpoint,
+    )
 
     if progress:
         progress(f"loading {info.name} weights")

@@ -189,7 +189,7 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
         metrics.update(length_metrics)
     if scored.nonfinite:  # the prompts SP107 names: left out of every other metric
         evidence = {**evidence, "nonfinite_logit_positions": scored.nonfinite}
-    whatif = getattr(scored, "served_whatif", None)  # a target served quantized (probe.served)
+    whatif = scored.served_whatif  # a target served quantized (probe.served)
     if whatif is not None:
         metrics.update(whatif.metrics())
     metrics["alignment_errors"] = alignment_errors(table, metrics, kind)

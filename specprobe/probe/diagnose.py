@@ -158,7 +158,7 @@ def run_diagnose(
         whatif = [FullTargetWhatIf(target, drafter, refs.encoded, refs.conts, pair.sampling, cfg.drafting, cfg.batch_size)] if served and drafter.kind in ("independent", "layer_skip") else []
         scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *extra])
         if whatif:
-            scored.served_whatif = whatif[0]  # type: ignore[attr-defined]  (read by assemble.build_result)
+            scored.served_whatif = whatif[0]  # read by assemble.build_result
         if by_length:
             long_context.attach(scored, by_length[0])
         scoring_s.append(time.perf_counter() - t_score)

@@ -403,6 +403,7 @@ class Scored:
     memory_notes: list[str] = field(default_factory=list)  # what out-of-memory made smaller
     nonfinite: list[str] = field(default_factory=list)  # prompts left out: NaN/inf logits (SequenceCollector)
     nonfinite_positions: int = 0
+    served_whatif: Any = None  # a side served quantized: the full-precision what-if's collector (probe.served), read by assemble
 
 
 def score(target: LoadedModel, drafter: Drafter, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: SamplingPair, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:

@@ -108,10 +108,11 @@ def verdict_panel(result: Result) -> Panel:
     served = _served_line(t.quant, d.quant)
     if served:
         lines.append(Text(served, style="yellow"))
-    if m.get("quant_accept_cost") is not None:
+    cost = m.get("quant_accept_cost")
+    if cost is not None:
         lines.append(Text(
             f"what-if: against the full-precision target the drafter accepts {_pct(m.get('accept_prob_full_target'))}; "
-            f"quantization costs {100 * m['quant_accept_cost']:.1f} points of acceptance; the served target accepts {_pct(m.get('target_quant_accept'))} of the full target's own drafts"
+            f"quantization costs {100 * cost:.1f} points of acceptance; the served target accepts {_pct(m.get('target_quant_accept'))} of the full target's own drafts"
         ))
     s = result.sampling
     if s is not None:
