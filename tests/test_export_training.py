@@ -15,16 +15,11 @@ from typer.testing import CliRunner
 
 from specprobe.cli.main import app
 from specprobe.export.training import SPECFORGE, SPECULATORS, read_back, weakest
+from tests.test_export import _one_line
 
 runner = CliRunner()
 
 
-def _one_line(res: Any, *needles: str) -> None:
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 @pytest.fixture()

@@ -29,6 +29,7 @@ import torch
 
 from specprobe.metrics.core import position_metrics
 from specprobe.models.quant import as_loaded
+from specprobe.probe.scoring import _pad_id, _right_padded
 
 
 def served_differently(target: Any) -> bool:
@@ -95,15 +96,7 @@ class FullTargetWhatIf:
         from specprobe.models.base import TargetPass
 
         seqs = [list(self.encoded[i]) + list(self.conts[i]) for i in batch]
-        tok = self.target.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, : len(s)] = torch.tensor(s)
-            mask[r, : len(s)] = 1
-        ids, mask = ids.to(self.target.device), mask.to(self.target.device)
+        ids, mask = _right_padded(seqs, _pad_id(self.target.tokenizer), self.target.device)  # as the scoring pass pads them
         sides: dict[str, torch.Tensor] = {}
         if self.do_target:
             layer_skip = self.drafter.kind == "layer_skip"
