@@ -191,9 +191,9 @@ _PEAKS = textwrap.dedent("""
     forward_last_hidden(t, ids, torch.ones_like(ids))  # the scoring's target pass over the sequence
     scoring = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     probe = timing._Caches(t, None, 8, "cpu", torch.Generator(), lambda: 0.0, float("inf"))
-    raw = timing.cost_block(target, drafter, None, k_max=4, batch_sizes=[1, 8], context_tokens=L, budget_s=0.0, memory_bytes="auto")
+    raw = timing.cost_block(target, drafter, None, k_max=4, batch_sizes=[1, 16], context_tokens=L, budget_s=0.0, memory_bytes="auto")
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    naive = 8 * L * probe.bytes_per_token()
+    naive = 16 * L * probe.bytes_per_token()
     print(json.dumps({{"scoring_kb": scoring, "after_kb": after, "naive_bytes": naive, "contexts": [b["context_tokens"] for b in raw["batches"]]}}))
 """)
 
@@ -205,7 +205,8 @@ def test_the_cost_step_at_long_context_stays_within_1_5x_the_scoring_peak() -> N
     out = subprocess.run([sys.executable, "-c", _PEAKS.format(root=root, length=3000)], capture_output=True, text=True, timeout=300, cwd=root)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    # unbounded, batch 8's cache alone would add more than half the scoring's peak ...
+    # unbounded, batch 16's cache alone would add more than half the scoring's peak (whatever
+    # the interpreter's own baseline: it measured 1.1–2.3 GB here) ...
     assert r["naive_bytes"] > 0.5 * r["scoring_kb"] * 1024
     # ... so it is timed over a shorter context, and the peak stays within 1.5× the scoring's
     assert r["contexts"][0] == 3000 and r["contexts"][1] < 3000

@@ -208,9 +208,9 @@ def depth_k_table(result: Result) -> Grid:
     best = result.best_k
     rival = result.metrics.get("best_k_rival")  # a K the cost timing cannot tell from the best (SP312)
     for i, row in enumerate(result.k_table):
-        mark = " ◀ best" if row.k == best else ""
-        if row.k == best and rival is not None:
-            mark += f" (K = {rival} within timing noise)"
+        mark = (" ◀ best ≈" if rival is not None else " ◀ best") if row.k == best else ""
+        if row.k == rival:
+            mark = " ≈ best"  # within the timing's spread of it (SP312)
         tau = row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
         rate = row.accept_rate_renewal if row.accept_rate_renewal is not None else row.accept_rate
         g.add(
