@@ -194,7 +194,7 @@ _PEAKS = textwrap.dedent("""
     raw = timing.cost_block(target, drafter, None, k_max=4, batch_sizes=[1, 16], context_tokens=L, budget_s=0.0, memory_bytes="auto")
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     naive = 16 * L * probe.bytes_per_token()
-    print(json.dumps({{"scoring_kb": scoring, "after_kb": after, "naive_bytes": naive, "contexts": [b["context_tokens"] for b in raw["batches"]]}}))
+    print(json.dumps({{"scoring_kb": scoring, "after_kb": after, "naive_bytes": naive, "allowed_bytes": raw["memory_bytes"], "contexts": [b["context_tokens"] for b in raw["batches"]]}}))
 """)
 
 
@@ -208,8 +208,12 @@ def test_the_cost_step_at_long_context_stays_within_1_5x_the_scoring_peak() -> N
     # unbounded, batch 16's cache alone would add more than half the scoring's peak (whatever
     # the interpreter's own baseline: it measured 1.1–2.3 GB here) ...
     assert r["naive_bytes"] > 0.5 * r["scoring_kb"] * 1024
-    # ... so it is timed over a shorter context, and the peak stays within 1.5× the scoring's
-    assert r["contexts"][0] == 3000 and r["contexts"][1] < 3000
+    # ... so where it would not fit what the caches may add (1.4 × the peak before the cost
+    # step, less what the process holds then) it is timed over a shorter context, and the
+    # peak stays within 1.5× the scoring's either way
+    assert r["allowed_bytes"] is not None and r["contexts"][0] == 3000
+    if r["naive_bytes"] > 1.2 * r["allowed_bytes"]:  # clearly too big (the allowance moves a little as batch 1 runs)
+        assert r["contexts"][1] < 3000, r
     assert r["after_kb"] <= 1.5 * r["scoring_kb"]
 
 
