@@ -99,6 +99,8 @@ def test_p_min_and_n_min_are_llama_cpps_only() -> None:
         DiagnoseConfig(target="t", drafter="d", draft_p_min=0.5)
     with pytest.raises(ConfigError, match="outside"):
         DiagnoseConfig(target="t", drafter="d", engine="llama.cpp", draft_p_min=1.5)
+    with pytest.raises(ConfigError, match="--draft-n-min 5 is more than --k-max 4: every draft would be dropped"):
+        DiagnoseConfig(target="t", drafter="d", engine="llama.cpp", draft_n_min=5, k_max=4)
     cfg = DiagnoseConfig(target="t", drafter="d", engine="llama.cpp", draft_p_min=0.5, draft_n_min=2)
     assert cfg.to_dict()["draft_p_min"] == 0.5 and cfg.to_dict()["draft_n_min"] == 2 and cfg.confidence == "llama.cpp"
 

@@ -329,7 +329,8 @@ def test_serving_config_fills_what_neither_flag_nor_probe_config_sets(tmp_path: 
     assert (opts.engine, opts.origins["engine"]) == ("vllm", "probe.yaml: engine")
     assert (opts.temperature, opts.origins["temperature"]) == (0.9, "probe.yaml: temperature")
     assert (opts.top_p, opts.origins["top_p"], opts.top_k) == (0.5, "--top-p", 20)
-    assert opts.declared == {"command line": {"top_p": 0.5}, "probe.yaml": {"temperature": 0.9}, "launch.sh": {"temperature": 0.6, "top_k": 20.0, "top_p": 0.8, "min_p": 0.05}}  # min-p: the server default
+    # min-p 0.05 is the server's default, which a request replaces: filled, never a conflict
+    assert opts.declared == {"command line": {"top_p": 0.5}, "probe.yaml": {"temperature": 0.9}, "launch.sh": {"temperature": 0.6, "top_k": 20.0, "top_p": 0.8}}
     opts = merge("diagnose", _params("diagnose", serving_config=[launch], engine="sglang"), {"serving_config", "engine"})
     assert (opts.engine, opts.origins["engine"]) == ("sglang", "--engine")
 

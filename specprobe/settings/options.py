@@ -244,8 +244,11 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
             place = COMMAND_LINE if origins[p] == BY_NAME[p].flag else origins[p].split(": ")[0]
             declared.setdefault(place, {})[p] = float(values[p])
     for sv in servings:
-        if sv.sampling:
-            declared.setdefault(sv.source.name, {}).update(sv.sampling)
+        # what the file writes; an engine's own default (llama-server's sampler) is replaced
+        # by a request's value, so it conflicts with nothing
+        written = {k: v for k, v in sv.sampling.items() if not sv.is_default(k)}
+        if written:
+            declared.setdefault(sv.source.name, {}).update(written)
     return replace(opts, values=values, origins=origins, servings=tuple(servings), declared=declared)
 
 

@@ -109,6 +109,8 @@ class DiagnoseConfig:
                     f"{BY_NAME[name].flag} is llama.cpp's (--spec-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} drafts K tokens every round",
                     f"add --engine llama.cpp, or leave {BY_NAME[name].flag} out",
                 )
+        if self.draft_n_min > self.k_max:
+            raise ConfigError(f"--draft-n-min {self.draft_n_min} is more than --k-max {self.k_max}: every draft would be dropped", "use --draft-n-min at most the longest draft, or raise --k-max")
         for name in ("accept_threshold_single", "accept_threshold_acc"):
             value = check(name, getattr(self, name), BY_NAME[name].flag)
             if value < 1 and self.engine != "sglang":

@@ -137,6 +137,10 @@ class ServingConfig:
     def where(self, what: str) -> str:
         return self.places.get(what) or self.source.name
 
+    def is_default(self, what: str) -> bool:
+        """Whether the value is the engine's own default, not written in the file."""
+        return self.where(what).startswith(_LLAMA_DEFAULT_AT)
+
     @property
     def drafter_spec(self) -> str | None:
         """The drafter as specprobe names it: a head gets its kind's prefix; the target's
