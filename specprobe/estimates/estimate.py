@@ -228,6 +228,7 @@ class RenewalCounts:
     rounds: np.ndarray  # [K]
     accepted: np.ndarray  # [K, K]
     drafted: np.ndarray  # [K, K]
+    starts: np.ndarray | None = None  # [n, K] P(a round starts at t), when asked for
 
 
 def survival(depth_alpha: np.ndarray) -> np.ndarray:
@@ -263,7 +264,15 @@ def renewal_counts(depth_alpha: np.ndarray, draft_lengths: np.ndarray | None = N
     Early stop (llama.cpp's --spec-draft-p-min / -n-min): draft_lengths[t] caps the draft of
     a round at t (the depths its drafter was confident at), and a draft that ends up shorter
     than n_min — by that cap or the budget — is dropped: the round decodes one token."""
-    r = survival(depth_alpha)
+    return renewal_from_survival(survival(depth_alpha), draft_lengths, n_min)
+
+
+def renewal_from_survival(r: np.ndarray, draft_lengths: np.ndarray | None = None, n_min: int = 0, with_starts: bool = False) -> RenewalCounts:
+    """`renewal_counts` from the survival r [D+2, n] itself (r[j, t]: a round starting at t
+    accepts depths 1..j; row D+1 zero) — for a draft tree, whose r_j(t) is a sum over its
+    depth-j nodes rather than a product along one path. with_starts: also keep the
+    probability that a round starts at t ([n, K], `RenewalCounts.starts`)."""
+    r = np.asarray(r, dtype=np.float64)
     kmax, n = r.shape[0] - 2, r.shape[1]
     ks = np.arange(1, kmax + 1)  # [K]
     if n == 0 or kmax == 0:
@@ -291,7 +300,7 @@ def renewal_counts(depth_alpha: np.ndarray, draft_lengths: np.ndarray | None = N
     reach = i[None, None, :] <= cap[:, :, None]  # [n, K, K(depth i)] round at t drafts depth i
     drafted = np.einsum("tk,tki->ki", start, reach.astype(np.float64))
     accepted = np.einsum("tk,tki,ti->ki", start, reach.astype(np.float64), r[1 : kmax + 1].T)
-    return RenewalCounts(float(n), start.sum(axis=0), accepted, drafted)
+    return RenewalCounts(float(n), start.sum(axis=0), accepted, drafted, start if with_starts else None)
 
 
 def renewal_tau(accepted: np.ndarray, drafted: np.ndarray, per_draft: bool = False) -> np.ndarray:

@@ -31,6 +31,7 @@ from specprobe.settings.values import (
     parse_ks,
     parse_max_memory,
     parse_shard,
+    parse_tree,
 )
 
 CHECK, DIAGNOSE, SIMULATE, SWEEP, COMPARE, MERGE, DEMO, REPORT, MONITOR, RULES, ALERTS = "check", "diagnose", "simulate", "sweep", "compare", "merge", "demo", "report", "monitor", "rules", "alerts"
@@ -199,6 +200,8 @@ SETTINGS: tuple[Setting, ...] = (
             commands=RUNS, file_key="batch_sizes", file_type=list[int], parse=_P["batch_sizes"], ge=1, hint="list batch sizes such as 1,8,32", show_default=False),
     Setting("context_lengths", "--context-lengths", "Score prompts built to these token lengths instead of the prompt set as given, e.g. 1k,2k,4k,8k (k = 1,024; one question per domain after documents from the set, or a longer prompt cut to the length) and report α, τ and their decay across lengths by domain (SP209); up to the target's context.", str | None,
             commands=frozenset({DIAGNOSE}), file_key="context_lengths", file_type=list[int], parse=parse_context_lengths, ge=16, hint="list token lengths such as 1k,2k,4k,8k", show_default=False),
+    Setting("tree", "--tree", "Estimate (and in simulate, run) a draft tree instead of a chain: SGLang's steps=S,topk=T,tokens=N (depth, candidates per step, nodes verified with the root; EAGLE-2's selection by cumulative draft probability), or a static tree as a JSON list of rank paths ('[[0],[0,0],[1]]', Medusa's medusa_choices, TensorRT-LLM's eagle_choices). topk=1,tokens=S+1 is the chain. --engine sglang or trtllm.",
+            str | None, commands=RUNS, file_key="tree", parse=parse_tree, metavar="steps=S,topk=T,tokens=N", show_default=False),
     Setting("k_max", "--k-max", f"Largest draft length K in the estimated τ(K)/speedup table (at most {K_LIMIT}).", int, 8, commands=RUNS, file_key="k_max", ge=1, le=K_LIMIT, hint=f"use 1 ≤ K ≤ {K_LIMIT}"),
     Setting("k", "--k", "Draft lengths to measure, comma-separated (each at most 32).", str | None, None, commands=frozenset({SIMULATE, COMPARE, EXPORT}), file_key="k", file_commands=frozenset({SIMULATE, COMPARE}), file_type=list[int], parse=_P["ks"], ge=1, le=K_LIMIT, hint="list draft lengths such as 1,2,4",
             default_by_command={SIMULATE: "1,2,4"}, show_default=False,

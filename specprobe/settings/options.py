@@ -118,6 +118,7 @@ class RunOptions:
             draft_n_min=self.draft_n_min,
             accept_threshold_single=self.accept_threshold_single,
             accept_threshold_acc=self.accept_threshold_acc,
+            tree=self.tree,
             seed=self.seed,
             batch_size=self.batch_size,
             batch_sizes=self.batch_sizes,

@@ -13,12 +13,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specprobe.core.errors import ConfigError
+from specprobe.estimates.tree import TreeShape
+from specprobe.estimates.tree import parse as parse_tree_text
 from specprobe.settings.engines import BY_ENGINE, confidence_of
 from specprobe.settings.model import BY_NAME, SAMPLING, check
 
 # Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
 # buffers stay warm in cache (measured best at 32–64 on a 2-core CPU with V = 49,152).
 DEFAULT_CHUNK_POSITIONS = 64
+# The engines that verify draft trees (vLLM removed tree attention; llama.cpp and
+# transformers verify chains).
+TREE_ENGINES = ("sglang", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,9 @@ class DiagnoseConfig:
     draft_n_min: int = 0  # llama.cpp's shortest draft (--spec-draft-n-min); 0: off
     accept_threshold_single: float = 1.0  # SGLang's relaxed acceptance; 1: exact
     accept_threshold_acc: float = 1.0
+    # a draft tree (`estimates.tree`): SGLang's "steps=S,topk=T,tokens=N" or static rank
+    # paths as JSON; None: a chain of K = 1..k_max
+    tree: str | None = None
     seed: int = 0
     batch_size: int = 8
     batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
@@ -118,6 +126,31 @@ class DiagnoseConfig:
                     f"{BY_NAME[name].flag} is SGLang's (--speculative-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} verifies every draft exactly",
                     f"add --engine sglang, or leave {BY_NAME[name].flag} out",
                 )
+
+        if self.tree is not None:
+            self._check_tree()
+
+    def _check_tree(self) -> None:
+        shape = self.tree_shape
+        assert shape is not None
+        if self.engine not in TREE_ENGINES:
+            raise ConfigError(
+                f"--tree: {BY_ENGINE[self.engine].label} verifies chains, not trees",
+                "add --engine sglang (or trtllm) for the engine that verifies this tree, or leave --tree out",
+            )
+        if shape.steps > self.k_max:
+            raise ConfigError(f"--tree steps={shape.steps} is deeper than --k-max {self.k_max}", f"raise --k-max to at least {shape.steps}")
+        if min(self.thresholds) < 1:
+            raise ConfigError("--tree with --accept-threshold-single/-acc below 1 is not estimated (the relaxed acceptance of a tree's siblings depends on their order)",
+                              "leave the thresholds at 1 for a tree, or estimate the chain")
+        if self.drafting != "greedy":
+            raise ConfigError("--tree drafts each step's top candidates (greedy drafting); --draft-sampling probabilistic has no tree",
+                              "leave --draft-sampling out for a tree")
+
+    @property
+    def tree_shape(self) -> TreeShape | None:
+        """The draft tree the run estimates, or None for a chain."""
+        return None if self.tree is None else parse_tree_text(self.tree)
 
     @property
     def kv_fp8(self) -> tuple[bool, bool]:

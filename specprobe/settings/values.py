@@ -1,6 +1,7 @@
 """Parsers of the settings whose values are written as text: draft lengths (`1,2,4`),
-batch sizes (`1,8,32`), a shard (`I/N`) and memory per device (`0=70GiB,1=70GiB`). Each
-raises ConfigError naming where the value was written."""
+batch sizes (`1,8,32`), a shard (`I/N`), memory per device (`0=70GiB,1=70GiB`) and a draft
+tree (`steps=3,topk=4,tokens=8` or a JSON list of rank paths). Each raises ConfigError
+naming where the value was written."""
 
 from __future__ import annotations
 
@@ -71,3 +72,17 @@ def parse_batch_sizes(text: str, where: str = "--batch-sizes") -> list[int]:
     if not sizes or sizes[0] < 1:
         raise ConfigError(f"{where} {text!r} must list positive batch sizes", "use e.g. --batch-sizes 1,8,32")
     return sizes
+
+
+def parse_tree(text: str, where: str = "--tree") -> str:
+    """'steps=3,topk=4,tokens=8' or '[[0],[0,0],[1]]' -> the tree's canonical text (the
+    dynamic label, or the static paths as compact JSON); ConfigError on anything else."""
+    import json
+
+    from specprobe.estimates.tree import parse
+
+    try:
+        shape = parse(str(text))
+    except ValueError as e:
+        raise ConfigError(f"{where} {str(text)!r}: {e}", "use e.g. --tree steps=3,topk=4,tokens=8 (SGLang's knobs) or a JSON list of rank paths such as '[[0],[0,0],[1]]'") from None
+    return json.dumps([list(p) for p in shape.paths], separators=(",", ":")) if shape.static else shape.label()
