@@ -214,7 +214,25 @@ def diagnose_ngram(cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict
         "by_domain": rows["domain"],
         "by_category": rows["category"],
         "k_table": [_clean(r) for r in k_rows],
+        "cost": _cost(cfg, head, match_ratio, s, step_ms),
         **verdict_fields(table, findings, evals),
+    })
+
+
+def _cost(cfg: DiagnoseConfig, head: Any, match_ratio: float, s: Steps, step_ms: float) -> dict[str, Any] | None:
+    """The cost block: the matching per step (timed on the CPU, where the engines match)
+    against the target's decode step and verify passes (timed on the device)."""
+    if head is None:
+        return None
+    match_ms = 1e3 * s.match_s / s.steps if s.steps else math.nan
+    return _clean({
+        "cost_ratio": match_ratio,
+        "target_step_ms": step_ms,
+        "draft_step_ms": match_ms,
+        "measured": True,
+        "verify_factor": cfg.verify_factor,
+        "batch_size": head.batch_size,
+        "sources": {"cost_ratio": "the matching per step, timed", "verify_factor": "given" if cfg.verify_factor is not None else "measured"},
     })
 
 

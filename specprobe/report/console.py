@@ -14,13 +14,17 @@ from rich.text import Text
 
 from specprobe.report.fmt import (
     EM_DASH,
+    NGRAM_NOTE,
     adaptive_wording,
     alignment_note,
     fixed,
     greedy_procedure,
     headline_others,
     headline_source,
+    is_ngram,
     metric,
+    ngram_cost_note,
+    ngram_headline,
     pct,
     procedure_headline,
     signed_pct,
@@ -119,6 +123,14 @@ def verdict_panel(result: Result) -> Panel:
         lines.append(Text(f"sampling  target {_sampling(s.target)}   drafter {_sampling(s.draft)}"))
     if empty:
         lines.append(Text("0 positions scored: no acceptance, KL, τ or speedup to show", style="yellow"))
+    elif result.scored and is_ngram(result):
+        ref = result.reference or "on-policy"
+        lines.append(Text(procedure_headline(result, none=EM_DASH), style="bold"))
+        lines.append(Text(
+            f"{ngram_headline(result, none=EM_DASH)}   speedup {_f(m.get('speedup_best'), '.2f')}×   "
+            f"({m.get('num_positions')} positions, {m.get('num_prompts')} prompts, {ref} references, walked along them)"
+        ))
+        lines.append(Text("no model: α, KL and greedy agreement do not apply", style="dim"))
     elif result.scored:
         ref = result.reference or "on-policy"
         lines.append(Text(procedure_headline(result, none=EM_DASH), style="bold"))
@@ -174,6 +186,39 @@ def _group_table(title: str, rows: list[DomainRow] | list[BucketRow], greedy: bo
     for r in rows:
         engine = [_pct(r.accept_prob_engine_mean)] if greedy else []
         g.add(r.group, str(r.positions), _pct(r.accept_prob_mean), *engine, _pct(r.greedy_agree_frac), _f(r.kl_target_draft_nats), _f(r.target_entropy_nats), _pct(r.draft_confidence_mean))
+    return g
+
+
+def ngram_group_table(title: str, rows: list[DomainRow]) -> Grid:
+    """An n-gram drafter's walk by group: how often it proposes, how long, how much of it
+    is accepted, τ and the speedup there."""
+    g = Grid(
+        [
+            Column("group"),
+            Column("verify steps", "steps", "right", "drop", 1),
+            Column("proposed", "prop", "right"),
+            Column("tokens a draft", "len", "right"),
+            Column("accepted per token", "accept", "right"),
+            Column("τ", None, "right"),
+            Column("speedup"),
+        ],
+        title=title,
+    )
+    for r in rows:
+        g.add(r.group, str(r.positions), _pct(r.ngram_proposal_frac), _f(r.ngram_draft_tokens_mean, ".2f"), _pct(r.accept_prob_engine_mean), _f(r.tau_tokens, ".2f"), f"{_f(r.speedup, '.2f')}×")
+    return g
+
+
+def ngram_k_table(result: Result) -> Grid:
+    """An n-gram drafter's draft lengths walked: τ, accepted per drafted token, the verify
+    pass's cost and the speedup (no depth curve: a draft's length is the match's)."""
+    g = Grid(
+        [Column("K (longest draft)", "K", "right"), Column("τ tokens", "τ", "right"), Column("accepted per token", "accept", "right"), Column("v_K", None, "right", "drop", 1), Column("speedup")],
+        title="by longest draft K (walked along the references; τ includes the bonus token)",
+    )
+    best = result.best_k
+    for row in result.k_table:
+        g.add(str(row.k), _f(row.tau_tokens, ".2f"), _pct(row.accept_rate), _f(row.verify_factor, ".2f"), f"{_f(row.speedup, '.2f')}×" + (" ◀ best" if row.k == best and len(result.k_table) > 1 else ""))
     return g
 
 
@@ -328,6 +373,9 @@ def render(result: Result, console: Console, full: bool = True) -> None:
         return
     if not full:
         return
+    if is_ngram(result):
+        render_ngram(result, console)
+        return
     greedy = greedy_procedure(result)
     if result.by_domain:
         console.print(_group_table("by domain", result.by_domain, greedy))
@@ -358,6 +406,19 @@ def render(result: Result, console: Console, full: bool = True) -> None:
             console.print(bt)
     law = f"one draft token's acceptance = {result.procedure.acceptance}" if result.procedure else "acceptance = α"
     console.print(f"[dim]τ, speedups and adaptive K follow the procedure ({law}); α = Σ min(p, q) is the alignment measure the drafter-quality findings read. KL is computed on the untruncated tempered softmax (T=1 when greedy) so it stays finite; both use each side's sampling distribution.[/]", highlight=False)
+
+
+def render_ngram(result: Result, console: Console) -> None:
+    """The evidence tables of an n-gram drafter's run: by domain, by category, by K and
+    how the speedup was priced."""
+    if result.by_domain:
+        console.print(ngram_group_table("n-gram proposals by domain", result.by_domain))
+    if result.categories:
+        console.print(ngram_group_table("n-gram proposals by the prompt file's category", result.categories))
+    if result.k_table:
+        console.print(ngram_k_table(result))
+    console.print(ngram_cost_note(result, none=EM_DASH), highlight=False, markup=False)
+    console.print(f"[dim]{NGRAM_NOTE}[/]", highlight=False)
 
 
 # ----------------------------------------------------------------------------- simulate: the measured block
@@ -422,7 +483,7 @@ def measured_tables(result: Result, console: Console) -> None:
 
 
 # ----------------------------------------------------------------------------- `report`: the short summary
-SUMMARY_METRICS = ("accept_prob_mean", "accept_prob_engine_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "num_prompts", "num_positions")
+SUMMARY_METRICS = ("accept_prob_mean", "accept_prob_engine_mean", "ngram_proposal_frac", "ngram_draft_tokens_mean", "ngram_accept_frac", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "num_prompts", "num_positions")
 
 
 def _verdict_line(result: Result | Comparison, console: Console) -> None:
@@ -443,7 +504,8 @@ def render_summary(result: Result, console: Console) -> None:
     m = result.metrics
     if result.scored and not nothing_scored(result):
         console.print(procedure_headline(result, none=EM_DASH), highlight=False, markup=False)
-        console.print(f"  {alignment_note(result, none=EM_DASH)}", highlight=False, markup=False)
+        note = ngram_headline(result, none=EM_DASH) if is_ngram(result) else alignment_note(result, none=EM_DASH)
+        console.print(f"  {note}", highlight=False, markup=False)
     g = Grid([Column("metric"), Column("value", justify="right")], title="key metrics (estimates from teacher forcing)")
     for n in SUMMARY_METRICS:
         if n in m:

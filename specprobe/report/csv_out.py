@@ -4,7 +4,8 @@ Files: summary.csv (one row per metric, with unit, target and drafter; flags and
 counts as integers), findings.csv, by_domain.csv,
 by_entropy.csv, by_position.csv, depth.csv (estimate and, for simulate, measured
 columns; depth indexed from 1), k_table.csv, positions.csv when the result carries
-per-position rows. For a compare result: summary, findings, overall, by_domain,
+per-position rows; ngram.csv for an n-gram drafter (its walk overall, by domain and by
+category: verify steps, proposal rate, tokens a draft, accepted per token, τ, speedup). For a compare result: summary, findings, overall, by_domain,
 by_depth, k_table.
 
 All files are written into a temporary folder beside the destination and moved in at
@@ -97,6 +98,8 @@ def tables(result: Result | Comparison) -> dict[str, Any]:
     for key, rows in result_tables.items():
         if rows:
             out[key] = _frame(rows)
+    if result.drafter.kind == "ngram" and result.scored:
+        out["ngram"] = _ngram_frame(result)
     meas = result.measured
     if meas and meas.k_table and "k_table" in out:
         m = _frame(meas.k_table).add_prefix("measured_").rename(columns={"measured_k": "k"})
@@ -114,6 +117,21 @@ def tables(result: Result | Comparison) -> dict[str, Any]:
         if len({len(v) for v in cols.values()}) == 1:
             out["positions"] = pd.DataFrame(cols)
     return out
+
+
+NGRAM_COLUMNS = ["scope", "group", "verify_steps", "proposal_frac", "draft_tokens_mean", "accept_frac", "tau_tokens", "speedup"]
+
+
+def _ngram_frame(result: Result) -> Any:
+    """One row for the whole run (scope 'all', at the best K), then one per domain and per
+    category of the prompt file."""
+    import pandas as pd
+
+    m = result.metrics
+    rows: list[list[Any]] = [["all", "all", sum(r.positions for r in result.by_domain) or None, m.get("ngram_proposal_frac"), m.get("ngram_draft_tokens_mean"), m.get("ngram_accept_frac"), m.get("tau_tokens"), m.get("speedup_best")]]
+    for scope, rs in (("domain", result.by_domain), ("category", result.categories)):
+        rows += [[scope, r.group, r.positions, r.ngram_proposal_frac, r.ngram_draft_tokens_mean, r.accept_prob_engine_mean, r.tau_tokens, r.speedup] for r in rs]
+    return pd.DataFrame(rows, columns=NGRAM_COLUMNS)
 
 
 def write_csv(result: Result | Comparison, folder: str | Path) -> list[Path]:

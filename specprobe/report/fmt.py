@@ -129,3 +129,37 @@ def adaptive_wording(result: Any, threshold: Any, none: str = DASH) -> str:
     if knob:
         return f"{knob} {theta} (stop drafting before the first draft whose probability among the drafter's 10 best is below it)"
     return f"stop drafting when drafter confidence < {theta}"
+
+
+# ----------------------------------------------------------------------------- n-gram drafters
+def is_ngram(result: Any) -> bool:
+    """Whether the drafter is a model-free n-gram drafter (prompt lookup, llama.cpp's
+    ngram-* types): its result counts proposals, not α, KL or greedy agreement."""
+    return getattr(getattr(result, "drafter", None), "kind", None) == "ngram"
+
+
+def ngram_headline(result: Any, none: str = DASH) -> str:
+    """'proposes at 36.0% of verify steps, 1.48 tokens a draft, 60.0% of drafted tokens accepted'."""
+    m = result.metrics
+    return (
+        f"proposes at {pct(m.get('ngram_proposal_frac'), none=none)} of verify steps, "
+        f"{fixed(m.get('ngram_draft_tokens_mean'), '.2f', none=none)} tokens a draft, "
+        f"{pct(m.get('ngram_accept_frac'), none=none)} of drafted tokens accepted"
+    )
+
+
+def ngram_cost_note(result: Any, none: str = DASH) -> str:
+    """How an n-gram drafter's speedup was priced: each step's verify pass over its draft
+    plus the matching time, timed."""
+    c = getattr(result, "cost", None)
+    ratio = fixed(result.metrics.get("cost_ratio"), ".4f", none=none)
+    match = f"matching {fixed(c.draft_step_ms, '.3f', none=none)} ms a step = {ratio} of a target decode step ({fixed(c.target_step_ms, '.2f', none=none)} ms)" if c is not None else f"matching {ratio} of a target decode step"
+    where = f" at batch size {c.batch_size}" if c is not None and c.batch_size else ""
+    return f"priced: a step that drafts m tokens costs the target's pass over m + 1 tokens (v_m, timed{where}) plus the matching; {match}"
+
+
+NGRAM_NOTE = (
+    "n-gram drafter (no model) walked along the target's own references: each step proposes from the text so far, "
+    "and the reference's next tokens say how many are accepted (a deterministic draft token is accepted with p_target(token)); "
+    "α, KL and greedy agreement do not apply."
+)

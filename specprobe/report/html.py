@@ -17,10 +17,14 @@ from specprobe.judge.catalog import CATALOG
 from specprobe.report.charts import Series, bar_chart, esc, histogram_chart, line_chart, pct_axis
 from specprobe.report.drill_html import drill_section
 from specprobe.report.fmt import (
+    NGRAM_NOTE,
     adaptive_wording,
     alignment_note,
     greedy_procedure,
+    is_ngram,
     metric,
+    ngram_cost_note,
+    ngram_headline,
     pct,
     procedure_headline,
     signed_delta,
@@ -192,7 +196,10 @@ def render_html(result: Result) -> str:
     )
     sub = "estimated by teacher forcing" + (" and measured by a real draft→verify loop" if is_sim and meas else "")
     parts.append(_verdict_html(result, sub))
-    if result.scored and m.get("num_positions"):
+    ngram = is_ngram(result)
+    if result.scored and m.get("num_positions") and ngram:
+        parts.append(f'<p class="note" id="procedure"><b>{esc(procedure_headline(result))}</b> · {esc(ngram_headline(result))} · no model: α, KL and greedy agreement do not apply</p>')
+    elif result.scored and m.get("num_positions"):
         parts.append(
             f'<p class="note" id="procedure"><b>{esc(procedure_headline(result))}</b> · acceptance {esc(pct(m.get("accept_prob_engine_mean", m.get("accept_prob_mean"))))} per draft token'
             f" · {esc(alignment_note(result))}</p>"
@@ -202,13 +209,15 @@ def render_html(result: Result) -> str:
     parts.append("</section>")
 
     # Key metrics: the handful a reader quotes.
-    kpi_names = ["accept_prob_mean", "accept_prob_engine_mean", "kl_target_draft_nats", "greedy_agree_frac", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "accept_prob_domain_min", "num_positions"]
+    kpi_names = ["accept_prob_mean", "accept_prob_engine_mean", "ngram_proposal_frac", "ngram_draft_tokens_mean", "ngram_accept_frac", "kl_target_draft_nats", "greedy_agree_frac", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "accept_prob_domain_min", "num_positions"]
     kpis = "".join(f'<div class="kpi"><div class="v">{esc(metric(n, m.get(n)))}</div><div class="n">{esc(n)}</div></div>' for n in kpi_names if n in m)
     notes = [
         "α = Σ min(p, q) per position, the alignment measure the drafter-quality findings read; KL(target‖draft) in nats is computed on the untruncated tempered softmax so it stays finite.",
         "τ(K), speedups and adaptive K follow the procedure: " + (result.procedure.description if result.procedure else "acceptance = α") + ".",
         "Depth curves, τ(K) and speedups are estimates from teacher forcing along the reference trajectories" + ("; measured values come from real speculative decoding over the same prompts." if meas else "."),
     ]
+    if ngram:
+        notes = [NGRAM_NOTE, ngram_cost_note(result) + "."]
     if ref != "on-policy":
         notes.append("References are dataset responses (off-policy): acceptance is estimated on text the target might not write.")
     parts.append('<section id="metrics"><h2>Key metrics</h2><div class="kpis">' + kpis + "</div>" + "".join(f'<p class="note">{esc(n)}</p>' for n in notes) + "</section>")
@@ -218,12 +227,16 @@ def render_html(result: Result) -> str:
     parts.append(_speedup_section(result))
     parts.append(_batch_section(result))
     parts.append(_histogram_sections(result))
-    greedy = greedy_procedure(result)
-    parts.append(_bucket_section(result.by_domain, "chart-domain", "α by domain", "domain", greedy))
-    if result.categories:
-        parts.append(_bucket_section(result.categories, "chart-category", "α by the prompt file's category", "category", greedy))
-    parts.append(_bucket_section(result.by_entropy, "chart-entropy", "α by target-entropy bucket", "target entropy", greedy))
-    parts.append(_bucket_section(result.by_position, "chart-position", "α by context-position bucket", "position in the response (tokens)", greedy))
+    if ngram:
+        parts.append(_ngram_section(result.by_domain, "chart-ngram-domain", "n-gram proposals by domain", "domain"))
+        parts.append(_ngram_section(result.categories, "chart-ngram-category", "n-gram proposals by the prompt file's category", "category"))
+    else:
+        greedy = greedy_procedure(result)
+        parts.append(_bucket_section(result.by_domain, "chart-domain", "α by domain", "domain", greedy))
+        if result.categories:
+            parts.append(_bucket_section(result.categories, "chart-category", "α by the prompt file's category", "category", greedy))
+        parts.append(_bucket_section(result.by_entropy, "chart-entropy", "α by target-entropy bucket", "target entropy", greedy))
+        parts.append(_bucket_section(result.by_position, "chart-position", "α by context-position bucket", "position in the response (tokens)", greedy))
     parts.append("</section>")
     parts.append(drill_section(result))  # token-level drill-down (report.drill_html)
     parts.append(_run_section(result))
@@ -301,6 +314,8 @@ def _speedup_section(result: Result) -> str:
         f" v_K {esc(src.get('verify_factor', 'given'))}{f' at batch size {cost.batch_size}' if cost and cost.batch_size else ''}."
         " τ(K): renewal estimate (rounds start where the previous one ended); τ window: every start position averaged. τ includes the bonus token."
     )
+    if is_ngram(result):
+        caption = f"K: the longest draft the n-gram drafter may make. {ngram_cost_note(result)}. τ includes the bonus token."
     if adaptive and adaptive.beats_fixed is False:
         caption += f" Adaptive K: no confidence threshold beats fixed K = {esc(str(result.metrics.get('best_k')))} (the best gives {fnum(adaptive.speedup, '.2f')}×)."
     elif adaptive:
@@ -370,6 +385,22 @@ def _bucket_section(rs: Sequence[DomainRow | BucketRow], chart_id: str, title: s
         y_label="mean α", x_label=x_label, y_fmt=pct_axis, y_max=1.0, hline=(0.7, "70% (good)"),
     )
     return _row(chart, "Bars: mean α over the positions in each group; dashed line: the 70% 'good' band.", _table(_bucket_head(greedy), _bucket_rows(rs, greedy)), title)
+
+
+def _ngram_section(rs: Sequence[DomainRow], chart_id: str, title: str, x_label: str) -> str:
+    """An n-gram drafter by group: how often it proposed and how much of it was accepted
+    (bars), with τ and the speedup there in the table."""
+    if not rs:
+        return ""
+    chart = bar_chart(
+        chart_id, title, [r.group for r in rs],
+        [Series("verify steps that proposed", [r.ngram_proposal_frac for r in rs], EST), Series("accepted per drafted token", [r.accept_prob_engine_mean for r in rs], MEAS)],
+        y_label="share", x_label=x_label, y_fmt=pct_axis, y_max=1.0,
+    )
+    head = ("group", "verify steps", "proposed", "tokens a draft", "accepted per token", "τ", "speedup")
+    body = [[r.group, f"{r.positions:,}", pct(r.ngram_proposal_frac), fnum(r.ngram_draft_tokens_mean, ".2f"), pct(r.accept_prob_engine_mean), fnum(r.tau_tokens, ".2f"), fnum(r.speedup, ".2f") + "×"] for r in rs]
+    caption = "Blue: verify steps at which the drafter proposed anything; orange: drafted tokens the target accepted. Where both are high, prompt lookup pays."
+    return _row(chart, caption, _table(head, body), title)
 
 
 def _run_section(result: Result) -> str:

@@ -10,11 +10,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from specprobe.report.fmt import (
+    NGRAM_NOTE,
     alignment_note,
     fixed,
     greedy_procedure,
     headline_reason,
+    is_ngram,
     metric,
+    ngram_cost_note,
+    ngram_headline,
     pct,
     procedure_headline,
     signed_pct,
@@ -67,7 +71,9 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
         f"({m.get('num_prompts')} prompts, {m.get('num_positions')} positions) · references {result.reference or cfg.reference} · {result.created}",
         "",
     ]
-    if result.scored and m.get("num_positions"):
+    if result.scored and m.get("num_positions") and is_ngram(result):
+        lines += [f"**{procedure_headline(result)}** · {ngram_headline(result)} · no model: α, KL and greedy agreement do not apply", ""]
+    elif result.scored and m.get("num_positions"):
         lines += [f"**{procedure_headline(result)}** · acceptance {pct(m.get('accept_prob_engine_mean', m.get('accept_prob_mean')))} per draft token · {alignment_note(result)}", ""]
     lines += [
         "#### Findings",
@@ -75,9 +81,11 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
     ]
     lines += _findings(result.findings, "No rule fired.")
     lines += ["#### Key metrics", ""]
-    names = ["accept_prob_mean", "accept_prob_engine_mean", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio"]
+    names = ["accept_prob_mean", "accept_prob_engine_mean", "ngram_proposal_frac", "ngram_draft_tokens_mean", "ngram_accept_frac", "kl_target_draft_nats", "greedy_agree_frac", "accept_prob_domain_min", "tau_tokens", "best_k", "speedup_best", "cost_ratio"]
     lines += _table(("metric", "value"), [[n, metric(n, m.get(n))] for n in names if n in m])
 
+    if is_ngram(result):
+        return "\n".join(lines + _ngram_lines(result)) + "\n"
     # α is the alignment measure; under greedy drafting the procedure's acceptance differs: beside it
     extra = ("accept (greedy drafts)",) if greedy_procedure(result) else ()
     engine = (lambda r: [pct(r.accept_prob_engine_mean)]) if extra else (lambda r: [])
@@ -111,6 +119,34 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
         lines += _table(("depth", "cumulative r_j", "conditional a_j"), [[j, pct(c), pct(a)] for j, c, a in zip(d.depth, d.cumulative, d.conditional, strict=False)])
     lines.append("_Estimates from teacher forcing" + ("; measured values from real speculative decoding._" if mk else "._"))
     return "\n".join(lines) + "\n"
+
+
+def _ngram_lines(result: Result) -> list[str]:
+    """An n-gram drafter's walk: by domain, by category, by longest draft K, how it was priced."""
+    head = ("verify steps", "proposed", "tokens a draft", "accepted per token", "τ", "speedup")
+
+    def body(rows: Sequence[Any]) -> list[list[Any]]:
+        return [[r.group, r.positions, pct(r.ngram_proposal_frac), fixed(r.ngram_draft_tokens_mean, ".2f"), pct(r.accept_prob_engine_mean), fixed(r.tau_tokens, ".2f"), fixed(r.speedup, ".2f") + "×"] for r in rows]
+
+    lines: list[str] = []
+    if result.by_domain:
+        lines += ["#### n-gram proposals by domain", ""] + _table(("domain", *head), body(result.by_domain))
+    if result.categories:
+        lines += ["#### n-gram proposals by the prompt file's category", ""] + _table(("category", *head), body(result.categories))
+    mk = {r.k: r for r in result.measured.k_table} if result.measured else {}
+    if result.k_table:
+        best = result.best_k
+        lines += ["#### τ and speedup by longest draft K (walked" + (", measured" if mk else "") + ")", ""]
+        rows = []
+        for r in result.k_table:
+            row: list[Any] = [f"**{r.k}** (best)" if r.k == best else r.k, fixed(r.tau_tokens, ".2f"), pct(r.accept_rate), fixed(r.verify_factor, ".2f"), fixed(r.speedup, ".2f") + "×"]
+            if mk:
+                mm = mk.get(r.k)
+                row += [fixed(mm.tau_tokens if mm else None, ".2f"), fixed(mm.speedup if mm else None, ".2f") + ("×" if mm and mm.speedup is not None else "")]
+            rows.append(row)
+        lines += _table(["K", "τ", "accepted per token", "v_K", "speedup"] + (["τ measured", "speedup measured"] if mk else []), rows)
+    lines += [f"_{ngram_cost_note(result)}._", "", f"_{NGRAM_NOTE}_"]
+    return lines
 
 
 def _cost_lines(result: Result) -> list[str]:
