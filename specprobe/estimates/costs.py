@@ -140,12 +140,21 @@ def stats_ms(xs: Sequence[float]) -> dict[str, Any] | None:
     return {"median_ms": 1e3 * med, "q1_ms": 1e3 * q1, "q3_ms": 1e3 * q3, "min_ms": 1e3 * min(xs), "max_ms": 1e3 * max(xs), "repeats": len(xs)}
 
 
-def batch_timings(samples: Samples, k_max: int, batch_size: int) -> dict[str, Any]:
-    """One batch size's samples ('target', 'draft', 'verify{K}') -> its raw cost entry:
-    timing statistics and the per-repeat ratios the cost model reads."""
+def batch_timings(samples: Samples, k_max: int, batch_size: int, tree_tokens: Sequence[int] = (), tree_widths: Sequence[int] = ()) -> dict[str, Any]:
+    """One batch size's samples ('target', 'draft', 'verify{K}', and for a tree 'tree{N}',
+    'draftw{T}') -> its raw cost entry: timing statistics and the per-repeat ratios the
+    cost model reads (a tree pass over N tokens ÷ the target's step; the drafter over T
+    tokens ÷ its own one-token step)."""
     t = samples.times
     t1 = t.get("target", [])
+    tree = {}
+    if tree_tokens or tree_widths:
+        tree = {
+            "tree_verify": [{"tokens": int(n), "timing": stats_ms(t.get(f"tree{n}", [])), "ratios": ratios(t.get(f"tree{n}", []), t1)} for n in tree_tokens],
+            "draft_width": [{"width": int(w), "timing": stats_ms(t.get(f"draftw{w}", [])), "ratios": ratios(t.get(f"draftw{w}", []), t.get("draft", []))} for w in tree_widths],
+        }
     return {
+        **tree,
         "batch_size": batch_size,
         "repeats": samples.repeats if not samples.from_warmup else int(bool(t1)),
         "from_warmup": samples.from_warmup,
@@ -311,6 +320,7 @@ def price(
             "verify_ratios": raw_b.get("verify_ratios", []),
             "context_tokens": raw_b.get("context_tokens"),
             "skipped": raw_b.get("skipped"),
+            **tree_rows(raw, raw_b, [rc.verify_factor for rc in t.rounds]),
         })
     spread = None
     if best is not None and head is not None and head.raw.get("repeats", 0) >= 2:
@@ -340,6 +350,9 @@ def price(
         "skipped": list(raw.get("skipped", [])),
         "batches": batches,
         "notes": list(raw.get("notes", [])),
+        "tree_mask": (raw.get("tree") or {}).get("mask"),
+        "tree_verify": next((b["tree_verify"] for b in batches if head is not None and b["batch_size"] == head.batch_size), []),
+        "draft_width": next((b["draft_width"] for b in batches if head is not None and b["batch_size"] == head.batch_size), []),
     }
     metrics = {
         "tau_tokens": headline_tau(best) if best else None,
@@ -359,3 +372,128 @@ def price(
     }
     verify = [r.verify_factor for r in head.rounds] if head else []
     return Priced(ktab, best, c, verify, section, metrics)
+
+
+def tree_rows(raw: Mapping[str, Any], batch: Mapping[str, Any], chain_verify: Sequence[float]) -> dict[str, list[dict[str, Any]]]:
+    """One batch size's tree timings -> the cost section's rows: per N of the grid v_N
+    (median and quartiles over the repeats where measured; else interpolated from the
+    measured ones, or from the chain's verify factors where none was), per T (1 included)
+    w_T likewise (1 where not measured)."""
+    grid = raw.get("tree") or {}
+    if not grid:
+        return {"tree_verify": [], "draft_width": []}
+    measured_v, measured_w = tree_factors(batch)
+    by_n = {int(x["tokens"]): x for x in batch.get("tree_verify") or []}
+    by_w = {int(x["width"]): x for x in batch.get("draft_width") or []}
+    fallback: FactorTable = measured_v or list(chain_verify)
+    verify = []
+    for n in grid.get("tokens", []):
+        x = by_n.get(int(n)) or {}
+        r = list(x.get("ratios") or [])
+        q1, med, q3 = quantiles(r) if r else (None, tree_verify_factor(int(n), fallback), None)
+        verify.append({"tokens": int(n), "verify_factor": med, "verify_factor_q1": q1, "verify_factor_q3": q3, "measured": bool(r), "timing": x.get("timing")})
+    width = [{"width": 1, "width_factor": 1.0, "width_factor_q1": None, "width_factor_q3": None, "measured": False, "timing": None}]
+    for w in grid.get("widths", []):
+        x = by_w.get(int(w)) or {}
+        r = list(x.get("ratios") or [])
+        q1, med, q3 = quantiles(r) if r else (None, draft_width_factor(int(w), measured_w or None), None)
+        width.append({"width": int(w), "width_factor": med, "width_factor_q1": q1, "width_factor_q3": q3, "measured": bool(r), "timing": x.get("timing")})
+    return {"tree_verify": verify, "draft_width": width}
+
+
+# ----------------------------------------------------------------------------- tree rounds (pure)
+# A tree round in SGLang's shape — steps S, topk T, N tokens verified (the root included):
+# the drafter runs S steps, the first over 1 token and the next S − 1 over the T beams
+# each, then the target runs one pass over the N tree tokens under a tree attention mask.
+# In target decode steps: c·(1 + (S − 1)·w_T) + v_N, where
+#   c    the drafter's one-token step ÷ the target's (the chain's cost ratio),
+#   w_T  the drafter's pass over T tokens ÷ its one-token step (w_1 = 1),
+#   v_N  the target's pass over N tokens ÷ its one-token step (v_1 = 1).
+# With T = 1 and N = S + 1 this is the chain's K·c + v_K at K = S.
+FactorTable = Mapping[int, float] | Sequence[float]
+
+
+def chain_verify_by_tokens(verify: Sequence[float]) -> dict[int, float]:
+    """The chain's verify factors (verify[K − 1]: the target pass over K + 1 tokens) as
+    tokens -> v, with v at 1 token = 1."""
+    return {1: 1.0, **{k + 2: float(v) for k, v in enumerate(verify)}}
+
+
+def linear_at(points: Mapping[int, float], x: int) -> float:
+    """The value at x of the piecewise-linear curve through `points` (exact at a point),
+    extended past the last point along the last two (flat from one), before the first
+    along the first two. NaN when there is no point."""
+    xs = sorted(int(k) for k, v in points.items() if v is not None and not math.isnan(v))
+    if not xs:
+        return math.nan
+    if x in points and x in xs:
+        return float(points[x])
+    if len(xs) == 1:
+        return float(points[xs[0]])
+    lo = max((k for k in xs if k < x), default=None)
+    hi = min((k for k in xs if k > x), default=None)
+    if lo is None:
+        lo, hi = xs[0], xs[1]
+    elif hi is None:
+        lo, hi = xs[-2], xs[-1]
+    a, b = float(points[lo]), float(points[hi])
+    return a + (b - a) * (x - lo) / (hi - lo)
+
+
+def tree_verify_factor(tokens: int, verify_by_tokens: FactorTable | None) -> float:
+    """v_N: a Mapping is tokens -> v measured for the tree (with v at 1 token = 1 added
+    where absent); a Sequence is the chain's verify factors (`chain_verify_by_tokens`);
+    None: 1 (one decode step, as the chain assumes v untimed). Linear between the
+    points and beyond the last."""
+    if verify_by_tokens is None:
+        return 1.0
+    pts = dict(verify_by_tokens) if isinstance(verify_by_tokens, Mapping) else chain_verify_by_tokens(verify_by_tokens)
+    pts.setdefault(1, 1.0)
+    return linear_at(pts, int(tokens))
+
+
+def draft_width_factor(topk: int, width_factor: Mapping[int, float] | float | None) -> float:
+    """w_T: the drafter's pass over T tokens ÷ its one-token step — 1 at T = 1 and when
+    not measured (None), a number as given, or linear between the widths measured."""
+    if topk <= 1 or width_factor is None:
+        return 1.0
+    if not isinstance(width_factor, Mapping):
+        return float(width_factor)
+    pts = {int(k): float(v) for k, v in width_factor.items()}
+    pts[1] = 1.0
+    return linear_at(pts, int(topk))
+
+
+def tree_round_cost(
+    steps: int, topk: int, tokens: int, cost_ratio: float, verify_by_tokens: FactorTable | None = None, width_factor: Mapping[int, float] | float | None = None,
+) -> float:
+    """One tree round's cost in target decode steps: c·(1 + (S − 1)·w_T) + v_N for
+    steps S, topk T and N tokens verified (the root included). verify_by_tokens: the
+    tree pass's measured v by token count (tokens -> v), or the chain's verify factors
+    (a sequence, verify[K − 1] over K + 1 tokens), or None (v = 1); width_factor: the
+    measured w by width (T -> w), a number, or None (w = 1). For T = 1 and N = S + 1
+    with the chain's factors it is exactly the chain's K·c + v_K."""
+    if steps < 1 or topk < 1 or tokens < 1:
+        raise ValueError(f"a tree needs steps, topk and tokens ≥ 1 (got {steps}, {topk}, {tokens})")
+    w = draft_width_factor(topk, width_factor)
+    c = float(cost_ratio)
+    return c * (1 + (steps - 1) * w) + tree_verify_factor(tokens, verify_by_tokens)
+
+
+def tree_factors(batch: Mapping[str, Any]) -> tuple[dict[int, float], dict[int, float]]:
+    """One batch size's raw or priced cost entry -> (tokens -> v_N, width -> w_T): the
+    medians over the repeats of what the tree timing measured (empty where nothing was),
+    ready for `tree_round_cost`."""
+    def med(xs: Sequence[float]) -> float:
+        return quantiles(xs)[1]
+
+    def table(rows: Sequence[Mapping[str, Any]], key: str, value: str) -> dict[int, float]:
+        out = {}
+        for x in rows:
+            if x.get("ratios"):  # a raw entry (`batch_timings`)
+                out[int(x[key])] = med(x["ratios"])
+            elif x.get("measured") and x.get(value) is not None:  # the cost section's row (`tree_rows`)
+                out[int(x[key])] = float(x[value])
+        return out
+
+    return table(batch.get("tree_verify") or [], "tokens", "verify_factor"), table(batch.get("draft_width") or [], "width", "width_factor")

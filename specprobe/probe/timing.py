@@ -58,13 +58,23 @@ def cost_block(
     cap_s: float = math.inf,
     memory_bytes: float | str | None = None,
     clock: Clock = time.perf_counter,
+    tree_tokens: Sequence[int] = (),
+    tree_widths: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Time what the cost model needs at each batch size — nothing when both the cost
     ratio (`given`) and the verify factor are given — and return the raw cost entry:
     per-batch timing statistics and per-repeat ratios, context length, budget, time spent,
     how the caches were built and what was skipped. memory_bytes: what the caches may add
-    (None: no limit; "auto": from the peak before it, `_Allowance`). No batch sizes: nothing is timed (a run stopped before its costs)."""
+    (None: no limit; "auto": from the peak before it, `_Allowance`). No batch sizes: nothing is timed (a run stopped before its costs).
+
+    A tree to estimate adds, in the same interleaved repeats and under the same budget and
+    cap: the target's pass over N tokens for each N in `tree_tokens` under a tree attention
+    mask (`tree_parents`), and the drafter's pass over T tokens for each T > 1 in
+    `tree_widths` (the T beams of one step), as a factor of its one-token step. Empty (the
+    default): nothing more is timed, as for a chain."""
     need_draft, need_verify = given is None, verify_factor is None
+    tree_n = sorted({int(n) for n in tree_tokens if int(n) >= 1})
+    tree_w = sorted({int(w) for w in tree_widths if int(w) > 1}) if need_draft else []
     sizes = sorted({int(b) for b in batch_sizes})
     raw: dict[str, Any] = {
         "measured": False, "context_tokens": context_tokens, "budget_s": None if math.isinf(budget_s) else budget_s,
@@ -74,7 +84,9 @@ def cost_block(
     if not sizes:
         raw["batches"] = []
         return raw
-    if not need_draft and not need_verify:
+    if tree_n or tree_w:
+        raw["tree"] = {"tokens": tree_n, "widths": tree_w, "branch": _branch(tree_widths), "mask": TREE_MASK}
+    if not need_draft and not need_verify and not tree_n:
         raw["batches"] = [{"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": []} for b in sizes]
         return raw
     import torch
@@ -110,8 +122,8 @@ def cost_block(
                 raw["notes"].append(f"batch size {b}: timed over {length} tokens of context, not {ctx.context}, to stay within the memory the scoring used")
             share = len(sizes) - j  # what is left of the budget, shared by the sizes still to time
             try:
-                calls = _calls(ctx, target, drafter, b, length, k_max, need_draft, need_verify, gen)
-                work = {name: float(name[6:]) + 1 if name.startswith("verify") else 1.0 for name in calls}  # new tokens per row
+                calls = _calls(ctx, target, drafter, b, length, k_max, need_draft, need_verify, gen, tree_n, tree_w, _branch(tree_widths))
+                work = {name: _work(name) for name in calls}  # new tokens per row
                 samples = interleaved(calls, clock=clock, budget_s=(budget_s - spent) / share, cap_s=(cap_s - spent) / share, stop_s=cap_s - spent, sizes=work)
             except Exception as e:  # noqa: BLE001  (out of memory at a large batch: report it, time the others)
                 if not _is_oom(e):
@@ -128,7 +140,7 @@ def cost_block(
                 why = (f"batch size {b}: the {cap_s:.1f} s cap came during the warm-up round; "
                        + (f"its {len(done)} finished call(s) ({', '.join(done)}) stand as one repeat, first-call effects included" if done else "not measured"))
                 raw["skipped"].append(why)
-            entry = batch_timings(samples, k_max, b)
+            entry = batch_timings(samples, k_max, b, tree_n, [w for w in tree_w if f"draftw{w}" in samples.times])
             entry["context_tokens"] = length
             batches.append(entry)
             rounds = samples.repeats + samples.warmup_rounds
@@ -144,7 +156,72 @@ def cost_block(
         raw["notes"].append(f"batch size {', '.join(few)}: fewer than {MIN_REPEATS} repeats fit in the time the scoring took; the spread is not known")
     if need_draft and not any(x.get("draft_ratios") for x in batches) and raw["measured"]:
         raw["notes"].append("the drafter has no step that could be timed")
+    if "tree" in raw:
+        raw["notes"].extend(_tree_notes(batches, tree_n, tree_w))
     return raw
+
+
+# ----------------------------------------------------------------------------- a tree's passes
+TREE_MASK = (
+    "tree-shaped 4D attention mask (each tree token attends to the context, its ancestors and itself; positions by depth), "
+    "passed to the model as the simulate loop passes its masks; the drafter's T beams of one step attend to the context and themselves"
+)
+
+
+def _branch(widths: Sequence[int]) -> int:
+    """The branching of the timed tree: the widest topk asked for (a dense attention pass
+    costs the same whatever the tree's shape; only its token count matters)."""
+    return max((int(w) for w in widths), default=2) if widths else 2
+
+
+def tree_parents(tokens: int, branch: int) -> list[int]:
+    """Each tree token's parent (−1: the root), heap order: token i's parent is
+    (i − 1) // branch — the first N tokens of a full `branch`-ary tree, the shape of
+    SGLang's verified tree at topk = branch (the root, then its best children)."""
+    return [-1] + [(i - 1) // max(1, branch) for i in range(1, tokens)]
+
+
+def tree_attention(parents: Sequence[int]) -> tuple[Any, Any]:
+    """-> (allowed [N, N] bool: token i sees token j when j is i or an ancestor of i,
+    depth [N] long). A parent of −1 makes a root (several roots: siblings of one step)."""
+    import torch
+
+    n = len(parents)
+    allowed = torch.zeros((n, n), dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.long)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            allowed[i] = allowed[p]
+            depth[i] = depth[p] + 1
+        allowed[i, i] = True
+    return allowed, depth
+
+
+def _work(name: str) -> float:
+    """A timed call's new tokens per row (its size, for the estimate of one not run yet)."""
+    for prefix, extra in (("verify", 1.0), ("tree", 0.0), ("draftw", 0.0)):
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            return float(name[len(prefix) :]) + extra
+    return 1.0
+
+
+def _tree_notes(batches: Sequence[dict[str, Any]], tokens: Sequence[int], widths: Sequence[int]) -> list[str]:
+    """What the tree timing measured at each batch size, and what the cap left out."""
+    notes = []
+    for x in batches:
+        if not x.get("repeats"):
+            continue
+        got_n = [v["tokens"] for v in x.get("tree_verify") or [] if v.get("ratios")]
+        got_w = [v["width"] for v in x.get("draft_width") or [] if v.get("ratios")]
+        miss_n = [n for n in tokens if n not in got_n]
+        miss_w = [w for w in widths if w not in got_w]
+        line = f"batch size {x['batch_size']}: tree verify timed at N = {', '.join(map(str, got_n)) or 'none'} tokens"
+        if widths:
+            line += f", the drafter over T = {', '.join(map(str, got_w)) or 'none'} beams"
+        if miss_n or miss_w:
+            line += "; not timed (the cap, or no step to time): " + ", ".join([*(f"N = {n}" for n in miss_n), *(f"T = {w}" for w in miss_w)]) + " — interpolated from the timed ones (the chain's verify factors where none)"
+        notes.append(line)
+    return notes
 
 
 def _is_oom(e: Exception) -> bool:
@@ -152,21 +229,35 @@ def _is_oom(e: Exception) -> bool:
     return "out of memory" in text or "can't allocate memory" in text
 
 
-def _calls(ctx: _Caches, target: Any, drafter: Any, batch: int, length: int, k_max: int, need_draft: bool, need_verify: bool, gen: Any) -> dict[str, Callable[[], object]]:
-    """The timed functions at one batch size, over copies of the prefilled caches."""
-    room = k_max + 1 if need_verify else 1  # the longest timed pass's new tokens
+def _calls(
+    ctx: _Caches, target: Any, drafter: Any, batch: int, length: int, k_max: int, need_draft: bool, need_verify: bool, gen: Any,
+    tree_tokens: Sequence[int] = (), tree_widths: Sequence[int] = (), branch: int = 2,
+) -> dict[str, Callable[[], object]]:
+    """The timed functions at one batch size, over copies of the prefilled caches, in the
+    order they run: the decode step, the drafter's step and its T-beam passes, the verify
+    passes, the tree passes (smallest first, so the cap cuts the largest)."""
+    room = max(k_max + 1 if need_verify else 1, max(tree_tokens, default=1))  # the longest timed pass's new tokens
     t = _Decoder.over(ctx.target_copy(batch, length, room), target.model, batch, length, target.device, gen)
     calls: dict[str, Callable[[], object]] = {"target": t.call(1)}
     if need_draft:
         if ctx.draft is not None:
-            calls["draft"] = _Decoder.over(ctx.draft_copy(batch, length, 1, t.stream.cache), ctx.draft.model, batch, length, target.device, gen).call(1)
+            d = _Decoder.over(ctx.draft_copy(batch, length, max((1, *tree_widths)), t.stream.cache), ctx.draft.model, batch, length, target.device, gen)
+            calls["draft"] = d.call(1)
+            for w in tree_widths:
+                calls[f"draftw{w}"] = d.tree_call([-1] * w)
         else:
             head = _head_step(target, drafter, batch, gen)
             if head is not None:
                 calls["draft"] = head
+                for w in tree_widths:  # a head's T beams: T rows of its step
+                    wide = _head_step(target, drafter, batch * w, gen)
+                    if wide is not None:
+                        calls[f"draftw{w}"] = wide
     if need_verify:
         for k in timed_ks(k_max):
             calls[f"verify{k}"] = t.call(k + 1)
+    for n in tree_tokens:
+        calls[f"tree{n}"] = t.tree_call(tree_parents(n, branch))
     return calls
 
 
@@ -421,6 +512,41 @@ class _Decoder:
 
         return run
 
+    def tree_logits(self, ids: Any, parents: Sequence[int]) -> Any:
+        """One pass over a tree's tokens ids [B, N] after the context, each attending to
+        the context, its ancestors and itself (`tree_attention`) at position context +
+        depth -> logits [B, N, V]; the cache keeps the N slots (the caller crops)."""
+        import torch
+
+        from specprobe.models.loader import output_cache
+
+        s = self.stream
+        b, n = int(ids.shape[0]), len(parents)
+        allowed, depth = tree_attention(parents)
+        full = torch.cat([torch.ones((n, s.length), dtype=torch.bool), allowed], dim=1).to(self.device)  # [N, L + N]
+        mask = torch.zeros((b, 1, n, s.length + n), dtype=s.dtype, device=self.device)
+        mask.masked_fill_(~full[None, None], torch.finfo(s.dtype).min)
+        pos = (s.length + depth).to(self.device)[None].expand(b, n)  # [B, N]
+        extra = {"logits_to_keep": n} if s.can_keep else {}
+        out = s.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{s.kw: s.cache}, **extra)
+        s.cache = output_cache(out)
+        return out.logits[:, -n:]
+
+    def tree_call(self, parents: Sequence[int]) -> Callable[[], object]:
+        """A function that runs `tree_logits` over random tokens and crops the cache back."""
+        import torch
+
+        n = len(parents)
+        ids = torch.randint(0, self.vocab, (self.batch, n), generator=self.gen).to(self.device)  # [B, N]
+
+        def run() -> object:
+            self.tree_logits(ids, parents)
+            sync(self.device)
+            crop(self.stream.cache, n)
+            return None
+
+        return run
+
 
 def _head_step(target: Any, drafter: Any, batch: int, gen: Any) -> Callable[[], object] | None:
     """A head drafter's step: its features and depth-1 logits for one new position over
@@ -449,11 +575,35 @@ def _head_step(target: Any, drafter: Any, batch: int, gen: Any) -> Callable[[], 
     return run
 
 
-def timing_settings(cfg: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], scoring_s: float | None) -> dict[str, Any]:
+TREE_TOKENS = (2, 4, 8, 16, 32, 64)  # the tree verify passes timed for a run with a tree (plus its own N)
+TREE_WIDTHS = (1, 2, 4, 8)  # the drafter's beam widths timed (plus its own topk; w_1 = 1 is not timed)
+
+
+def tree_grid(tree: Any) -> tuple[list[int], list[int]]:
+    """The token counts and widths to time for a run's tree (None: a chain, nothing):
+    `TREE_TOKENS` and `TREE_WIDTHS` with the tree's own N (`tokens`) and T (`topk`)
+    added, so a recommendation over tree shapes reads measured or interpolated costs."""
+    if tree is None:
+        return [], []
+    get = (lambda k: tree.get(k)) if isinstance(tree, dict) else (lambda k: getattr(tree, k, None))  # noqa: E731
+    n, t = get("tokens"), get("topk")
+    tokens = sorted({*TREE_TOKENS, *([int(n)] if n else [])})
+    widths = sorted({*TREE_WIDTHS, *([int(t)] if t else [])})
+    return tokens, widths
+
+
+def timing_settings(
+    cfg: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], scoring_s: float | None,
+    tree_tokens: Sequence[int] | None = None, tree_widths: Sequence[int] | None = None,
+) -> dict[str, Any]:
     """`cost_block`'s keyword arguments for a diagnose run: its verify factor, K range and
-    batch sizes, the context its prompts reach, and a budget from its scoring time."""
+    batch sizes, the context its prompts reach, and a budget from its scoring time; for a
+    run with a tree (`cfg.tree`, or the grid given here) the tree passes to time too."""
     budget, cap = budget_for(scoring_s)
+    own_n, own_w = tree_grid(getattr(cfg, "tree", None))
     return {
+        "tree_tokens": list(own_n if tree_tokens is None else tree_tokens),
+        "tree_widths": list(own_w if tree_widths is None else tree_widths),
         "verify_factor": cfg.verify_factor,
         "k_max": cfg.k_max,
         "batch_sizes": cfg.cost_batch_sizes(),

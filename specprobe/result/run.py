@@ -305,6 +305,29 @@ class CostK(Part):
     verify: Timing | None = None
 
 
+class TreeVerifyCost(Part):
+    """The target's pass over N tree tokens (the root included) under a tree attention
+    mask ÷ its one-token decode step, at one batch size."""
+
+    tokens: int
+    verify_factor: Num = Field(description="v_N: median over the repeats where measured; else interpolated from the measured N (the chain's verify factors where none was).")
+    verify_factor_q1: Num = None
+    verify_factor_q3: Num = None
+    measured: bool = Field(default=False, description="Whether this N was timed (false: the cap came first, or interpolated).")
+    timing: Timing | None = None
+
+
+class DraftWidthCost(Part):
+    """The drafter's pass over T tokens (a tree step's T beams) ÷ its one-token step."""
+
+    width: int
+    width_factor: Num = Field(description="w_T: median over the repeats where measured; 1 at T = 1; else interpolated from the measured T (1 where none was).")
+    width_factor_q1: Num = None
+    width_factor_q3: Num = None
+    measured: bool = False
+    timing: Timing | None = None
+
+
 class BatchCost(Part):
     """Costs and estimated speedups at one batch size (--batch-sizes)."""
 
@@ -322,6 +345,8 @@ class BatchCost(Part):
     verify_ratios: list[list[Num]] = Field(default_factory=list, description="Per K (from 1): target pass over K + 1 tokens ÷ target step, repeat by repeat.")
     context_tokens: int | None = Field(default=None, description="KV-cache length this batch size was timed over (shorter than the cost's context_tokens where its rows would not fit the memory the scoring used).")
     skipped: str | None = Field(default=None, description="Why this batch size was not timed (the cap, or the memory), when it was not.")
+    tree_verify: list[TreeVerifyCost] = Field(default_factory=list, description="A tree run: v_N for the grid of tree token counts N timed.")
+    draft_width: list[DraftWidthCost] = Field(default_factory=list, description="A tree run: w_T for the beam widths T timed.")
 
 
 class Cost(Part):
@@ -349,6 +374,9 @@ class Cost(Part):
     skipped: list[str] = Field(default_factory=list, description="What was not timed and why (a batch size past the cap or the memory).")
     batches: list[BatchCost] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    tree_mask: str | None = Field(default=None, description="A tree run: how the tree's verify pass was masked when timed (null: no tree timed).")
+    tree_verify: list[TreeVerifyCost] = Field(default_factory=list, description="A tree run, at the run's batch size: v_N, the target's pass over N tree tokens ÷ one decode step; a tree round costs c·(1 + (S − 1)·w_T) + v_N.")
+    draft_width: list[DraftWidthCost] = Field(default_factory=list, description="A tree run, at the run's batch size: w_T, the drafter's pass over T beams ÷ its one-token step.")
 
 
 class Positions(Part):
@@ -427,6 +455,44 @@ class Measured(Part):
     interrupted: bool = False
 
 
+class TreeRow(Part):
+    """One draft tree (SGLang's steps/topk/tokens; a static tree's rank paths): its
+    teacher-forced τ (renewal: rounds start where the previous ended; window: every start),
+    the cost of one round in target decode steps and the speedup."""
+
+    steps: int
+    topk: int
+    tokens: int = Field(description="Nodes verified per round, the root included.")
+    paths: list[list[int]] | None = None
+    label: str
+    tau_tokens: Num
+    tau_window_tokens: Num = None
+    tokens_per_verify: Num = None
+    round_cost: Num = None
+    speedup: Num = None
+
+
+class TreeOwn(TreeRow):
+    """The run's own tree, with its evidence: acceptance by depth and, per depth, the share
+    of accepted nodes that were their parent's rank-1, 2, … candidate."""
+
+    depth_accept: list[Num] = Field(default_factory=list)
+    rank_shares: list[list[Num]] = Field(default_factory=list)
+    chain_tau_tokens: Num = Field(default=None, description="The chain of the same depth (topk 1).")
+    chain_speedup: Num = None
+
+
+class Trees(Part):
+    """Draft trees (diagnose): the run's tree when it has one, and the grid the
+    recommendation compares, with the best tree beside the best chain."""
+
+    tree: TreeOwn | None = None
+    grid: list[TreeRow] = Field(default_factory=list)
+    best_tree: TreeRow | None = None
+    best_chain: TreeRow | None = None
+    costs: str = Field(default="", description="How the tree rounds were priced.")
+
+
 # ----------------------------------------------------------------------------- the result
 class Result(Document):
     """A check, diagnose or simulate run. Sections a run did not reach stay empty/None:
@@ -463,6 +529,7 @@ class Result(Document):
     measured: Measured | None = None
     drilldown: DrillDown | None = Field(default=None, description="Token-level evidence and what-ifs (diagnose, simulate).")
     context_lengths: list[LengthRow] = Field(default_factory=list, description="Acceptance by context length and domain (diagnose --context-lengths); accept_prob_long_context_ratio is read from it.")
+    trees: Trees | None = Field(default=None, description="Draft trees (diagnose --tree, or an engine that verifies trees): the run's tree, the grid, the best tree and chain.")
     # ---- new sections go here, one optional field each (default None), e.g. renewal τ,
     # per-category tables, token-level drill-down, head coverage, shard provenance.
     verdict: str
