@@ -1,0 +1,107 @@
+"""GGUF files of one model at other precisions, for llama-server peers: every tensor
+dequantised and written again as F32, or quantised to Q8_0 / Q4_0 with the `gguf`
+package's quantizer (`gguf.quants.quantize`, a reimplementation of ggml's reference
+row quantizers `quantize_row_q8_0_ref` / `quantize_row_q4_0_ref`, which llama-quantize
+calls when it has no importance matrix).
+
+Which tensors get which type follows llama-quantize's choice (llama.cpp's
+`src/llama-quant.cpp`) for the tensors a llama model has:
+
+- 1-D tensors and `*_norm.weight` stay F32 (it quantizes only 2-D+ `…weight` tensors,
+  never norms);
+- the output matrix — `output.weight`, or `token_embd.weight` when the embeddings are
+  tied and there is no `output.weight` — is wanted as Q6_K unless the type is Q8_0, and
+  falls back to Q8_0 when its row length is not a multiple of Q6_K's 256-element block
+  (SmolLM2: 576), or to Q8_0 at once when the row is not a multiple of the type's own
+  block;
+- every other 2-D weight gets the file type (Q4_0 with no importance matrix keeps even
+  the first ffn_down layers at Q4_0).
+
+Only the types this needs are written; anything else is refused with a ValueError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# GGUF `general.file_type` (llama_ftype) for the file types written here
+FILE_TYPE = {"F32": 0, "Q8_0": 7, "Q4_0": 2}
+
+
+def tensor_type(name: str, n_dims: int, row: int, file_type: str, tied: bool) -> Any:
+    """The ggml type llama-quantize gives one tensor of a `file_type` file."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import GGML_QUANT_SIZES
+
+    want = Q[file_type]
+    if want == Q.F32 or n_dims < 2 or not name.endswith("weight") or "_norm.weight" in name:
+        return Q.F32
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        if row % GGML_QUANT_SIZES[want][0] != 0 or want == Q.Q8_0:
+            return Q.Q8_0
+        # Q6_K is wanted; a row that is not whole 256-blocks falls back to Q8_0
+        if row % GGML_QUANT_SIZES[Q.Q6_K][0] != 0:
+            return Q.Q8_0
+        raise ValueError(f"{name}: llama-quantize would write Q6_K, which this helper does not")
+    if row % GGML_QUANT_SIZES[want][0] != 0:
+        raise ValueError(f"{name}: row length {row} is not whole {file_type} blocks")
+    return want
+
+
+def write_gguf_at(src: Path, dst: Path, file_type: str) -> Path:
+    """`src` (any llama GGUF) with every tensor dequantised to fp32 and, for Q8_0 / Q4_0,
+    quantised again as llama-quantize would from fp32 weights. Metadata (tokenizer, chat
+    template, hyper-parameters) is copied; `general.file_type` is set to the new type.
+    Written to a sibling and renamed into place, so a half-written file never remains."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    if file_type not in FILE_TYPE:
+        raise ValueError(f"file type must be one of {', '.join(FILE_TYPE)}, got {file_type!r}")
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    names = {t.name for t in reader.tensors}
+    tied = "output.weight" not in names
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".part")
+    try:
+        writer = gguf.GGUFWriter(str(tmp), arch=arch)
+        for field in reader.fields.values():
+            if field.name == "general.architecture" or field.name.startswith("GGUF."):
+                continue
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            value = FILE_TYPE[file_type] if field.name == "general.file_type" else field.contents()
+            writer.add_key_value(field.name, value, vtype, sub_type=sub)
+        if "general.file_type" not in reader.fields:
+            writer.add_file_type(FILE_TYPE[file_type])
+        out: list[tuple[str, np.ndarray, Any]] = []
+        for t in reader.tensors:
+            w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # [.., row]
+            qtype = tensor_type(t.name, len(t.shape), int(w.shape[-1]), file_type, tied)
+            out.append((t.name, np.ascontiguousarray(quantize(w, qtype)), qtype))
+        for name, data, qtype in out:
+            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for _, data, _ in out:
+            writer.write_tensor_data(data)
+        writer.close()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(dst)
+    return dst
+
+
+def tensor_types(path: Path) -> dict[str, int]:
+    """How many tensors of each ggml type a GGUF holds (by type name)."""
+    import gguf
+
+    counts: dict[str, int] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return counts
