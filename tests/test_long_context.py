@@ -102,3 +102,26 @@ def test_diagnose_reports_acceptance_by_context_length(tiny_pair: Any, tmp_path:
         num, den = num + w * a[256]["accept_prob_mean"] / a[64]["accept_prob_mean"], den + w
     assert r["metrics"]["accept_prob_long_context_ratio"] == pytest.approx(num / den)
     assert "by context length" in res.output and r["config"]["context_lengths"] == [64, 256]
+
+
+def test_two_shards_merged_give_the_one_shot_context_length_table(tiny_pair: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers.same import differences
+
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    prompts = prompts_file(tmp_path / "p.jsonl", n=6, words=8)
+    args = ["diagnose", str(tiny_pair["target"]), str(tiny_pair["random"]), "--prompts", str(prompts), "--context-lengths", "64,128",
+            "--max-new-tokens", "8", "--batch-size", "2", "--cost-ratio", "0.1", "--verify-factor", "1", "--fail-on", "never"]
+    whole = runner.invoke(app, [*args, "--json", str(tmp_path / "whole.json")])
+    assert whole.exit_code == 0, whole.output
+    for i in range(2):
+        r = runner.invoke(app, [*args, "--shard", f"{i}/2", "--json", str(tmp_path / f"part{i}.json")])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["merge", str(tmp_path / "part1.json"), str(tmp_path / "part0.json"), "--json", str(tmp_path / "merged.json"), "--fail-on", "never"])
+    assert r.exit_code == 0, r.output
+    one, merged = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("whole", "merged"))
+    assert len(one["context_lengths"]) == 8  # 3 domains + all, at 2 lengths
+    assert differences(one["context_lengths"], merged["context_lengths"], rel=1e-9) == []
+    assert merged["metrics"]["accept_prob_long_context_ratio"] == pytest.approx(one["metrics"]["accept_prob_long_context_ratio"], rel=1e-9)
+    # each shard scored only part of the lengths' prompts
+    parts = [json.loads((tmp_path / f"part{i}.json").read_text()) for i in range(2)]
+    assert sorted(p["accumulator"]["num_prompts"] for p in parts) == [2, 4] and all(len(p["length_of"]) == 6 for p in parts)

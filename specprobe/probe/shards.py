@@ -33,7 +33,7 @@ from specprobe.judge.rules import load_table
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.sampling import Sampling
 from specprobe.models.loader import cache_root, load_info
-from specprobe.probe import distributed
+from specprobe.probe import distributed, long_context
 from specprobe.probe.alignment import SamplingPair
 from specprobe.probe.assemble import build_result
 from specprobe.probe.drilldown import DrillCollector
@@ -242,17 +242,23 @@ def merge_parts(parts: Sequence[dict[str, Any]], tokenizer: Any, pair: Any, cfg:
     seq = SequenceCollector(Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min,
                       threshold_single=cfg.accept_threshold_single, threshold_acc=cfg.accept_threshold_acc), refs.items, cfg.keep_positions)
     drill = DrillCollector(tokenizer, refs.items, refs.encoded, refs.conts, pair, k_max=cfg.k_max, every=first.get("drill_every"))
+    # --context-lengths: each built prompt's length, as the shards recorded it; the table by (length, domain) is replayed too
+    length_of = {str(k): int(v) for p in parts for k, v in (p.get("length_of") or {}).items()}
+    by_length = long_context.LengthCollector(refs.items, length_of, cfg) if length_of else None
+    sinks: list[Any] = [seq, drill, *([by_length] if by_length is not None else [])]
     run_order = sorted(range(len(items)), key=lambda i: len(refs.encoded[i]) + len(refs.conts[i]))
     run_order = [i for i in run_order if refs.conts[i]]
     for start in range(0, len(run_order), cfg.batch_size):
         for i in run_order[start : start + cfg.batch_size]:
             chunk, scores = _replay(i, items[i])
-            seq.chunk(chunk, scores)
-            drill.chunk(chunk, scores)
-        seq.batch_done()
-        drill.batch_done()
+            for sink in sinks:
+                sink.chunk(chunk, scores)
+        for sink in sinks:
+            sink.batch_done()
     head_depths: tuple[int, ...] = max((tuple(p["head_depths"]) for p in parts), key=lambda t: len(t))
     scored = Scored(acc, seq.rows, any(p["interrupted"] for p in parts), head_depths, drill=drill)
+    if by_length is not None:
+        long_context.attach(scored, by_length)
     # the cost ratio is timed by one shard (the lowest that timed it), as one process would
     cost = next((p["cost"] for p in parts if p.get("cost") is not None), None)
     return Merged(dict(first["header"]), dict(first["metrics"]), scored, cost, cfg, first["kind"], first["evidence"], refs)
@@ -306,6 +312,7 @@ def run_shard(cfg: Any, pair: Any, header: dict[str, Any], metrics: dict[str, An
         refs, scored = score_all([rec])
         part = make_part(shard, ident, header, metrics, refs, scored, rec.records(), None, cfg, kind, evidence, drill_every)
         part["prompt_ids"] = prompt_ids
+        part["length_of"] = lengths_of(scored)
     part["_path"] = f"shard {shard.label}"
 
     def with_cost(cost: dict[str, Any] | None) -> None:
@@ -322,6 +329,14 @@ def run_shard(cfg: Any, pair: Any, header: dict[str, Any], metrics: dict[str, An
         merged = merge_parts(parts, pair.target.tokenizer, pair.sampling, cfg)
         return merged.refs, merged.scored, lambda cost: None
     return refs, scored, with_cost
+
+
+def lengths_of(scored: Scored) -> dict[str, int]:
+    """--context-lengths: each scored prompt's built length (from its length collector), for the merge."""
+    lc = long_context.attached(scored)
+    if lc is None:
+        return {}
+    return {p.id: int(n) for p, n in zip(lc.prompts, lc.lengths, strict=False) if n}
 
 
 def _reusable(path: Path, ident: dict[str, Any], shard: Shard) -> dict[str, Any] | None:
