@@ -10,6 +10,7 @@ includes the bonus token. Counts only, so runs (and shards of a run) add up."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,8 @@ class SimCounters:
     wall_s: float = 0.0
     prompts: int = 0
     early_stop: bool = False  # drafts cut by llama.cpp's p_min / n_min: τ is per draft made
+    tree: Any = None  # a tree run: the `estimates.tree.TreeShape` it verified (k = its depth)
+    by_rank: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [S, T] accepted depth-d nodes that were their parent's rank-r candidate
 
     def __post_init__(self) -> None:
         if len(self.accepted_at) != self.k:

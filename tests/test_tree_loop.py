@@ -1,0 +1,141 @@
+"""The real tree draft → verify loop (`simulate --tree`): the tree attention mask against
+plain forwards of each path; greedy output token-identical to plain decoding for an
+independent drafter, a layer-skip self-draft and head drafters; topk = 1 is the chain
+loop exactly; sampled tree verification emits the target's distribution (chi-square);
+an oracle drafter accepts the whole depth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specprobe.estimates.tree import parse
+from specprobe.metrics.sampling import Sampling
+from specprobe.models.kvcache import Stream
+from specprobe.simulate import speculate
+from specprobe.simulate import tree as tl
+from specprobe.simulate.procedure import Procedure
+from tests.test_simulate import _chi2, _exact_marginals, noisy_copy, rand_prompts, tiny
+
+GREEDY = Sampling(temperature=0.0)
+SGLANG = Procedure.of("sglang", "greedy")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny(0)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return noisy_copy(target, 1, 0.5)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return rand_prompts(5)
+
+
+def _tree(text: str):
+    return parse(text)
+
+
+# ----------------------------------------------------------------------------- the mask
+def test_tree_mask_equals_a_plain_forward_of_every_path(target, drafter) -> None:
+    """One verify pass over a real drafted tree: every node's logits equal those of a
+    plain causal forward of its root-to-node path (float64, two rows of different
+    lengths and a cache that already holds their prompts)."""
+    prompts = [[5, 9, 33, 2, 71], [8, 1]]
+    shape = _tree("steps=3,topk=3,tokens=10")
+    with torch.inference_mode():
+        src = tl.LMTree(drafter, prompts, torch.device("cpu"))
+        tgt = Stream(target, 2, torch.device("cpu"))
+        tgt.forward(*__import__("specprobe.models.kvcache", fromlist=["right_align"]).right_align([p[:-1] for p in prompts], "cpu"))
+        tree, verified = tl.draft(src, shape, np.array([3, 3]), 300)
+        assert verified.sum(axis=1).tolist() == [9, 9]
+        todo = [[p[-1]] for p in prompts]
+        blk = tl.block(tgt, todo, tree, verified)
+        w = blk.ids.shape[1] - blk.unseen
+        logits = tl.ta.forward(tgt, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1)
+        checked = 0
+        for r, p in enumerate(prompts):
+            for c, j in enumerate(blk.nodes[r]):
+                path = [int(tree.tok[r, a]) for a in reversed(tree.ancestors(r, j))] + [int(tree.tok[r, j])]
+                plain = target(torch.tensor([p + path])).logits[0, -1]
+                torch.testing.assert_close(logits[r, 1 + c], plain, rtol=1e-9, atol=1e-9)
+                checked += 1
+            torch.testing.assert_close(logits[r, 0], target(torch.tensor([p])).logits[0, -1], rtol=1e-9, atol=1e-9)
+        assert checked == 18
+
+
+def test_drafter_tree_forward_equals_plain_forwards(drafter) -> None:
+    """The drafter's beams, fed under the tree mask, get the children a plain forward of
+    their path gives: each node's token is among the top-T of its path's plain logits."""
+    prompt = [4, 60, 12]
+    shape = _tree("steps=3,topk=2,tokens=7")
+    with torch.inference_mode():
+        src = tl.LMTree(drafter, [prompt], torch.device("cpu"))
+        tree, verified = tl.draft(src, shape, np.array([3]), 300)
+        for j in range(tree.tok.shape[1]):
+            if not np.isfinite(tree.score[0, j]):
+                continue
+            anc = [int(tree.tok[0, a]) for a in reversed(tree.ancestors(0, j))]
+            lg = drafter(torch.tensor([prompt + anc])).logits[0, -1]
+            ids, val = tl.top(lg, 2, 300)
+            assert int(tree.tok[0, j]) == int(ids[tree.rank[j]])
+            want = val[tree.rank[j]] * (1.0 if not anc else tree.score[0, tree.parent[0, j]])
+            assert tree.score[0, j] == pytest.approx(want, rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("text", ["steps=3,topk=4,tokens=8", "steps=2,topk=2,tokens=6", "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"])
+def test_greedy_tree_output_is_plain_decoding(target, drafter, prompts, text) -> None:
+    plain = speculate(target, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=20, batch_size=3)
+    run = tl.speculate_tree(target, drafter, prompts, shape=_tree(text), target_sampling=GREEDY, max_new_tokens=20, batch_size=3)
+    assert run.outputs == plain.outputs
+    c = run.counters
+    assert c.num_drafts > 0 and 0 < c.accept_rate < 1 and c.accepted_tokens == c.accepted_at[0] + c.accepted_at[1:].sum()
+    assert c.by_rank.sum() == c.accepted_tokens and c.by_rank[:, 1:].sum() > 0  # rank-2+ children accepted
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_topk_one_is_the_chain_loop(target, drafter, prompts, temperature) -> None:
+    s = Sampling(temperature=temperature)
+    chain = speculate(target, drafter, prompts, k=3, target_sampling=s, max_new_tokens=17, batch_size=2, seed=4, procedure=SGLANG)
+    tree = tl.speculate_tree(target, drafter, prompts, shape=_tree("steps=3"), target_sampling=s, max_new_tokens=17, batch_size=2, seed=4)
+    assert tree.outputs == chain.outputs
+    a, b = chain.counters, tree.counters
+    for f in ("verify_steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_tokens", "target_calls", "draft_calls"):
+        assert getattr(a, f) == getattr(b, f), f
+    assert a.accepted_at.tolist() == b.accepted_at.tolist() and a.drafted_at.tolist() == b.drafted_at.tolist()
+    assert b.tau_tokens == a.tau_tokens
+
+
+def test_oracle_drafter_accepts_the_full_depth(target, prompts) -> None:
+    """The target as its own drafter: every round accepts all S depths, at rank 1."""
+    run = tl.speculate_tree(target, target, prompts, shape=_tree("steps=4,topk=2,tokens=8"), target_sampling=GREEDY, max_new_tokens=21, batch_size=3)
+    c = run.counters
+    assert c.cumulative() == [1.0] * 4 and c.tau_tokens == 5.0
+    assert (c.num_drafts, c.verify_steps) == (4 * len(prompts), 4 * len(prompts) + len(prompts))
+    assert c.by_rank[:, 0].tolist() == [c.num_drafts] * 4 and c.by_rank[:, 1].sum() == 0
+    assert all(len(o) == 21 for o in run.outputs)
+
+
+def test_sampled_tree_output_follows_target_distribution() -> None:
+    """Many draws of one prompt: the first two emitted tokens follow the target's exact
+    marginals through a tree whose siblings are tried in order against one coin."""
+    v = 48
+    tgt = tiny(11, vocab=v, scale=0.2)
+    drafter = noisy_copy(tgt, 2, 0.3)
+    prompt = [3, 17, 5, 40]
+    n = 3000
+    s = Sampling(temperature=1.0)
+    run = tl.speculate_tree(tgt, drafter, [prompt] * n, shape=_tree("steps=2,topk=3,tokens=7"), target_sampling=s, max_new_tokens=3, batch_size=n, seed=123)
+    c = run.counters
+    assert 0.05 < c.accept_rate < 0.95 and c.by_rank[0, 1:].sum() > 0.1 * c.by_rank[0].sum()  # siblings do get accepted
+    p1, p2 = _exact_marginals(tgt, prompt, s)
+    assert _chi2([o[0] for o in run.outputs], p1) > 1e-3
+    assert _chi2([o[1] for o in run.outputs], p2) > 1e-3
