@@ -63,6 +63,54 @@ def render_sweep(report: object, console: Console) -> None:
         console.print(Text.assemble(("recommended: ", "bold"), (report.recommended, "bold green"), " (highest estimated speedup; confirm with 'specprobe simulate')"))
     else:
         console.print(Text("no drafter could be recommended (nothing was scored)", style="yellow"))
+    render_groups(report, console)
+
+
+def group_grid(report: object, scope: str) -> Grid:
+    """One row per domain (or category): the fastest drafter there, its speedup and K, and
+    the runner-up."""
+    from specprobe.probe.sweep import SweepReport
+
+    assert isinstance(report, SweepReport)
+    g = Grid(
+        [
+            Column(scope),
+            Column("tokens", None, "right", "drop", 1),
+            Column("fastest"),
+            Column("speedup", "×", "right"),
+            Column("K", justify="right"),
+            Column("runner-up", fallback="under", order=2, label="runner-up: "),
+        ],
+        title=f"fastest drafter by {'the prompt file' + chr(39) + 's category' if scope == 'category' else 'domain'} (each at the K best there)",
+    )
+    for grp in (x for x in report.by_group if x.scope == scope):
+        ranked = sorted((e for e in grp.drafters if e.speedup is not None), key=lambda e: -(e.speedup or 0.0))
+        best = next((e for e in ranked if e.drafter == grp.recommended), None)
+        second = next((e for e in ranked if e.drafter != grp.recommended), None)
+        g.add(
+            grp.group, f"{grp.positions:,}", best.drafter if best else EM_DASH, fixed(best.speedup if best else None, ".2f", none=EM_DASH) + "×", str(best.best_k) if best else EM_DASH,
+            f"{second.drafter} {fixed(second.speedup, '.2f', none=EM_DASH)}× (K={second.best_k})" if second else "",
+            style="bold green" if best and best.drafter != report.recommended else "",
+        )
+    return g
+
+
+def render_groups(report: object, console: Console) -> None:
+    """The per-group table for the scope the advice reads, and the advice in one line."""
+    from specprobe.probe.sweep import SweepReport
+
+    assert isinstance(report, SweepReport)
+    scope = report.advice_scope()
+    advice = report.advice(scope)
+    if not advice or len(report.rows) < 2:
+        return
+    console.print("")
+    console.print(group_grid(report, scope))
+    if len(advice) == 1 and advice[0][0] == report.recommended:
+        console.print(Text(f"by {scope}: {report.recommended} is the fastest in every {scope}", style="dim"), highlight=False)
+        return
+    said = "; ".join(f"{d} for {', '.join(gs)}" for d, gs in advice)
+    console.print(Text.assemble(("by " + scope + ": ", "bold"), f"use {said} (highest estimated speedup in each; confirm with 'specprobe simulate')"), highlight=False)
 
 
 @takes_settings("sweep")

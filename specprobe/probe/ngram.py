@@ -146,16 +146,22 @@ def draft_lengths(drafter: NgramDrafter, k_max: int) -> list[int]:
     return [drafter.max_draft()]
 
 
-def diagnose_ngram(cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict[str, Any], metrics: dict[str, Any], table: RuleTable, evidence: dict[str, list[str]], progress: Progress, on_references: Any = None) -> Result:
-    """references → walk for every K row → the verify pass timed → the result."""
+def diagnose_ngram(
+    cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict[str, Any], metrics: dict[str, Any], table: RuleTable, evidence: dict[str, list[str]], progress: Progress,
+    on_references: Any = None, refs: Any = None, walked: dict[tuple[str, str, int], tuple[float, float]] | None = None,
+) -> Result:
+    """references (or the `refs` given: sweep's, shared with its other drafters) → walk
+    for every K row → the verify pass timed → the result. `walked`, when given, receives
+    (scope, group, K) → (τ, speedup) for every group and K (sweep's per-group advice); the
+    result's group rows are at the best K."""
     target, drafter = pair.target, pair.drafter
-    refs = references_by_turn(target, list(prompt_set.prompts), cfg, pair.sampling.target, progress)
-    if on_references is not None:
-        on_references(refs)
+    if refs is None:
+        refs = references_by_turn(target, list(prompt_set.prompts), cfg, pair.sampling.target, progress)
+        if on_references is not None:
+            on_references(refs)
     ks = draft_lengths(drafter, cfg.k_max)
     per_k: dict[int, Steps] = {}
-    groups: dict[tuple[str, str], Steps] = {}
-    main_k = ks[-1]
+    groups: dict[tuple[int, str, str], Steps] = {}
     eog = end_of_generation(target) if cfg.engine == "llama.cpp" else frozenset()
     items = [(it, e, c) for it, e, c in zip(refs.items, refs.encoded, refs.conts, strict=True) if c]
     with progress.task(f"walking {drafter.name} along {len(items)} references", len(items) * len(ks)) as advance:
@@ -164,9 +170,8 @@ def diagnose_ngram(cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict
             for item, enc, cont in items:
                 s = walk(drafter.slot(k), enc, cont, cfg.max_new_tokens, eog)
                 total.add(s)
-                if k == main_k:
-                    for key in (("domain", item.domain), ("category", item.category)):
-                        groups.setdefault(key, Steps()).add(s)
+                for key in (("domain", item.domain), ("category", item.category)):
+                    groups.setdefault((k, *key), Steps()).add(s)
                 advance(1)
             per_k[k] = total
 
@@ -203,8 +208,11 @@ def diagnose_ngram(cfg: DiagnoseConfig, pair: Any, prompt_set: Any, header: dict
     }
     metrics = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
     rows: dict[str, list[dict[str, Any]]] = {"domain": [], "category": []}
-    for (kind, name), g in sorted(groups.items()):
-        rows[kind].append(_group_row(name, g, verify, step_s))
+    for (k, kind, name), g in sorted(groups.items()):
+        if k == best_k:
+            rows[kind].append(_group_row(name, g, verify, step_s))
+        if walked is not None:
+            walked[(kind, name, k)] = (g.tau_tokens, g.speedup(verify, step_s))
     findings, evals = evaluate_rules(table, metrics, drafter.kind, evidence)
     return Result.model_validate({
         **header,

@@ -4,6 +4,15 @@ pass per batch: the references are generated once, and each chunk's target logit
 computed once and handed to every drafter's scorer. Each drafter then gets its own cost
 ratio, estimates, rules and drill-down (a full diagnose `Result`), and the table of α,
 KL, cost ratio, τ and speedup per K recommends the best.
+
+An n-gram drafter (`ngram…`, llama.cpp's `ngram-*`; no model) takes part on the same
+references: its proposals are walked along them (`probe.ngram`) instead of scored.
+
+By group: every drafter's τ and speedup in each domain and each of the prompt file's
+categories — a model drafter's from accumulators of that group's sequences alone, priced
+at its own cost; an n-gram drafter's from its walk — each at the K that is best in that
+group, and the fastest recommended there ("prompt lookup for summarisation, the EAGLE
+head for chat").
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field
 
@@ -70,6 +79,25 @@ class SweepRow(Part):
     stopped: str | None = None
 
 
+class GroupEntry(Part):
+    """One drafter in one group: τ and speedup at the K best for that group."""
+
+    drafter: str
+    best_k: int | None = None
+    tau_tokens: Num = None
+    speedup: Num = None
+
+
+class SweepGroup(Part):
+    """One domain or category of the prompts: each drafter's estimate there and the fastest."""
+
+    scope: Literal["domain", "category"]
+    group: str
+    positions: int = Field(description="Reference tokens in this group.")
+    drafters: list[GroupEntry] = Field(default_factory=list)
+    recommended: str | None = Field(default=None, description="The drafter with the highest estimated speedup in this group (ties: the overall order).")
+
+
 class SweepReport(Document):
     """What `specprobe sweep --json` writes."""
 
@@ -84,19 +112,105 @@ class SweepReport(Document):
     procedure: str | None = Field(default=None, description="The draft-and-verify procedure τ and speedups follow, in words.")
     rows: list[SweepRow]
     recommended: str | None = Field(default=None, description="The drafter with the highest estimated speedup (ties: higher α).")
+    by_group: list[SweepGroup] = Field(default_factory=list, description="Per domain and per category of the prompt file: every drafter's τ and speedup there, and the fastest.")
     interrupted: bool = False
+
+    def advice_scope(self) -> str:
+        """The prompt file's categories when they say more than its domains (Spec-Bench's
+        13 tasks onto 6 domains), else the domains."""
+        cats = [g.group for g in self.by_group if g.scope == "category"]
+        return "category" if cats and cats != [g.group for g in self.by_group if g.scope == "domain"] else "domain"
+
+    def advice(self, scope: str | None = None) -> list[tuple[str, list[str]]]:
+        """(drafter, the groups it is fastest in) for one scope (`advice_scope` unless
+        given), the overall recommendation first."""
+        scope = scope or self.advice_scope()
+        out: dict[str, list[str]] = {}
+        for g in self.by_group:
+            if g.scope == scope and g.recommended is not None:
+                out.setdefault(g.recommended, []).append(g.group)
+        return sorted(out.items(), key=lambda kv: (kv[0] != self.recommended, -len(kv[1])))
 
 
 def sweep_row(r: Result) -> SweepRow:
     m = r.metrics
+    # indexed from K = 1: an n-gram drafter with a draft length of its own has one row, at that K
+    by_k = {k.k: k for k in r.k_table}
+    ks = range(1, max(by_k, default=0) + 1)
     return SweepRow(
         drafter=r.drafter.spec, kind=r.drafter.kind, num_layers=r.drafter.num_layers,
-        accept_prob_mean=m.get("accept_prob_mean"), accept_prob_engine_mean=m.get("accept_prob_engine_mean"), kl_target_draft_nats=m.get("kl_target_draft_nats"),
+        accept_prob_mean=m.get("accept_prob_mean"), accept_prob_engine_mean=m.get("accept_prob_engine_mean", m.get("ngram_accept_frac")), kl_target_draft_nats=m.get("kl_target_draft_nats"),
         cost_ratio=m.get("cost_ratio"), cost_measured=bool(r.cost.measured) if r.cost else False,
         best_k=r.best_k, tau_tokens=m.get("tau_tokens"), speedup_best=m.get("speedup_best"),
-        tau_by_k=[k.tau_tokens for k in r.k_table], speedup_by_k=[k.speedup for k in r.k_table],
+        tau_by_k=[by_k[k].tau_tokens if k in by_k else None for k in ks], speedup_by_k=[by_k[k].speedup if k in by_k else None for k in ks],
         verdict=r.verdict, stopped=r.stopped,
     )
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and x == x and abs(x) != float("inf")
+
+
+def group_table(estimates: dict[str, dict[tuple[str, str], dict[int, tuple[float, float]]]], positions: dict[tuple[str, str], int], order: list[str]) -> list[SweepGroup]:
+    """drafter → (scope, group) → K → (τ, speedup) -> one row per group, each drafter at
+    the K best there, the fastest recommended (ties: the drafters' order)."""
+    out = []
+    for key in sorted(positions, key=lambda kv: (kv[0] != "domain", kv[1])):
+        entries = []
+        for d in order:
+            by_k = {k: v for k, v in estimates.get(d, {}).get(key, {}).items() if _finite(v[1])}
+            if not by_k:
+                entries.append(GroupEntry(drafter=d))
+                continue
+            k = max(by_k, key=lambda k: (by_k[k][1], -k))
+            entries.append(GroupEntry(drafter=d, best_k=k, tau_tokens=by_k[k][0], speedup=by_k[k][1]))
+        priced = [e for e in entries if e.speedup is not None]
+        best = max(priced, key=lambda e: (e.speedup or 0.0, -order.index(e.drafter))).drafter if priced else None
+        out.append(SweepGroup(scope=key[0], group=key[1], positions=positions[key], drafters=entries, recommended=best))  # type: ignore[arg-type]
+    return out
+
+
+class GroupAccumulators:
+    """The accumulator interface `SequenceCollector` feeds, routing each sequence to an
+    accumulator of its own domain and one of its own category (made by `make`)."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+        self.accs: dict[tuple[str, str], Any] = {}
+
+    def add_sequence(self, domain: str, positions: Any, values: Any, alpha_by_depth: Any = None, confidence_by_depth: Any = None, category: str | None = None, greedy_by_depth: Any = None) -> None:
+        for key in (("domain", domain), ("category", category or domain)):
+            acc = self.accs.get(key)
+            if acc is None:
+                acc = self.accs[key] = self.make()
+            acc.add_sequence(domain, positions, values, alpha_by_depth=alpha_by_depth, confidence_by_depth=confidence_by_depth, category=category, greedy_by_depth=greedy_by_depth)
+
+
+def priced_groups(groups: GroupAccumulators, cost: dict[str, Any], cfg: Any, k_top: int) -> dict[tuple[str, str], dict[int, tuple[float, float]]]:
+    """Each group's accumulator priced at the drafter's own cost -> K → (τ, speedup)."""
+    # deferred: loads torch, which the torch-free commands that import this module never need
+    from specprobe.estimates.costs import price
+    from specprobe.estimates.estimate import headline_tau
+
+    out = {}
+    for key, acc in groups.accs.items():
+        if not acc.num_positions:
+            continue
+        cum = acc.cumulative_depth().tolist()[:k_top]
+        priced = price(
+            cost, cumulative=cum, alpha_mean=float(acc.summary()["accept_prob_engine_mean"]), renewal=acc.renewal_tau()[:k_top].tolist(),
+            k_max=k_top, batch_size=cfg.batch_size, cost_ratio=cfg.cost_ratio, verify_factor=cfg.verify_factor,
+        )
+        out[key] = {r.k: (headline_tau(r), r.speedup) for r in priced.k_table}
+    return out
+
+
+def ngram_groups(result: Result, walked: dict[tuple[str, str, int], Any]) -> dict[tuple[str, str], dict[int, tuple[float, float]]]:
+    """An n-gram drafter's walk by (scope, group, K) -> K → (τ, speedup)."""
+    out: dict[tuple[str, str], dict[int, tuple[float, float]]] = {}
+    for (scope, group, k), (tau, speedup) in walked.items():
+        out.setdefault((scope, group), {})[k] = (tau, speedup)
+    return out
 
 
 def recommend(rows: list[SweepRow]) -> str | None:
@@ -192,6 +306,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from specprobe.probe.alignment import BLOCKING_RULES
     from specprobe.probe.diagnose import load_pair
     from specprobe.probe.drilldown import DrillCollector
+    from specprobe.probe.ngram import diagnose_ngram
     from specprobe.probe.scoring import Scored, SequenceCollector
     from specprobe.probe.timing import cost_block, timing_settings
 
@@ -212,21 +327,29 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
 
     # references once, with the target's sampling (the same for every drafter)
     refs = references_by_turn(target, list(prompt_set.prompts), cfg, pairs[0].sampling.target, progress)
-    live = [p for p, spec in zip(pairs, drafters, strict=True) if spec not in stopped]
+    # an n-gram drafter has no model to score: it is walked along the references below
+    live = [p for p, spec in zip(pairs, drafters, strict=True) if spec not in stopped and p.drafter.kind != "ngram"]
     scored: dict[str, Scored] = {}
+    by_group: dict[str, GroupAccumulators] = {}
     entries = []
+
+    def accumulator() -> Accumulator:
+        return Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min,
+                           threshold_single=cfg.accept_threshold_single, threshold_acc=cfg.accept_threshold_acc)
+
     for pair in live:
-        acc = Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min,
-                      threshold_single=cfg.accept_threshold_single, threshold_acc=cfg.accept_threshold_acc)
+        acc = accumulator()
         drill = DrillCollector(target.tokenizer, refs.items, refs.encoded, refs.conts, pair.sampling, k_max=cfg.k_max)
         seq = SequenceCollector(acc, refs.items, False)
+        groups = by_group[pair.drafter.spec] = GroupAccumulators(accumulator)
         scored[pair.drafter.spec] = Scored(acc, seq.rows, drill=drill)
-        entries.append(_Entry(pair.drafter, pair.sampling, [seq, drill]))
+        entries.append(_Entry(pair.drafter, pair.sampling, [seq, drill, SequenceCollector(cast(Any, groups), refs.items, False)]))
     t0 = time.perf_counter()
     passes, interrupted = score_many(target, entries, refs.encoded, refs.conts, cfg, progress) if entries else (0, False)
     per_drafter_s = (time.perf_counter() - t0) / max(len(entries), 1)
 
     results = []
+    estimates: dict[str, dict[tuple[str, str], dict[int, tuple[float, float]]]] = {}
     for pair, spec in zip(pairs, drafters, strict=True):
         dcfg = replace(cfg, drafter=spec, keep_positions=False)
         header = result_header(dcfg, pair, prompt_set)
@@ -234,19 +357,31 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
         if spec in stopped:
             results.append(stopped_result(header, metrics, table, pair.drafter.kind, pair.alignment.evidence, stopped[spec]))
             continue
+        if pair.drafter.kind == "ngram":
+            walked: dict[tuple[str, str, int], tuple[float, float]] = {}
+            results.append(diagnose_ngram(dcfg, pair, prompt_set, header, metrics, table, pair.alignment.evidence, progress, refs=refs, walked=walked))
+            estimates[spec] = ngram_groups(results[-1], walked)
+            continue
         s = scored[spec]
         s.interrupted = interrupted or refs.interrupted
         if cfg.cost_ratio is None:
             progress.note(f"measuring the cost ratio of {spec}")
         cost = cost_block(target, pair.drafter, cfg.cost_ratio, **timing_settings(dcfg, refs.encoded, refs.conts, per_drafter_s))
         results.append(build_result(header, metrics, s, cost, dcfg, table, pair.drafter.kind, pair.alignment.evidence))
+        k_top = max((k.k for k in results[-1].k_table), default=cfg.k_max)
+        estimates[spec] = priced_groups(by_group[spec], cost, dcfg, k_top)
 
+    positions: dict[tuple[str, str], int] = {}
+    for item, cont in zip(refs.items, refs.conts, strict=True):
+        if cont:
+            for key in (("domain", item.domain), ("category", item.category)):
+                positions[key] = positions.get(key, 0) + len(cont)
     rows = [sweep_row(r) for r in results]
     first = next((r for r in results if r.scored), results[0])
     report = SweepReport(
         specprobe_version=__version__, created=first.created, target=cfg.target, reference=first.reference or "on-policy",
         num_prompts=int(first.metrics.get("num_prompts") or 0), num_positions=int(first.metrics.get("num_positions") or 0),
         target_passes=passes, procedure=first.procedure.description if first.procedure else None,
-        rows=rows, recommended=recommend(rows), interrupted=interrupted or refs.interrupted,
+        rows=rows, recommended=recommend(rows), by_group=group_table(estimates, positions, list(drafters)), interrupted=interrupted or refs.interrupted,
     )
     return Sweep(report, results)

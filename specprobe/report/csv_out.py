@@ -140,7 +140,8 @@ def write_csv(result: Result | Comparison, folder: str | Path) -> list[Path]:
 
 
 def write_sweep_csv(report: SweepReport, folder: str | Path) -> list[Path]:
-    """`sweep --csv`: sweep.csv, one row per drafter, τ and speedup per K as columns."""
+    """`sweep --csv`: sweep.csv, one row per drafter, τ and speedup per K as columns;
+    sweep_groups.csv, one row per (group, drafter): τ and speedup at the group's best K."""
     import pandas as pd
 
     rows = []
@@ -150,7 +151,13 @@ def write_sweep_csv(report: SweepReport, folder: str | Path) -> list[Path]:
         d.update({f"speedup_k{k}": v for k, v in enumerate(r.speedup_by_k, 1)})
         d["recommended"] = r.drafter == report.recommended
         rows.append(d)
-    return write_frames({"sweep": pd.DataFrame(rows)}, folder)
+    frames = {"sweep": pd.DataFrame(rows)}
+    if report.by_group:  # sweep_groups.csv: every drafter in every domain and category
+        cols = ["scope", "group", "positions", "drafter", "best_k", "tau_tokens", "speedup", "recommended"]
+        frames["sweep_groups"] = pd.DataFrame(
+            [[g.scope, g.group, g.positions, e.drafter, e.best_k, e.tau_tokens, e.speedup, e.drafter == g.recommended] for g in report.by_group for e in g.drafters], columns=cols,
+        )
+    return write_frames(frames, folder)
 
 
 def write_frames(frames: dict[str, Any], folder: str | Path) -> list[Path]:

@@ -506,5 +506,27 @@ def render_sweep_html(report: SweepReport) -> str:
         f'{" · τ and speedups " + esc(report.procedure) if report.procedure else ""}</div></div>'
         + _row(chart, "Teacher-forced estimates on one set of references; speedup(K) = τ(K) / (K·c + v_K), each drafter at its own timed cost ratio.",
                _table(head, body, row_class=lambda i: "best" if report.rows[i].drafter == best else ""), "Drafters")
+        + _sweep_groups_html(report)
     )
     return _page(f"specprobe sweep — {report.target}", body_html)
+
+
+def _sweep_groups_html(report: SweepReport) -> str:
+    """The fastest drafter in each domain or category (the scope the advice reads): every
+    drafter's speedup there at the K best for it, the fastest marked."""
+    scope = report.advice_scope()
+    groups = [g for g in report.by_group if g.scope == scope]
+    if not groups or len(report.rows) < 2:
+        return ""
+    names = [r.drafter for r in report.rows]
+    head = [scope, "tokens", "fastest", *names]
+    body = []
+    for g in groups:
+        by = {e.drafter: e for e in g.drafters}
+        body.append([g.group, f"{g.positions:,}", g.recommended or "–", *(f"{fnum(by[n].speedup, '.2f')}× (K={by[n].best_k})" if n in by and by[n].speedup is not None else "–" for n in names)])
+    said = "; ".join(f"{d} for {', '.join(gs)}" for d, gs in report.advice(scope))
+    return (
+        f'<section id="by-group"><h2>Fastest drafter by {esc(scope)}</h2>'
+        f'<p class="note">Use {esc(said)} (highest estimated speedup in each, each drafter at the K best there; confirm with specprobe simulate).</p>'
+        + _table(head, body) + "</section>"
+    )
