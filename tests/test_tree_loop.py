@@ -139,3 +139,92 @@ def test_sampled_tree_output_follows_target_distribution() -> None:
     p1, p2 = _exact_marginals(tgt, prompt, s)
     assert _chi2([o[0] for o in run.outputs], p1) > 1e-3
     assert _chi2([o[1] for o in run.outputs], p2) > 1e-3
+
+
+# ----------------------------------------------------------------------------- drafter kinds
+def _load(target, spec: str):
+    from specprobe.models.drafters import build_drafter, drafter_info
+    from specprobe.models.loader import load_model
+
+    t = load_model(str(target), device="cpu", dtype="float32")
+    return t, build_drafter(spec, t, info=drafter_info(spec, t.info))
+
+
+def _head_prompts(n: int = 5, seed: int = 5) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 284, (int(L),), generator=g).tolist() for L in torch.randint(3, 14, (n,), generator=g)]
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_pair, tmp_path_factory):
+    from tests.helpers import heads as hh
+
+    return hh.every_layout(tmp_path_factory.mktemp("tree-heads"), tiny_pair["target"], prefixed=True)
+
+
+def test_layer_skip_self_draft_tree_is_plain_decoding(tiny_pair) -> None:
+    t, d = _load(tiny_pair["target"], "self:layers=1")
+    prompts = _head_prompts()
+    plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
+    run = tl.speculate_tree(t.model, d.step_model(), prompts, shape=_tree("steps=3,topk=3,tokens=8"), target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
+    assert run.outputs == plain.outputs
+    assert run.counters.num_drafts > 0 and run.counters.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("name", ["eagle3-speculators", "eagle1", "mtp-deepseek", "medusa-fd-v2"])
+def test_head_tree_is_plain_decoding(layouts, name) -> None:
+    target, spec = layouts[name]
+    t, d = _load(target, spec)
+    prompts = _head_prompts()
+    text = "[[0], [1], [0, 0], [1, 0], [0, 1]]" if name.startswith("medusa") else "steps=3,topk=2,tokens=6"
+    plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
+    run = tl.speculate_tree(t.model, d, prompts, shape=_tree(text), target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
+    assert run.outputs == plain.outputs
+    c = run.counters
+    assert c.num_drafts > 0 and c.draft_calls > 0
+    assert c.verify_steps - c.num_drafts >= len(prompts)  # the prefill drafts nothing
+
+
+@pytest.mark.parametrize("name", ["eagle3-speculators", "eagle1", "mtp-deepseek"])
+def test_head_topk_one_is_the_chain_loop(layouts, name) -> None:
+    target, spec = layouts[name]
+    t, d = _load(target, spec)
+    prompts = _head_prompts()
+    chain = speculate(t.model, d, prompts, k=3, target_sampling=GREEDY, max_new_tokens=16, batch_size=3, procedure=SGLANG)
+    tree = tl.speculate_tree(t.model, d, prompts, shape=_tree("steps=3"), target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
+    assert tree.outputs == chain.outputs
+    a, b = chain.counters, tree.counters
+    assert (a.accepted_tokens, a.drafted_tokens, a.verify_steps) == (b.accepted_tokens, b.drafted_tokens, b.verify_steps)
+    assert b.accepted_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def oracles(tmp_path_factory):
+    """Heads whose depth-d distribution is the target's (tests/helpers/heads.py)."""
+    from tests.helpers import heads as hh
+
+    root = tmp_path_factory.mktemp("tree-oracles")
+    bg = hh.bigram_target(root / "bigram")
+    uni = hh.bigram_target(root / "uni", unigram=True)
+    return {
+        "eagle3": (bg, str(hh.eagle3_speculators(root / "e3s", bg, oracle=True, verifier="bigram"))),
+        "eagle1": (bg, str(hh.eagle1(root / "e1", bg, oracle=True))),
+        "medusa": (uni, str(hh.medusa_fasterdecoding(root / "mo", uni, heads=4, version=2, oracle=True))),
+        "mtp": (hh.target_with_mtp(root / "t-mtp", bg, "deepseek", oracle=True), "mtp"),
+    }
+
+
+@pytest.mark.parametrize(("name", "temperature"), [("eagle3", 0.0), ("eagle1", 0.0), ("medusa", 0.0), ("mtp", 0.0), ("eagle3", 0.8), ("eagle1", 0.8), ("mtp", 0.8)])
+def test_oracle_heads_accept_the_full_depth_of_a_tree(oracles, name, temperature) -> None:
+    """Every round after the prefill accepts all 4 depths. At T = 0 the rank-1 path is
+    the target's; at T = 0.8 the target sometimes samples the rank-2 child, and a chained
+    head fed its own state down that branch still drafts the target's next tokens."""
+    target, spec = oracles[name]
+    t, d = _load(target, spec)
+    prompts = _head_prompts()
+    run = tl.speculate_tree(t.model, d, prompts, shape=_tree("steps=4,topk=2,tokens=9"), target_sampling=Sampling(temperature=temperature), max_new_tokens=21, batch_size=3, seed=1)
+    c = run.counters
+    assert c.cumulative() == [1.0] * 4 and c.tau_tokens == 5.0, name
+    assert (c.num_drafts, c.verify_steps) == (4 * len(prompts), 5 * len(prompts)), name
+    assert all(len(o) == 21 for o in run.outputs), name
+    assert (c.by_rank[:, 1].sum() > 0) == (temperature > 0), name  # off the rank-1 branch
