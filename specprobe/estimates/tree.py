@@ -257,17 +257,14 @@ def rounds(shape: TreeShape, q: np.ndarray, accept: np.ndarray) -> TreeRounds:
 def tally(shape: TreeShape, nodes: Nodes, prob: np.ndarray) -> TreeRounds:
     """Sum the verified nodes' path probabilities by depth and by (depth, rank)."""
     n = prob.shape[0]
-    w = np.where(nodes.verified, prob, 0.0)
-    surv = np.zeros((shape.steps + 1, n))
-    surv[0] = 1.0
-    by_rank = np.zeros((shape.steps, shape.topk, n))
-    for d in range(1, shape.steps + 1):
-        at = nodes.depth == d
-        surv[d] = w[:, at].sum(axis=1)
-        for r in range(shape.topk):
-            sel = at & (nodes.rank == r)
-            if sel.any():
-                by_rank[d - 1, r] = w[:, sel].sum(axis=1)
+    w = np.where(nodes.verified, prob, 0.0)  # [n, M]
+    live = nodes.depth <= shape.steps
+    group = np.zeros((len(nodes.depth), shape.steps * shape.topk))  # node -> its (depth, rank) cell
+    idx = np.flatnonzero(live & (nodes.rank < shape.topk))
+    group[idx, (nodes.depth[idx] - 1) * shape.topk + nodes.rank[idx]] = 1.0
+    by_rank = (w @ group).reshape(n, shape.steps, shape.topk).transpose(1, 2, 0)  # [S, T, n]
+    surv = np.ones((shape.steps + 1, n))
+    surv[1:] = by_rank.sum(axis=1)
     return TreeRounds(np.clip(surv, 0.0, 1.0), by_rank)
 
 

@@ -185,7 +185,7 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
 
     by_length = long_context.attached(scored)
     if by_length is not None:  # --context-lengths: α, τ and decay by (domain, length); SP209 reads this table
-        sections["context_lengths"], length_metrics = by_length.section(metrics.get("best_k"), cfg.k_max)
+        sections["context_lengths"], length_metrics = by_length.section(metrics.get("best_k"), cfg.k_max, sections.get("cost"))
         metrics.update(length_metrics)
     if scored.nonfinite:  # the prompts SP107 names: left out of every other metric
         evidence = {**evidence, "nonfinite_logit_positions": scored.nonfinite}
@@ -322,7 +322,14 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "accept_threshold_single": cfg.accept_threshold_single,
         "accept_threshold_acc": cfg.accept_threshold_acc,
     }
+    trees = None
+    if scored.tree is not None and acc.num_positions:  # draft trees (probe.tree): priced as the chain is
+        from specprobe.probe.tree import tree_batch, tree_metrics, tree_section
+
+        trees = tree_section(scored.tree, c, priced.verify, tree_batch(cost, cfg.batch_size), cfg.verify_factor)
+        metrics.update(tree_metrics(trees, top))
     return {
+        "trees": trees,
         "metrics": metrics,
         "by_domain": dom,
         "by_category": acc.by_category(),

@@ -33,6 +33,7 @@ from specprobe.probe.scoring import Scored, score
 from specprobe.probe.served import FullTargetWhatIf, served_differently
 from specprobe.probe.shards import run_shard
 from specprobe.probe.timing import cost_block, timing_settings
+from specprobe.probe.tree import TreeCollector, wants_trees
 from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
 from specprobe.settings.pipeline import DiagnoseConfig
@@ -156,7 +157,10 @@ def run_diagnose(
         # a side served quantized: the drafter against the full-precision sides too (a second forward per batch)
         served = served_differently(target) or served_differently(getattr(drafter, "loaded", None))
         whatif = [FullTargetWhatIf(target, drafter, refs.encoded, refs.conts, pair.sampling, cfg.drafting, cfg.batch_size)] if served and drafter.kind in ("independent", "layer_skip") else []
-        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *extra])
+        trees = [TreeCollector(cfg, refs.items)] if wants_trees(cfg) else []
+        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *trees, *extra])
+        if trees:
+            scored.tree = trees[0].acc  # read by assemble.summarise
         if whatif:
             scored.served_whatif = whatif[0]  # read by assemble.build_result
         if by_length:

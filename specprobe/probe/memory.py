@@ -95,6 +95,7 @@ class Buffered:
         self.sinks = sinks
         self.held: list[tuple[Chunk, ChunkScores]] = []
         self.top_k = max((int(getattr(s, "top_k", 0) or 0) for s in sinks), default=0)
+        self.tree_width = max((int(getattr(s, "tree_width", 0) or 0) for s in sinks), default=0)
         self.probes: list[Probe] = [p for p in (getattr(s, "probe", None) for s in sinks) if p is not None]
         self.probe = self._probe if self.probes else None
 

@@ -32,6 +32,7 @@ from specprobe.metrics.blocked import on_workers
 from specprobe.metrics.core import align_vocab, position_metrics
 from specprobe.metrics.dispatch import Head, Scorer, case, pick
 from specprobe.metrics.sampling import llama_cpp_confidence
+from specprobe.metrics.tree import passing as tree_passing
 from specprobe.models.anatomy import capture_layers
 from specprobe.models.base import Drafter, TargetPass
 from specprobe.models.heads.chain import HeadDrafter
@@ -86,6 +87,9 @@ class ChunkScores:
     broken: np.ndarray | None = None
     # the head depths' greedy-draft acceptance p(argmax q) (0 before the sequence, as α)
     greedy_by_depth: dict[int, np.ndarray] = field(default_factory=dict)
+    # draft trees (`Collector.tree_width` > 0): depth -> (q [N, W], accept [N, W]), each
+    # depth's top-W draft candidates and their acceptance probabilities (metrics.tree)
+    tree: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 # A collector's probe sees the raw depth-1 logits of a chunk while they exist
@@ -326,6 +330,11 @@ def _wants(sinks: Sequence[Collector]) -> tuple[int, list[Probe]]:
     return top, [p for p in (getattr(s, "probe", None) for s in sinks) if p is not None]
 
 
+def _tree_width(sinks: Sequence[Collector]) -> int:
+    """The most tree candidates per depth a collector asks for (attribute `tree_width`)."""
+    return max((int(getattr(s, "tree_width", 0) or 0) for s in sinks), default=0)
+
+
 class SequenceCollector:
     """Feeds the accumulator one prompt's continuation at a time, and keeps the
     per-position rows (rounded to 6 digits) when asked."""
@@ -404,6 +413,7 @@ class Scored:
     nonfinite: list[str] = field(default_factory=list)  # prompts left out: NaN/inf logits (SequenceCollector)
     nonfinite_positions: int = 0
     served_whatif: Any = None  # a side served quantized: the full-precision what-if's collector (probe.served), read by assemble
+    tree: Any = None  # draft trees: the `metrics.tree.TreeAccumulator` (probe.tree), read by assemble
 
 
 def score(target: LoadedModel, drafter: Drafter, prompts: list[Prompt], encoded: list[list[int]], conts: list[list[int]], pair: SamplingPair, cfg: DiagnoseConfig, progress: Progress, collectors: Sequence[Collector] = ()) -> Scored:
@@ -452,6 +462,7 @@ def score_batch(target: LoadedModel, drafter: Drafter, idx: list[int], encoded: 
     head = target.head  # the LM head + the architecture's post-head transform (soft-capping, scaling)
     step = cfg.chunk_positions
     top, probes = _wants(sinks)
+    width = _tree_width(sinks)
     with torch.inference_mode(), capture_layers(target.model, drafter.target_layers_needed()) as captured:
         # the model's own forward (logits for the last position only: they re-prove `head`)
         tp = TargetPass(ids, mask, target.last_hidden(ids, mask), dict(captured))
@@ -471,11 +482,17 @@ def score_batch(target: LoadedModel, drafter: Drafter, idx: list[int], encoded: 
             drafts = ((d, draft_logits(feats[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in depths)  # [N, V'] each
             chunk = Chunk(prompt_of[c0 : c0 + step], t_np[c0 : c0 + step] + 1)
             passing, engine_conf = engine_confidence(drafts, cfg.confidence)
+            tree_seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+            if width:
+                passing, tree_seen = tree_passing(passing, tl, pair.target, width, vocab)
             scores = with_confidence(score_chunk(tl, passing, tt + 1, pair, top, probes, chunk, vocab), engine_conf)
+            scores.tree = tree_seen
             for d in beyond:
                 scores.alpha_by_depth[d] = np.zeros(len(chunk.prompt))
                 scores.greedy_by_depth[d] = np.zeros(len(chunk.prompt))
                 scores.confidence_by_depth[d] = np.zeros(len(chunk.prompt), dtype=np.float32)
+                if width:
+                    scores.tree[d] = (np.zeros((len(chunk.prompt), width)), np.zeros((len(chunk.prompt), width)))
             for s in sinks:
                 s.chunk(chunk, scores)
             del tl

@@ -1,0 +1,155 @@
+"""Draft trees in diagnose: the collector that feeds each reference's tree candidates to
+the `metrics.tree.TreeAccumulator`, and the result's tree section — the run's own tree
+(`--tree`, or the one an SGLang/TensorRT-LLM serving config verifies) and the best tree of
+the grid beside the best chain, each priced with the measured costs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from specprobe.estimates.costs import tree_factors, tree_round_cost
+from specprobe.estimates.tree import TreeShape
+from specprobe.metrics.tree import DEFAULT_WIDTH, TreeAccumulator, TreeSums
+from specprobe.prompts import Prompt
+from specprobe.settings.pipeline import TREE_ENGINES, DiagnoseConfig
+
+
+def wants_trees(cfg: DiagnoseConfig) -> bool:
+    """A run estimates trees when it is given one, or when its engine verifies trees."""
+    return cfg.tree is not None or cfg.engine in TREE_ENGINES
+
+
+class TreeCollector:
+    """A scoring `Collector` (with `tree_width`): one reference at a time into the
+    accumulator, the prompts whose logits were not numbers left out as the metrics leave
+    them out."""
+
+    def __init__(self, cfg: DiagnoseConfig, prompts: Sequence[Prompt]) -> None:
+        shape = cfg.tree_shape
+        self.tree_width = max(DEFAULT_WIDTH, shape.topk if shape is not None else 0)
+        self.acc = TreeAccumulator(cfg.k_max, self.tree_width, shape)
+        self.k_max = cfg.k_max
+        self.prompts = prompts
+        self._pending: list[tuple[Any, Any]] = []
+
+    def chunk(self, chunk: Any, scores: Any) -> None:
+        self._pending.append((chunk, scores))
+
+    def batch_done(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending or not pending[0][1].tree:
+            return
+        prompt = np.concatenate([c.prompt for c, _ in pending])
+        broken = np.concatenate([s.broken if s.broken is not None else np.zeros(len(c.prompt), dtype=np.int8) for c, s in pending])
+        depths = sorted(pending[0][1].tree)
+        q = {d: np.concatenate([s.tree[d][0] for _, s in pending]) for d in depths}
+        a = {d: np.concatenate([s.tree[d][1] for _, s in pending]) for d in depths}
+        # the first candidate is the drafter's argmax: its acceptance is the scorer's own
+        # p(argmax q), so the chain read off a tree (topk 1) is the chain estimate exactly
+        for d in depths:
+            g = [s.values["accept_prob_greedy_draft"] if d == 1 else s.greedy_by_depth.get(d) for _, s in pending]
+            if all(x is not None for x in g):
+                a[d] = a[d].copy()
+                a[d][:, 0] = np.concatenate([np.asarray(x, dtype=np.float64) for x in g])
+        cuts = [0, *(np.flatnonzero(np.diff(prompt)) + 1).tolist(), len(prompt)]
+        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+            if broken[lo:hi].any():
+                continue
+            # an autoregressive drafter predicts depth 1 only: every depth repeats it
+            qs = [q.get(d, q[depths[0]])[lo:hi] for d in range(1, self.k_max + 1)]
+            as_ = [a.get(d, a[depths[0]])[lo:hi] for d in range(1, self.k_max + 1)]
+            self.acc.add_sequence(qs, as_)
+
+
+def _row(shape: TreeShape, sums: TreeSums, cost: float, chain_cost: float | None = None) -> dict[str, Any]:
+    tau = sums.tau()
+    return {
+        **shape.to_dict(), "label": shape.label(),
+        "tau_tokens": _f(tau), "tau_window_tokens": _f(sums.tau_window()), "tokens_per_verify": _f(sums.tokens_per_verify()),
+        "round_cost": _f(cost), "speedup": _f(tau / cost if cost > 0 else math.nan),
+    }
+
+
+def _f(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 6)
+
+
+def tree_section(acc: TreeAccumulator, cost_ratio: float, verify: Sequence[float], batch_cost: dict[str, Any] | None, verify_factor: float | None = None) -> dict[str, Any]:
+    """The result's tree section: the run's tree (per-depth acceptance, per-rank shares,
+    its chain of the same depth), every grid tree's τ and speedup, and the best of each.
+    A round costs c·(1 + (S − 1)·w_T) + v_N (`costs.tree_round_cost`); with a given
+    --verify-factor v, (1 + c·(1 + (S − 1)·w_T))·v — the chain's (1 + K·c)·v at topk 1."""
+    verify_by_tokens: Any = list(verify)
+    width: Any = None
+    measured = False
+    if batch_cost:
+        v, w = tree_factors(batch_cost)
+        if v:
+            verify_by_tokens, measured = v, True
+        width = w or None
+    rows = []
+    for key, shape in acc.shapes.items():
+        sums = acc.sums[key]
+        if sums.rounds <= 0:
+            continue
+        if verify_factor is not None:
+            c = (1.0 + tree_round_cost(shape.steps, shape.topk, shape.tokens, cost_ratio, None, width) - 1.0) * verify_factor
+        else:
+            c = tree_round_cost(shape.steps, shape.topk, shape.tokens, cost_ratio, verify_by_tokens, width)
+        rows.append((shape, sums, _row(shape, sums, c)))
+    grid_rows = [r for s, _, r in rows if not s.static]
+    chains = [r for r in grid_rows if r["topk"] == 1]
+    trees = [r for r in grid_rows if r["topk"] > 1]
+
+    def best(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
+        ok = [r for r in rs if r["speedup"] is not None]
+        return max(ok, key=lambda r: (r["speedup"], -r["tokens"], -r["steps"])) if ok else None
+
+    out: dict[str, Any] = {
+        "grid": grid_rows, "best_tree": best(trees), "best_chain": best(chains),
+        "costs": (f"a round costs (1 + drafting)·{verify_factor:g} (--verify-factor)" if verify_factor is not None
+                  else "verify passes over the tree's tokens timed on the device" if measured
+                  else "the chain's verify passes, by token count; each drafting step over topk tokens costs one step"),
+    }
+    if acc.shape is not None:
+        own = acc.own
+        assert own is not None
+        row = next((r for s, _, r in rows if s == acc.shape), None)
+        if row is not None:
+            chain = next((r for r in chains if r["steps"] == acc.shape.steps), None)
+            out["tree"] = {**row, "depth_accept": [_f(x) for x in own.depth_accept()],
+                           "rank_shares": [[_f(x) for x in r] for r in own.rank_shares()],
+                           "chain_tau_tokens": chain["tau_tokens"] if chain else None, "chain_speedup": chain["speedup"] if chain else None}
+    return out
+
+
+def tree_batch(cost: dict[str, Any], batch_size: int) -> dict[str, Any] | None:
+    """The raw cost entry of the run's batch size (where the tree passes were timed)."""
+    batches = cost.get("batches") or []
+    return next((b for b in batches if int(b.get("batch_size", -1)) == batch_size), batches[0] if batches else None)
+
+
+def tree_metrics(section: dict[str, Any], best_chain_row: Any) -> dict[str, Any]:
+    """The catalogue metrics the tree rules read: the run's tree τ and speedup against its
+    chain of the same depth, the best tree of the grid against the best chain (K table's
+    best K), and how much of depth 1's acceptance the ranks past the first two add."""
+    own = section.get("tree") or {}
+    best_tree = section.get("best_tree") or {}
+    chain_speedup = best_chain_row.speedup if best_chain_row is not None and math.isfinite(best_chain_row.speedup) else None
+    shares = own.get("rank_shares") or []
+    tail = sum(x for x in shares[0][2:] if x is not None) if shares and len(shares[0]) > 2 else None
+    return {
+        "tree_tau_tokens": own.get("tau_tokens"),
+        "tree_speedup": own.get("speedup"),
+        "tree_chain_tau_tokens": own.get("chain_tau_tokens"),
+        "tree_topk": own.get("topk"),
+        "tree_tokens": own.get("tokens"),
+        "tree_rank_tail_share": _f(tail) if tail is not None else None,
+        "tree_speedup_vs_chain": _f(own["speedup"] / own["chain_speedup"]) if own.get("speedup") and own.get("chain_speedup") else None,
+        "tree_best_speedup": best_tree.get("speedup"),
+        "tree_best_vs_chain": _f(best_tree["speedup"] / chain_speedup) if best_tree.get("speedup") and chain_speedup else None,
+    }

@@ -1,0 +1,107 @@
+"""diagnose with draft trees on the tiny checkpoints: the tree section, the chain read off
+the grid equal to the K table, an identical drafter accepting the whole depth, static
+trees, the merge of tree sums, and the refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from specprobe.cli.main import app
+from specprobe.metrics.tree import TreeAccumulator
+from specprobe.probe.diagnose import run_diagnose
+from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
+from tests.helpers.tiny import prompts_file
+
+
+@pytest.fixture(scope="module")
+def pf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return prompts_file(tmp_path_factory.mktemp("tree-prompts") / "prompts.jsonl")
+
+
+def _cfg(tiny_pair: dict[str, Path], pf: Path, drafter: str, **kw: Any) -> DiagnoseConfig:
+    base: dict[str, Any] = dict(target=str(tiny_pair["target"]), drafter=drafter, prompts=str(pf), max_new_tokens=12, batch_size=4, k_max=4,
+                                cost_ratio=0.1, verify_factor=1.0, engine="sglang", tree="steps=3,topk=4,tokens=8")
+    return DiagnoseConfig(**{**base, **kw})
+
+
+def test_tree_section_and_the_chain_it_holds(tiny_pair: dict[str, Path], pf: Path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, pf, "self:layers=1", sampling=SamplingFlags(temperature=1.0)))
+    t = r.trees
+    assert t is not None and t.tree is not None
+    assert (t.tree.steps, t.tree.topk, t.tree.tokens) == (3, 4, 8)
+    assert len(t.tree.depth_accept) == 3 and len(t.tree.rank_shares) == 3
+    for shares in t.tree.rank_shares:
+        assert sum(x for x in shares if x is not None) == pytest.approx(1.0)
+    # the grid's chains (topk 1) are the K table: same renewal τ, same speedup
+    chains = {row.steps: row for row in t.grid if row.topk == 1}
+    for k in r.k_table:
+        assert chains[k.k].tau_tokens == pytest.approx(k.tau_renewal_tokens, abs=1e-6)
+        assert chains[k.k].speedup == pytest.approx(k.speedup, abs=1e-6)
+        assert chains[k.k].tau_window_tokens == pytest.approx(k.tau_tokens, abs=1e-6)
+    assert t.tree.chain_tau_tokens == pytest.approx(chains[3].tau_tokens)
+    # the whole tree (every expanded node verified) never accepts less than its chain
+    full = next(row for row in t.grid if (row.steps, row.topk, row.tokens) == (3, 4, 16))
+    assert full.tau_tokens >= chains[3].tau_tokens - 1e-9
+    assert t.best_tree is not None and t.best_chain is not None
+    assert r.metrics["tree_tau_tokens"] == pytest.approx(t.tree.tau_tokens)
+    assert r.metrics["tree_best_vs_chain"] is not None
+
+
+def test_identical_drafter_accepts_every_depth(tiny_pair: dict[str, Path], pf: Path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, pf, str(tiny_pair["twin"]), sampling=SamplingFlags(temperature=0.0)))
+    t = r.trees
+    assert t is not None and t.tree is not None
+    # greedy target, identical drafter: its rank-1 candidate is always the target's token
+    assert t.tree.depth_accept == pytest.approx([1.0, 1.0, 1.0])
+    assert t.tree.rank_shares[0][0] == pytest.approx(1.0)
+
+
+def test_static_tree(tiny_pair: dict[str, Path], pf: Path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, pf, "self:layers=1", tree="[[0],[1],[0,0],[0,1],[1,0],[0,0,0]]", sampling=SamplingFlags(temperature=1.0)))
+    t = r.trees
+    assert t is not None and t.tree is not None
+    assert t.tree.paths == [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    assert (t.tree.steps, t.tree.topk, t.tree.tokens) == (3, 2, 7)
+    assert 1.0 <= t.tree.tau_tokens <= 4.0
+
+
+def test_tree_sums_merge_by_adding() -> None:
+    rng = np.random.default_rng(3)
+    from specprobe.estimates.tree import parse
+
+    def seq(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        q = -np.sort(-rng.dirichlet(np.ones(10), size=n), axis=1)[:, :8]
+        a = rng.uniform(0, 0.3, size=(n, 8))
+        return [q] * 3, [a] * 3
+
+    seqs = [seq(n) for n in (9, 14, 20)]
+    whole = TreeAccumulator(3, 8, parse("steps=3,topk=4,tokens=8"))
+    for s in seqs:
+        whole.add_sequence(*s)
+    a, b = TreeAccumulator(3, 8, parse("steps=3,topk=4,tokens=8")), TreeAccumulator(3, 8, parse("steps=3,topk=4,tokens=8"))
+    a.add_sequence(*seqs[0])
+    for s in seqs[1:]:
+        b.add_sequence(*s)
+    merged = TreeAccumulator.from_state(a.to_state()).merge(b)
+    own_w, own_m = whole.own, merged.own
+    assert own_w is not None and own_m is not None
+    assert own_m.tau() == pytest.approx(own_w.tau(), abs=1e-12)
+    np.testing.assert_allclose(own_m.by_rank, own_w.by_rank, atol=1e-12)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--tree", "steps=3,topk=4,tokens=8"], "vLLM verifies chains"),
+    (["--tree", "steps=3,topk=4,tokens=99", "--engine", "sglang"], "does not fit"),
+    (["--tree", "steps=9,topk=2,tokens=8", "--engine", "sglang"], "deeper than --k-max"),
+    (["--tree", "steps=3,topk=2,tokens=8", "--engine", "sglang", "--accept-threshold-acc", "0.5"], "not estimated"),
+])
+def test_refusals_are_one_line(tiny_pair: dict[str, Path], args: list[str], words: str) -> None:
+    res = CliRunner().invoke(app, ["diagnose", str(tiny_pair["target"]), "self:layers=1", *args])
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert any(words in x for x in lines) and lines[0].startswith("error:")
