@@ -593,7 +593,7 @@ def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos:
             cols.append([u for u in range(blk.unseen) if uvalid[r][u]] + [blk.unseen + x for x in pc])
         tgt.valid[:, start:] &= keep
         src.accept(tree, paths, nxt, cols)
-        _count(run.counters, tree, verified, paths, shape)
+        _count(run.counters, tree, verified, paths, shape, cap)
         prop = Proposal.nothing(len(paths), shape.steps, tgt.device)
         for r, pth in enumerate(paths):
             if pth:
@@ -602,16 +602,20 @@ def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos:
         emit(batch, run, prop, n, torch.tensor(nxt, dtype=torch.long, device=tgt.device), eos)
 
 
-def _count(c: SimCounters, tree: Tree, verified: np.ndarray, paths: list[list[int]], shape: TreeShape) -> None:
-    """The chain's counters (a draft: a row's verify step with ≥ 1 node; depth d drafted:
-    a node at depth d verified) and the rank of each accepted node."""
+def _count(c: SimCounters, tree: Tree, verified: np.ndarray, paths: list[list[int]], shape: TreeShape, cap: np.ndarray) -> None:
+    """The chain's counters and the rank of each accepted node. A draft: a row's verify
+    step with ≥ 1 node; drafted tokens: the nodes verified; depth d drafted: a draft whose
+    tree could reach depth d (not cut by the budget), so r_d = accepted at d ÷ those is
+    the probability that a round accepts depth d, which the estimate sums to τ (a depth
+    the N − 1 best scores left out counts as not accepted), and topk = 1 counts as the
+    chain does."""
     drafted = verified.sum(axis=1)
     c.verify_steps += len(paths)
     c.num_drafts += int((drafted > 0).sum())
     c.drafted_tokens += int(drafted.sum())
     c.accepted_tokens += sum(len(p) for p in paths)
     for d in range(shape.steps):
-        c.drafted_at[d] += int((verified & (tree.depth == d + 1)[None, :]).any(axis=1).sum())
+        c.drafted_at[d] += int(((drafted > 0) & (cap > d)).sum())
     for p in paths:
         for d, j in enumerate(p):
             c.accepted_at[d] += 1
