@@ -233,3 +233,24 @@ def test_head_topk_one_is_the_chain_loop(oracles, name) -> None:
     a, b = chain.counters, tree.counters
     assert (a.accepted_tokens, a.drafted_tokens, a.verify_steps, a.draft_calls) == (b.accepted_tokens, b.drafted_tokens, b.verify_steps, b.draft_calls)
     assert 0 < b.accepted_tokens < b.drafted_tokens
+
+
+# ----------------------------------------------------------------------------- the pipeline
+def test_run_simulate_measures_the_tree(tiny_pair, tmp_path) -> None:
+    """`simulate --tree`: the tree is measured (its row at K = steps), with per-depth and
+    per-rank counts, and the calibration metrics keep their names."""
+    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
+    from specprobe.simulate import run_simulate
+    from tests.helpers.tiny import prompts_file
+
+    pf = prompts_file(tmp_path / "p.jsonl")
+    d = DiagnoseConfig(target=str(tiny_pair["target"]), drafter="self:layers=1", prompts=str(pf), max_new_tokens=12, batch_size=3, keep_positions=False, engine="sglang", tree="steps=3,topk=2,tokens=6")
+    r = run_simulate(SimulateConfig(d, ks=[1, 3]))
+    m = r.measured
+    assert [row.k for row in m.k_table] == [3] and m.tree is not None
+    t = m.tree
+    assert (t.steps, t.topk, t.tokens) == (3, 2, 6) and len(t.accepted_by_rank) == 3 and len(t.accepted_by_rank[0]) == 2
+    assert sum(map(sum, t.accepted_by_rank)) > 0 and t.num_drafts == m.k_table[0].num_drafts
+    assert t.tau_tokens == m.k_table[0].tau_tokens == r.metrics["tau_measured_tokens"]
+    assert r.metrics["tau_estimated_tokens"] == t.tau_estimate and t.tau_estimate is not None
+    assert "draft tree" in m.note

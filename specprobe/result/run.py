@@ -442,11 +442,30 @@ class MeasuredAdaptive(Part):
     num_drafts: int
 
 
+class MeasuredTree(Part):
+    """simulate --tree: the tree the real loop drafted and verified, and what it accepted."""
+
+    steps: int
+    topk: int
+    tokens: int = Field(description="Nodes verified per round, the root included.")
+    paths: list[list[int]] | None = None
+    label: str
+    tau_tokens: Num = Field(description="Measured τ: 1 + Σ_d r_d, r_d = rounds that accepted depth d ÷ rounds whose tree could reach it (bonus token included).")
+    tau_estimate: Num = Field(default=None, description="The estimate's τ of this tree (renewal; the chain's at K = steps where the estimate has no tree).")
+    mean_acceptance_length: Num = Field(default=None, description="1 + accepted ÷ rounds that drafted (budget-cut rounds included).")
+    depth_accept: list[Num] = Field(default_factory=list, description="r_d by depth, from 1.")
+    accepted_by_rank: list[list[int]] = Field(default_factory=list, description="[depth][rank]: accepted depth-d nodes that were their parent's rank-(r+1) candidate.")
+    rank_shares: list[list[Num]] = Field(default_factory=list, description="accepted_by_rank as shares of each depth's accepted nodes.")
+    num_drafts: int = 0
+    nodes_per_draft: Num = Field(default=None, description="Tree nodes verified per round that drafted.")
+
+
 class Measured(Part):
     """What the real draft→verify loop measured (simulate)."""
 
     k_table: list[MeasuredRow] = Field(default_factory=list)
     depth: MeasuredDepth | None = None
+    tree: MeasuredTree | None = Field(default=None, description="simulate --tree: the tree measured (its row in k_table sits at K = its depth).")
     baseline_tokens_per_s: Num = None
     baseline_wall_s: Num = None
     baseline_target_ms_per_step: Num = None

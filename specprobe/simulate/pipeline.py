@@ -29,6 +29,7 @@ from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.loop import speculate
 from specprobe.simulate.procedure import Procedure
 from specprobe.simulate.sources import is_head
+from specprobe.simulate.tree import speculate_tree
 
 
 def eos_ids(target: Any) -> set[int]:
@@ -86,9 +87,31 @@ def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, tuple
     }
 
 
+def tree_block(c: SimCounters, estimate: dict[int, tuple[float, float, float]]) -> dict[str, Any]:
+    """A tree run's own evidence: the tree, its measured τ beside the estimate's, and per
+    depth how often the accepted node was its parent's rank-1, 2, … candidate."""
+    shape = c.tree
+    by_rank = [[int(x) for x in row] for row in c.by_rank]
+    shares = [[x / sum(row) if sum(row) else None for x in row] for row in by_rank]
+    est = estimate.get(c.k, (nan, nan, nan))[0]
+    return {
+        **shape.to_dict(),
+        "label": shape.label(),
+        "tau_tokens": c.tau_tokens,
+        "tau_estimate": est,
+        "mean_acceptance_length": c.mean_acceptance_length,
+        "depth_accept": c.cumulative(),
+        "accepted_by_rank": by_rank,
+        "rank_shares": shares,
+        "num_drafts": c.num_drafts,
+        "nodes_per_draft": c.mean_k,
+    }
+
+
 def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, tuple[float, float, float]], procedure: Procedure | None = None) -> dict[str, Any]:
     """The result's "measured" block (depth indexed from 1; τ includes the bonus token);
-    its note says which draft-and-verify procedure the loop ran."""
+    its note says which draft-and-verify procedure the loop ran. A tree run (its counters
+    carry the tree) measures that tree alone: its row sits in k_table at K = its depth."""
     base_tps = baseline.tokens_per_s if baseline is not None else float("nan")
     k_rows = [_measured_row(c, base_tps, estimate) for c in runs if c.num_drafts]
     deepest = max((c for c in runs if c.num_drafts), key=lambda c: c.k, default=None)
@@ -117,14 +140,20 @@ def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adap
             "speedup": adaptive.tokens_per_s / base_tps if base_tps and base_tps > 0 else float("nan"),
             "num_drafts": adaptive.num_drafts,
         }
+    tree = next((c for c in runs if c.tree is not None and c.num_drafts), None)
+    how = (procedure or Procedure()).describe()
+    if tree is not None:
+        how = (f"a draft tree ({tree.tree.label()}) built from real drafter forwards on each candidate path (EAGLE-2's selection), verified in one target pass under a tree "
+               "attention mask: greedy, the child that is the target's argmax; sampled, SGLang's target-only tree sampling (children tried in order against one coin)")
     return {
         "k_table": k_rows,
         "depth": depth,
+        "tree": tree_block(tree, estimate) if tree is not None else None,
         "baseline_tokens_per_s": base_tps,
         "baseline_wall_s": baseline.wall_s if baseline is not None else None,
         "baseline_target_ms_per_step": 1e3 * baseline.target_s / baseline.target_calls if baseline is not None and baseline.target_calls else None,
         "adaptive": adapt,
-        "note": f"measured by real speculative decoding ({(procedure or Procedure()).describe()}) over the same prompts; τ includes the bonus token",
+        "note": f"measured by real speculative decoding ({how}) over the same prompts; τ includes the bonus token",
     }
 
 
@@ -155,6 +184,8 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     table = table or load_table([Path(p) for p in dcfg.rules])
     pair = pair or load_pair(dcfg, progress, vet=refuse_unsupported)  # refused before the target loads
     cfg = _fit_head(cfg, pair.drafter, progress)  # refuse what the live loop cannot run before the estimate
+    if dcfg.tree is not None and isinstance(pair.drafter, NgramDrafter):
+        raise ConfigError("--tree: an n-gram drafter drafts one chain, not a tree", "leave --tree out for an n-gram drafter")
     keep = None if on_partial is None else (lambda est: on_partial(simulate_result(est, cfg, None, table)))
     made: list[Any] = []  # the references diagnose made (none when a finished shard was reused)
     estimate = run_diagnose(dcfg, progress, table=table, pair=pair, on_partial=keep, on_references=made.append)
@@ -175,6 +206,12 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
         return simulate_result(estimate, cfg, None, table).model_copy(update={"interrupted": True})
     encoded = refs.encoded
     tau_estimate = estimate_by_k(estimate.k_table)
+    shape = dcfg.tree_shape
+    if shape is not None:
+        own = estimate.trees.tree if estimate.trees is not None else None
+        if own is not None and own.tau_tokens is not None:  # the tree's own estimate (else the chain's at K = its depth)
+            tau_estimate[shape.steps] = (own.tau_tokens, own.tau_window_tokens if own.tau_window_tokens is not None else nan, own.speedup if own.speedup is not None else nan)
+        progress.note(f"--tree: the tree {shape.label()} is measured, not the chains of --k")
     # the engine's own procedure, so the measurement is what that engine would measure
     procedure = Procedure.of(dcfg.engine, dcfg.drafting, n_min=dcfg.draft_n_min, p_min=dcfg.draft_p_min, thresholds=dcfg.thresholds)
     kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size, "procedure": procedure}
@@ -189,13 +226,18 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
             baseline = run.counters
             with progress.task(f"plain target decoding (baseline, {n} prompts)", n) as advance:
                 speculate(target.model, None, encoded, k=0, run=run, advance=advance, **kw)
+        if shape is not None:
+            run = SimRun(SimCounters(shape.steps))
+            runs.append(run.counters)
+            with progress.task(f"tree speculative decoding {shape.label()} ({n} prompts)", n) as advance:
+                speculate_tree(target.model, step, encoded, shape=shape, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=dcfg.seed, batch_size=dcfg.batch_size, run=run, advance=advance)
         # an n-gram drafter drafts its own length (vLLM's ngram without k=: each K)
-        for k in sorted({drafter.max_draft(k) for k in cfg.ks}) if ngram else cfg.ks:
+        for k in [] if shape is not None else sorted({drafter.max_draft(k) for k in cfg.ks}) if ngram else cfg.ks:
             run = SimRun(SimCounters(k, early_stop=procedure.p_min > 0 or procedure.n_min > 1))
             runs.append(run.counters)
             with progress.task(f"speculative decoding K={k} ({n} prompts)", n) as advance:
                 speculate(target.model, step, encoded, k=k, run=run, advance=advance, **kw)
-        if cfg.adaptive_threshold is not None and not ngram:  # a deterministic draft's confidence is 1
+        if cfg.adaptive_threshold is not None and not ngram and shape is None:  # a deterministic draft's confidence is 1
             run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
             adaptive = run.counters
             knob = BY_ENGINE[dcfg.engine].adaptive_knob  # the engine's own flag, where it has one
