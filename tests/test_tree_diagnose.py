@@ -105,3 +105,32 @@ def test_refusals_are_one_line(tiny_pair: dict[str, Path], args: list[str], word
     assert res.exit_code == 2, res.output
     lines = [x for x in res.output.splitlines() if x.strip()]
     assert any(words in x for x in lines) and lines[0].startswith("error:")
+
+
+def test_serving_configs_name_their_tree(tmp_path: Path) -> None:
+    from specprobe.settings.options import merge
+    from tests.test_serving import _params
+
+    sg = tmp_path / "sglang.yaml"
+    sg.write_text("model-path: /m/llama\nspeculative-algorithm: EAGLE3\nspeculative-draft-model-path: /m/eagle3\n"
+                  "speculative-num-steps: 3\nspeculative-eagle-topk: 4\nspeculative-num-draft-tokens: 8\n")
+    opts = merge("diagnose", _params("diagnose", serving_config=[sg]), {"serving_config"})
+    assert opts.values["engine"] == "sglang"
+    assert opts.values["tree"] == "steps=3,topk=4,tokens=8"
+    assert opts.origins["tree"].endswith("speculative-eagle-topk")
+    chain = tmp_path / "chain.yaml"
+    chain.write_text("model-path: /m/llama\nspeculative-algorithm: EAGLE3\nspeculative-draft-model-path: /m/eagle3\n"
+                     "speculative-num-steps: 3\nspeculative-eagle-topk: 1\nspeculative-num-draft-tokens: 4\n")
+    assert merge("diagnose", _params("diagnose", serving_config=[chain]), {"serving_config"}).values["tree"] is None
+    trt = tmp_path / "extra.yaml"
+    trt.write_text("speculative_config:\n  decoding_type: Eagle\n  max_draft_len: 3\n  speculative_model_dir: /m/eagle\n"
+                   "  eagle_choices: [[0], [1], [0, 0], [0, 1], [0, 0, 0]]\n")
+    opts = merge("diagnose", _params("diagnose", serving_config=[trt]), {"serving_config"})
+    assert opts.values["tree"] == "[[0],[1],[0,0],[0,1],[0,0,0]]"
+    dyn = tmp_path / "dyn.yaml"
+    dyn.write_text("speculative_config:\n  decoding_type: Eagle\n  max_draft_len: 4\n  speculative_model_dir: /m/eagle\n"
+                   "  use_dynamic_tree: true\n  dynamic_tree_max_topK: 3\n  max_total_draft_tokens: 15\n")
+    assert merge("diagnose", _params("diagnose", serving_config=[dyn]), {"serving_config"}).values["tree"] == "steps=4,topk=3,tokens=16"
+    # a typed --tree wins over the file's
+    typed = merge("diagnose", _params("diagnose", serving_config=[sg], tree="steps=2,topk=2,tokens=4"), {"serving_config", "tree"})
+    assert typed.values["tree"] == "steps=2,topk=2,tokens=4"

@@ -14,6 +14,7 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.core.interrupts import shielded
 from specprobe.core.progress import Progress
+from specprobe.estimates.tree import TreeShape
 from specprobe.judge.rules import RuleTable, load_table
 from specprobe.models.drafters import build_drafter, drafter_info
 from specprobe.models.loader import check_paths, load_info, load_model
@@ -32,7 +33,7 @@ from specprobe.probe.references import (  # noqa: F401  (encode_prompt, load_pro
 from specprobe.probe.scoring import Scored, score
 from specprobe.probe.served import FullTargetWhatIf, served_differently
 from specprobe.probe.shards import run_shard
-from specprobe.probe.timing import cost_block, timing_settings
+from specprobe.probe.timing import cost_block, timing_settings, tree_grid
 from specprobe.probe.tree import TreeCollector, wants_trees
 from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
@@ -184,7 +185,9 @@ def run_diagnose(
         refs, scored, record_cost = run_shard(cfg, pair, header, metrics, ids, progress, references_and_scores, drafter.kind, align.evidence, drill_every)
     # costs are timed at the context these prompts reach, within a budget set by the
     # scoring's time (a shard reused from disk: this run's time)
-    timing = timing_settings(cfg, refs.encoded, refs.conts, sum(scoring_s) if scoring_s else time.perf_counter() - t0)
+    # a run estimating trees also times the tree's passes (its own N and topk, and the grid's)
+    tree_n, tree_w = tree_grid(cfg.tree_shape or (TreeShape(1, 1, 2) if wants_trees(cfg) else None))
+    timing = timing_settings(cfg, refs.encoded, refs.conts, sum(scoring_s) if scoring_s else time.perf_counter() - t0, tree_n, tree_w)
     second_press = scored.second_press
 
     # 4. cost: the drafter's price per step, then estimates and rules

@@ -34,7 +34,7 @@ from specprobe.settings.model import (
     from_text,
 )
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags, SimulateConfig
-from specprobe.settings.serving import ServingConfig, read_serving_config
+from specprobe.settings.serving import ServingConfig, read_serving_config, tree_setting
 
 # where effective_sampling() files each sampling setting: a draft_* one under "draft.", the rest under "target."
 SAMPLING_SLOT = {k: ("draft." + k[len("draft_"):]) if k.startswith("draft_") else "target." + k for k in SAMPLING}
@@ -234,6 +234,11 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
             sv_knob = next((sv for sv in servings if sv.engine == engine and sv.extra.get(knob) is not None), None)
             if sv_knob is not None:
                 values[p], origins[p] = sv_knob.extra[knob], sv_knob.where(knob)
+    if unset("tree") and values.get("engine") in ("sglang", "trtllm"):
+        # the tree an SGLang launch or a TensorRT-LLM decoding config verifies
+        trees = [t for t in (tree_setting(sv) for sv in servings if sv.engine == values.get("engine")) if t is not None]
+        if trees:
+            values["tree"], origins["tree"] = trees[0]
     for p, of in (("target", lambda sv: sv.target), ("drafter", lambda sv: sv.drafter_spec)):
         if p in values and values[p] is None:
             first = next((sv for sv in servings if of(sv)), None)

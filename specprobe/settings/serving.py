@@ -166,13 +166,19 @@ _LLAMA_NGRAM_KNOBS = {
 def _ngram_spec(sv: ServingConfig) -> str | None:
     """The n-gram drafter an engine's config runs, as specprobe's drafter spec
     (specprobe.models.ngram): vLLM's prompt lookup with its prompt_lookup_min/max and K,
-    llama-server's ngram-* types with their --spec-ngram-* knobs; None for what specprobe
-    does not implement (vLLM's suffix decoding, SGLang's NGRAM)."""
+    llama-server's ngram-* types with their --spec-ngram-* knobs, vLLM's suffix decoding
+    with its suffix_decoding_* knobs; None for what specprobe does not implement (SGLang's
+    NGRAM)."""
     if sv.engine == VLLM and sv.method in ("ngram", "ngram_gpu"):
         knobs = [f"{name}={int(sv.extra[key])}" for name, key in (("min", "prompt_lookup_min"), ("max", "prompt_lookup_max")) if sv.extra.get(key) is not None]
         if sv.num_speculative_tokens is not None:
             knobs.append(f"k={sv.num_speculative_tokens}")
         return "ngram" + (":" + ",".join(knobs) if knobs else "")
+    if sv.engine == VLLM and sv.method == "suffix":  # suffix decoding: its suffix_decoding_* knobs
+        knobs = [f"{name}={sv.extra[f'suffix_decoding_{name}']}" for name in ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob") if sv.extra.get(f"suffix_decoding_{name}") is not None]
+        if sv.num_speculative_tokens is not None:
+            knobs.append(f"k={sv.num_speculative_tokens}")
+        return "suffix" + (":" + ",".join(knobs) if knobs else "")
     if sv.engine == LLAMA_CPP:
         types = [t for t in str(sv.extra.get("spec_type") or sv.method or "").split(",") if t in _LLAMA_NGRAM_KNOBS]
         if not types or any(t.startswith("draft") for t in str(sv.extra.get("spec_type") or "").split(",")):
@@ -850,11 +856,44 @@ def describe_serving(sv: ServingConfig) -> str:
     return f"{sv.source.name} ({engine}): drafter {sv.drafter or 'none'}{method}, {k}{drafting}, {sampling}"
 
 
+def tree_setting(sv: ServingConfig) -> tuple[str, str] | None:
+    """The `--tree` value a serving config verifies, and where it was written, or None for
+    a chain: SGLang's speculative-eagle-topk > 1 with its num_steps and num_draft_tokens;
+    TensorRT-LLM's static `eagle_choices` / `medusa_choices` (rank paths), or its
+    `use_dynamic_tree` with `dynamic_tree_max_topK`, `max_draft_len` (depth) and
+    `max_total_draft_tokens` (nodes, the root not counted)."""
+    from specprobe.settings.values import parse_tree
+
+    if sv.engine == SGLANG:
+        topk, tokens, steps = sv.extra.get("speculative_eagle_topk"), sv.extra.get("speculative_num_draft_tokens"), sv.num_speculative_tokens
+        if topk is None or int(topk) <= 1 or tokens is None or steps is None:
+            return None
+        where = sv.where("speculative_eagle_topk")
+        return parse_tree(f"steps={steps},topk={topk},tokens={tokens}", where), where
+    if sv.engine != TRTLLM:
+        return None
+    for key in ("eagle_choices", "medusa_choices"):
+        choices = sv.extra.get(key)
+        if choices:
+            text = choices if isinstance(choices, str) else json.dumps(choices)
+            return parse_tree(text, f"{sv.source.name}: {key}"), f"{sv.source.name}: {key}"
+    if _truthy(sv.extra.get("use_dynamic_tree")) and sv.extra.get("dynamic_tree_max_topK") and sv.num_speculative_tokens:
+        total = sv.extra.get("max_total_draft_tokens")
+        if total is None:
+            return None
+        where = f"{sv.source.name}: use_dynamic_tree"
+        return parse_tree(f"steps={sv.num_speculative_tokens},topk={int(sv.extra['dynamic_tree_max_topK'])},tokens={int(total) + 1}", where), where
+    return None
+
+
 def served_tree(sv: ServingConfig) -> str | None:
     """The draft tree a serving config verifies, in words, or None for a chain: SGLang's
     EAGLE/STANDALONE with speculative-eagle-topk > 1 drafts topk candidates per step, num_steps
     deep, and verifies num_draft_tokens of them in one pass (topk 1 and num_draft_tokens
     num_steps + 1 is the chain). specprobe's estimates are a chain's."""
+    if sv.engine == TRTLLM:
+        tree = tree_setting(sv)
+        return None if tree is None else f"{tree[0]} ({tree[1].split(': ', 1)[-1]}); diagnose estimates this tree"
     if sv.engine != SGLANG:
         return None
     topk = sv.extra.get("speculative_eagle_topk")
@@ -866,5 +905,7 @@ def served_tree(sv: ServingConfig) -> str | None:
     parts = [f"depth {steps} ({where['k']})" if steps else "depth not set", f"{topk} candidates per step ({where['speculative_eagle_topk']})"]
     if tokens is not None:
         parts.append(f"{tokens} tokens verified ({where['speculative_num_draft_tokens']})")
-    return ", ".join(parts) + "; specprobe estimates the chain of its top candidates (K = depth)"
+    if tokens is None or not steps:
+        return ", ".join(parts) + "; set the missing knob to estimate this tree (specprobe estimates the chain of its top candidates meanwhile)"
+    return ", ".join(parts) + f"; diagnose estimates this tree (--tree steps={steps},topk={topk},tokens={tokens})"
 
