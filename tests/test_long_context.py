@@ -125,3 +125,58 @@ def test_two_shards_merged_give_the_one_shot_context_length_table(tiny_pair: Any
     # each shard scored only part of the lengths' prompts
     parts = [json.loads((tmp_path / f"part{i}.json").read_text()) for i in range(2)]
     assert sorted(p["accumulator"]["num_prompts"] for p in parts) == [2, 4] and all(len(p["length_of"]) == 6 for p in parts)
+
+
+def test_costs_are_timed_at_each_lengths_own_context_from_one_prefill_within_the_cap() -> None:
+    from specprobe.estimates import costs
+    from specprobe.probe import timing
+    from tests.test_timing_budget import FakeClock, Watch, _pair
+
+    t, d, target, drafter = _pair()
+    tw, dw = Watch(t), Watch(d)
+    raw = timing.cost_block(target, drafter, None, k_max=3, batch_sizes=[1, 2], context_tokens=150, budget_s=0.0,
+                            length_contexts={64: 70, 256: 262}, length_batch=2)
+    assert [(x["length"], x["batch_size"], x["context_tokens"]) for x in raw["by_length"]] == [(64, 2, 70), (256, 2, 262)]
+    assert all(x["repeats"] == costs.MIN_REPEATS and x["draft_ratios"] for x in raw["by_length"])
+    # one prefill per model; every timed pass at batch 2 ran over the typical context or a length's own
+    assert len([c for c in tw.calls if c[1] > 4]) == 1 and len([c for c in dw.calls if c[1] > 4]) == 1
+    assert {c[2] for c in tw.calls if c[1] <= 4 and c[0] == 2} == {150, 70, 262} and {c[2] for c in tw.calls if c[1] <= 4 and c[0] == 1} == {150}
+    sec = costs.price(raw, cumulative=[0.8, 0.6, 0.5], alpha_mean=0.8, renewal=None, k_max=3, batch_size=2).section
+    assert [x["length"] for x in sec["by_length"]] == [64, 256] and all(x["source"] == "timed at this length's context" for x in sec["by_length"])
+    assert all(len(x["round_costs"]) == 3 for x in sec["by_length"])
+    from specprobe.result.run import Cost
+
+    Cost(**sec)
+    # the same cap: a slow model leaves the longest length untimed, said so, and priced at the run's costs
+    clock = FakeClock()
+    t, d, target, drafter = _pair()
+    Watch(t, clock, per_row=1.0), Watch(d, clock, per_row=0.3)
+    raw = timing.cost_block(target, drafter, None, k_max=3, batch_sizes=[1], context_tokens=40, budget_s=4.0, cap_s=14.0, clock=clock,
+                            length_contexts={64: 70, 128: 134, 256: 262}, length_batch=1)
+    assert raw["elapsed_s"] <= 14.0 + 4.0
+    cut = [x for x in raw["by_length"] if not x["repeats"]]
+    assert cut and cut[-1]["length"] == 256 and "past the 14.0 s cap" in (cut[-1]["skipped"] or "")
+    sec = costs.price(raw, cumulative=[0.8, 0.6, 0.5], alpha_mean=0.8, renewal=None, k_max=3, batch_size=1).section
+    last = sec["by_length"][-1]
+    assert last["source"].startswith("not timed at this length") and last["round_costs"] == [r["round_cost"] for r in sec["batches"][0]["rows"]]
+
+
+def test_each_lengths_speedup_uses_its_own_costs(tiny_pair: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specprobe.estimates import costs
+
+    monkeypatch.setattr(costs, "MIN_BUDGET_S", 20.0)  # a tiny model scores in a blink: room for every length's timing
+    out = tmp_path / "r.json"
+    prompts = prompts_file(tmp_path / "p.jsonl", n=6, words=8)
+    res = runner.invoke(app, [
+        "diagnose", str(tiny_pair["target"]), str(tiny_pair["random"]), "--prompts", str(prompts), "--context-lengths", "64,256",
+        "--max-new-tokens", "12", "--k-max", "3", "--json", str(out), "--fail-on", "never",
+    ])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    by_len = {x["length"]: x for x in r["cost"]["by_length"]}
+    assert set(by_len) == {64, 256} and by_len[256]["context_tokens"] > by_len[64]["context_tokens"] >= 64
+    assert all(x["repeats"] >= 1 and x["source"] == "timed at this length's context" for x in by_len.values())
+    for x in r["context_lengths"]:
+        own = by_len[x["context_tokens"]]
+        assert x["round_cost"] == pytest.approx(own["round_costs"][x["k"] - 1]) and x["cost_ratio"] == pytest.approx(own["cost_ratio"])
+        assert x["speedup"] == pytest.approx(x["tau_tokens"] / x["round_cost"]) and 1 <= x["best_k"] <= 3 and x["costs_source"]

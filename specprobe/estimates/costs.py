@@ -350,6 +350,7 @@ def price(
         "skipped": list(raw.get("skipped", [])),
         "batches": batches,
         "notes": list(raw.get("notes", [])),
+        "by_length": length_costs(raw, k_max, cost_ratio, verify_factor, head),
         "tree_mask": (raw.get("tree") or {}).get("mask"),
         "tree_verify": next((b["tree_verify"] for b in batches if head is not None and b["batch_size"] == head.batch_size), []),
         "draft_width": next((b["draft_width"] for b in batches if head is not None and b["batch_size"] == head.batch_size), []),
@@ -372,6 +373,33 @@ def price(
     }
     verify = [r.verify_factor for r in head.rounds] if head else []
     return Priced(ktab, best, c, verify, section, metrics)
+
+
+def length_costs(raw: Mapping[str, Any], k_max: int, cost_ratio: float | None, verify_factor: float | None, head: BatchCosts | None) -> list[dict[str, Any]]:
+    """--context-lengths: per prompt length, the round cost for every K from the timings
+    at that length's own context (`raw["by_length"]`), the overrides applied; a length the
+    cap or the memory left untimed takes the run's headline costs (`head`, the prompts'
+    typical context) and says so in `source`."""
+    out = []
+    entries = list(raw.get("by_length") or [])
+    tables = cost_tables({"batches": entries, **{k: v for k, v in raw.items() if k not in ("batches", "by_length")}}, k_max, cost_ratio, verify_factor)
+    for e, t in zip(entries, tables, strict=False):
+        timed = bool(e.get("repeats"))
+        use = t if timed or head is None else head
+        out.append({
+            "length": int(e["length"]),
+            "batch_size": int(e["batch_size"]),
+            "context_tokens": e.get("context_tokens"),
+            "repeats": int(e.get("repeats") or 0),
+            "target_step": e.get("target_step"),
+            "draft_step": e.get("draft_step"),
+            "cost_ratio": use.cost_ratio,
+            "verify_factors": [rc.verify_factor for rc in use.rounds],
+            "round_costs": [rc.cost for rc in use.rounds],
+            "source": "timed at this length's context" if timed else f"not timed at this length ({e.get('skipped') or 'no repeat finished'}): the run's costs at {raw.get('context_tokens')} tokens",
+            "skipped": e.get("skipped"),
+        })
+    return out
 
 
 def tree_rows(raw: Mapping[str, Any], batch: Mapping[str, Any], chain_verify: Sequence[float]) -> dict[str, list[dict[str, Any]]]:

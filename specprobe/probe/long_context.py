@@ -170,11 +170,14 @@ class LengthCollector:
         for s in self.sinks.values():
             s.batch_done()
 
-    def section(self, best_k: int | None, k_max: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def section(self, best_k: int | None, k_max: int, cost: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """-> (rows: per domain and 'all', per length: prompts, positions, α (Σ min(p, q)),
-        the engine's acceptance, τ at the run's best K and α ÷ α at the shortest length;
-        the metrics: accept_prob_long_context_ratio from this table)."""
+        the engine's acceptance, τ at the run's best K and α ÷ α at the shortest length,
+        and — with the run's cost section — the round cost and speedup at that K from the
+        costs timed at the length's own context (the verify pass grows with it), and the
+        best K there; the metrics: accept_prob_long_context_ratio from this table)."""
         k = best_k or k_max
+        priced = _length_prices(cost)
         by_domain: dict[str, dict[int, Accumulator]] = {}
         for (n, d), acc in self.accs.items():
             if acc.num_positions:
@@ -198,6 +201,7 @@ class LengthCollector:
                     "accept_prob_mean": a, "accept_prob_engine_mean": float(s["accept_prob_engine_mean"]),
                     "k": k, "tau_tokens": float(tau[k - 1]) if len(tau) >= k else None,
                     "decay": a / base if base else None,
+                    **_speedups([float(x) for x in tau], k, priced.get(n, priced.get(0))),
                 })
             if domain != "all" and len(accs) >= 2:
                 first, last = accs[min(accs)], accs[max(accs)]
@@ -208,6 +212,40 @@ class LengthCollector:
                     den += w
         ratio = num / den if den else math.nan
         return rows, ({"accept_prob_long_context_ratio": ratio} if den else {})
+
+
+def _length_prices(cost: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """The cost section -> prompt length -> {round_costs per K, cost_ratio, source}; key 0:
+    the run's headline costs, for a length not timed on its own (or costs given)."""
+    if not cost:
+        return {}
+    out: dict[int, dict[str, Any]] = {}
+    head = next((b for b in cost.get("batches") or [] if b.get("batch_size") == cost.get("batch_size")), None)
+    if head is not None and head.get("rows"):
+        src = "the run's costs at its typical context" if cost.get("measured") else "the run's costs (given, not timed per length)"
+        out[0] = {"round_costs": [r.get("round_cost") for r in head["rows"]], "cost_ratio": head.get("cost_ratio"), "source": src}
+    for x in cost.get("by_length") or []:
+        out[int(x["length"])] = {"round_costs": list(x.get("round_costs") or []), "cost_ratio": x.get("cost_ratio"), "source": x.get("source")}
+    return out
+
+
+def _speedups(tau: Sequence[float], k: int, price: dict[str, Any] | None) -> dict[str, Any]:
+    """τ(K) at one length over that length's round costs: the speedup at the run's K and the
+    best K there (empty without costs)."""
+    if not price:
+        return {}
+    rc = price["round_costs"]
+    sp = [t / r if r and not math.isnan(t) and r is not None and not math.isnan(r) else math.nan for t, r in zip(tau, rc, strict=False)]
+    valid = [(s, j + 1) for j, s in enumerate(sp) if not math.isnan(s)]
+    best = max(valid, key=lambda x: (x[0], -x[1])) if valid else None
+    return {
+        "cost_ratio": price.get("cost_ratio"),
+        "round_cost": rc[k - 1] if len(rc) >= k else None,
+        "speedup": sp[k - 1] if len(sp) >= k else None,
+        "best_k": best[1] if best else None,
+        "speedup_best": best[0] if best else None,
+        "costs_source": price.get("source"),
+    }
 
 
 def _copy(acc: Accumulator) -> Accumulator:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from specprobe.estimates.costs import (
@@ -37,6 +37,7 @@ from specprobe.estimates.costs import (
 )
 from specprobe.models.base import TargetPass
 from specprobe.models.kvcache import Stream, crop, sync
+from specprobe.settings.lengths import label
 
 PREFILL_TOKENS = 256  # one prefill of this many tokens per model; the rest of the context repeats it
 PREFILL_SHARE = 0.5  # a real (chunked) prefill may take at most this share of the cap
@@ -60,6 +61,8 @@ def cost_block(
     clock: Clock = time.perf_counter,
     tree_tokens: Sequence[int] = (),
     tree_widths: Sequence[int] = (),
+    length_contexts: Mapping[int, int] | None = None,
+    length_batch: int | None = None,
 ) -> dict[str, Any]:
     """Time what the cost model needs at each batch size — nothing when both the cost
     ratio (`given`) and the verify factor are given — and return the raw cost entry:
@@ -71,7 +74,13 @@ def cost_block(
     cap: the target's pass over N tokens for each N in `tree_tokens` under a tree attention
     mask (`tree_parents`), and the drafter's pass over T tokens for each T > 1 in
     `tree_widths` (the T beams of one step), as a factor of its one-token step. Empty (the
-    default): nothing more is timed, as for a chain."""
+    default): nothing more is timed, as for a chain.
+
+    length_contexts (--context-lengths: prompt length -> the context its decode steps see):
+    after the batch sizes, the run's batch size (`length_batch`, else the smallest) is
+    timed again over each length's own context, from the same prefill and within the same
+    cap, in `raw["by_length"]`, so each length's speedup uses its own costs."""
+    length_contexts = {int(k): int(v) for k, v in (length_contexts or {}).items()}
     need_draft, need_verify = given is None, verify_factor is None
     tree_n = sorted({int(n) for n in tree_tokens if int(n) >= 1})
     tree_w = sorted({int(w) for w in tree_widths if int(w) > 1}) if need_draft else []
@@ -95,41 +104,51 @@ def cost_block(
     raw["memory_bytes"] = allowed()
     start = clock()
     batches: list[dict[str, Any]] = []
+    by_length: list[dict[str, Any]] = []
     with torch.inference_mode():
         gen = torch.Generator().manual_seed(0)
         step = drafter.step_model() if need_draft else None
-        ctx = _Caches(target.model, step, context_tokens, target.device, gen, clock, start + PREFILL_SHARE * cap_s)
+        longest = max([context_tokens, *length_contexts.values()])
+        ctx = _Caches(target.model, step, longest, target.device, gen, clock, start + PREFILL_SHARE * cap_s)
         raw["prefill_tokens"], raw["method"] = ctx.prefilled, ctx.method()
-        if ctx.context < context_tokens:
-            raw["notes"].append(f"timed over {ctx.context} tokens of context, not {context_tokens}: a longer prefill would not fit the cap")
+        main = min(context_tokens, ctx.context)
+        if main < context_tokens:
+            raw["notes"].append(f"timed over {main} tokens of context, not {context_tokens}: a longer prefill would not fit the cap")
         per_row = ctx.bytes_per_token()
+        # the jobs, each a batch size over a context: every batch size at the prompts' typical
+        # context, then (--context-lengths) the run's batch size at each length's own
+        jobs: list[tuple[int, int, int | None]] = [(b, main, None) for b in sizes]
+        jobs += [(length_batch or sizes[0], min(c, ctx.context), n) for n, c in sorted(length_contexts.items())]
         prev: tuple[int, float] | None = None  # (batch size, seconds per round) of the last one timed
-        for j, b in enumerate(sizes):
+        for j, (b, want, at) in enumerate(jobs):
+            name = f"batch size {b}" if at is None else f"context length {label(at)} (batch size {b})"
+            out = batches if at is None else by_length
             spent = clock() - start
             allowance = allowed()
-            length = ctx.context if allowance is None or per_row <= 0 else min(ctx.context, int(allowance / (TRANSIENT * b * per_row)))
+            length = want if allowance is None or per_row <= 0 else min(want, int(allowance / (TRANSIENT * b * per_row)))
             why = None
-            if length < min(MIN_CONTEXT, ctx.context):
-                why = f"batch size {b}: not timed — {b} rows of cache would not fit the memory the scoring used"
+            if length < min(MIN_CONTEXT, want):
+                why = f"{name}: not timed — {b} rows of cache would not fit the memory the scoring used"
             elif prev is not None and spent + 2 * prev[1] * b / prev[0] > cap_s:  # warm-up + one repeat, scaled from the last
-                why = f"batch size {b}: not timed — its first round, about {2 * prev[1] * b / prev[0]:.1f} s, would end past the {cap_s:.1f} s cap"
+                why = f"{name}: not timed — its first round, about {2 * prev[1] * b / prev[0]:.1f} s, would end past the {cap_s:.1f} s cap"
             if why is not None:
                 raw["skipped"].append(why)
                 raw["stopped_by_budget"] = raw["stopped_by_budget"] or "cap" in why
-                batches.append({"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": [], "context_tokens": None, "skipped": why})
+                out.append({"batch_size": b, "length": at, "repeats": 0, "draft_ratios": [], "verify_ratios": [], "context_tokens": None, "skipped": why})
                 continue
-            if length < ctx.context:
-                raw["notes"].append(f"batch size {b}: timed over {length} tokens of context, not {ctx.context}, to stay within the memory the scoring used")
-            share = len(sizes) - j  # what is left of the budget, shared by the sizes still to time
+            if length < want:
+                raw["notes"].append(f"{name}: timed over {length} tokens of context, not {want}, to stay within the memory the scoring used")
+            share = len(jobs) - j  # what is left of the budget, shared by the jobs still to run
+            tn, tw = (tree_n, tree_w) if at is None else ((), ())  # a tree's passes at the typical context only
             try:
-                calls = _calls(ctx, target, drafter, b, length, k_max, need_draft, need_verify, gen, tree_n, tree_w, _branch(tree_widths))
-                work = {name: _work(name) for name in calls}  # new tokens per row
+                calls = _calls(ctx, target, drafter, b, length, k_max, need_draft, need_verify, gen, tn, tw, _branch(tree_widths))
+                work = {c: _work(c) for c in calls}  # new tokens per row
                 samples = interleaved(calls, clock=clock, budget_s=(budget_s - spent) / share, cap_s=(cap_s - spent) / share, stop_s=cap_s - spent, sizes=work)
             except Exception as e:  # noqa: BLE001  (out of memory at a large batch: report it, time the others)
                 if not _is_oom(e):
                     raise
-                raw["notes"].append(f"batch size {b}: out of memory while timing; not measured")
-                batches.append({"batch_size": b, "repeats": 0, "draft_ratios": [], "verify_ratios": [], "context_tokens": length})
+                raw["notes"].append(f"{name}: out of memory while timing; not measured")
+                out.append({"batch_size": b, "length": at, "repeats": 0, "draft_ratios": [], "verify_ratios": [], "context_tokens": length})
                 continue
             finally:
                 calls = {}
@@ -137,15 +156,19 @@ def cost_block(
             raw["stopped_by_budget"] = raw["stopped_by_budget"] or samples.stopped_by_budget
             if samples.from_warmup:
                 done = [n for n, v in samples.times.items() if v]
-                why = (f"batch size {b}: the {cap_s:.1f} s cap came during the warm-up round; "
+                why = (f"{name}: the {cap_s:.1f} s cap came during the warm-up round; "
                        + (f"its {len(done)} finished call(s) ({', '.join(done)}) stand as one repeat, first-call effects included" if done else "not measured"))
                 raw["skipped"].append(why)
-            entry = batch_timings(samples, k_max, b, tree_n, [w for w in tree_w if f"draftw{w}" in samples.times])
+            entry = batch_timings(samples, k_max, b, tn, [w for w in tw if f"draftw{w}" in samples.times])
             entry["context_tokens"] = length
-            batches.append(entry)
+            if at is not None:
+                entry["length"] = at
+            out.append(entry)
             rounds = samples.repeats + samples.warmup_rounds
             if rounds:
                 prev = (b, samples.elapsed_s / rounds)
+    if length_contexts:
+        raw["by_length"] = by_length
     raw["batches"] = batches
     raw["elapsed_s"] = clock() - start
     raw["measured"] = any(x.get("repeats") for x in batches)
@@ -608,6 +631,8 @@ def timing_settings(
         "k_max": cfg.k_max,
         "batch_sizes": cfg.cost_batch_sizes(),
         "context_tokens": context_length([len(e) for e in encoded], [len(c) for c in conts]),
+        "length_contexts": length_contexts(getattr(cfg, "context_lengths", None) or [], [len(e) for e in encoded], [len(c) for c in conts]),
+        "length_batch": getattr(cfg, "batch_size", None),
         "budget_s": budget,
         "cap_s": cap,
         "memory_bytes": "auto",
@@ -669,6 +694,19 @@ def _release(device: Any) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def length_contexts(lengths: Sequence[int], prompt_lengths: Sequence[int], continuation_lengths: Sequence[int]) -> dict[int, int]:
+    """--context-lengths: each length -> the context its decode steps see (`context_length`
+    over the prompts built to it: each prompt goes to the nearest length)."""
+    if not lengths:
+        return {}
+    groups: dict[int, tuple[list[int], list[int]]] = {int(n): ([], []) for n in lengths}
+    for p, c in zip(prompt_lengths, continuation_lengths, strict=False):
+        n = min(groups, key=lambda m: abs(m - p))
+        groups[n][0].append(p)
+        groups[n][1].append(c)
+    return {n: context_length(ps, cs) if any(cs) else n for n, (ps, cs) in groups.items()}
 
 
 def context_length(prompt_lengths: Sequence[int], continuation_lengths: Sequence[int]) -> int:

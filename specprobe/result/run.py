@@ -213,6 +213,12 @@ class LengthRow(Part):
     k: int = Field(description="The K τ is read at: the run's best K (k_max when none).")
     tau_tokens: Num = Field(default=None, description="Renewal τ(K) at this length.")
     decay: Num = Field(default=None, description="α here ÷ α at the shortest length, within the domain.")
+    cost_ratio: Num = Field(default=None, description="The drafter/target cost ratio at this length's context (the run's batch size).")
+    round_cost: Num = Field(default=None, description="A round's cost at K, in target decode steps, from the costs timed at this length's context.")
+    speedup: Num = Field(default=None, description="τ(K) here ÷ this length's round cost at K.")
+    best_k: int | None = Field(default=None, description="The K with the best speedup at this length, under its own costs.")
+    speedup_best: Num = Field(default=None, description="The speedup at best_k.")
+    costs_source: str | None = Field(default=None, description="Where this length's costs came from: timed at its own context, or the run's costs where the cap or the memory left it untimed.")
 
 
 class BucketRow(Part):
@@ -349,6 +355,22 @@ class BatchCost(Part):
     draft_width: list[DraftWidthCost] = Field(default_factory=list, description="A tree run: w_T for the beam widths T timed.")
 
 
+class LengthCost(Part):
+    """--context-lengths: the costs timed at one prompt length's own context."""
+
+    length: int = Field(description="The prompt length (tokens).")
+    batch_size: int
+    context_tokens: int | None = Field(default=None, description="KV-cache length timed over: the length + half the continuation (less where the memory cut it).")
+    repeats: int = 0
+    target_step: Timing | None = None
+    draft_step: Timing | None = None
+    cost_ratio: Num = None
+    verify_factors: list[Num] = Field(default_factory=list, description="v_K, K = 1.., at this context.")
+    round_costs: list[Num] = Field(default_factory=list, description="A round's cost per K, in target decode steps, at this context.")
+    source: str | None = None
+    skipped: str | None = None
+
+
 class Cost(Part):
     """What a round costs. cost_ratio/target_step_ms/draft_step_ms: at the run's batch size
     (the headline); batches: every batch size timed. verify_factor: the value given
@@ -374,6 +396,7 @@ class Cost(Part):
     skipped: list[str] = Field(default_factory=list, description="What was not timed and why (a batch size past the cap or the memory).")
     batches: list[BatchCost] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    by_length: list[LengthCost] = Field(default_factory=list, description="--context-lengths: the costs at each prompt length's own context, within the same cap.")
     tree_mask: str | None = Field(default=None, description="A tree run: how the tree's verify pass was masked when timed (null: no tree timed).")
     tree_verify: list[TreeVerifyCost] = Field(default_factory=list, description="A tree run, at the run's batch size: v_N, the target's pass over N tree tokens ÷ one decode step; a tree round costs c·(1 + (S − 1)·w_T) + v_N.")
     draft_width: list[DraftWidthCost] = Field(default_factory=list, description="A tree run, at the run's batch size: w_T, the drafter's pass over T beams ÷ its one-token step.")
