@@ -151,5 +151,9 @@ def tree_metrics(section: dict[str, Any], best_chain_row: Any) -> dict[str, Any]
         "tree_rank_tail_share": _f(tail) if tail is not None else None,
         "tree_speedup_vs_chain": _f(own["speedup"] / own["chain_speedup"]) if own.get("speedup") and own.get("chain_speedup") else None,
         "tree_best_speedup": best_tree.get("speedup"),
+        "tree_best_steps": best_tree.get("steps"),
+        "tree_best_topk": best_tree.get("topk"),
+        "tree_best_tokens": best_tree.get("tokens"),
+        "tree_best_vs_own": _f(best_tree["speedup"] / own["speedup"]) if best_tree.get("speedup") and own.get("speedup") else None,
         "tree_best_vs_chain": _f(best_tree["speedup"] / chain_speedup) if best_tree.get("speedup") and chain_speedup else None,
     }
