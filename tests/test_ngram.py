@@ -251,10 +251,10 @@ def test_bad_specs_are_refused(spec: str) -> None:
         parse_spec(spec)
 
 
-def test_suffix_decoding_is_refused_by_name() -> None:
-    assert is_ngram_spec("suffix:k=4")
-    with pytest.raises(ConfigError, match="suffix decoding"):
-        NgramDrafter("suffix")
+def test_what_is_not_implemented_is_refused_by_name() -> None:
+    assert is_ngram_spec("suffix:k=4") and is_ngram_spec("ngram_gpu")  # suffix: tests/test_ngram_suffix.py
+    with pytest.raises(ConfigError, match="ngram_gpu is not implemented"):
+        NgramDrafter("ngram_gpu")
 
 
 def test_vllm_ngram_without_k_needs_the_runs_k() -> None:

@@ -1,6 +1,7 @@
 """Serving configs that run an n-gram drafter: the drafter spec specprobe reads off them
 (vLLM's method ngram with prompt_lookup_min/max and K, llama-server's --spec-type ngram-*
-lists with their --spec-ngram-* knobs), and what it does not implement named as nothing."""
+lists with their --spec-ngram-* knobs), and what it does not implement named as nothing
+(vLLM's method suffix: tests/test_ngram_suffix.py)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,6 @@ def test_engine_order_and_knobs_survive_the_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "text"),
     [
-        ("s.json", '{"method": "suffix", "num_speculative_tokens": 4}'),  # vLLM suffix decoding: not implemented
         ("g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\n"),  # SGLang's NGRAM: not implemented
         ("e.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple,ngram-simple\n"),  # the draft model is named
     ],

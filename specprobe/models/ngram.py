@@ -11,6 +11,10 @@ Specs (knobs after a colon, comma-separated; every knob has the engine's default
     ngram-map-k4v[:size_n=12,size_m=48,min_hits=1]   llama.cpp ngram-map-k4v
     ngram-mod[:n_match=24,n_min=48,n_max=64]         llama.cpp ngram-mod
     ngram-cache                                      llama.cpp ngram-cache (8 tokens)
+    suffix[:max_tree_depth=24,max_cached_requests=10000,max_spec_factor=1.0,
+           min_token_prob=0.1,k=K]    vLLM suffix decoding (suffix_decoding_*; k is
+                                  num_speculative_tokens, vLLM's default the tree depth;
+                                  `models.suffix`)
 
 and llama.cpp's comma lists of types, e.g. `ngram-simple:size_n=4,ngram-mod`: the types
 are tried in the engine's priority order (simple, map-k, map-k4v, mod, cache), whatever
@@ -43,22 +47,28 @@ from typing import Any
 import numpy as np
 
 from specprobe.core.errors import ConfigError
+from specprobe.models.suffix import SuffixCache, SuffixSlot
 
 VLLM_NGRAM = "ngram"
 SIMPLE, MAP_K, MAP_K4V, MOD, CACHE = "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"
+SUFFIX = "suffix"  # vLLM's suffix decoding (models.suffix)
+VLLM_METHODS = (VLLM_NGRAM, SUFFIX)  # one method per vLLM server: never in a list
 # llama.cpp's priority (common_speculative_init): the first listed that drafts, drafts
 LLAMA_CPP_ORDER = (SIMPLE, MAP_K, MAP_K4V, MOD, CACHE)
-TYPES = (VLLM_NGRAM, *LLAMA_CPP_ORDER)
+TYPES = (VLLM_NGRAM, *LLAMA_CPP_ORDER, SUFFIX)
 
 # knob -> (default, low, high) as each engine's argument parser bounds it
-_KNOBS: dict[str, dict[str, tuple[int | None, int, int | None]]] = {
+_KNOBS: dict[str, dict[str, tuple[int | float | None, int, int | None]]] = {
     VLLM_NGRAM: {"min": (None, 1, None), "max": (None, 1, None), "k": (None, 1, None)},
     SIMPLE: {"size_n": (12, 1, 1024), "size_m": (48, 1, 1024), "min_hits": (1, 1, None)},
     MAP_K: {"size_n": (12, 1, 1024), "size_m": (48, 1, 1024), "min_hits": (1, 1, None)},
     MAP_K4V: {"size_n": (12, 1, 1024), "size_m": (48, 1, 1024), "min_hits": (1, 1, None)},
     MOD: {"n_match": (24, 1, 1024), "n_min": (48, 0, 1024), "n_max": (64, 0, 1024)},
     CACHE: {},
+    # vLLM's SpeculativeConfig defaults and its _validate_suffix_decoding bounds
+    SUFFIX: {"max_tree_depth": (24, 1, None), "max_cached_requests": (10000, 0, None), "max_spec_factor": (1.0, 0, None), "min_token_prob": (0.1, 0, 1), "k": (None, 1, None)},
 }
+_FLOAT_KNOBS = frozenset({"max_spec_factor", "min_token_prob"})
 VLLM_DEFAULT_LOOKUP = 5  # prompt_lookup_min = prompt_lookup_max = 5 when neither is given
 CACHE_N_DRAFT = 8  # llama.cpp's ngram-cache drafts up to 8 tokens (not configurable)
 MOD_TABLE_SIZE = 4 * 1024 * 1024  # ngram-mod's hash table entries
@@ -66,11 +76,10 @@ MOD_OCCUPANCY_RESET = 0.25  # begin(): a table fuller than this is cleared
 MAP_HASH_SIZE = 262144  # ngram-map's n-gram hash -> position table (COMMON_NGRAM_HASH_MAP_SIZE)
 MAP_MAX_VALUES = 4  # m-grams kept per key (COMMON_NGRAM_MAX_VALUES)
 MAP_MAX_COUNT = 16380  # counts saturate here (COMMON_NGRAM_MAX_VALUE_COUNT)
-_HINT = "use ngram[:min=N,max=N,k=N], ngram-simple, ngram-map-k, ngram-map-k4v (knobs size_n, size_m, min_hits), ngram-mod (n_match, n_min, n_max), ngram-cache, or a comma list of llama.cpp types"
+_HINT = "use ngram[:min=N,max=N,k=N], suffix[:max_tree_depth=N,max_spec_factor=X,min_token_prob=X,k=N], ngram-simple, ngram-map-k, ngram-map-k4v (knobs size_n, size_m, min_hits), ngram-mod (n_match, n_min, n_max), ngram-cache, or a comma list of llama.cpp types"
 
 
 NOT_IMPLEMENTED = {
-    "suffix": "vLLM's suffix decoding (method: suffix) is not implemented",
     "ngram_gpu": "vLLM's ngram_gpu is not implemented under its own name",
 }
 
@@ -87,16 +96,22 @@ class NgramType:
     """One engine type and its knobs (every knob filled in with its default)."""
 
     name: str
-    knobs: tuple[tuple[str, int], ...]
+    knobs: tuple[tuple[str, int | float], ...]
 
     def get(self, key: str) -> int:
-        return dict(self.knobs)[key]
+        return int(dict(self.knobs)[key])
+
+    def getf(self, key: str) -> float:
+        return float(dict(self.knobs)[key])
 
     @property
     def max_draft(self) -> int | None:
         """The longest draft it makes (None: the run's K, vLLM's num_speculative_tokens)."""
         if self.name == VLLM_NGRAM:
-            return dict(self.knobs).get("k")
+            k = dict(self.knobs).get("k")
+            return None if k is None else int(k)
+        if self.name == SUFFIX:  # vLLM: num_speculative_tokens defaults to the tree depth
+            return self.get("k") if "k" in dict(self.knobs) else self.get("max_tree_depth")
         if self.name == MOD:
             return max(0, self.get("n_max"))
         if self.name == CACHE:
@@ -125,8 +140,9 @@ def parse_spec(spec: str) -> tuple[NgramType, ...]:
         else:
             raise ConfigError(f"drafter spec {spec!r}: {item!r} is neither an n-gram type nor a knob", _HINT)
     names = [g[0] for g in groups]
-    if VLLM_NGRAM in names and len(names) > 1:
-        raise ConfigError(f"drafter spec {spec!r} mixes vLLM's 'ngram' with other types", "vLLM runs one method; lists of types are llama.cpp's --spec-type")
+    vllm = [n for n in names if n in VLLM_METHODS]
+    if vllm and len(names) > 1:
+        raise ConfigError(f"drafter spec {spec!r} mixes vLLM's '{vllm[0]}' with other types", "vLLM runs one method; lists of types are llama.cpp's --spec-type")
     if len(set(names)) < len(names):
         raise ConfigError(f"drafter spec {spec!r} names a type twice", "name each type once")
     types = [_type(spec, name, kv) for name, kv in groups]
@@ -135,17 +151,18 @@ def parse_spec(spec: str) -> tuple[NgramType, ...]:
 
 def _type(spec: str, name: str, pairs: list[str]) -> NgramType:
     allowed = _KNOBS[name]
-    given: dict[str, int] = {}
+    given: dict[str, int | float] = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
         key = key.strip().lower().replace("-", "_")
         if not eq or key not in allowed:
             known = ", ".join(allowed) or "none"
             raise ConfigError(f"drafter spec {spec!r}: {name} has no knob {pair.strip()!r}", f"its knobs: {known}")
-        if not re.fullmatch(r"-?\d+", value.strip()):
-            raise ConfigError(f"drafter spec {spec!r}: {name} {key}={value.strip()!r} is not a whole number", "give an integer")
+        real = key in _FLOAT_KNOBS
+        if not re.fullmatch(r"-?\d+(\.\d*)?|-?\.\d+" if real else r"-?\d+", value.strip()):
+            raise ConfigError(f"drafter spec {spec!r}: {name} {key}={value.strip()!r} is not a {'number' if real else 'whole number'}", "give a number" if real else "give an integer")
         _, low, high = allowed[key]
-        v = int(value)
+        v: int | float = float(value) if real else int(value)
         if v < low or (high is not None and v > high):
             bound = f"between {low} and {high}" if high is not None else f"at least {low}"
             raise ConfigError(f"drafter spec {spec!r}: {name} {key}={v} is out of range", f"the engine takes {key} {bound}")
@@ -159,7 +176,10 @@ def _type(spec: str, name: str, pairs: list[str]) -> NgramType:
             raise ConfigError(f"drafter spec {spec!r}: min={lo} is above max={hi}", "vLLM needs prompt_lookup_min ≤ prompt_lookup_max")
         knobs = [("min", lo), ("max", hi)] + ([("k", given["k"])] if "k" in given else [])
         return NgramType(name, tuple(knobs))
-    return NgramType(name, tuple((k, given.get(k, d)) for k, (d, _, _) in allowed.items() if d is not None))
+    knobs2 = [(k, given.get(k, d)) for k, (d, _, _) in allowed.items() if d is not None]
+    if name == SUFFIX and "k" in given:
+        knobs2.append(("k", given["k"]))
+    return NgramType(name, tuple((k, v) for k, v in knobs2 if v is not None))
 
 
 # ----------------------------------------------------------------------------- vLLM
@@ -549,9 +569,23 @@ class NgramDrafter:
         self.types = parse_spec(spec)
         self.max_model_len = max_model_len
         self.info = info  # the target's (its tokens are the target's own), when paired with one
-        self.engine = "vllm" if self.types[0].name == VLLM_NGRAM else "llama.cpp"
+        self.engine = "vllm" if self.types[0].name in VLLM_METHODS else "llama.cpp"
         mod = next((t for t in self.types if t.name == MOD), None)
         self._mod_table = NgramModTable(mod.get("n_match")) if mod is not None else None
+        self._requests = 0
+        self._suffix: SuffixCache | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh server: suffix decoding's global cache of responses emptied (each pass
+        over the prompt set starts from none, its requests seen in the set's order)."""
+        sfx = next((t for t in self.types if t.name == SUFFIX), None)
+        if sfx is not None:
+            self._suffix = SuffixCache(sfx.get("max_tree_depth"), sfx.get("max_cached_requests"))
+
+    def _new_request(self) -> int:
+        self._requests += 1
+        return self._requests
 
     @property
     def name(self) -> str:
@@ -580,6 +614,9 @@ class Slot:
                 self.impls.append((t.name, None))  # stateless
             elif t.name in (MAP_K, MAP_K4V):
                 self.impls.append((t.name, NgramMap(t.get("size_n"), t.get("size_m"), t.name == MAP_K, t.get("min_hits"))))
+            elif t.name == SUFFIX:
+                assert drafter._suffix is not None
+                self.impls.append((t.name, SuffixSlot(drafter._suffix, t.max_draft or 1, t.getf("max_spec_factor"), t.getf("min_token_prob"), drafter.max_model_len, drafter._new_request)))
             elif t.name == MOD:
                 assert drafter._mod_table is not None
                 self.impls.append((t.name, NgramMod(drafter._mod_table, t.get("n_min"), t.get("n_max"))))
@@ -600,6 +637,7 @@ class Slot:
         t0 = time.perf_counter()
         out: list[int] = []
         by = None
+        self.observe(history)  # suffix decoding takes in every sampled token, drafting or not
         if n_max > 0 and len(history) > 0:
             hist = history if isinstance(history, list) else list(history)
             inp, sampled = hist[:-1], hist[-1]
@@ -610,6 +648,8 @@ class Slot:
                     out = vllm_propose(hist, t.get("min"), t.get("max"), k, self.drafter.max_model_len)
                 elif name == SIMPLE:
                     out = simple_draft(inp, sampled, t.get("size_n"), t.get("size_m"))
+                elif name == SUFFIX:
+                    out = impl.propose(hist)
                 else:
                     out = impl.draft(inp, sampled)
                 if out:
@@ -619,6 +659,18 @@ class Slot:
         if by is not None:
             self.last_by = by
         return Draft(out, None if by is None else self.impls[by][0], time.perf_counter() - t0)
+
+    def observe(self, history: Sequence[int]) -> None:
+        """The sequence so far (suffix decoding adds what it has not seen to its trees)."""
+        for _, impl in self.impls:
+            if isinstance(impl, SuffixSlot):
+                impl.observe(history)
+
+    def finish(self, history: Sequence[int]) -> None:
+        """The request ended with `history` (suffix decoding keeps its whole response)."""
+        for _, impl in self.impls:
+            if isinstance(impl, SuffixSlot):
+                impl.finish(history)
 
     def accept(self, n_accepted: int) -> None:
         """How many of the last draft's tokens verify accepted (called only after a draft)."""

@@ -134,6 +134,7 @@ def walk(slot: Slot, prompt: Sequence[int], continuation: Sequence[int], max_new
         step = min(n + 1, len(cont) - t)
         history.extend(cont[t : t + step])
         t += step
+    slot.finish(history)  # suffix decoding keeps the whole response for later requests
     return out
 
 
@@ -166,6 +167,7 @@ def diagnose_ngram(
     items = [(it, e, c) for it, e, c in zip(refs.items, refs.encoded, refs.conts, strict=True) if c]
     with progress.task(f"walking {drafter.name} along {len(items)} references", len(items) * len(ks)) as advance:
         for k in ks:
+            drafter.reset()  # each K a fresh server: suffix decoding's cache sees the set from its start
             total = Steps()
             for item, enc, cont in items:
                 s = walk(drafter.slot(k), enc, cont, cfg.max_new_tokens, eog)
@@ -174,6 +176,7 @@ def diagnose_ngram(
                     groups.setdefault((k, *key), Steps()).add(s)
                 advance(1)
             per_k[k] = total
+    drafter.reset()  # and a fresh one for what runs next (simulate's measured pass)
 
     # the verify pass over m + 1 tokens, timed (or --verify-factor); no drafter step to time
     timing = timing_settings(cfg, refs.encoded, refs.conts, None)

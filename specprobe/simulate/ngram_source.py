@@ -82,6 +82,8 @@ class NgramDraft:
 
     def select(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
+        for r in sorted(set(range(len(self.slots))) - set(keep)):  # finished rows: their requests end
+            self.slots[r].finish(self.history[r])
         for name in ("prompts", "history", "slots", "started", "drafted", "by"):
             seq = getattr(self, name)
             setattr(self, name, [seq[r] for r in keep])
