@@ -235,3 +235,36 @@ def test_a_call_not_run_yet_is_estimated_by_its_size() -> None:
     clock.now, log[:] = 0.0, []
     costs.interleaved(calls, clock=clock, stop_s=5.0)  # without sizes it looks like the step: started, and 10 s spent
     assert log[:2] == ["target", "verify8"] and clock.now >= 10.0
+
+
+@pytest.mark.parametrize("layer_skip", [False, True])
+def test_a_drafter_the_cap_left_untimed_is_priced_by_the_weights_its_step_reads_never_free(layer_skip: bool) -> None:
+    from specprobe.models.anatomy import layer_view
+
+    clock = FakeClock()
+    t, d, target, drafter = _pair(hidden=64)
+    if layer_skip:
+        d = layer_view(t, 1)
+        drafter = SimpleNamespace(step_model=lambda: d)
+    Watch(t, clock, per_row=1.0)
+    # the target's step takes 1 s, the cap is 1.5 s: the drafter's step (guessed as long) is never started
+    raw = timing.cost_block(target, drafter, None, k_max=3, batch_sizes=[1], context_tokens=40, budget_s=1.0, cap_s=1.5, clock=clock)
+    b = raw["batches"][0]
+    assert b["from_warmup"] and b["target_step"] and not b["draft_ratios"]
+    expected = timing.step_params(d) / timing.step_params(t)
+    assert 0.0 < expected < 1.0 and raw["draft_estimate"]["cost_ratio"] == pytest.approx(expected)
+    priced = costs.price(raw, cumulative=[0.8, 0.6, 0.5], alpha_mean=0.8, renewal=None, k_max=3, batch_size=1)
+    sec = priced.section
+    assert sec["cost_ratio"] == pytest.approx(expected) and priced.metrics["cost_ratio"] == pytest.approx(expected)
+    assert sec["sources"]["cost_ratio"].startswith(f"estimated {expected:.3f} from the weights") and "not timed (the cap came first)" in sec["sources"]["cost_ratio"]
+    if layer_skip:
+        assert "first 1 of 2 layers" in sec["sources"]["cost_ratio"]
+    # the round cost carries the drafter's estimated share: K·c + v, never K·0 + v
+    rows = sec["batches"][0]["rows"]
+    assert all(r["round_cost"] == pytest.approx(r["k"] * expected + r["verify_factor"]) for r in rows)
+
+
+def test_a_drafter_whose_weights_cannot_be_counted_says_its_speedup_is_an_upper_bound() -> None:
+    raw = {"measured": True, "batches": [{"batch_size": 1, "repeats": 1, "draft_ratios": [], "verify_ratios": [[1.1], [1.2], [1.3]]}], "draft_estimate": None}
+    sec = costs.price(raw, cumulative=[0.8, 0.6, 0.5], alpha_mean=0.8, renewal=None, k_max=3, batch_size=1).section
+    assert sec["cost_ratio"] == 0.0 and "upper bound" in sec["sources"]["cost_ratio"]

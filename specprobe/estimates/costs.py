@@ -190,13 +190,17 @@ class BatchCosts:
 
 def cost_tables(raw: Mapping[str, Any], k_max: int, cost_ratio: float | None, verify_factor: float | None) -> list[BatchCosts]:
     """The raw timings (`cost_block`) + the overrides -> round costs per batch size. A
-    drafter that could not be timed counts as free (c = 0) and a verify pass that could
-    not be timed as one step (v = 1); `sources` says so."""
+    drafter whose step was not timed at a batch size (the cap came first, or it has no
+    step to time) costs what the weights its step reads give (`raw["draft_estimate"]`,
+    never 0: a free drafter would overstate every speedup) — 0 only where even that
+    cannot be counted; a verify pass that could not be timed counts as one step (v = 1).
+    `sources` says which."""
     out = []
+    guess = unmeasured_cost_ratio(raw)
     for b in raw.get("batches", []):
         dr = list(b.get("draft_ratios") or [])
         vr = fill_verify([list(v) for v in (b.get("verify_ratios") or [])], k_max)
-        c = cost_ratio if cost_ratio is not None else (None if dr else 0.0)
+        c = cost_ratio if cost_ratio is not None else (None if dr else guess)
         v = verify_factor if verify_factor is not None else (None if vr and all(vr) else 1.0)
         rounds = round_costs(k_max, draft_ratios=dr, verify_ratios=vr, cost_ratio=c, verify_factor=v)
         cq1, cmed, cq3 = (c, c, c) if c is not None else quantiles(dr)
@@ -231,15 +235,32 @@ def fill_verify(vr: Sequence[Sequence[float]], k_max: int) -> list[list[float]]:
     return rows
 
 
+def unmeasured_cost_ratio(raw: Mapping[str, Any]) -> float:
+    """c where the drafter's step was not timed: the estimate from the weights each step
+    reads, else 0 (nothing to count)."""
+    est = raw.get("draft_estimate") or {}
+    c = est.get("cost_ratio")
+    return float(c) if c is not None and not math.isnan(float(c)) else 0.0
+
+
 def sources(raw: Mapping[str, Any], cost_ratio_from: str | None, verify_factor_from: str | None) -> dict[str, str]:
-    """Where c and v came from: the flag or config key that gave them, measured, or assumed."""
+    """Where c and v came from: the flag or config key that gave them, measured,
+    estimated (from the weights each step reads, where the step was not timed), or assumed."""
     batches = raw.get("batches", [])
     timed_draft = any(b.get("draft_ratios") for b in batches)
+    untimed = [str(b["batch_size"]) for b in batches if not b.get("draft_ratios")]
+    est = raw.get("draft_estimate") or {}
+    if est.get("cost_ratio") is not None:
+        why = "its step was not timed" + (" (the cap came first)" if raw.get("stopped_by_budget") else "")
+        guessed = f"estimated {float(est['cost_ratio']):.3f} from {est.get('how')}; {why}"
+    else:
+        guessed = "not measured and not estimable (0 assumed: the speedup is an upper bound)"
+    drafted = "measured" if timed_draft and not untimed else (f"measured; at batch size {', '.join(untimed)} {guessed}" if timed_draft else guessed)
     every_k = any(b.get("verify_ratios") and all(b["verify_ratios"]) for b in batches)
     some_k = any(b.get("verify_ratios") and any(b["verify_ratios"]) for b in batches)
     measured = "measured per K" if every_k else "measured at some K, interpolated between" if some_k else "not measured (1 assumed)"
     return {
-        "cost_ratio": cost_ratio_from or ("measured" if timed_draft else "not measured (0 assumed)"),
+        "cost_ratio": cost_ratio_from or drafted,
         "verify_factor": verify_factor_from or measured,
     }
 
@@ -277,9 +298,9 @@ def price(
     origins = origins or {}
     tables = cost_tables(raw, k_max, cost_ratio, verify_factor)
     head = next((t for t in tables if t.batch_size == batch_size), tables[0] if tables else None)
-    c = head.cost_ratio if head is not None else (cost_ratio if cost_ratio is not None else 0.0)
+    c = head.cost_ratio if head is not None else (cost_ratio if cost_ratio is not None else unmeasured_cost_ratio(raw))
     if c is None or math.isnan(c):
-        c = 0.0
+        c = unmeasured_cost_ratio(raw)
     vf = verify_factor if verify_factor is not None else 1.0
 
     def table(rounds: Sequence[RoundCost] | None, ratio: float) -> list[KRow]:

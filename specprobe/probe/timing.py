@@ -108,6 +108,8 @@ def cost_block(
     with torch.inference_mode():
         gen = torch.Generator().manual_seed(0)
         step = drafter.step_model() if need_draft else None
+        if need_draft:  # what c is taken to be where the cap (or the drafter) leaves its step untimed
+            raw["draft_estimate"] = draft_estimate(target.model, drafter, step)
         longest = max([context_tokens, *length_contexts.values()])
         ctx = _Caches(target.model, step, longest, target.device, gen, clock, start + PREFILL_SHARE * cap_s)
         raw["prefill_tokens"], raw["method"] = ctx.prefilled, ctx.method()
@@ -182,6 +184,48 @@ def cost_block(
     if "tree" in raw:
         raw["notes"].extend(_tree_notes(batches, tree_n, tree_w))
     return raw
+
+
+# ----------------------------------------------------------------------------- c where its step is not timed
+def step_params(model: Any) -> int:
+    """Parameters one decode step reads: every weight but the input embedding table (a
+    lookup reads one row of it) — unless it is tied to the LM head, which reads it all."""
+    total = sum(int(p.numel()) for p in model.parameters())
+    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is not None and (out is None or emb.weight is not out.weight):
+        total -= int(emb.weight.numel())
+    return total
+
+
+def draft_estimate(target_model: Any, drafter: Any, step: Any) -> dict[str, Any] | None:
+    """The drafter/target cost ratio estimated from the weights each step reads (a decode
+    step at small batch is bound by reading its weights): a layer-skip self-draft's first
+    layers and the LM head, an independent drafter's weights, a head's own parameters
+    (and the LM head it shares), each ÷ the target's. None where neither can be counted."""
+    try:
+        theirs = step_params(target_model)
+        if step is not None:
+            mine = step_params(step)
+            shared = _shared_layers(target_model, step)
+            if shared:
+                from specprobe.models.anatomy import decoder_layers
+
+                how = f"the weights its step reads: the target's first {shared} of {len(decoder_layers(target_model)[0])} layers and its LM head"
+            else:
+                how = f"the weights each step reads: {mine / 1e6:.1f} M drafter ÷ {theirs / 1e6:.1f} M target parameters (input embeddings aside)"
+        else:
+            own = getattr(drafter, "params", None)
+            if own is None:
+                return None
+            head = target_model.get_output_embeddings()
+            lm = int(head.weight.numel()) if head is not None else 0
+            mine = int(own()) + lm
+            how = f"the weights a head step reads: its {int(own()) / 1e6:.1f} M parameters and the target's LM head, ÷ the target's {theirs / 1e6:.1f} M"
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None
+    if theirs <= 0 or mine <= 0:
+        return None
+    return {"cost_ratio": mine / theirs, "how": how}
 
 
 # ----------------------------------------------------------------------------- a tree's passes
