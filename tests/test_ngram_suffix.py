@@ -208,3 +208,23 @@ def test_walk_is_the_greedy_loop_and_the_output_the_targets() -> None:
     assert run.outputs == refs
     assert (c.verify_steps - len(prompts), c.num_drafts, c.drafted_tokens, c.accepted_tokens) == (total.steps, total.drafts, total.drafted, total.accepted)
     assert total.drafts > 0
+
+
+def test_export_writes_method_suffix_that_reads_back(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from specprobe.cli.main import app
+    from specprobe.export.engines import export_config
+    from specprobe.models.ngram import parse_spec
+    from specprobe.settings.serving import read_serving_config
+    from tests.test_export import _result
+
+    spec = "suffix:max_spec_factor=2.0,min_token_prob=0.2"
+    r, src = _result(tmp_path, kind="ngram", spec=spec, engine="vllm")
+    text = export_config(r, src, "vllm").text
+    (tmp_path / "spec.json").write_text(text)
+    sv = read_serving_config(tmp_path / "spec.json")
+    assert sv.method == "suffix" and sv.num_speculative_tokens == r.best_k
+    assert [t.label() for t in parse_spec(sv.drafter_spec)] == [parse_spec(spec)[0].label() + f",k={r.best_k}"]
+    res = CliRunner().invoke(app, ["export", str(src), "--engine", "llama.cpp"])
+    assert res.exit_code == 2 and "vLLM's suffix decoding" in res.stderr

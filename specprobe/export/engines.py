@@ -79,7 +79,7 @@ class Plan:
     floor: float | None = None  # TensorRT-LLM acceptance_length_threshold (tokens per verify step)
     window: int | None = None  # TensorRT-LLM acceptance_window (requests)
     rates: list[float] | None = None  # synthetic: P(first i drafts all accepted), i = 1..K
-    ngram: dict[str, int] = field(default_factory=dict)  # an n-gram drafter's knobs, as the engine spells them
+    ngram: dict[str, int | float] = field(default_factory=dict)  # an n-gram drafter's knobs, as the engine spells them
     sampling: dict[str, float] = field(default_factory=dict)  # the target's sampling the result measured
     notes: list[str] = field(default_factory=list)
 
@@ -289,10 +289,17 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
 
 def _ngram(p: Plan, spec: str, label: str, synthetic: bool) -> None:
     """An n-gram drafter's knobs in the engine's words: vLLM's prompt lookup
-    (prompt_lookup_min/max), llama-server's --spec-type ngram-* with --spec-ngram-*."""
-    from specprobe.models.ngram import VLLM_NGRAM, parse_spec
+    (prompt_lookup_min/max) and suffix decoding (suffix_decoding_*), llama-server's
+    --spec-type ngram-* with --spec-ngram-*."""
+    from specprobe.models.ngram import SUFFIX, VLLM_NGRAM, parse_spec
 
     types = parse_spec(spec)
+    if types[0].name == SUFFIX:  # vLLM's suffix decoding: method suffix, its suffix_decoding_* knobs
+        if p.engine != VLLM:
+            raise InputError(f"{label} does not run {spec!r}: it is vLLM's suffix decoding", "export it with --engine vllm")
+        p.method = "suffix"
+        p.ngram = {f"suffix_decoding_{key}": v for key, v in types[0].knobs if key != "k"}
+        return
     vllm_kind = types[0].name == VLLM_NGRAM
     if p.engine == VLLM and not vllm_kind or p.engine == LLAMA_CPP and vllm_kind:
         other = "vLLM" if vllm_kind else "llama.cpp"
