@@ -34,7 +34,12 @@ from specprobe.settings.model import (
     from_text,
 )
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags, SimulateConfig
-from specprobe.settings.serving import ServingConfig, read_serving_config, tree_setting
+from specprobe.settings.serving import (
+    ServingConfig,
+    kv_cache_setting,
+    read_serving_config,
+    tree_setting,
+)
 
 # where effective_sampling() files each sampling setting: a draft_* one under "draft.", the rest under "target."
 SAMPLING_SLOT = {k: ("draft." + k[len("draft_"):]) if k.startswith("draft_") else "target." + k for k in SAMPLING}
@@ -234,6 +239,12 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
             sv_knob = next((sv for sv in servings if sv.engine == engine and sv.extra.get(knob) is not None), None)
             if sv_knob is not None:
                 values[p], origins[p] = sv_knob.extra[knob], sv_knob.where(knob)
+    for p in ("kv_cache_dtype", "draft_kv_cache_dtype"):
+        # the engine's KV-cache dtype, target side and the drafter's own (vLLM's
+        # speculative_config.kv_cache_dtype, SGLang's --speculative-draft-kv-cache-dtype)
+        sv_kv = next((sv for sv in servings if getattr(sv, p) is not None), None)
+        if unset(p) and sv_kv is not None:
+            values[p], origins[p] = kv_cache_setting(str(getattr(sv_kv, p)), sv_kv.where(p)), sv_kv.where(p)
     if unset("tree") and values.get("engine") in ("sglang", "trtllm"):
         # the tree an SGLang launch or a TensorRT-LLM decoding config verifies
         trees = [t for t in (tree_setting(sv) for sv in servings if sv.engine == values.get("engine")) if t is not None]

@@ -121,6 +121,11 @@ class ServingConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # engine knobs (topk, num_draft_tokens, p_min, …)
     drafting: str | None = None  # greedy | probabilistic when the config says; None: the engine's own
     context_length: int | None = None  # the longest sequence it serves (max_model_len, context-length, -c, max_seq_len)
+    # the KV-cache dtypes as the engine spells them (vLLM's --kv-cache-dtype and
+    # speculative_config.kv_cache_dtype, SGLang's --kv-cache-dtype and
+    # --speculative-draft-kv-cache-dtype); None where the config sets none
+    kv_cache_dtype: str | None = None
+    draft_kv_cache_dtype: str | None = None
     # where each value was written, `FILE: key`: "engine", "target", "drafter", "k",
     # "drafting" and each sampling setting by name (draft_* for the drafter side)
     places: dict[str, str] = field(default_factory=dict)
@@ -333,12 +338,15 @@ def _vllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _Pla
         sampling = {**more, **sampling}  # the speculative config's own setting, where it has one
         at = {**more_at, **at}
     draft_sampling, draft_at = _sampling(spec, sp, prefix="draft_")
-    used = {"method", "model", "num_speculative_tokens", "draft_sample_method", *_TARGET_SAMPLING, *(f"draft_{k2}" for k2 in _TARGET_SAMPLING)}
+    used = {"method", "model", "num_speculative_tokens", "draft_sample_method", "kv_cache_dtype", *_TARGET_SAMPLING, *(f"draft_{k2}" for k2 in _TARGET_SAMPLING)}
     if "model" in top:
         places["target"] = tp("model")
     if model is not None:
         places["drafter"] = sp("model")
     places["context_length"] = tp("max_model_len")  # the server's; the speculative config's own is the drafter's
+    # vLLM's --kv-cache-dtype (CacheConfig.cache_dtype) is the target's; the speculative
+    # config's kv_cache_dtype the draft model's, which inherits the target's when unset
+    places["kv_cache_dtype"], places["draft_kv_cache_dtype"] = tp("kv_cache_dtype"), sp("kv_cache_dtype")
     return ServingConfig(
         engine=VLLM,
         source=source,
@@ -352,6 +360,8 @@ def _vllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _Pla
         extra={k2: v for k2, v in spec.items() if k2 not in used},
         drafting=drafting,
         context_length=_context(top.get("max_model_len"), tp("max_model_len")),
+        kv_cache_dtype=_text(top.get("kv_cache_dtype")),
+        draft_kv_cache_dtype=_text(spec.get("kv_cache_dtype")),
         places={**places, **at, **draft_at},
     )
 
@@ -442,7 +452,9 @@ def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> 
         extra=extra,
         drafting=PROBABILISTIC if rejection else None,
         context_length=_context(d.get("context_length"), dp("context_length")),
-        places={**places, "context_length": dp("context_length")},
+        kv_cache_dtype=_text(d.get("kv_cache_dtype")),
+        draft_kv_cache_dtype=_text(d.get("speculative_draft_kv_cache_dtype")),  # unset: --kv-cache-dtype's
+        places={**places, "context_length": dp("context_length"), "kv_cache_dtype": dp("kv_cache_dtype"), "draft_kv_cache_dtype": dp("speculative_draft_kv_cache_dtype")},
     )
 
 
@@ -480,6 +492,26 @@ def _trtllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _P
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+# KV-cache dtypes as the engines spell them, as --kv-cache-dtype takes them: vLLM's
+# CacheDType (vllm/config/cache.py; its "fp8" is e4m3 on CUDA) and SGLang's
+# --kv-cache-dtype choices (python/sglang/srt/server_args.py). The 16-bit caches hold
+# what a bf16/fp16 run computes: auto. e5m2, int8, the FP4 caches and the MLA-specific
+# fp8 are not simulated.
+_KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "auto", "bf16": "auto", "float16": "auto", "half": "auto"}
+
+
+def kv_cache_setting(value: str, where: str) -> str:
+    """An engine's KV-cache dtype as specprobe's --kv-cache-dtype (auto | fp8), or a
+    one-line refusal naming where it was written."""
+    found = _KV_DTYPES.get(value.strip().lower())
+    if found is None:
+        raise ConfigError(
+            f"{where} {value!r} is a KV-cache dtype specprobe does not simulate (it simulates fp8 e4m3: fp8, fp8_e4m3; and 16-bit caches: auto, bfloat16)",
+            "pass --kv-cache-dtype (and --draft-kv-cache-dtype) auto or fp8 to say which to score",
+        )
+    return found
 
 
 # ----------------------------------------------------------------------------- files that are mappings
