@@ -134,3 +134,48 @@ def test_serving_configs_name_their_tree(tmp_path: Path) -> None:
     # a typed --tree wins over the file's
     typed = merge("diagnose", _params("diagnose", serving_config=[sg], tree="steps=2,topk=2,tokens=4"), {"serving_config", "tree"})
     assert typed.values["tree"] == "steps=2,topk=2,tokens=4"
+
+
+def test_export_writes_the_tree_and_reads_back(tiny_pair: dict[str, Path], pf: Path, tmp_path: Path) -> None:
+    from specprobe.settings.serving import read_serving_config, tree_setting
+
+    r = run_diagnose(_cfg(tiny_pair, pf, str(tiny_pair["twin"]), sampling=SamplingFlags(temperature=1.0)))
+    res = tmp_path / "r.json"
+    res.write_text(r.to_json())
+    run = CliRunner()
+    out = tmp_path / "sglang.yaml"
+    got = run.invoke(app, ["export", str(res), "--engine", "sglang", "-o", str(out)])
+    assert got.exit_code == 0, got.output
+    text = out.read_text()
+    assert "speculative-eagle-topk: 4" in text and "speculative-num-draft-tokens: 8" in text and "speculative-num-steps: 3" in text
+    back = tree_setting(read_serving_config(out))
+    assert back is not None and back[0] == "steps=3,topk=4,tokens=8"
+    # a grid tree by name, for TensorRT-LLM's dynamic tree
+    trt = tmp_path / "extra.yaml"
+    got = run.invoke(app, ["export", str(res), "--engine", "trtllm", "--tree", "steps=2,topk=2,tokens=4", "-o", str(trt)])
+    assert got.exit_code == 0, got.output
+    back = tree_setting(read_serving_config(trt))
+    assert back is not None and back[0] == "steps=2,topk=2,tokens=4"
+    # --k asks for the chain
+    got = run.invoke(app, ["export", str(res), "--engine", "sglang", "--k", "2"])
+    assert got.exit_code == 0 and "speculative-eagle-topk: 1" in got.output
+    for args, words in ((["--engine", "vllm", "--tree", "steps=3,topk=4,tokens=8"], "verifies chains"),
+                        (["--engine", "sglang", "--tree", "steps=3,topk=3,tokens=9"], "did not estimate"),
+                        (["--engine", "sglang", "--tree", "steps=3,topk=4,tokens=8", "--k", "2"], "different things")):
+        bad = run.invoke(app, ["export", str(res), *args])
+        assert bad.exit_code == 2 and words in bad.output, bad.output
+
+
+def test_export_static_tree_to_trtllm(tiny_pair: dict[str, Path], pf: Path, tmp_path: Path) -> None:
+    from specprobe.settings.serving import read_serving_config, tree_setting
+
+    r = run_diagnose(_cfg(tiny_pair, pf, str(tiny_pair["twin"]), tree="[[0],[1],[0,0]]", engine="trtllm", sampling=SamplingFlags(temperature=0.0)))
+    res = tmp_path / "r.json"
+    res.write_text(r.to_json())
+    bad = CliRunner().invoke(app, ["export", str(res), "--engine", "sglang"])
+    assert bad.exit_code == 2 and "dynamically" in bad.output
+    out = tmp_path / "extra.yaml"
+    got = CliRunner().invoke(app, ["export", str(res), "--engine", "trtllm", "-o", str(out)])
+    assert got.exit_code == 0, got.output
+    back = tree_setting(read_serving_config(out))
+    assert back is not None and back[0] == "[[0],[1],[0,0]]"

@@ -53,8 +53,8 @@ def export(
     if training is not None:
         if export_out is None:
             raise ConfigError("--training writes a folder", "give it with -o DIR")
-        if synthetic or k is not None:
-            raise ConfigError(f"--training takes neither {'--synthetic' if synthetic else '--k'}", "leave it out, or export a serving config with --engine")
+        if synthetic or k is not None or opts.tree is not None:
+            raise ConfigError(f"--training takes neither {'--synthetic' if synthetic else '--k' if k is not None else '--tree'}", "leave it out, or export a serving config with --engine")
     check("engine", engine, "--engine")
     if engine == "transformers":
         raise ConfigError("--engine transformers has no serving config", "use vllm, sglang, llama.cpp or trtllm")
@@ -72,7 +72,7 @@ def export(
 
     from specprobe.export.engines import export_config
 
-    ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out)
+    ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out, tree=opts.tree, tree_given=opts.origins.get("tree", "default") != "default")
     for line in ex.note:
         err.print(f"note: {line}", highlight=False, soft_wrap=True)
     if export_out is None:

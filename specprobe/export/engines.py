@@ -79,6 +79,7 @@ class Plan:
     floor: float | None = None  # TensorRT-LLM acceptance_length_threshold (tokens per verify step)
     window: int | None = None  # TensorRT-LLM acceptance_window (requests)
     rates: list[float] | None = None  # synthetic: P(first i drafts all accepted), i = 1..K
+    tree: dict[str, Any] | None = None  # a draft tree (steps, topk, tokens, paths) instead of a chain of K
     ngram: dict[str, int | float] = field(default_factory=dict)  # an n-gram drafter's knobs, as the engine spells them
     sampling: dict[str, float] = field(default_factory=dict)  # the target's sampling the result measured
     notes: list[str] = field(default_factory=list)
@@ -371,9 +372,10 @@ def write_sglang(p: Plan) -> str:
     lines.append(f"speculative-algorithm: {p.method}")
     if p.drafter:
         lines.append(f"speculative-draft-model-path: {_yaml_scalar(p.drafter)}")
+    topk, tokens = (p.tree["topk"], p.tree["tokens"]) if p.tree is not None else (1, p.k + 1)
     lines.append(f"speculative-num-steps: {p.k}")
-    lines.append("speculative-eagle-topk: 1")
-    lines.append(f"speculative-num-draft-tokens: {p.k + 1}")
+    lines.append(f"speculative-eagle-topk: {topk}")
+    lines.append(f"speculative-num-draft-tokens: {tokens}")
     if p.drafting == PROBABILISTIC:
         lines.append("speculative-use-rejection-sampling: true")
     if p.sampling:  # a JSON string, as --preferred-sampling-params takes it (top_k -1: off)
@@ -446,6 +448,15 @@ def write_trtllm(p: Plan) -> str:
     if p.kind == "medusa":
         spec["num_medusa_heads"] = max_len
     spec["max_draft_len"] = max_len
+    if p.tree is not None:  # TensorRT-LLM's trees: static rank paths, or EAGLE-2's dynamic tree
+        t = p.tree
+        spec["max_draft_len"] = t["steps"]
+        if t["paths"]:
+            spec["medusa_choices" if p.kind == "medusa" else "eagle_choices"] = t["paths"]
+        else:
+            spec["use_dynamic_tree"] = True
+            spec["dynamic_tree_max_topK"] = t["topk"]
+        spec["max_total_draft_tokens"] = t["tokens"] - 1
     if p.drafter:
         spec["speculative_model"] = p.drafter
     if sched:
@@ -463,10 +474,56 @@ def write_trtllm(p: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export_config(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False, output: Path | None = None) -> Export:
+def choose_tree(result: Result, source: Path, engine: str, k: int | None, synthetic: bool, tree: str | None, given: bool) -> dict[str, Any] | None:
+    """The draft tree an export writes, or None for a chain: `tree` as asked (it must be
+    the result's own tree or in its grid); without it, the result's own tree, else its
+    best tree when that beats the best chain — for engines that verify trees only. An
+    explicit --k (or --synthetic) asks for a chain."""
+    label = BY_ENGINE[engine].label
+    trees = result.trees
+    if tree is not None and given:
+        if engine not in (SGLANG, TRTLLM):
+            raise InputError(f"--tree: {label} verifies chains, not trees", "export the tree for --engine sglang or trtllm, or leave --tree out")
+        if k is not None or synthetic:
+            raise InputError(f"--tree and {'--k' if k is not None else '--synthetic'} ask for different things (a tree, a chain)", "give one of them")
+        rows = ([trees.tree] if trees is not None and trees.tree is not None else []) + (list(trees.grid) if trees is not None else [])
+        row = next((r for r in rows if _tree_text(r) == tree), None)
+        if row is None:
+            raise InputError(f"--tree {tree}: {source.name} did not estimate this tree", "pick one of the result's tree grid (its trees section), or re-run diagnose with this --tree")
+        return _tree_dict(row, "--tree")
+    if engine not in (SGLANG, TRTLLM) or k is not None or synthetic or trees is None:
+        return None
+    if trees.tree is not None:
+        return _tree_dict(trees.tree, "the result's own tree")
+    best, chain = trees.best_tree, result.metric("speedup_best")
+    if best is not None and best.speedup is not None and chain is not None and best.speedup > chain:
+        return _tree_dict(best, f"the result's best tree, faster than its best chain ({_f(best.speedup)}× vs {_f(chain)}×)")
+    return None
+
+
+def _tree_text(row: Any) -> str:
+    return json.dumps(row.paths, separators=(",", ":")) if row.paths else f"steps={row.steps},topk={row.topk},tokens={row.tokens}"
+
+
+def _tree_dict(row: Any, why: str) -> dict[str, Any]:
+    return {"steps": row.steps, "topk": row.topk, "tokens": row.tokens, "paths": row.paths, "tau": row.tau_tokens, "speedup": row.speedup, "why": why}
+
+
+def export_config(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False, output: Path | None = None, tree: str | None = None, tree_given: bool = False) -> Export:
     """The engine's config text and the note it rests on. vLLM writes its JSON unless the
-    output is a .yaml/.yml file (then a `vllm serve --config` YAML)."""
+    output is a .yaml/.yml file (then a `vllm serve --config` YAML). SGLang and TensorRT-LLM
+    get a draft tree where `choose_tree` picks one."""
+    chosen_tree = choose_tree(result, source, engine, k, synthetic, tree, tree_given)
     p = plan(result, source, engine, k, synthetic)
+    if chosen_tree is not None:
+        t = chosen_tree
+        if t["paths"] and engine == SGLANG:
+            raise InputError("SGLang builds its draft trees dynamically (steps, topk, num-draft-tokens); a static tree of rank paths is not one of its knobs", "export it for --engine trtllm (eagle_choices), or pick a steps=S,topk=T,tokens=N tree")
+        p.tree = t
+        p.k = t["steps"]
+        p.schedule = None
+        shape = f"{len(t['paths'])} static nodes, depth {t['steps']}" if t["paths"] else f"steps {t['steps']}, topk {t['topk']}, {t['tokens']} tokens verified"
+        p.notes.append(f"a draft tree ({shape}): {t['why']}; τ {_f(t['tau'])} tokens per verify step, speedup {_f(t['speedup'])}× (the K line above is the chain's)")
     if engine == VLLM:
         text = write_vllm(p, as_yaml=output is not None and output.suffix.lower() in (".yaml", ".yml"))
     elif engine == SGLANG:
