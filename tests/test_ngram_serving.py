@@ -60,3 +60,12 @@ def test_what_is_not_an_ngram_spec(tmp_path: Path, name: str, text: str) -> None
 def test_bad_llama_ngram_knob_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="l.sh: --spec-ngram-simple-size-n 0"):
         _read(tmp_path, "l.sh", "llama-server -m t.gguf --spec-type ngram-simple --spec-ngram-simple-size-n 0\n")
+
+
+def test_sglang_ngram_is_named_and_refused_in_one_line(tmp_path: Path) -> None:
+    """SGLang's NGRAM drafts a tree (specprobe's n-gram drafters are chains): the serving
+    config names it, and running it is refused with the reason."""
+    sv = _read(tmp_path, "g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\n")
+    assert sv.drafter_spec == "sglang-ngram"
+    with pytest.raises(ConfigError, match="SGLang's NGRAM is not implemented: it drafts a tree"):
+        NgramDrafter(sv.drafter_spec)

@@ -81,6 +81,10 @@ _HINT = "use ngram[:min=N,max=N,k=N], suffix[:max_tree_depth=N,max_spec_factor=X
 
 NOT_IMPLEMENTED = {
     "ngram_gpu": "vLLM's ngram_gpu is not implemented under its own name",
+    # SGLang's NGRAM (cpp_ngram): every match window from the longest down adds its
+    # continuations from a shared trie to one tree of up to speculative_num_draft_tokens
+    # nodes, verified as a tree — a tree even at breadth 1 when the windows disagree
+    "sglang-ngram": "SGLang's NGRAM is not implemented: it drafts a tree (one branch per match window, merged) that SGLang verifies as a tree, not a chain",
 }
 
 

@@ -172,13 +172,15 @@ def _ngram_spec(sv: ServingConfig) -> str | None:
     """The n-gram drafter an engine's config runs, as specprobe's drafter spec
     (specprobe.models.ngram): vLLM's prompt lookup with its prompt_lookup_min/max and K,
     llama-server's ngram-* types with their --spec-ngram-* knobs, vLLM's suffix decoding
-    with its suffix_decoding_* knobs; None for what specprobe does not implement (SGLang's
-    NGRAM)."""
+    with its suffix_decoding_* knobs; SGLang's NGRAM by a name specprobe refuses (it drafts
+    trees)."""
     if sv.engine == VLLM and sv.method in ("ngram", "ngram_gpu"):
         knobs = [f"{name}={int(sv.extra[key])}" for name, key in (("min", "prompt_lookup_min"), ("max", "prompt_lookup_max")) if sv.extra.get(key) is not None]
         if sv.num_speculative_tokens is not None:
             knobs.append(f"k={sv.num_speculative_tokens}")
         return "ngram" + (":" + ",".join(knobs) if knobs else "")
+    if sv.engine == SGLANG and sv.method == "NGRAM":  # named, so the drafter says why it is not run
+        return "sglang-ngram"
     if sv.engine == VLLM and sv.method == "suffix":  # suffix decoding: its suffix_decoding_* knobs
         knobs = [f"{name}={sv.extra[f'suffix_decoding_{name}']}" for name in ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob") if sv.extra.get(f"suffix_decoding_{name}") is not None]
         if sv.num_speculative_tokens is not None:
