@@ -179,3 +179,32 @@ def test_export_static_tree_to_trtllm(tiny_pair: dict[str, Path], pf: Path, tmp_
     assert got.exit_code == 0, got.output
     back = tree_setting(read_serving_config(out))
     assert back is not None and back[0] == "[[0],[1],[0,0]]"
+
+
+def test_reports_show_the_tree(tiny_pair: dict[str, Path], pf: Path, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from specprobe.report.console import render
+    from specprobe.report.csv_out import write_csv
+    from specprobe.report.html import render_html
+    from specprobe.report.markdown import render_markdown
+
+    r = run_diagnose(_cfg(tiny_pair, pf, "self:layers=1", sampling=SamplingFlags(temperature=1.0)))
+    assert r.trees is not None and r.trees.tree is not None
+    nodes = r.trees.tree.nodes
+    assert nodes and all(0.0 <= (n.accepted or 0.0) <= (n.verified or 0.0) + 1e-9 for n in nodes)
+    # the depth-1 nodes' acceptance adds up to depth 1's
+    assert sum(n.accepted or 0.0 for n in nodes if len(n.path) == 1) == pytest.approx(r.trees.tree.depth_accept[0], abs=1e-5)
+    buf = io.StringIO()
+    render(r, Console(file=buf, width=80, color_system=None))
+    text = buf.getvalue()
+    assert "draft tree steps=3,topk=4,tokens=8" in text and "fastest draft trees and chains" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    md = render_markdown(r)
+    assert "#### Draft tree `steps=3,topk=4,tokens=8`" in md and "| depth | accepted | rank 1 |" in md
+    html = render_html(r)
+    assert 'id="chart-tree"' in html and "Fastest draft trees and chains" in html
+    names = {p.name for p in write_csv(r, tmp_path / "csv")}
+    assert {"trees.csv", "tree_depth.csv"} <= names

@@ -113,6 +113,7 @@ class TreeSums:
     window: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [S] Σ_t r_i(t) over the starts whose depth i lies inside
     windows: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [S] how many such starts
     by_rank: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [S, T]
+    starts: np.ndarray | None = None  # one reference's P(a round starts at t) [n] (not summed)
 
     def __post_init__(self) -> None:
         for name in ("accepted", "drafted", "window", "windows"):
@@ -122,6 +123,7 @@ class TreeSums:
             self.by_rank = np.zeros((self.steps, self.topk))
 
     def add(self, other: TreeSums) -> None:
+        self.starts = None  # one reference's; a sum has none
         self.tokens += other.tokens
         self.rounds += other.rounds
         self.accepted += other.accepted
@@ -184,6 +186,9 @@ class TreeAccumulator:
     shape: TreeShape | None = None
     sums: dict[str, TreeSums] = field(default_factory=dict)
     shapes: dict[str, TreeShape] = field(default_factory=dict)
+    # the run's own tree, node by node: rank path -> [Σ rounds verifying it, Σ P(it is on
+    # the accepted path)], rounds weighted by the probability that the loop starts one there
+    nodes: dict[tuple[int, ...], list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.shapes:
@@ -221,17 +226,59 @@ class TreeAccumulator:
                 full, prob = built[(shape.topk, deepest)]
                 nodes = Nodes(full.depth, full.rank, full.parent, full.score, select(full.score, full.depth, shape.steps, shape.tokens))
             counted = tally(shape, nodes, prob)
-            self.sums[key].add(_sequence_sums(shape, counted.survival, counted.by_rank, n))
+            seq = _sequence_sums(shape, counted.survival, counted.by_rank, n)
+            self.sums[key].add(seq)
+            if shape == self.shape and seq.starts is not None:
+                self._add_nodes(shape, nodes, prob, seq.starts)
+
+    def _add_nodes(self, shape: TreeShape, nodes: Nodes, prob: np.ndarray, start: np.ndarray) -> None:
+        """Each verified node's rank path, summed over the rounds (weighted by `start`)."""
+        n, m = prob.shape
+        base = shape.topk + 1
+        code = np.zeros((n, m), dtype=np.int64)
+        rows = np.arange(n)
+        for j in range(m):
+            par = nodes.parent[:, j]
+            code[:, j] = np.where(par < 0, 0, code[rows, np.maximum(par, 0)]) * base + nodes.rank[j] + 1
+        # as the rank table: a round at t drafts only the depths up to n − 1 − t
+        reach = nodes.depth[None, :] <= (n - 1 - np.arange(n))[:, None]
+        live = nodes.verified & (nodes.depth[None, :] <= shape.steps) & reach
+        codes, inv = np.unique(code[live], return_inverse=True)
+        w = np.broadcast_to(start[:, None], (n, m))[live]
+        ver = np.bincount(inv, weights=w, minlength=len(codes))
+        acc = np.bincount(inv, weights=(w * prob[live]), minlength=len(codes))
+        for c, v, a in zip(codes.tolist(), ver.tolist(), acc.tolist(), strict=True):
+            path: list[int] = []
+            while c:
+                path.append(c % base - 1)
+                c //= base
+            cell = self.nodes.setdefault(tuple(reversed(path)), [0.0, 0.0])
+            cell[0] += v
+            cell[1] += a
+
+    def node_table(self, limit: int = 64) -> list[dict[str, Any]]:
+        """The run's tree node by node, most often verified first: its rank path, the share
+        of rounds that verify it and the probability that it is on a round's accepted path."""
+        own = self.own
+        if own is None or not len(own.drafted) or own.drafted[0] <= 0:
+            return []
+        per = float(own.drafted[0])  # the rounds that drafted (the last token of a reference drafts nothing)
+        rows = sorted(self.nodes.items(), key=lambda kv: (-kv[1][0], len(kv[0]), kv[0]))[:limit]
+        return [{"path": list(p), "verified": round(v / per, 6), "accepted": round(a / per, 6)} for p, (v, a) in sorted(rows, key=lambda kv: (len(kv[0]), kv[0]))]
 
     def merge(self, other: TreeAccumulator) -> TreeAccumulator:
         for k, s in other.sums.items():
             if k in self.sums:
                 self.sums[k].add(s)
+        for p, (v, a) in other.nodes.items():
+            cell = self.nodes.setdefault(p, [0.0, 0.0])
+            cell[0] += v
+            cell[1] += a
         return self
 
     def to_state(self) -> dict[str, Any]:
         return {"k_max": self.k_max, "width": self.width, "shape": None if self.shape is None else self.shape.to_dict(),
-                "sums": {k: s.to_state() for k, s in self.sums.items()}}
+                "sums": {k: s.to_state() for k, s in self.sums.items()}, "nodes": [[list(p), v] for p, v in self.nodes.items()]}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> TreeAccumulator:
@@ -243,6 +290,7 @@ class TreeAccumulator:
         for k, v in s["sums"].items():
             if k in acc.sums:
                 acc.sums[k] = TreeSums.from_state(v)
+        acc.nodes = {tuple(p): [float(x) for x in v] for p, v in s.get("nodes", [])}
         return acc
 
 
@@ -265,4 +313,5 @@ def _sequence_sums(shape: TreeShape, surv: np.ndarray, by_rank: np.ndarray, n: i
     t = np.arange(n)
     reach = (np.arange(1, s + 1)[:, None] <= (n - 1 - t)[None, :])  # [S, n]
     out.by_rank = np.einsum("drn,n,dn->dr", by_rank, start, reach.astype(float))
+    out.starts = start
     return out

@@ -121,7 +121,7 @@ def tree_section(acc: TreeAccumulator, cost_ratio: float, verify: Sequence[float
         row = next((r for s, _, r in rows if s == acc.shape), None)
         if row is not None:
             chain = next((r for r in chains if r["steps"] == acc.shape.steps), None)
-            out["tree"] = {**row, "depth_accept": [_f(x) for x in own.depth_accept()],
+            out["tree"] = {**row, "depth_accept": [_f(x) for x in own.depth_accept()], "nodes": acc.node_table(),
                            "rank_shares": [[_f(x) for x in r] for r in own.rank_shares()],
                            "chain_tau_tokens": chain["tau_tokens"] if chain else None, "chain_speedup": chain["speedup"] if chain else None}
     return out

@@ -205,3 +205,45 @@ def histogram_chart(
     total = sum(c or 0 for c in counts) or 1
     shares: list[float | None] = [(c or 0) / total for c in counts]
     return bar_chart(chart_id, title, bin_labels, [Series("", shares, color)], y_label="share of positions", x_label=x_label, y_fmt=pct_axis, tick_every=4)
+
+
+def tree_chart(chart_id: str, title: str, nodes: Sequence[tuple[Sequence[int], float | None, float | None]], max_nodes: int = 40) -> str:
+    """A draft tree drawn left to right: the root, then each node by its rank path (depth
+    across, siblings down), an edge to its parent, its fill darker the likelier it is on
+    the accepted path, labelled with that probability; a node verified in only some
+    rounds is drawn dashed. nodes: (rank path, share of rounds verifying it, probability
+    it is on the accepted path)."""
+    kept = sorted(nodes, key=lambda n: (-(n[1] or 0.0), len(n[0]), tuple(n[0])))[:max_nodes]
+    paths = {tuple(p) for p, _, _ in kept}
+    kept = [n for n in kept if len(n[0]) == 1 or tuple(n[0][:-1]) in paths]  # every drawn node's parent is drawn
+    kept.sort(key=lambda n: tuple(n[0]))  # depth-first order: a subtree's rows stay together
+    depth = max((len(p) for p, _, _ in kept), default=1)
+    leaves = max(1, len(kept))
+    h = max(H, 24 + 22 * leaves)
+    x_of = lambda d: 30 + (W - 160) * d / max(depth, 1)  # noqa: E731
+    y_of = lambda i: 30 + (h - 50) * (i + 0.5) / leaves  # noqa: E731
+    parts = [
+        f'<svg id="{esc(chart_id)}" class="chart" viewBox="0 0 {W} {h}" role="img" aria-labelledby="{esc(chart_id)}-t" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{esc(chart_id)}-t">{esc(title)}</title>',
+        f'<text class="label" x="8" y="16">{esc(title)}</text>',
+    ]
+    root_y = (y_of(0) + y_of(leaves - 1)) / 2 if kept else h / 2
+    pos: dict[tuple[int, ...], tuple[float, float]] = {(): (x_of(0), root_y)}
+    for i, (p, _, _) in enumerate(kept):
+        pos[tuple(p)] = (x_of(len(p)), y_of(i))
+    for p, _, _ in kept:
+        (x0, y0), (x1, y1) = pos[tuple(p[:-1])], pos[tuple(p)]
+        parts.append(f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x1:.1f}" y2="{y1:.1f}" stroke="#94a3b8" stroke-width="1.2"/>')
+    parts.append(f'<circle cx="{pos[()][0]:.1f}" cy="{pos[()][1]:.1f}" r="7" fill="#334155"><title>root: the last verified token</title></circle>')
+    for p, ver, acc in kept:
+        x, y = pos[tuple(p)]
+        a = 0.0 if acc is None or math.isnan(acc) else max(0.0, min(1.0, acc))
+        shade = int(235 - 190 * math.sqrt(a))
+        dash = "" if ver is None or ver >= 0.999 else ' stroke-dasharray="3 2"'
+        ranks = ".".join(str(r + 1) for r in p)
+        tip = f"rank path {ranks}: verified in {100 * (ver or 0):.0f}% of rounds, on the accepted path in {100 * a:.1f}%"
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="7" fill="rgb({shade},{shade + 10 if shade < 245 else 255},255)" stroke="#1e3a8a"{dash}><title>{esc(tip)}</title></circle>')
+        parts.append(f'<text class="tick" x="{x + 10:.1f}" y="{y + 4:.1f}">{esc(ranks)} · {100 * a:.1f}%</text>')
+    parts.append(f'<text class="tick" x="8" y="{h - 8}">ranks from 1 (the drafter\'s best); dashed: not in every round\'s tree</text>')
+    parts.append("</svg>")
+    return "".join(parts)

@@ -28,6 +28,10 @@ from specprobe.report.fmt import (
     pct,
     procedure_headline,
     signed_pct,
+    top_trees,
+    tree_depth_rows,
+    tree_label,
+    tree_lines,
 )
 from specprobe.report.terminal import Column, Grid
 from specprobe.result import BucketRow, Comparison, DomainRow, Finding, Result, SamplingSide
@@ -266,6 +270,31 @@ def depth_k_table(result: Result) -> Grid:
     return g
 
 
+def tree_tables(result: Result) -> list[Grid]:
+    """Draft trees: the run's tree by depth and accepted rank, and the grid's fastest shapes."""
+    out = []
+    rows = tree_depth_rows(result, none=EM_DASH)
+    if rows:
+        assert result.trees is not None and result.trees.tree is not None
+        g = Grid([Column("depth", justify="right"), Column("accepted", "acc", "right"), Column("rank 1", "r1", "right"), Column("rank 2", "r2", "right"),
+                  Column("rank 3", "r3", "right", "drop", 2), Column("rank ≥ 4", "r4+", "right", "drop", 1)],
+                 title=f"draft tree {tree_label(result.trees.tree)}: acceptance by depth, and the accepted node's rank among its parent's candidates")
+        for r in rows:
+            g.add(*r)
+        out.append(g)
+    best = top_trees(result)
+    if best:
+        assert result.trees is not None
+        bt, bc = result.trees.best_tree, result.trees.best_chain
+        g = Grid([Column("tree"), Column("τ", None, "right"), Column("τ window", "τ win", "right", "drop", 2), Column("round cost", "cost", "right", "drop", 1), Column("speedup", justify="left")],
+                 title="fastest draft trees and chains (teacher-forced; SGLang's steps, topk, tokens)")
+        for r in best:
+            mark = " ◀ best tree" if bt is not None and r == bt else " ◀ best chain" if bc is not None and r == bc else ""
+            g.add(tree_label(r), _f(r.tau_tokens, ".2f"), _f(r.tau_window_tokens, ".2f"), _f(r.round_cost, ".2f"), f"{_f(r.speedup, '.2f')}×{mark}")
+        out.append(g)
+    return out
+
+
 def batch_table(result: Result) -> Grid | None:
     """Estimated speedup per (batch size, K) when several batch sizes were timed."""
     c = result.cost
@@ -389,6 +418,10 @@ def render(result: Result, console: Console, full: bool = True) -> None:
         console.print(length_table(result))
     if result.k_table:
         console.print(depth_k_table(result))
+    for g in tree_tables(result):
+        console.print(g)
+    for line in tree_lines(result, none=EM_DASH):
+        console.print(line, highlight=False, markup=False)
     a, c = result.adaptive, result.cost
     if a and a.beats_fixed is False:
         best = result.metrics.get("best_k")

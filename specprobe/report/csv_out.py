@@ -100,6 +100,14 @@ def tables(result: Result | Comparison) -> dict[str, Any]:
             out[key] = _frame(rows)
     if result.drafter.kind == "ngram" and result.scored:
         out["ngram"] = _ngram_frame(result)
+    if result.trees is not None:  # draft trees: the grid, and the run's tree by depth and accepted rank
+        if result.trees.grid:
+            out["trees"] = _frame(result.trees.grid).drop(columns=["paths"])
+        t = result.trees.tree
+        if t is not None and t.depth_accept:
+            width = max((len(r) for r in t.rank_shares), default=0)
+            out["tree_depth"] = pd.DataFrame([{"depth": d, "accepted": a, **{f"rank_{r + 1}_share": (t.rank_shares[d - 1][r] if d - 1 < len(t.rank_shares) and r < len(t.rank_shares[d - 1]) else None) for r in range(width)}}
+                                              for d, a in enumerate(t.depth_accept, start=1)])
     meas = result.measured
     if meas and meas.k_table and "k_table" in out:
         m = _frame(meas.k_table).add_prefix("measured_").rename(columns={"measured_k": "k"})

@@ -163,3 +163,57 @@ NGRAM_NOTE = (
     "and the reference's next tokens say how many are accepted (a deterministic draft token is accepted with p_target(token)); "
     "α, KL and greedy agreement do not apply."
 )
+
+
+# ----------------------------------------------------------------------------- draft trees
+def tree_label(row: Any) -> str:
+    """A tree row as its knobs: 'steps=3,topk=4,tokens=8', a static tree by its size."""
+    if getattr(row, "paths", None):
+        return f"static tree ({len(row.paths)} nodes, depth {row.steps})"
+    if row.topk == 1:
+        return f"chain K={row.steps}"
+    return f"steps={row.steps},topk={row.topk},tokens={row.tokens}"
+
+
+def tree_depth_rows(result: Any, none: str = DASH) -> list[list[str]]:
+    """The run's tree by depth: acceptance of depths 1..d and the accepted node's rank
+    (rank 1, 2, 3, 4 and beyond, as shares)."""
+    t = result.trees.tree if result.trees is not None else None
+    if t is None:
+        return []
+    rows = []
+    for d, acc in enumerate(t.depth_accept, start=1):
+        shares = t.rank_shares[d - 1] if d - 1 < len(t.rank_shares) else []
+        head = [pct(shares[r], none=none) if r < len(shares) else none for r in range(3)]
+        rest = [x for x in shares[3:] if x is not None]
+        rows.append([str(d), pct(acc, none=none), *head, pct(sum(rest), none=none) if rest else none])
+    return rows
+
+
+def tree_lines(result: Any, none: str = DASH) -> list[str]:
+    """The tree section in sentences: the run's tree against its chain, and the grid's
+    best tree against its best chain, with how the rounds were priced."""
+    tr = result.trees
+    if tr is None:
+        return []
+    out = []
+    t = tr.tree
+    if t is not None:
+        out.append(f"{tree_label(t)}: τ {fixed(t.tau_tokens, '.2f', none)} tokens per round, speedup {fixed(t.speedup, '.2f', none)}× "
+                   f"(its chain, K={t.steps}: τ {fixed(t.chain_tau_tokens, '.2f', none)}, {fixed(t.chain_speedup, '.2f', none)}×)")
+    bt, bc = tr.best_tree, tr.best_chain
+    if bt is not None:
+        vs = f" against the best chain ({tree_label(bc)}, τ {fixed(bc.tau_tokens, '.2f', none)}, {fixed(bc.speedup, '.2f', none)}×)" if bc is not None else ""
+        out.append(f"best tree of the grid: {tree_label(bt)}, τ {fixed(bt.tau_tokens, '.2f', none)}, {fixed(bt.speedup, '.2f', none)}×{vs}")
+    if tr.costs:
+        out.append(f"tree rounds: {tr.costs}")
+    return out
+
+
+def top_trees(result: Any, n: int = 6) -> list[Any]:
+    """The grid's fastest shapes (trees and chains), best first."""
+    tr = result.trees
+    if tr is None:
+        return []
+    rows = [r for r in tr.grid if num(r.speedup) is not None]
+    return sorted(rows, key=lambda r: (-r.speedup, r.tokens, r.steps))[:n]

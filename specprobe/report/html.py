@@ -14,7 +14,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from specprobe.judge.catalog import CATALOG
-from specprobe.report.charts import Series, bar_chart, esc, histogram_chart, line_chart, pct_axis
+from specprobe.report.charts import (
+    Series,
+    bar_chart,
+    esc,
+    histogram_chart,
+    line_chart,
+    pct_axis,
+    tree_chart,
+)
 from specprobe.report.drill_html import drill_section
 from specprobe.report.fmt import (
     NGRAM_NOTE,
@@ -29,6 +37,10 @@ from specprobe.report.fmt import (
     procedure_headline,
     signed_delta,
     signed_pct,
+    top_trees,
+    tree_depth_rows,
+    tree_label,
+    tree_lines,
 )
 from specprobe.report.fmt import fixed as fnum
 from specprobe.result import (
@@ -226,6 +238,7 @@ def render_html(result: Result) -> str:
     parts.append(_depth_section(result))
     parts.append(_speedup_section(result))
     parts.append(_batch_section(result))
+    parts.append(_tree_section(result))
     parts.append(_histogram_sections(result))
     if ngram:
         parts.append(_ngram_section(result.by_domain, "chart-ngram-domain", "n-gram proposals by domain", "domain"))
@@ -351,6 +364,28 @@ def _batch_section(result: Result) -> str:
         "Where a line stays under 1×, speculative decoding slows that batch size down."
     )
     return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if cost.batches[i].batch_size == cost.batch_size else ""), "Speedup by batch size")
+
+
+def _tree_section(result: Result) -> str:
+    """Draft trees: the run's tree drawn node by node with each node's acceptance, its
+    depth × rank table, and the grid's fastest shapes."""
+    tr = result.trees
+    if tr is None:
+        return ""
+    out = []
+    t = tr.tree
+    if t is not None:
+        chart = tree_chart("chart-tree", f"Draft tree {tree_label(t)}: P(node on the accepted path)", [(n.path, n.verified, n.accepted) for n in t.nodes])
+        table = _table(("depth", "accepted", "rank 1", "rank 2", "rank 3", "rank ≥ 4"), tree_depth_rows(result))
+        caption = ("Each node is a rank path: 1.2 is the second candidate below the first. Teacher-forced along the references; "
+                   "a node's acceptance is Σ over rounds of Π p_target along its path. " + " ".join(tree_lines(result)))
+        out.append(_row(chart, esc(caption), table, "Acceptance by depth and accepted rank"))
+    best = top_trees(result)
+    if best:
+        body = [[tree_label(r), fnum(r.tau_tokens, ".2f"), fnum(r.tau_window_tokens, ".2f"), fnum(r.round_cost, ".2f"), fnum(r.speedup, ".2f") + "×"] for r in best]
+        marks = {id(tr.best_tree): "best", id(tr.best_chain): "best"}
+        out.append(f'<div><h3>Fastest draft trees and chains</h3>{_table(("tree", "τ", "τ window", "round cost", "speedup"), body, row_class=lambda i: marks.get(id(best[i]), ""))}</div>')
+    return "".join(out)
 
 
 def _histogram_sections(result: Result) -> str:

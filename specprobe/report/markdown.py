@@ -22,6 +22,10 @@ from specprobe.report.fmt import (
     pct,
     procedure_headline,
     signed_pct,
+    top_trees,
+    tree_depth_rows,
+    tree_label,
+    tree_lines,
 )
 from specprobe.result import Comparison, Finding, Result
 
@@ -113,12 +117,30 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
             body.append(row)
         lines += _table(head, body)
         lines += _cost_lines(result)
+    lines += _tree_lines(result)
     d = result.depth
     if d and d.cumulative:
         lines += ["#### Acceptance by draft depth (estimate; depth from 1)", ""]
         lines += _table(("depth", "cumulative r_j", "conditional a_j"), [[j, pct(c), pct(a)] for j, c, a in zip(d.depth, d.cumulative, d.conditional, strict=False)])
     lines.append("_Estimates from teacher forcing" + ("; measured values from real speculative decoding._" if mk else "._"))
     return "\n".join(lines) + "\n"
+
+
+def _tree_lines(result: Result) -> list[str]:
+    """Draft trees: the run's tree by depth and accepted rank, the fastest shapes, the best tree beside the best chain."""
+    if result.trees is None:
+        return []
+    out: list[str] = []
+    rows = tree_depth_rows(result)
+    if rows and result.trees.tree is not None:
+        out += [f"#### Draft tree `{tree_label(result.trees.tree)}` (estimate)", ""]
+        out += _table(("depth", "accepted", "rank 1", "rank 2", "rank 3", "rank ≥ 4"), rows)
+    best = top_trees(result)
+    if best:
+        out += ["#### Fastest draft trees and chains (estimate)", ""]
+        out += _table(("tree", "τ", "τ window", "round cost", "speedup"), [[f"`{tree_label(r)}`", fixed(r.tau_tokens, ".2f"), fixed(r.tau_window_tokens, ".2f"), fixed(r.round_cost, ".2f"), f"{fixed(r.speedup, '.2f')}×"] for r in best])
+    out += [*(f"- {line}" for line in tree_lines(result)), ""] if tree_lines(result) else []
+    return out
 
 
 def _ngram_lines(result: Result) -> list[str]:

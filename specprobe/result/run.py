@@ -514,11 +514,21 @@ class TreeRow(Part):
     speedup: Num = None
 
 
+class TreeNode(Part):
+    """One node of the run's tree by its rank path ([0, 1]: the first candidate's second
+    child): how often a round verifies it and how likely it is on the accepted path."""
+
+    path: list[int]
+    verified: Num = Field(description="Share of rounds whose tree holds this node.")
+    accepted: Num = Field(description="Probability, per round, that the accepted path passes through it.")
+
+
 class TreeOwn(TreeRow):
     """The run's own tree, with its evidence: acceptance by depth and, per depth, the share
     of accepted nodes that were their parent's rank-1, 2, … candidate."""
 
     depth_accept: list[Num] = Field(default_factory=list)
+    nodes: list[TreeNode] = Field(default_factory=list, description="The most often verified nodes (up to 64), by rank path.")
     rank_shares: list[list[Num]] = Field(default_factory=list)
     chain_tau_tokens: Num = Field(default=None, description="The chain of the same depth (topk 1).")
     chain_speedup: Num = None
