@@ -208,3 +208,16 @@ def test_reports_show_the_tree(tiny_pair: dict[str, Path], pf: Path, tmp_path: P
     assert 'id="chart-tree"' in html and "Fastest draft trees and chains" in html
     names = {p.name for p in write_csv(r, tmp_path / "csv")}
     assert {"trees.csv", "tree_depth.csv"} <= names
+
+
+def test_sweep_estimates_each_drafters_tree_as_diagnose_does(tiny_pair: dict[str, Path], pf: Path) -> None:
+    from specprobe.probe.sweep import run_sweep
+
+    cfg = _cfg(tiny_pair, pf, "self:layers=1", sampling=SamplingFlags(temperature=1.0))
+    drafters = ["self:layers=1", str(tiny_pair["twin"])]
+    sw = run_sweep(cfg, drafters)
+    for spec, row, r in zip(drafters, sw.report.rows, sw.results, strict=True):
+        alone = run_diagnose(_cfg(tiny_pair, pf, spec, sampling=SamplingFlags(temperature=1.0)))
+        assert r.trees is not None and alone.trees is not None and alone.trees.tree is not None
+        assert row.tree_tau_tokens == pytest.approx(alone.trees.tree.tau_tokens, abs=1e-6)
+        assert row.tree_best is not None

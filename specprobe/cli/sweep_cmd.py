@@ -57,6 +57,14 @@ def render_sweep(report: object, console: Console) -> None:
             s.add(r.drafter, *(fixed(v, ".2f", none=EM_DASH) for v in r.speedup_by_k), *([EM_DASH] * (ks - len(r.speedup_by_k))))
         console.print("")
         console.print(s)
+    if any(r.tree_best is not None or r.tree_tau_tokens is not None for r in report.rows):
+        t = Grid([Column("drafter"), Column("tree τ", justify="right"), Column("tree speedup", "tree ×", "right"), Column("best tree"), Column("best tree speedup", "best ×", "right")],
+                 title="draft trees (the run's tree; the best of each drafter's grid)")
+        for r in report.rows:
+            t.add(r.drafter, fixed(r.tree_tau_tokens, ".2f", none=EM_DASH), fixed(r.tree_speedup, ".2f", none=EM_DASH) + ("×" if r.tree_speedup is not None else ""),
+                  r.tree_best or EM_DASH, fixed(r.tree_best_speedup, ".2f", none=EM_DASH) + ("×" if r.tree_best_speedup is not None else ""))
+        console.print("")
+        console.print(t)
     if any(not r.cost_measured and r.cost_ratio is not None for r in report.rows):
         console.print(Text(" * cost ratio given (--cost-ratio), not timed", style="dim"))
     if report.recommended:

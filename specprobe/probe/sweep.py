@@ -77,6 +77,10 @@ class SweepRow(Part):
     speedup_by_k: list[Num] = Field(default_factory=list, description="Estimated speedup for K = 1..k_max.")
     verdict: str = ""
     stopped: str | None = None
+    tree_tau_tokens: Num = Field(default=None, description="The run's draft tree (--tree, or the serving config's): estimated τ.")
+    tree_speedup: Num = None
+    tree_best: str | None = Field(default=None, description="The best tree of the drafter's grid (steps=S,topk=T,tokens=N), when trees were estimated.")
+    tree_best_speedup: Num = None
 
 
 class GroupEntry(Part):
@@ -144,7 +148,15 @@ def sweep_row(r: Result) -> SweepRow:
         best_k=r.best_k, tau_tokens=m.get("tau_tokens"), speedup_best=m.get("speedup_best"),
         tau_by_k=[by_k[k].tau_tokens if k in by_k else None for k in ks], speedup_by_k=[by_k[k].speedup if k in by_k else None for k in ks],
         verdict=r.verdict, stopped=r.stopped,
+        tree_tau_tokens=m.get("tree_tau_tokens"), tree_speedup=m.get("tree_speedup"),
+        tree_best=_tree_best(r), tree_best_speedup=m.get("tree_best_speedup"),
     )
+
+
+def _tree_best(r: Result) -> str | None:
+    """The best tree of a drafter's grid, as SGLang's knobs."""
+    b = r.trees.best_tree if r.trees is not None else None
+    return None if b is None else f"steps={b.steps},topk={b.topk},tokens={b.tokens}"
 
 
 def _finite(x: Any) -> bool:
@@ -254,10 +266,12 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
     import torch
 
     # deferred: loads torch, which the torch-free commands that import this module never need
+    from specprobe.metrics.tree import passing as tree_passing
     from specprobe.probe.scoring import (
         Chunk,
         _pad_id,
         _right_padded,
+        _tree_width,
         _wants,
         engine_confidence,
         score_chunk,
@@ -272,6 +286,7 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
     t = torch.from_numpy(t_np).to(ids.device)  # [P]
     layers = tuple(sorted({n for e in entries for n in e.drafter.target_layers_needed()}))
     wants = [_wants(e.sinks) for e in entries]
+    widths = [_tree_width(e.sinks) for e in entries]
     step = cfg.chunk_positions
     with torch.inference_mode(), capture_layers(target.model, layers) as captured:
         tp = TargetPass(ids, mask, target.last_hidden(ids, mask), dict(captured))
@@ -281,10 +296,14 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
             bb, tt = rows[c0 : c0 + step], t[c0 : c0 + step]  # [N]
             tl = target.head(tp.last_hidden[bb, tt])  # [N, V], once for every drafter
             chunk = Chunk(prompt_of[c0 : c0 + step], t_np[c0 : c0 + step] + 1)
-            for e, f, ds, (top, probes) in zip(entries, feats, depths, wants, strict=True):
+            for e, f, ds, (top, probes), width in zip(entries, feats, depths, wants, widths, strict=True):
                 drafts = ((d, e.drafter.logits(f[d][bb, (tt + 1 - d).clamp(min=0)], d)) for d in ds)  # [N, V'] each
                 passing, engine_conf = engine_confidence(drafts, cfg.confidence)
+                tree_seen: dict[int, Any] = {}
+                if width:  # draft trees: each depth's top candidates as they pass (metrics.tree)
+                    passing, tree_seen = tree_passing(passing, tl, e.sampling.target, width)
                 scores = with_confidence(score_chunk(tl, passing, tt + 1, e.sampling, top, probes, chunk), engine_conf)
+                scores.tree = tree_seen
                 for s in e.sinks:
                     s.chunk(chunk, scores)
             del tl
@@ -301,6 +320,8 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     """Every drafter in `drafters` against cfg.target, on one set of references."""
     from pathlib import Path
 
+    from specprobe.estimates.tree import TreeShape
+
     # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.metrics.accumulate import Accumulator
     from specprobe.probe.alignment import BLOCKING_RULES
@@ -308,7 +329,8 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from specprobe.probe.drilldown import DrillCollector
     from specprobe.probe.ngram import diagnose_ngram
     from specprobe.probe.scoring import Scored, SequenceCollector
-    from specprobe.probe.timing import cost_block, timing_settings
+    from specprobe.probe.timing import cost_block, timing_settings, tree_grid
+    from specprobe.probe.tree import TreeCollector, wants_trees
 
     if not drafters:
         raise ConfigError("sweep needs at least one drafter", "give DRAFTER arguments or --layers, e.g. --layers 16..29")
@@ -343,7 +365,10 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
         seq = SequenceCollector(acc, refs.items, False)
         groups = by_group[pair.drafter.spec] = GroupAccumulators(accumulator)
         scored[pair.drafter.spec] = Scored(acc, seq.rows, drill=drill)
-        entries.append(_Entry(pair.drafter, pair.sampling, [seq, drill, SequenceCollector(cast(Any, groups), refs.items, False)]))
+        trees = [TreeCollector(cfg, refs.items)] if wants_trees(cfg) else []  # each drafter's trees, as diagnose estimates them
+        if trees:
+            scored[pair.drafter.spec].tree = trees[0].acc
+        entries.append(_Entry(pair.drafter, pair.sampling, [seq, drill, SequenceCollector(cast(Any, groups), refs.items, False), *trees]))
     t0 = time.perf_counter()
     passes, interrupted = score_many(target, entries, refs.encoded, refs.conts, cfg, progress) if entries else (0, False)
     per_drafter_s = (time.perf_counter() - t0) / max(len(entries), 1)
@@ -366,7 +391,8 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
         s.interrupted = interrupted or refs.interrupted
         if cfg.cost_ratio is None:
             progress.note(f"measuring the cost ratio of {spec}")
-        cost = cost_block(target, pair.drafter, cfg.cost_ratio, **timing_settings(dcfg, refs.encoded, refs.conts, per_drafter_s))
+        tree_n, tree_w = tree_grid(cfg.tree_shape or (TreeShape(1, 1, 2) if wants_trees(cfg) else None))
+        cost = cost_block(target, pair.drafter, cfg.cost_ratio, **timing_settings(dcfg, refs.encoded, refs.conts, per_drafter_s, tree_n, tree_w))
         results.append(build_result(header, metrics, s, cost, dcfg, table, pair.drafter.kind, pair.alignment.evidence))
         k_top = max((k.k for k in results[-1].k_table), default=cfg.k_max)
         estimates[spec] = priced_groups(by_group[spec], cost, dcfg, k_top)

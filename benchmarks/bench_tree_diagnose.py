@@ -1,0 +1,66 @@
+"""diagnose with a draft tree against the chain of the same depth: wall time, interleaved
+A B A B in fresh processes, medians with min–max and the ratio.
+
+A: `diagnose … --engine sglang --tree steps=3,topk=4,tokens=8` (the tree's estimate, the
+   grid of trees for the recommendation, the tree passes timed with the costs).
+B: `diagnose … --engine vllm --k-max 3` (the chain of the same depth, no trees).
+
+Both draft with SmolLM2-135M's first layers (`self:layers=N`) against SmolLM2 on the
+built-in prompts; the references come from the same on-disk cache (warmed first), so the
+difference is the tree work. Goal (issue #24): A ≤ 1.5 × B.
+
+    python benchmarks/bench_tree_diagnose.py [--repeats 3] [--prompts 16] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def run(args: list[str]) -> float:
+    """One diagnose in a fresh process -> wall seconds."""
+    t0 = time.perf_counter()
+    subprocess.run(["specprobe", "diagnose", *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=24)
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-tree-"))
+    os.environ.setdefault("SPECPROBE_CACHE_DIR", str(work / "cache"))
+    common = ["smollm2", f"self:layers={a.layers}", "--max-prompts", str(a.prompts), "--max-new-tokens", str(a.tokens)]
+    tree = [*common, "--engine", "sglang", "--tree", "steps=3,topk=4,tokens=8", "--json", str(work / "tree.json")]
+    chain = [*common, "--engine", "vllm", "--k-max", "3", "--json", str(work / "chain.json")]
+    run(chain)  # warm the reference cache and the page cache
+    walls: dict[str, list[float]] = {"tree": [], "chain": []}
+    for i in range(a.repeats):
+        for name, args in (("tree", tree), ("chain", chain)) if i % 2 == 0 else (("chain", chain), ("tree", tree)):
+            w = run(args)
+            walls[name].append(w)
+            print(f"  {name:5s} {w:6.1f} s", flush=True)
+    ratios = [t / c for t, c in zip(walls["tree"], walls["chain"], strict=True)]
+
+    def med(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.1f} ({min(xs):.1f}–{max(xs):.1f})"
+
+    res = json.loads((work / "tree.json").read_text())
+    t = (res.get("trees") or {}).get("tree") or {}
+    print(f"SmolLM2-135M + self:layers={a.layers}, {a.prompts} built-in prompts × {a.tokens} tokens, {a.repeats} interleaved repeats, load {os.getloadavg()[0]:.1f}")
+    print(f"wall s     tree {med(walls['tree'])}   chain {med(walls['chain'])}   tree ÷ chain {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})")
+    print(f"tree τ {t.get('tau_tokens')} vs its chain {t.get('chain_tau_tokens')}; speedup {t.get('speedup')} vs {t.get('chain_speedup')}")
+
+
+if __name__ == "__main__":
+    main()
