@@ -245,6 +245,7 @@ def test_other_quantized_checkpoints_are_refused(tmp_path) -> None:
 
     from specprobe.core.errors import ModelLoadError
 
-    cfg = SimpleNamespace(quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128})
-    with pytest.raises(ModelLoadError, match="gptq 4 quantized checkpoint, which specprobe does not read yet"):
+    # GPTQ, AWQ and the compressed-tensors int packings are read (tests/test_quant_checkpoints.py)
+    cfg = SimpleNamespace(quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"})
+    with pytest.raises(ModelLoadError, match="a GPTQ checkpoint in the marlin format .*, which specprobe does not read"):
         quant.load_quantized_checkpoint(tmp_path, cfg, torch.float32)

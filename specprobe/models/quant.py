@@ -272,39 +272,10 @@ def checkpoint_quantization(config: Any) -> dict[str, Any] | None:
     return dict(qc) if isinstance(qc, dict) else qc.to_dict()
 
 
-def _fp8_compressed_tensors(qc: dict[str, Any]) -> bool:
-    if qc.get("quant_method") != "compressed-tensors" or qc.get("format") not in ("float-quantized", "naive-quantized"):
-        return False
-    groups = qc.get("config_groups") or {}
-    weights = [g.get("weights") or {} for g in groups.values()]
-    return bool(weights) and all(w.get("type") == "float" and int(w.get("num_bits", 0)) == 8 and w.get("strategy") in ("channel", "tensor") for w in weights)
-
-
-def dequantize_state(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], int]:
-    """A compressed-tensors fp8 state dict dequantized as vLLM's fallback does: each
-    `*.weight` stored as float8_e4m3fn times its `*.weight_scale` (one per output channel
-    [out, 1], or one for the tensor); activation scales (`*.input_scale`) dropped — the
-    activations stay in the compute dtype (W8A16). -> (state dict, layers dequantized)."""
-    out: dict[str, torch.Tensor] = {}
-    done = 0
-    for name, t in tensors.items():
-        if name.endswith((".weight_scale", ".input_scale", ".weight_zero_point")):
-            continue
-        scale = tensors.get(name + "_scale") if name.endswith(".weight") else None
-        if scale is not None and t.dtype == torch.float8_e4m3fn:
-            s = scale.float()
-            if s.dim() == 1 and s.numel() == t.shape[0] and s.numel() > 1:
-                s = s.unsqueeze(1)
-            t = t.float() * s
-            done += 1
-        out[name] = t.to(dtype) if t.is_floating_point() else t
-    return out, done
-
-
 def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
-    """A quantized checkpoint read without its engine: compressed-tensors (llm-compressor)
-    fp8 with channel or tensor scales, dequantized to `dtype`. -> (model, its record).
-    Other packings are refused with what to do."""
+    """A quantized checkpoint read without its engine (compressed-tensors fp8, int and
+    packed int; GPTQ; AWQ GEMM: specprobe.models.quant_checkpoint), dequantized to
+    `dtype`. -> (model, its record). Other formats are refused with what to do."""
     import copy
     from pathlib import Path
 
@@ -312,15 +283,10 @@ def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype) -> t
     from transformers import AutoModelForCausalLM
 
     from specprobe.core.errors import ModelLoadError
+    from specprobe.models.quant_checkpoint import check_format, dequantize_checkpoint
 
     qc = checkpoint_quantization(config) or {}
-    if not _fp8_compressed_tensors(qc):
-        method = qc.get("quant_method", "?")
-        fmt = qc.get("format") or qc.get("bits") or ""
-        raise ModelLoadError(
-            f"{folder}: a {method} {fmt} quantized checkpoint, which specprobe does not read yet (only compressed-tensors fp8 with channel or tensor scales)",
-            "pass the unquantized checkpoint with --target-quant/--draft-quant int4|int8|fp8 to simulate the served weights",
-        )
+    check_format(qc, folder)  # refused before the model is built
     plain = copy.deepcopy(config)
     if hasattr(plain, "quantization_config"):
         delattr(plain, "quantization_config")
@@ -328,14 +294,11 @@ def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype) -> t
     tensors: dict[str, torch.Tensor] = {}
     for f in sorted(Path(folder).glob("*.safetensors")):
         tensors.update(load_file(str(f)))
-    state, n = dequantize_state(tensors, dtype)
+    state, record = dequantize_checkpoint(tensors, qc, folder, dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(plain, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:
         raise ModelLoadError(f"{folder}: the quantized checkpoint's tensors do not match its config ({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(list(missing) + list(unexpected))[0]})", "check that config.json belongs to these safetensors files")
     if tied:
         model.tie_weights()
-    strategy = sorted({str((g.get("weights") or {}).get("strategy")) for g in (qc.get("config_groups") or {}).values()})
-    record = {"weights": "fp8" if strategy == ["channel"] else "fp8:per-tensor", "method": "checkpoint", "layers": n, "weight_rel_error": None,
-              "note": f"compressed-tensors fp8 checkpoint ({', '.join(strategy)} scales), dequantized to the compute dtype: the served weights, not a simulation"}
     return model, record
