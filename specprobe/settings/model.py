@@ -263,7 +263,7 @@ SETTINGS: tuple[Setting, ...] = (
         "serving_config", "--serving-config",
         "What the engine is launched with (repeatable): vLLM's --speculative-config JSON or vllm serve YAML, an SGLang launch YAML, a TensorRT-LLM "
         "speculative_config YAML, or a launch script / args file (vllm serve, sglang.launch_server, llama-server with its LLAMA_ARG_* variables, trtllm-serve). "
-        "Its engine, drafting, sampling, drafter and K fill what neither a flag nor --config sets.",
+        "Its engine, drafting, sampling, drafter, K and KV-cache dtypes fill what neither a flag nor --config sets.",
         list[Path] | None, commands=MODELS, file_key="serving_configs", file_type=list[Path], metavar="FILE", recorded=False,
     ),
     # ------------------------------------------------------------------ export
