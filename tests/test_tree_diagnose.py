@@ -221,3 +221,15 @@ def test_sweep_estimates_each_drafters_tree_as_diagnose_does(tiny_pair: dict[str
         assert r.trees is not None and alone.trees is not None and alone.trees.tree is not None
         assert row.tree_tau_tokens == pytest.approx(alone.trees.tree.tau_tokens, abs=1e-6)
         assert row.tree_best is not None
+
+
+def test_best_tree_by_batch_size(tiny_pair: dict[str, Path], pf: Path) -> None:
+    r = run_diagnose(_cfg(tiny_pair, pf, "self:layers=1", sampling=SamplingFlags(temperature=1.0), cost_ratio=None, verify_factor=None, batch_sizes=[1, 4]))
+    assert r.trees is not None and r.cost is not None
+    by = {b.batch_size: b for b in r.trees.by_batch}
+    assert set(by) == {1, 4}
+    for b in by.values():
+        assert b.best_chain is not None and b.best_chain.topk == 1
+        assert b.best_tree is None or b.best_tree.topk > 1
+    # the run's own batch size prices its rows as the grid does
+    assert by[4].best_chain == r.trees.best_chain

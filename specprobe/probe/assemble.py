@@ -324,9 +324,11 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     }
     trees = None
     if scored.tree is not None and acc.num_positions:  # draft trees (probe.tree): priced as the chain is
+        from specprobe.probe.tree import by_batch as tree_by_batch
         from specprobe.probe.tree import tree_batch, tree_metrics, tree_section
 
         trees = tree_section(scored.tree, c, priced.verify, tree_batch(cost, cfg.batch_size), cfg.verify_factor)
+        trees["by_batch"] = tree_by_batch(scored.tree, cost, k_top, cfg.cost_ratio, cfg.verify_factor)
         metrics.update(tree_metrics(trees, top))
     return {
         "trees": trees,

@@ -78,6 +78,22 @@ def _f(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
+def by_batch(acc: TreeAccumulator, cost: dict[str, Any], k_max: int, cost_ratio: float | None, verify_factor: float | None) -> list[dict[str, Any]]:
+    """The best tree and the best chain at each batch size the costs were timed at (two or
+    more), each priced with that batch size's own costs."""
+    from specprobe.estimates.costs import cost_tables
+
+    tables = cost_tables(cost, k_max, cost_ratio, verify_factor)
+    if len(tables) < 2:
+        return []
+    out = []
+    for t in tables:
+        c = 0.0 if t.cost_ratio is None or math.isnan(t.cost_ratio) else t.cost_ratio
+        sec = tree_section(acc, c, [r.verify_factor for r in t.rounds], t.raw, verify_factor)
+        out.append({"batch_size": t.batch_size, "best_tree": sec["best_tree"], "best_chain": sec["best_chain"]})
+    return out
+
+
 def tree_section(acc: TreeAccumulator, cost_ratio: float, verify: Sequence[float], batch_cost: dict[str, Any] | None, verify_factor: float | None = None) -> dict[str, Any]:
     """The result's tree section: the run's tree (per-depth acceptance, per-rank shares,
     its chain of the same depth), every grid tree's τ and speedup, and the best of each.

@@ -292,6 +292,13 @@ def tree_tables(result: Result) -> list[Grid]:
             mark = " ◀ best tree" if bt is not None and r == bt else " ◀ best chain" if bc is not None and r == bc else ""
             g.add(tree_label(r), _f(r.tau_tokens, ".2f"), _f(r.tau_window_tokens, ".2f"), _f(r.round_cost, ".2f"), f"{_f(r.speedup, '.2f')}×{mark}")
         out.append(g)
+    if result.trees is not None and len(result.trees.by_batch) > 1:
+        g = Grid([Column("batch", justify="right"), Column("best tree"), Column("speedup", "×", "right"), Column("best chain"), Column("chain speedup", "chain ×", "right")],
+                 title="best draft tree and chain by batch size (costs timed at each)")
+        for b in result.trees.by_batch:
+            g.add(str(b.batch_size), tree_label(b.best_tree) if b.best_tree else EM_DASH, f"{_f(b.best_tree.speedup if b.best_tree else None, '.2f')}×",
+                  tree_label(b.best_chain) if b.best_chain else EM_DASH, f"{_f(b.best_chain.speedup if b.best_chain else None, '.2f')}×")
+        out.append(g)
     return out
 
 

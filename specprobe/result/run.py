@@ -534,6 +534,14 @@ class TreeOwn(TreeRow):
     chain_speedup: Num = None
 
 
+class TreeBatch(Part):
+    """The best tree and chain at one batch size, priced with its own timed costs."""
+
+    batch_size: int
+    best_tree: TreeRow | None = None
+    best_chain: TreeRow | None = None
+
+
 class Trees(Part):
     """Draft trees (diagnose): the run's tree when it has one, and the grid the
     recommendation compares, with the best tree beside the best chain."""
@@ -543,6 +551,7 @@ class Trees(Part):
     best_tree: TreeRow | None = None
     best_chain: TreeRow | None = None
     costs: str = Field(default="", description="How the tree rounds were priced.")
+    by_batch: list[TreeBatch] = Field(default_factory=list, description="With two or more --batch-sizes timed: the best tree and chain at each.")
 
 
 # ----------------------------------------------------------------------------- the result
