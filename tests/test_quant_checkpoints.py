@@ -155,7 +155,10 @@ def test_compressed_tensors_int_quantized_w8a8(tmp_path: Path) -> None:
         state[p + ".weight"], state[p + ".weight_scale"] = q, s
         want[p] = (q.float() * s.float()).to(torch.bfloat16).float()
     acts = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
-    got, record = _load(_write(src, tmp_path / "w8a8", state, _ct_qc("int-quantized", {"num_bits": 8, "symmetric": True, "strategy": "channel"}, acts)))
+    for layer in range(2):  # an fp8 kv_cache_scheme's scales: dropped (--kv-cache-dtype fp8 uses 1.0)
+        state[f"model.layers.{layer}.self_attn.k_scale"], state[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(0.02), torch.tensor(0.03)
+    qc = {**_ct_qc("int-quantized", {"num_bits": 8, "symmetric": True, "strategy": "channel"}, acts), "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}}
+    got, record = _load(_write(src, tmp_path / "w8a8", state, qc))
     for p, w in want.items():
         assert torch.equal(got[p + ".weight"], w), p
     _check_rest(got, src, set(want))

@@ -164,7 +164,9 @@ def _compressed_tensors(tensors: dict[str, torch.Tensor], qc: dict[str, Any], fo
     for p in prefixes:
         out[p + ".weight"], kind = _ct_layer(tensors, p, qc, folder, dtype)
         kinds.append(kind)
-    skip = (".weight_scale", ".weight_zero_point", ".weight_g_idx", ".weight_shape", ".weight_packed", ".input_scale", ".input_zero_point", ".output_scale")
+    # activation and KV-cache scales (kv_cache_scheme's k_scale / v_scale) are dropped: the
+    # activations stay in the compute dtype, and --kv-cache-dtype fp8 uses scales of 1.0
+    skip = (".weight_scale", ".weight_zero_point", ".weight_g_idx", ".weight_shape", ".weight_packed", ".input_scale", ".input_zero_point", ".output_scale", ".k_scale", ".v_scale", ".q_scale")
     for name, v in tensors.items():
         if name in out or name.endswith(skip) or (name.endswith(".weight") and name[: -len(".weight")] in prefixes):
             continue
