@@ -135,3 +135,26 @@ def test_sweep_command_prints_and_writes_the_advice(tiny_pair, tmp_path) -> None
     assert (table.groupby(["scope", "group"]).recommended.sum() == 1).all()
     html = (tmp_path / "sweep.html").read_text()
     assert 'id="by-group"' in html and "Fastest drafter by category" in html
+
+
+def test_drafters_of_their_own_length_stay_out_of_the_k_table() -> None:
+    import io
+
+    from specprobe.cli.sweep_cmd import render_sweep
+    from specprobe.probe.sweep import SweepRow
+    from specprobe.report.terminal import console
+
+    rows = [
+        SweepRow(drafter="self:layers=16", kind="layer_skip", best_k=1, tau_tokens=1.1, speedup_best=0.57, speedup_by_k=[0.57, 0.26, 0.21], accept_prob_mean=0.095),
+        SweepRow(drafter="suffix:max_spec_factor=2,min_token_prob=0.05,k=16", kind="ngram", best_k=16, tau_tokens=1.47, speedup_best=1.13, speedup_by_k=[None] * 15 + [1.13]),
+    ]
+    report = SweepReport(created="now", target="t", reference="on-policy", num_prompts=1, num_positions=10, target_passes=1, rows=rows, recommended=rows[1].drafter)
+    buf = io.StringIO()
+    render_sweep(report, console(file=buf, width=80))
+    lines = buf.getvalue().splitlines()
+    assert max(len(x) for x in lines) <= 80
+    table = lines[lines.index("estimated speedup by draft length K") :]
+    assert any(x.split()[:1] == ["self:layers=16"] for x in table)
+    assert not any(x.split()[:1] == [rows[1].drafter] for x in table) and "K=16" not in buf.getvalue()
+    top = next(x for x in lines if rows[1].drafter in x)
+    assert "16" in top.split() and "1.13×" in top  # its own K and speedup, in the first table

@@ -32,7 +32,7 @@ def render_sweep(report: object, console: Console) -> None:
     g = Grid(
         [
             Column("drafter"),
-            Column("α accept", "α", "right"),
+            Column("α accept", "α", "right", "drop", 1),  # none for an n-gram drafter: gives way after KL
             Column("KL nats", "KL", "right", "drop", 2),
             Column("cost ratio", "c", "right"),
             Column("best K", "K", "right"),
@@ -50,10 +50,13 @@ def render_sweep(report: object, console: Console) -> None:
             fixed(r.tau_tokens, ".2f", none=EM_DASH), fixed(r.speedup_best, ".2f", none=EM_DASH) + "×", r.stopped and "stopped: alignment errors" or r.verdict, style=mark,
         )
     console.print(g)
-    ks = max((len(r.speedup_by_k) for r in report.rows), default=0)
+    # drafters with a draft length of their own (llama.cpp's n-gram types, suffix decoding)
+    # have one K, shown above: the table is the drafters that take the run's K
+    by_k = [r for r in report.rows if sum(v is not None for v in r.speedup_by_k) > 1]
+    ks = max((len(r.speedup_by_k) for r in by_k), default=0)
     if ks:
         s = Grid([Column("drafter"), *(Column(f"K={k}", justify="right", fallback="drop" if k > 4 else "keep", order=k) for k in range(1, ks + 1))], title="estimated speedup by draft length K")
-        for r in report.rows:
+        for r in by_k:
             s.add(r.drafter, *(fixed(v, ".2f", none=EM_DASH) for v in r.speedup_by_k), *([EM_DASH] * (ks - len(r.speedup_by_k))))
         console.print("")
         console.print(s)
