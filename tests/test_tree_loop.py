@@ -254,3 +254,22 @@ def test_run_simulate_measures_the_tree(tiny_pair, tmp_path) -> None:
     assert t.tau_tokens == m.k_table[0].tau_tokens == r.metrics["tau_measured_tokens"]
     assert r.metrics["tau_estimated_tokens"] == t.tau_estimate and t.tau_estimate is not None
     assert "draft tree" in m.note
+
+
+def test_squeezing_the_holes_out_changes_no_logit(target) -> None:
+    """A cache with holes between real slots (rejected tree nodes), packed to its real
+    slots: the next forward's logits are those of the unpacked cache."""
+    from specprobe.models.kvcache import right_align
+
+    with torch.inference_mode():
+        runs = []
+        for pack in (False, True):
+            st = Stream(target, 2, torch.device("cpu"))
+            st.forward(*right_align([[5, 9, 33, 2, 71, 8, 8, 40], [8, 1, 6, 7]], "cpu"))
+            st.valid[0, 2:6] = False  # holes in the middle of row 0, and at the end of row 1
+            st.valid[1, 6:] = False
+            if pack:
+                assert tl.ta.squeeze(st) and st.length == 4 and st.cache.layers[0].keys.shape[2] == 4
+            runs.append(st.forward(*right_align([[11, 12], [13]], "cpu")))
+        torch.testing.assert_close(runs[0][0], runs[1][0], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(runs[0][1, -1], runs[1][1, -1], rtol=1e-9, atol=1e-9)

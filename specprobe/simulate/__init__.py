@@ -10,6 +10,9 @@
                head drafter, and none (plain decoding)
     counters   vLLM's counters of a run and the rates read off them
     loop       `speculate`: draft → verify → roll back → count → emit, batch by batch
+    tree       `speculate_tree` (--tree): each round's draft tree built from real drafter
+               forwards, verified in one target pass under a tree attention mask
+               (`tree_attention`: transformers' 4-D masks), the accepted path kept
     pipeline   `run_simulate`: diagnose's estimate and this measurement on the same
                prompts, and the result's "measured" block
 """
@@ -26,6 +29,7 @@ from specprobe.simulate.rejection import (
     verify_match,
     verify_sampled,
 )
+from specprobe.simulate.tree import speculate_tree
 
 __all__ = [
     "DraftRule",
@@ -41,6 +45,7 @@ __all__ = [
     "right_align",
     "run_simulate",
     "speculate",
+    "speculate_tree",
     "verify_greedy",
     "verify_match",
     "verify_sampled",

@@ -25,13 +25,14 @@ Each round, for every live row of a batch:
               children tried so far; on no match the next token is drawn from the
               target's distribution with the tried children taken out (renormalised).
               Every emitted token is an exact target sample.
-    keep      the target's cache keeps the accepted path's slots in place and turns the
-              rest of the tree into holes (`models.kvcache`: a hole is never attended
-              to; a slot's K/V under the tree mask is that of a plain forward of its
-              path). The drafter's cache likewise keeps the fed slots of the accepted path
-              and the verified tokens it has not seen are fed next round; a head drops
-              every tree entry and catches up from the target's states on the accepted
-              path, as the chain does. Trailing holes are cropped each round.
+    keep      the target's cache keeps the accepted path's slots (no re-feed: a slot's K/V
+              under the tree mask is that of a plain forward of its path) and the rest of
+              the tree becomes holes (`models.kvcache`: never attended to); the drafter's
+              cache likewise keeps the fed slots of the accepted path, and the verified
+              tokens it has not seen are fed next round; a head drops every tree entry and
+              catches up from the target's states on the accepted path, as the chain
+              does. Trailing holes are cropped each round, and once holes fill a quarter
+              of a cache it is packed to its real slots (`tree_attention.squeeze`).
     count     the chain's counters (depth d accepted, depth d verified) plus the rank of
               the accepted child at each depth among its parent's candidates.
 
@@ -45,7 +46,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -120,9 +122,14 @@ def top(logits: torch.Tensor, k: int, vocab: int) -> tuple[np.ndarray, np.ndarra
 class TreeSource(Protocol):
     """A drafter as the tree loop runs it."""
 
-    max_depth: int | None
-    calls: int
-    seconds: float
+    @property
+    def max_depth(self) -> int | None: ...
+
+    @property
+    def calls(self) -> int: ...
+
+    @property
+    def seconds(self) -> float: ...
 
     def root(self, cap: np.ndarray, tree: Tree) -> torch.Tensor | None:
         """Catch up on the verified tokens -> depth-1 logits [B, V'] (None: no draft this round)."""
@@ -549,7 +556,7 @@ def speculate_tree(
             t0 = time.perf_counter()
             batch = Batch(
                 target=Stream(target_model, len(idx), device),
-                source=open_tree_source(draft_model, [prompts[i] for i in idx], device),
+                source=cast(Any, open_tree_source(draft_model, [prompts[i] for i in idx], device)),
                 rows=list(idx),
                 todo=[list(prompts[i]) for i in idx],
                 remaining=[max_new_tokens] * len(idx),
@@ -570,14 +577,14 @@ def speculate_tree(
 
 
 def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos: frozenset[int], run: SimRun) -> None:
-    src = batch.source
+    src = cast(TreeSource, batch.source)  # a tree source in the chain's batch (`emit` and `_retire` need only compact/select)
     while batch.rows:
         depth = shape.steps if src.max_depth is None else min(shape.steps, src.max_depth)
         cap = np.asarray([max(0, min(depth, r - 1)) for r in batch.remaining], dtype=np.int64)
         tree, verified = draft(src, shape, cap, vocab)
         blk = block(batch.target, batch.todo, tree, verified)
         w = blk.ids.shape[1] - blk.unseen
-        logits = finite(src.watch(blk.ids, blk.valid, lambda: ta.forward(batch.target, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1)))
+        logits = finite(src.watch(blk.ids, blk.valid, partial(ta.forward, batch.target, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1)))
         paths, nxt = walk(tree, blk, logits, sampling, shape.steps, batch.gen)
         # the target keeps the accepted path: the other tree slots become holes
         tgt = batch.target
@@ -600,6 +607,9 @@ def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos:
                 prop.tokens[r, : len(pth)] = torch.tensor([int(tree.tok[r, j]) for j in pth])
         n = torch.tensor([len(p) for p in paths], dtype=torch.long, device=tgt.device)
         emit(batch, run, prop, n, torch.tensor(nxt, dtype=torch.long, device=tgt.device), eos)
+        ta.squeeze(batch.target)  # the rejected nodes' holes out of the caches
+        if isinstance(src, LMTree):
+            ta.squeeze(src.stream)
 
 
 def _count(c: SimCounters, tree: Tree, verified: np.ndarray, paths: list[list[int]], shape: TreeShape, cap: np.ndarray) -> None:

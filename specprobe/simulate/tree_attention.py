@@ -75,3 +75,30 @@ def ancestor_matrix(parent_col: torch.Tensor) -> torch.Tensor:
             anc[rows, i] = torch.where(has[:, None], anc[rows, p], anc[rows, i])
             anc[rows[has], i, p[has]] = True
     return anc
+
+
+def squeeze(stream: Stream, keep_share: float = 0.75) -> bool:
+    """Take the holes out of a stream's cache: each row's real slots, in order, packed to
+    the right (holes only on the left), when they fill less than `keep_share` of it. A
+    tree round leaves the rejected nodes as holes between accepted slots; packing keeps the
+    cache at the verified tokens instead of growing by the whole tree every round.
+    Positions are explicit and masks come from `valid`, so no logit changes. Only plain
+    per-layer key/value tensors [B, heads, L, D] are packed (not sliding-window or
+    recurrent layers) -> whether it packed."""
+    cache, valid = stream.cache, stream.valid
+    layers = getattr(cache, "layers", None)
+    if cache is None or not layers or stream.length == 0:
+        return False
+    if any(getattr(x, "is_sliding", False) or not isinstance(getattr(x, "keys", None), torch.Tensor) or x.keys.dim() != 4 or x.keys.shape[2] != stream.length for x in layers):
+        return False
+    width = int(valid.sum(dim=1).max())
+    if width >= keep_share * stream.length:
+        return False
+    idx = torch.argsort(valid.to(torch.int8), dim=1, stable=True)[:, -max(width, 1) :]  # [B, L'] holes first, then real slots in order
+    for layer in layers:
+        h, d = layer.keys.shape[1], layer.keys.shape[3]
+        g = idx[:, None, :, None].expand(-1, h, -1, d)
+        layer.keys = layer.keys.gather(2, g)
+        layer.values = layer.values.gather(2, idx[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[3]))
+    stream.valid = valid.gather(1, idx)
+    return True
