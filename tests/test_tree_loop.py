@@ -273,3 +273,15 @@ def test_squeezing_the_holes_out_changes_no_logit(target) -> None:
             runs.append(st.forward(*right_align([[11, 12], [13]], "cpu")))
         torch.testing.assert_close(runs[0][0], runs[1][0], rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(runs[0][1, -1], runs[1][1, -1], rtol=1e-9, atol=1e-9)
+
+
+def test_tree_deeper_than_medusa_heads_is_a_one_line_error(layouts, tmp_path) -> None:
+    from specprobe.core.errors import ConfigError
+    from specprobe.settings.pipeline import DiagnoseConfig, SimulateConfig
+    from specprobe.simulate import run_simulate
+    from tests.helpers.tiny import prompts_file
+
+    target, spec = layouts["medusa-fd-v2"]
+    d = DiagnoseConfig(target=str(target), drafter=spec, prompts=str(prompts_file(tmp_path / "p.jsonl")), max_new_tokens=8, k_max=8, engine="sglang", tree="steps=8,topk=2,tokens=6", keep_positions=False)
+    with pytest.raises(ConfigError, match="Medusa heads"):
+        run_simulate(SimulateConfig(d, ks=[1]))

@@ -186,6 +186,9 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     cfg = _fit_head(cfg, pair.drafter, progress)  # refuse what the live loop cannot run before the estimate
     if dcfg.tree is not None and isinstance(pair.drafter, NgramDrafter):
         raise ConfigError("--tree: an n-gram drafter drafts one chain, not a tree", "leave --tree out for an n-gram drafter")
+    heads = draft_limit(pair.drafter) if dcfg.tree is not None and is_head(pair.drafter) else None
+    if heads is not None and dcfg.tree_shape is not None and dcfg.tree_shape.steps > heads:
+        raise ConfigError(f"--tree steps={dcfg.tree_shape.steps} is deeper than {pair.drafter.name}'s {heads} Medusa heads (one depth per head)", f"use a tree of at most {heads} steps")
     keep = None if on_partial is None else (lambda est: on_partial(simulate_result(est, cfg, None, table)))
     made: list[Any] = []  # the references diagnose made (none when a finished shard was reused)
     estimate = run_diagnose(dcfg, progress, table=table, pair=pair, on_partial=keep, on_references=made.append)
