@@ -98,6 +98,7 @@ def serve(binary: Path, target: Path, drafter: Path, k: int, prompts: list[list[
         "accept_rate_se": ratio_se([a for a, _ in per], [d for _, d in per]),
         "drafts": d1 - d0,
         "tokens_per_verify": 1 + accepted / (d1 - d0) if d1 > d0 else float("nan"),
+        "generated": generated,
         "tokens_per_s": generated / wall if wall else float("nan"),
         "outputs": [list(r.get("tokens") or []) for r in responses],
         "stops": [str(r.get("stop_type", "")) for r in responses],
@@ -218,6 +219,8 @@ def main() -> None:
         print(f"{p:>6} | {ty:>24} | {lc_cell:>27} | {sim:>8} | {diff:>7} | {tau:>12} | {rep_cell:>21} | {f'{equal}/{len(prompts)}':>5} | {100 * rep['target_agree']:>11.1f}%")
         print("       per request, server → replay: " + ", ".join(f"{a}/{d}→{ra}/{rd}" for (a, d), (ra, rd) in zip(lc["per_prompt"], rep["per_prompt"], strict=True)))
         print(f"       first token of the server's text specprobe's target would not pick, per request: {rep['first_other']}; server {lc['tokens_per_s']:.1f} tokens/s")
+        emitted = f"{sp['generated']} tokens in {sp['drafts']} verify steps" if sp else "—"
+        print(f"       tokens emitted: server {lc['generated']} in {lc['drafts']:.0f} verify steps, simulate {emitted}")
 
 
 if __name__ == "__main__":
