@@ -268,3 +268,12 @@ def test_a_drafter_whose_weights_cannot_be_counted_says_its_speedup_is_an_upper_
     raw = {"measured": True, "batches": [{"batch_size": 1, "repeats": 1, "draft_ratios": [], "verify_ratios": [[1.1], [1.2], [1.3]]}], "draft_estimate": None}
     sec = costs.price(raw, cumulative=[0.8, 0.6, 0.5], alpha_mean=0.8, renewal=None, k_max=3, batch_size=1).section
     assert sec["cost_ratio"] == 0.0 and "upper bound" in sec["sources"]["cost_ratio"]
+
+
+def test_a_heads_estimate_counts_its_own_parameters_and_the_lm_head_it_reads() -> None:
+    t = _model(2)
+    head = SimpleNamespace(params=lambda: 5000)
+    est = timing.draft_estimate(t, head, None)
+    lm = int(t.get_output_embeddings().weight.numel())
+    assert est is not None and est["cost_ratio"] == pytest.approx((5000 + lm) / timing.step_params(t)) and "head step" in est["how"]
+    assert timing.draft_estimate(t, SimpleNamespace(), None) is None  # nothing to count: no estimate (c = 0, called an upper bound)
