@@ -140,7 +140,10 @@ def test_costs_are_timed_at_each_lengths_own_context_from_one_prefill_within_the
     assert all(x["repeats"] == costs.MIN_REPEATS and x["draft_ratios"] for x in raw["by_length"])
     # one prefill per model; every timed pass at batch 2 ran over the typical context or a length's own
     assert len([c for c in tw.calls if c[1] > 4]) == 1 and len([c for c in dw.calls if c[1] > 4]) == 1
-    assert {c[2] for c in tw.calls if c[1] <= 4 and c[0] == 2} == {150, 70, 262} and {c[2] for c in tw.calls if c[1] <= 4 and c[0] == 1} == {150}
+    # batch 2, the run's, is timed at the lengths only: its headline costs are the length nearest the typical 150 tokens
+    assert {c[2] for c in tw.calls if c[1] <= 4 and c[0] == 2} == {70, 262} and {c[2] for c in tw.calls if c[1] <= 4 and c[0] == 1} == {150}
+    head = next(x for x in raw["batches"] if x["batch_size"] == 2)
+    assert head["from_length"] == 64 and head["draft_ratios"] == raw["by_length"][0]["draft_ratios"] and any("the headline costs are context length 64" in n for n in raw["notes"])
     sec = costs.price(raw, cumulative=[0.8, 0.6, 0.5], alpha_mean=0.8, renewal=None, k_max=3, batch_size=2).section
     assert [x["length"] for x in sec["by_length"]] == [64, 256] and all(x["source"] == "timed at this length's context" for x in sec["by_length"])
     assert all(len(x["round_costs"]) == 3 for x in sec["by_length"])

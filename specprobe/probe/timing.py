@@ -117,10 +117,14 @@ def cost_block(
         if main < context_tokens:
             raw["notes"].append(f"timed over {main} tokens of context, not {context_tokens}: a longer prefill would not fit the cap")
         per_row = ctx.bytes_per_token()
-        # the jobs, each a batch size over a context: every batch size at the prompts' typical
-        # context, then (--context-lengths) the run's batch size at each length's own
-        jobs: list[tuple[int, int, int | None]] = [(b, main, None) for b in sizes]
-        jobs += [(length_batch or sizes[0], min(c, ctx.context), n) for n, c in sorted(length_contexts.items())]
+        # the jobs, each a batch size over a context: (--context-lengths) the run's batch size
+        # at each length's own context — its headline costs are then the timed length's
+        # nearest the prompts' typical context, not timed a second time — then every other
+        # batch size at the typical context
+        lb = length_batch if length_batch in sizes else sizes[0]
+        jobs: list[tuple[int, int, int | None]] = [(lb, min(c, ctx.context), n) for n, c in sorted(length_contexts.items())]
+        jobs += [(b, main, None) for b in sizes if not (length_contexts and b == lb)]
+        tree_at = min(length_contexts, key=lambda n: (abs(length_contexts[n] - main), n)) if length_contexts else None
         prev: tuple[int, float] | None = None  # (batch size, seconds per round) of the last one timed
         for j, (b, want, at) in enumerate(jobs):
             name = f"batch size {b}" if at is None else f"context length {label(at)} (batch size {b})"
@@ -141,7 +145,7 @@ def cost_block(
             if length < want:
                 raw["notes"].append(f"{name}: timed over {length} tokens of context, not {want}, to stay within the memory the scoring used")
             share = len(jobs) - j  # what is left of the budget, shared by the jobs still to run
-            tn, tw = (tree_n, tree_w) if at is None else ((), ())  # a tree's passes at the typical context only
+            tn, tw = (tree_n, tree_w) if at is None or at == tree_at else ((), ())  # a tree's passes at the typical context only
             try:
                 calls = _calls(ctx, target, drafter, b, length, k_max, need_draft, need_verify, gen, tn, tw, _branch(tree_widths))
                 work = {c: _work(c) for c in calls}  # new tokens per row
@@ -171,6 +175,7 @@ def cost_block(
                 prev = (b, samples.elapsed_s / rounds)
     if length_contexts:
         raw["by_length"] = by_length
+        batches = sorted([*batches, _headline_from_lengths(by_length, length_contexts, lb, main, raw["notes"])], key=lambda x: x["batch_size"])
     raw["batches"] = batches
     raw["elapsed_s"] = clock() - start
     raw["measured"] = any(x.get("repeats") for x in batches)
@@ -184,6 +189,18 @@ def cost_block(
     if "tree" in raw:
         raw["notes"].extend(_tree_notes(batches, tree_n, tree_w))
     return raw
+
+
+def _headline_from_lengths(by_length: Sequence[dict[str, Any]], contexts: Mapping[int, int], batch: int, main: int, notes: list[str]) -> dict[str, Any]:
+    """The run's batch size's entry in a --context-lengths run: the timed length whose
+    context is nearest the prompts' typical one (any length, when none was timed)."""
+    pool = [x for x in by_length if x.get("repeats")] or list(by_length)
+    e = min(pool, key=lambda x: (abs(contexts[int(x["length"])] - main), int(x["length"])))
+    out = {k: v for k, v in e.items() if k != "length"}
+    out["from_length"] = int(e["length"])
+    if e.get("repeats"):
+        notes.append(f"batch size {batch}: the headline costs are context length {label(int(e['length']))}'s ({e.get('context_tokens')} tokens), the timed length nearest the prompts' typical {main}")
+    return out
 
 
 # ----------------------------------------------------------------------------- c where its step is not timed
