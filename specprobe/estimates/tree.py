@@ -254,14 +254,22 @@ def rounds(shape: TreeShape, q: np.ndarray, accept: np.ndarray) -> TreeRounds:
     return tally(shape, Nodes(depth, rank, parent, score, verified), path_probs(accept, depth, rank, parent))
 
 
-def tally(shape: TreeShape, nodes: Nodes, prob: np.ndarray) -> TreeRounds:
-    """Sum the verified nodes' path probabilities by depth and by (depth, rank)."""
+def cells(shape: TreeShape, depth: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """[M, S·T] node -> its (depth, rank) cell (0 for nodes deeper than the tree): the
+    matrix `tally` sums path probabilities with. The same for every round of a shape."""
+    group = np.zeros((len(depth), shape.steps * shape.topk))
+    idx = np.flatnonzero((depth <= shape.steps) & (rank < shape.topk))
+    group[idx, (depth[idx] - 1) * shape.topk + rank[idx]] = 1.0
+    return group
+
+
+def tally(shape: TreeShape, nodes: Nodes, prob: np.ndarray, group: np.ndarray | None = None) -> TreeRounds:
+    """Sum the verified nodes' path probabilities by depth and by (depth, rank) (group:
+    `cells` of the shape, when the caller keeps it)."""
     n = prob.shape[0]
     w = np.where(nodes.verified, prob, 0.0)  # [n, M]
-    live = nodes.depth <= shape.steps
-    group = np.zeros((len(nodes.depth), shape.steps * shape.topk))  # node -> its (depth, rank) cell
-    idx = np.flatnonzero(live & (nodes.rank < shape.topk))
-    group[idx, (nodes.depth[idx] - 1) * shape.topk + nodes.rank[idx]] = 1.0
+    if group is None:
+        group = cells(shape, nodes.depth, nodes.rank)
     by_rank = (w @ group).reshape(n, shape.steps, shape.topk).transpose(1, 2, 0)  # [S, T, n]
     surv = np.ones((shape.steps + 1, n))
     surv[1:] = by_rank.sum(axis=1)

@@ -25,6 +25,7 @@ from specprobe.estimates.tree import (
     GRID_TOPK,
     Nodes,
     TreeShape,
+    cells,
     dynamic_nodes,
     grid,
     path_probs,
@@ -189,6 +190,7 @@ class TreeAccumulator:
     # the run's own tree, node by node: rank path -> [Σ rounds verifying it, Σ P(it is on
     # the accepted path)], rounds weighted by the probability that the loop starts one there
     nodes: dict[tuple[int, ...], list[float]] = field(default_factory=dict)
+    _cells: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # each shape's `cells` (node layout fixed per shape)
 
     def __post_init__(self) -> None:
         if not self.shapes:
@@ -225,7 +227,9 @@ class TreeAccumulator:
                     built[(shape.topk, deepest)] = (Nodes(depth, rank, parent, score, np.ones(score.shape, dtype=bool)), path_probs(acc, depth, rank, parent))
                 full, prob = built[(shape.topk, deepest)]
                 nodes = Nodes(full.depth, full.rank, full.parent, full.score, select(full.score, full.depth, shape.steps, shape.tokens))
-            counted = tally(shape, nodes, prob)
+            if key not in self._cells:
+                self._cells[key] = cells(shape, nodes.depth, nodes.rank)
+            counted = tally(shape, nodes, prob, self._cells[key])
             seq = _sequence_sums(shape, counted.survival, counted.by_rank, n)
             self.sums[key].add(seq)
             if shape == self.shape and seq.starts is not None:
