@@ -230,10 +230,12 @@ def length_table(result: Result) -> Grid:
     """diagnose --context-lengths: α, the engine's acceptance, τ and the decay by domain and length."""
     k = result.context_lengths[0].k
     g = Grid([Column("domain"), Column("context tokens", "tokens", "right"), Column("positions", "n", "right", "drop", 2), Column("α alignment", "α", "right"),
-              Column("accept", "acc", "right", "drop", 3), Column(f"τ at K={k}", "τ", "right"), Column("α ÷ α shortest", "decay", "right", "drop", 1)],
-             title="by context length (prompts built to each length)")
+              Column("accept", "acc", "right", "drop", 3), Column(f"τ at K={k}", "τ", "right"), Column("α ÷ α shortest", "decay", "right", "drop", 1),
+              Column(f"speedup at K={k}", "×", "right", "drop", 4)],
+             title="by context length (prompts built to each length; speedup under each length's own costs)")
     for r in result.context_lengths:
-        g.add(r.domain, str(r.context_tokens), str(r.positions), _pct(r.accept_prob_mean), _pct(r.accept_prob_engine_mean), _f(r.tau_tokens, ".2f"), _f(r.decay, ".2f"))
+        g.add(r.domain, str(r.context_tokens), str(r.positions), _pct(r.accept_prob_mean), _pct(r.accept_prob_engine_mean), _f(r.tau_tokens, ".2f"), _f(r.decay, ".2f"),
+              f"{_f(r.speedup, '.2f')}×" if r.speedup is not None else EM_DASH)
     return g
 
 
