@@ -161,7 +161,7 @@ class Nodes:
     verified: np.ndarray
 
 
-def _top_desc(x: np.ndarray, k: int) -> np.ndarray:
+def top_desc(x: np.ndarray, k: int) -> np.ndarray:
     """[n, m] -> [n, k] column indices of the k largest values per row, largest first, ties
     to the lower index (the engines' top-k on sorted candidates)."""
     return np.argsort(-x, axis=1, kind="stable")[:, :k]
@@ -190,7 +190,7 @@ def dynamic_nodes(q: np.ndarray, steps: int, topk: int) -> tuple[np.ndarray, np.
         parent[:, sl] = np.repeat(beams, t, axis=1)
         level = np.take_along_axis(score, beams, axis=1)[:, :, None] * q[:, i, None, :t]  # [n, T, T]
         score[:, sl] = level.reshape(n, t * t)
-        beams = base + _top_desc(score[:, sl], t)
+        beams = base + top_desc(score[:, sl], t)
     return depth, rank, parent, score
 
 
@@ -212,7 +212,7 @@ def select(score: np.ndarray, depth: np.ndarray, steps: int, tokens: int) -> np.
     """[n, M] which nodes are verified: the tokens − 1 best scores among depth ≤ steps,
     ties to the lower index (so a parent, scored at least as high, comes first)."""
     live = np.where(depth[None, :] <= steps, score, -np.inf)
-    pick = _top_desc(live, tokens - 1)
+    pick = top_desc(live, tokens - 1)
     out = np.zeros(score.shape, dtype=bool)
     np.put_along_axis(out, pick, True, axis=1)
     return out & np.isfinite(live)

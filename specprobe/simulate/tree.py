@@ -52,7 +52,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 import torch
 
-from specprobe.estimates.tree import TreeShape, _top_desc, select
+from specprobe.estimates.tree import TreeShape, select, top_desc
 from specprobe.metrics.core import align_vocab
 from specprobe.metrics.sampling import Sampling, probs
 from specprobe.models.heads.live import LiveHead
@@ -179,7 +179,7 @@ def draft(src: TreeSource, shape: TreeShape, cap: np.ndarray, vocab: int) -> tup
         above = np.take_along_axis(tree.score, beams, axis=1)[:, :, None]  # [B, T, 1]
         level = np.where(np.isfinite(above), np.where(np.isfinite(above), above, 0.0) * val, -np.inf)
         tree.score[:, sl] = np.where(feed[:, None], level.reshape(b, t * t), -np.inf)
-        beams = base + _top_desc(tree.score[:, sl], t)
+        beams = base + top_desc(tree.score[:, sl], t)
     return tree, select(tree.score, depth, shape.steps, shape.tokens)
 
 
