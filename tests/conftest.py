@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,11 @@ from specprobe.result import Result
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# A shell starts a background job (`pytest … &`, nohup) with SIGINT ignored, and Python
+# then never installs its KeyboardInterrupt handler: the Ctrl-C tests would test the
+# shell. Python's own handler, as in a terminal (children spawned by the tests inherit it).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _import_every_module() -> None:
