@@ -19,8 +19,10 @@ from specprobe.settings.pipeline import TREE_ENGINES, DiagnoseConfig
 
 
 def wants_trees(cfg: DiagnoseConfig) -> bool:
-    """A run estimates trees when it is given one, or when its engine verifies trees."""
-    return cfg.tree is not None or cfg.engine in TREE_ENGINES
+    """A run estimates trees when it is given one, or when its engine verifies trees the
+    way the estimate models them: greedy drafts (the top candidates) and exact
+    verification (SGLang's relaxed thresholds at 1; a sampled draft has no tree)."""
+    return cfg.tree is not None or (cfg.engine in TREE_ENGINES and cfg.drafting == "greedy" and min(cfg.thresholds) >= 1)
 
 
 class TreeCollector:
