@@ -278,3 +278,11 @@ def position_metrics_fused(target_logits: torch.Tensor, draft_logits: torch.Tens
     alpha, agree, kl, ent, conf = out[:5]
     tops = dict(zip(("target_ids", "target_probs", "draft_ids", "draft_probs", "target_probs_at_draft", "draft_probs_at_target"), out[5:-1], strict=True)) if top else None
     return PositionMetrics(alpha.clamp(0.0, 1.0), _no_draft_where_broken(out[-1].clamp(0.0, 1.0), kl), agree, kl.clamp(min=0.0), ent, conf, top=tops)
+
+
+def finite(logits: torch.Tensor) -> torch.Tensor:
+    """NaN → 0 and ±inf → the largest finite values, as transformers' generate does with
+    remove_invalid_values: a model whose logits are not numbers still runs to the end
+    (the estimate names those positions, rule SP107) instead of failing to sample."""
+    # −inf alone is a token the model rules out (a head's unmapped ids): left as it is
+    return torch.nan_to_num(logits, nan=0.0) if bool((logits.isnan() | logits.isposinf()).any()) else logits

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from specprobe.metrics.core import align_vocab
+from specprobe.metrics.core import align_vocab, finite
 from specprobe.metrics.sampling import Sampling, llama_cpp_confidence, probs
 from specprobe.settings.engines import LLAMA_CPP_TOP, MAX_Q
 
@@ -143,14 +143,6 @@ def confidence(logits: torch.Tensor, q: torch.Tensor, rule: DraftRule) -> torch.
     if rule.greedy and not rule.sampling.greedy:
         q = probs(logits, rule.sampling)  # the one-hot q drafts; the confidence is the drafter's own
     return q.amax(dim=-1)
-
-
-def finite(logits: torch.Tensor) -> torch.Tensor:
-    """NaN → 0 and ±inf → the largest finite values, as transformers' generate does with
-    remove_invalid_values: a model whose logits are not numbers still runs to the end
-    (the estimate names those positions, rule SP107) instead of failing to sample."""
-    # −inf alone is a token the model rules out (a head's unmapped ids): left as it is
-    return torch.nan_to_num(logits, nan=0.0) if bool((logits.isnan() | logits.isposinf()).any()) else logits
 
 
 def draw(q: torch.Tensor, s: Sampling, generator: torch.Generator | None) -> torch.Tensor:

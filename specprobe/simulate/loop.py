@@ -30,10 +30,11 @@ from typing import Any
 
 import torch
 
+from specprobe.metrics.core import finite
 from specprobe.metrics.sampling import Sampling, probs
 from specprobe.models.kvcache import Stream, right_align
 from specprobe.simulate.counters import SimCounters, SimRun
-from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, draw, finite
+from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, draw
 from specprobe.simulate.procedure import SAMPLE_MATCH, THRESHOLD, Procedure
 from specprobe.simulate.rejection import (
     verify_greedy,
