@@ -255,8 +255,7 @@ def test_what_is_not_implemented_is_refused_by_name() -> None:
     assert is_ngram_spec("suffix:k=4") and is_ngram_spec("ngram_gpu")  # suffix: tests/test_ngram_suffix.py
     with pytest.raises(ConfigError, match="ngram_gpu is not implemented"):
         NgramDrafter("ngram_gpu")
-    with pytest.raises(ConfigError, match="SGLang's NGRAM is not implemented: it drafts a tree"):
-        NgramDrafter("sglang-ngram")
+    assert NgramDrafter("sglang-ngram").is_tree  # SGLang's NGRAM: tests/test_ngram_sglang.py
 
 
 def test_vllm_ngram_without_k_needs_the_runs_k() -> None:

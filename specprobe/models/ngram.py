@@ -11,6 +11,11 @@ Specs (knobs after a colon, comma-separated; every knob has the engine's default
     ngram-map-k4v[:size_n=12,size_m=48,min_hits=1]   llama.cpp ngram-map-k4v
     ngram-mod[:n_match=24,n_min=48,n_max=64]         llama.cpp ngram-mod
     ngram-cache                                      llama.cpp ngram-cache (8 tokens)
+    sglang-ngram[:num_draft_tokens=12,min_match_window_size=1,max_match_window_size=12,
+           min_bfs_breadth=1,max_bfs_breadth=10,match_type=BFS,branch_length=18,
+           capacity=10000000]    SGLang's NGRAM (--speculative-ngram-*, and
+                                  --speculative-num-draft-tokens); a tree drafter
+                                  verified as a tree (`models.sglang_ngram`)
     suffix[:max_tree_depth=24,max_cached_requests=10000,max_spec_factor=1.0,
            min_token_prob=0.1,k=K]    vLLM suffix decoding (suffix_decoding_*; k is
                                   num_speculative_tokens, vLLM's default the tree depth;
@@ -47,15 +52,19 @@ from typing import Any
 import numpy as np
 
 from specprobe.core.errors import ConfigError
+from specprobe.models.sglang_ngram import DEFAULTS as SGLANG_DEFAULTS
+from specprobe.models.sglang_ngram import MATCH_TYPES, NgramTree, SglangSlot, TrieCache, check
 from specprobe.models.suffix import SuffixCache, SuffixSlot
 
 VLLM_NGRAM = "ngram"
 SIMPLE, MAP_K, MAP_K4V, MOD, CACHE = "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"
 SUFFIX = "suffix"  # vLLM's suffix decoding (models.suffix)
+SGLANG = "sglang-ngram"  # SGLang's NGRAM, a tree drafter (models.sglang_ngram)
 VLLM_METHODS = (VLLM_NGRAM, SUFFIX)  # one method per vLLM server: never in a list
+SINGLE = (*VLLM_METHODS, SGLANG)  # one method per server (only llama.cpp lists types)
 # llama.cpp's priority (common_speculative_init): the first listed that drafts, drafts
 LLAMA_CPP_ORDER = (SIMPLE, MAP_K, MAP_K4V, MOD, CACHE)
-TYPES = (VLLM_NGRAM, *LLAMA_CPP_ORDER, SUFFIX)
+TYPES = (VLLM_NGRAM, *LLAMA_CPP_ORDER, SUFFIX, SGLANG)
 
 # knob -> (default, low, high) as each engine's argument parser bounds it
 _KNOBS: dict[str, dict[str, tuple[int | float | None, int, int | None]]] = {
@@ -67,7 +76,12 @@ _KNOBS: dict[str, dict[str, tuple[int | float | None, int, int | None]]] = {
     CACHE: {},
     # vLLM's SpeculativeConfig defaults and its _validate_suffix_decoding bounds
     SUFFIX: {"max_tree_depth": (24, 1, None), "max_cached_requests": (10000, 0, None), "max_spec_factor": (1.0, 0, None), "min_token_prob": (0.1, 0, 1), "k": (None, 1, None)},
-}
+    # SGLang's server_args defaults; the C++ cache's own checks follow (sglang_ngram.check)
+    SGLANG: {
+        "min_match_window_size": (1, 1, None), "max_match_window_size": (12, 1, None), "min_bfs_breadth": (1, 1, None), "max_bfs_breadth": (10, 1, None),
+        "match_type": (0, 0, None), "branch_length": (18, 2, None), "capacity": (10_000_000, 1, None), "num_draft_tokens": (12, 2, None),
+    },
+}  # fmt: skip
 _FLOAT_KNOBS = frozenset({"max_spec_factor", "min_token_prob"})
 VLLM_DEFAULT_LOOKUP = 5  # prompt_lookup_min = prompt_lookup_max = 5 when neither is given
 CACHE_N_DRAFT = 8  # llama.cpp's ngram-cache drafts up to 8 tokens (not configurable)
@@ -76,15 +90,11 @@ MOD_OCCUPANCY_RESET = 0.25  # begin(): a table fuller than this is cleared
 MAP_HASH_SIZE = 262144  # ngram-map's n-gram hash -> position table (COMMON_NGRAM_HASH_MAP_SIZE)
 MAP_MAX_VALUES = 4  # m-grams kept per key (COMMON_NGRAM_MAX_VALUES)
 MAP_MAX_COUNT = 16380  # counts saturate here (COMMON_NGRAM_MAX_VALUE_COUNT)
-_HINT = "use ngram[:min=N,max=N,k=N], suffix[:max_tree_depth=N,max_spec_factor=X,min_token_prob=X,k=N], ngram-simple, ngram-map-k, ngram-map-k4v (knobs size_n, size_m, min_hits), ngram-mod (n_match, n_min, n_max), ngram-cache, or a comma list of llama.cpp types"
+_HINT = "use ngram[:min=N,max=N,k=N], suffix[:max_tree_depth=N,max_spec_factor=X,min_token_prob=X,k=N], sglang-ngram[:num_draft_tokens=N,match_type=BFS|PROB,…], ngram-simple, ngram-map-k, ngram-map-k4v (knobs size_n, size_m, min_hits), ngram-mod (n_match, n_min, n_max), ngram-cache, or a comma list of llama.cpp types"
 
 
 NOT_IMPLEMENTED = {
     "ngram_gpu": "vLLM's ngram_gpu is not implemented under its own name",
-    # SGLang's NGRAM (cpp_ngram): every match window from the longest down adds its
-    # continuations from a shared trie to one tree of up to speculative_num_draft_tokens
-    # nodes, verified as a tree — a tree even at breadth 1 when the windows disagree
-    "sglang-ngram": "SGLang's NGRAM is not implemented: it drafts a tree (one branch per match window, merged) that SGLang verifies as a tree, not a chain",
 }
 
 
@@ -114,6 +124,8 @@ class NgramType:
         if self.name == VLLM_NGRAM:
             k = dict(self.knobs).get("k")
             return None if k is None else int(k)
+        if self.name == SGLANG:  # the tree's nodes below the root (num_draft_tokens counts the root)
+            return self.get("num_draft_tokens") - 1
         if self.name == SUFFIX:  # vLLM: num_speculative_tokens defaults to the tree depth
             return self.get("k") if "k" in dict(self.knobs) else self.get("max_tree_depth")
         if self.name == MOD:
@@ -144,9 +156,10 @@ def parse_spec(spec: str) -> tuple[NgramType, ...]:
         else:
             raise ConfigError(f"drafter spec {spec!r}: {item!r} is neither an n-gram type nor a knob", _HINT)
     names = [g[0] for g in groups]
-    vllm = [n for n in names if n in VLLM_METHODS]
-    if vllm and len(names) > 1:
-        raise ConfigError(f"drafter spec {spec!r} mixes vLLM's '{vllm[0]}' with other types", "vLLM runs one method; lists of types are llama.cpp's --spec-type")
+    single = [n for n in names if n in SINGLE]
+    if single and len(names) > 1:
+        engine = "SGLang" if single[0] == SGLANG else "vLLM"
+        raise ConfigError(f"drafter spec {spec!r} mixes {engine}'s '{single[0]}' with other types", f"{engine} runs one method; lists of types are llama.cpp's --spec-type")
     if len(set(names)) < len(names):
         raise ConfigError(f"drafter spec {spec!r} names a type twice", "name each type once")
     types = [_type(spec, name, kv) for name, kv in groups]
@@ -162,6 +175,11 @@ def _type(spec: str, name: str, pairs: list[str]) -> NgramType:
         if not eq or key not in allowed:
             known = ", ".join(allowed) or "none"
             raise ConfigError(f"drafter spec {spec!r}: {name} has no knob {pair.strip()!r}", f"its knobs: {known}")
+        if name == SGLANG and key == "match_type":
+            if value.strip().upper() not in MATCH_TYPES:
+                raise ConfigError(f"drafter spec {spec!r}: {name} match_type={value.strip()!r} is neither BFS nor PROB", "give match_type=BFS or match_type=PROB")
+            given[key] = value.strip().upper()  # type: ignore[assignment]
+            continue
         real = key in _FLOAT_KNOBS
         if not re.fullmatch(r"-?\d+(\.\d*)?|-?\.\d+" if real else r"-?\d+", value.strip()):
             raise ConfigError(f"drafter spec {spec!r}: {name} {key}={value.strip()!r} is not a {'number' if real else 'whole number'}", "give a number" if real else "give an integer")
@@ -180,6 +198,12 @@ def _type(spec: str, name: str, pairs: list[str]) -> NgramType:
             raise ConfigError(f"drafter spec {spec!r}: min={lo} is above max={hi}", "vLLM needs prompt_lookup_min ≤ prompt_lookup_max")
         knobs = [("min", lo), ("max", hi)] + ([("k", given["k"])] if "k" in given else [])
         return NgramType(name, tuple(knobs))
+    if name == SGLANG:
+        filled: dict[str, Any] = {k: given.get(k, SGLANG_DEFAULTS[k]) for k in SGLANG_DEFAULTS}
+        why = check(filled)
+        if why:
+            raise ConfigError(f"drafter spec {spec!r}: {why}", "SGLang's n-gram cache refuses it (cpp_ngram: Ngram::Ngram)")
+        return NgramType(name, tuple(filled.items()))
     knobs2 = [(k, given.get(k, d)) for k, (d, _, _) in allowed.items() if d is not None]
     if name == SUFFIX and "k" in given:
         knobs2.append(("k", given["k"]))
@@ -558,6 +582,7 @@ class Draft:
     tokens: list[int]
     by: str | None
     seconds: float
+    tree: NgramTree | None = None  # SGLang's NGRAM: the tree it verifies (tokens stay empty)
 
 
 class NgramDrafter:
@@ -573,12 +598,18 @@ class NgramDrafter:
         self.types = parse_spec(spec)
         self.max_model_len = max_model_len
         self.info = info  # the target's (its tokens are the target's own), when paired with one
-        self.engine = "vllm" if self.types[0].name in VLLM_METHODS else "llama.cpp"
+        self.engine = "vllm" if self.types[0].name in VLLM_METHODS else "sglang" if self.types[0].name == SGLANG else "llama.cpp"
         mod = next((t for t in self.types if t.name == MOD), None)
         self._mod_table = NgramModTable(mod.get("n_match")) if mod is not None else None
         self._requests = 0
         self._suffix: SuffixCache | None = None
+        self._trie: TrieCache | None = None
         self.reset()
+
+    @property
+    def is_tree(self) -> bool:
+        """Whether it drafts a tree that the engine verifies as one (SGLang's NGRAM)."""
+        return self.types[0].name == SGLANG
 
     def reset(self) -> None:
         """A fresh server: suffix decoding's global cache of responses emptied (each pass
@@ -586,6 +617,10 @@ class NgramDrafter:
         sfx = next((t for t in self.types if t.name == SUFFIX), None)
         if sfx is not None:
             self._suffix = SuffixCache(sfx.get("max_tree_depth"), sfx.get("max_cached_requests"))
+        sg = next((t for t in self.types if t.name == SGLANG), None)
+        if sg is not None:  # the server's one trie, empty
+            kn = dict(sg.knobs)
+            self._trie = TrieCache(int(kn["capacity"]), int(kn["min_match_window_size"]), int(kn["max_match_window_size"]), int(kn["branch_length"]), int(kn["min_bfs_breadth"]), int(kn["max_bfs_breadth"]), str(kn["match_type"]))
 
     def _new_request(self) -> int:
         self._requests += 1
@@ -621,6 +656,9 @@ class Slot:
             elif t.name == SUFFIX:
                 assert drafter._suffix is not None
                 self.impls.append((t.name, SuffixSlot(drafter._suffix, t.max_draft or 1, t.getf("max_spec_factor"), t.getf("min_token_prob"), drafter.max_model_len, drafter._new_request)))
+            elif t.name == SGLANG:
+                assert drafter._trie is not None
+                self.impls.append((t.name, SglangSlot(drafter._trie, t.get("num_draft_tokens"))))
             elif t.name == MOD:
                 assert drafter._mod_table is not None
                 self.impls.append((t.name, NgramMod(drafter._mod_table, t.get("n_min"), t.get("n_max"))))
@@ -641,6 +679,10 @@ class Slot:
         t0 = time.perf_counter()
         out: list[int] = []
         by = None
+        if self.impls[0][0] == SGLANG:  # a tree every step, a match or not (padded)
+            tree = self.impls[0][1].propose_tree(history)
+            self.last_by = 0
+            return Draft([], SGLANG if tree.real else None, time.perf_counter() - t0, tree)
         self.observe(history)  # suffix decoding takes in every sampled token, drafting or not
         if n_max > 0 and len(history) > 0:
             hist = history if isinstance(history, list) else list(history)
@@ -673,7 +715,7 @@ class Slot:
     def finish(self, history: Sequence[int]) -> None:
         """The request ended with `history` (suffix decoding keeps its whole response)."""
         for _, impl in self.impls:
-            if isinstance(impl, SuffixSlot):
+            if isinstance(impl, (SuffixSlot, SglangSlot)):
                 impl.finish(history)
 
     def accept(self, n_accepted: int) -> None:

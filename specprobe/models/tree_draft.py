@@ -206,7 +206,7 @@ def block(target: Stream, todo: list[list[int]], tree: Tree, verified: np.ndarra
         for c, j in enumerate(ns):
             tids[r, c] = int(tree.tok[r, j])
             tvalid[r, c] = True
-            tdepth[r, c] = int(tree.depth[j])
+            tdepth[r, c] = int(tree.depth[j] if tree.depth.ndim == 1 else tree.depth[r, j])  # 2-D: each row's own tree (an n-gram tree)
             pcol[r, c] = col.get(int(tree.parent[r, j]), -1)
     tids, tvalid, tdepth, pcol = tids.to(dev), tvalid.to(dev), tdepth.to(dev), pcol.to(dev)
     ids = torch.cat([uids, tids], dim=1)

@@ -11,7 +11,13 @@ target's own sample (greedy at T = 0), so this is one real run of the loop, not 
 approximation: the draft d is accepted with probability p_target(d) and the reference
 token equals d with that same probability; after a rejection the engine's next token
 follows p conditioned on not being d, and so does the reference's (the two verify
-procedures have one law, `simulate.procedure`). What it counts, per request, category
+procedures have one law, `simulate.procedure`). SGLang's NGRAM drafts a tree: the
+accepted count is the longest tree path the continuation goes on with — at T = 0
+greedy tree verification exactly; at T > 0 SGLang's target-only tree sampling accepts
+child c with probability p(c) (one coin against the children's summed target
+probabilities) and emits a token distributed as p, so coupling it with the reference
+sample is exact in distribution too (`models.sglang_ngram`: all but its token-0 padding,
+which it biases). Its steps all verify the whole padded tree, matched or not. What it counts, per request, category
 and domain: the verify steps, the steps that proposed anything, the proposed and
 accepted tokens, and the time the matching took.
 
@@ -118,6 +124,18 @@ def walk(slot: Slot, prompt: Sequence[int], continuation: Sequence[int], max_new
         cap = max(0, max_new_tokens - t - 1)  # llama-server: n_remaining − 1, never past the budget
         d = slot.propose(history, cap)
         out.match_s += d.seconds
+        if d.tree is not None:  # SGLang's NGRAM: a padded tree of the same size every step
+            n = d.tree.accepted(cont[t:])  # the longest tree path the reference goes on with
+            out.accepted += n
+            if d.tree.real:
+                out.drafts += 1
+                out.drafted += d.tree.real
+            out.steps += 1
+            out.by_length[d.tree.width] = out.by_length.get(d.tree.width, 0) + 1  # every step verifies the whole tree
+            step = min(n + 1, len(cont) - t)
+            history.extend(cont[t : t + step])
+            t += step
+            continue
         m = len(d.tokens)
         n = 0
         while n < m and t + n < len(cont) and d.tokens[n] == cont[t + n]:

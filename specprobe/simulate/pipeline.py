@@ -27,6 +27,7 @@ from specprobe.settings.engines import BY_ENGINE
 from specprobe.settings.pipeline import SimulateConfig
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.loop import speculate
+from specprobe.simulate.ngram_tree import speculate_ngram_tree
 from specprobe.simulate.procedure import Procedure
 from specprobe.simulate.sources import is_head
 from specprobe.simulate.tree import speculate_tree
@@ -239,7 +240,10 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
             run = SimRun(SimCounters(k, early_stop=procedure.p_min > 0 or procedure.n_min > 1))
             runs.append(run.counters)
             with progress.task(f"speculative decoding K={k} ({n} prompts)", n) as advance:
-                speculate(target.model, step, encoded, k=k, run=run, advance=advance, **kw)
+                if ngram and drafter.is_tree:  # SGLang's NGRAM: its padded tree, verified as a tree
+                    speculate_ngram_tree(target.model, drafter, encoded, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=dcfg.seed, batch_size=dcfg.batch_size, run=run, advance=advance)
+                else:
+                    speculate(target.model, step, encoded, k=k, run=run, advance=advance, **kw)
         if cfg.adaptive_threshold is not None and not ngram and shape is None:  # a deterministic draft's confidence is 1
             run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
             adaptive = run.counters
