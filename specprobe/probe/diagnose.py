@@ -17,8 +17,9 @@ from specprobe.core.progress import Progress
 from specprobe.estimates.tree import TreeShape
 from specprobe.judge.rules import RuleTable, load_table
 from specprobe.models.drafters import build_drafter, drafter_info
+from specprobe.models.kv_served import serve_kv_cache
 from specprobe.models.loader import check_paths, load_info, load_model
-from specprobe.models.quant import serve_fp8_kv, serve_quantized
+from specprobe.models.quant import serve_quantized
 from specprobe.probe import long_context
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
@@ -67,8 +68,8 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
         target = load_model(cfg.target, cfg.device, cfg.dtype, progress, info=tinfo, device_map=cfg.device_map, max_memory=max_memory)
         if cfg.target_quant:  # the original weights kept aside for the full-precision what-if
             serve_quantized(target, cfg.target_quant, keep=True, progress=progress)
-        if cfg.kv_fp8[0]:
-            serve_fp8_kv(target)
+        if cfg.kv_served[0]:
+            serve_kv_cache(target, cfg.kv_served[0])
     if drafter is None:
         dinfo = drafter_info(cfg.drafter, target.info, progress)
         refuse_draft_serving(cfg, dinfo is target.info or "head" in dinfo.extra)
@@ -76,8 +77,8 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
         drafter = build_drafter(cfg.drafter, target, cfg.device, cfg.dtype, progress, info=None if dinfo is target.info else dinfo)
         if cfg.draft_quant:
             serve_quantized(drafter.loaded, cfg.draft_quant, keep=True, progress=progress)
-        if cfg.kv_fp8[1] and getattr(drafter, "loaded", None) is not None:
-            serve_fp8_kv(drafter.loaded)
+        if cfg.kv_served[1] and getattr(drafter, "loaded", None) is not None:
+            serve_kv_cache(drafter.loaded, cfg.kv_served[1])
     draft_gen = None if drafter.info is target.info else drafter.info.generation_config
     pair = effective_sampling(cfg.sampling, target.info.generation_config, draft_gen, engine=cfg.engine, drafting=cfg.drafting)
     pair.sources = relabel_sources(pair.sources, cfg.sampling_origins)  # "--temperature" / "probe.yaml", not "flag"
@@ -95,7 +96,7 @@ def refuse_draft_serving(cfg: DiagnoseConfig, no_model_of_its_own: bool) -> None
             f"--draft-quant {cfg.draft_quant} needs a drafter model of its own; {cfg.drafter} is a self-draft, a head or an n-gram drafter",
             "a self-draft shares the target's weights: use --target-quant, which quantizes both; leave --draft-quant out for a head or an n-gram drafter",
         )
-    if cfg.draft_kv_cache_dtype and cfg.kv_fp8[1] != cfg.kv_fp8[0]:
+    if cfg.draft_kv_cache_dtype and cfg.kv_served[1] != cfg.kv_served[0]:
         raise ConfigError(
             f"--draft-kv-cache-dtype {cfg.draft_kv_cache_dtype} needs a drafter model of its own; {cfg.drafter} is a self-draft, a head or an n-gram drafter",
             "a self-draft shares the target's attention: use --kv-cache-dtype, which covers both; leave --draft-kv-cache-dtype out otherwise",

@@ -47,6 +47,23 @@ SEMANTICS = ("vllm", "sglang", "transformers", "llama.cpp")  # whose sampling tr
 FAIL_ON = ("error", "warning", "info", "never")
 QUANT_SCHEMES = ("fp8", "fp8:per-tensor", "int8", "int4")  # RTN weight quantization (specprobe.models.quant)
 KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings this simulates
+# llama.cpp's --cache-type-k / --cache-type-v types this simulates (common/arg.cpp's list but iq4_nl)
+GGML_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+
+def parse_kv_cache_dtype(text: str, where: str) -> str:
+    """--kv-cache-dtype's value: auto | fp8 | a ggml type, or K/V apart as `q8_0/f16`
+    (llama-server's -ctk and -ctv); a pair of equal types is written once."""
+    t = str(text).strip().lower()
+    if t in KV_CACHE_DTYPES or t in GGML_KV_TYPES:
+        return t
+    k, sep, v = t.partition("/")
+    if sep and k in GGML_KV_TYPES and v in GGML_KV_TYPES:
+        return k if k == v else f"{k}/{v}"
+    raise ConfigError(
+        f"{where} {text!r} is not a KV-cache dtype specprobe simulates",
+        f"use auto, fp8 (vLLM's e4m3), one of llama.cpp's {', '.join(GGML_KV_TYPES)}, or K/V apart such as q8_0/f16",
+    )
 
 
 @dataclass(frozen=True)
@@ -232,13 +249,15 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "kv_cache_dtype", "--kv-cache-dtype",
-        "vLLM's --kv-cache-dtype: fp8 rounds every key and value the attention reads to e4m3 (scales 1.0, vLLM's default without calibrated scales), on the target and the drafter model; auto keeps the compute dtype.",
-        str | None, commands=MODELS, file_key="kv_cache_dtype", choices=KV_CACHE_DTYPES, show_default=False,
+        "The KV cache as served: fp8 (vLLM's --kv-cache-dtype fp8) rounds every key and value the attention reads to e4m3 (scales 1.0, vLLM's default without calibrated scales); "
+        "llama.cpp's --cache-type-k/-v types f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | f32 round each head's keys and values block by block as ggml stores them (and the query as ggml's K·Q dot product converts it), K/V apart as q8_0/f16; "
+        "on the target and the drafter model; auto keeps the compute dtype.",
+        str | None, commands=MODELS, file_key="kv_cache_dtype", parse=parse_kv_cache_dtype, metavar="auto|fp8|GGML_TYPE[/V_TYPE]", show_default=False,
     ),
     Setting(
         "draft_kv_cache_dtype", "--draft-kv-cache-dtype",
-        "The drafter's own KV-cache dtype (vLLM's speculative_config.kv_cache_dtype): auto | fp8; default: --kv-cache-dtype. An independent drafter model only (a self-draft shares the target's attention).",
-        str | None, commands=MODELS, file_key="draft_kv_cache_dtype", choices=KV_CACHE_DTYPES, show_default=False,
+        "The drafter's own KV-cache dtype (vLLM's speculative_config.kv_cache_dtype, llama-server's --cache-type-k-draft/-v-draft): the values of --kv-cache-dtype; default: --kv-cache-dtype. An independent drafter model only (a self-draft shares the target's attention).",
+        str | None, commands=MODELS, file_key="draft_kv_cache_dtype", parse=parse_kv_cache_dtype, metavar="auto|fp8|GGML_TYPE[/V_TYPE]", show_default=False,
     ),
     Setting("force", "--force", "Run even when alignment errors make the numbers meaningless.", bool, False, commands=RUNS, file_key="force"),
     Setting("no_cache", "--no-cache", "Regenerate on-policy references instead of reusing the disk cache.", bool, False, commands=RUNS, file_key="no_cache"),

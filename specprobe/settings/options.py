@@ -244,7 +244,7 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
         # speculative_config.kv_cache_dtype, SGLang's --speculative-draft-kv-cache-dtype)
         sv_kv = next((sv for sv in servings if getattr(sv, p) is not None), None)
         if unset(p) and sv_kv is not None:
-            values[p], origins[p] = kv_cache_setting(str(getattr(sv_kv, p)), sv_kv.where(p)), sv_kv.where(p)
+            values[p], origins[p] = kv_cache_setting(str(getattr(sv_kv, p)), sv_kv.where(p), sv_kv.engine), sv_kv.where(p)
     if unset("tree") and values.get("engine") in ("sglang", "trtllm"):
         # the tree an SGLang launch or a TensorRT-LLM decoding config verifies
         trees = [t for t in (tree_setting(sv) for sv in servings if sv.engine == values.get("engine")) if t is not None]

@@ -159,6 +159,17 @@ class DiagnoseConfig:
         return (self.kv_cache_dtype == "fp8", draft == "fp8")
 
     @property
+    def kv_served(self) -> tuple[str | None, str | None]:
+        """(target, drafter): each side's KV-cache dtype to simulate, None for the compute
+        dtype (auto; f32, which a float32 run already holds)."""
+        draft = self.draft_kv_cache_dtype or self.kv_cache_dtype
+
+        def served(d: str | None) -> str | None:
+            return None if d in (None, "auto", "f32", "f32/f32") else d
+
+        return (served(self.kv_cache_dtype), served(draft))
+
+    @property
     def thresholds(self) -> tuple[float, float]:
         """SGLang's (threshold_single, threshold_acc); (1, 1): exact verification."""
         return (self.accept_threshold_single, self.accept_threshold_acc)

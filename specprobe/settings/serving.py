@@ -468,6 +468,7 @@ def _trtllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _P
     if kind == "mtp" and spec.get("max_draft_len") is None and "num_nextn_predict_layers" in spec:
         k_key = "num_nextn_predict_layers"
     drafter_key = "speculative_model" if "speculative_model" in spec else "speculative_model_dir"
+    kv_cfg = _mapping(top["kv_cache_config"], tp("kv_cache_config")) if top.get("kv_cache_config") is not None else {}
     extra = {k2: v for k2, v in spec.items() if k2 not in ("decoding_type", k_key, drafter_key)}
     if spec.get("max_total_draft_tokens") is not None:
         extra["max_total_draft_tokens"] = _count("draft_tokens", spec["max_total_draft_tokens"], sp("max_total_draft_tokens"))
@@ -488,7 +489,10 @@ def _trtllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _P
         num_speculative_tokens=_count("k", spec.get(k_key), sp(k_key)),
         extra=extra,
         context_length=_context(top.get("max_seq_len"), tp("max_seq_len")),
-        places={**places, "context_length": tp("max_seq_len")},
+        # kv_cache_config.dtype (llmapi KvCacheConfig: "auto" | "fp8" …), the one cache of
+        # target and draft alike
+        kv_cache_dtype=_text(kv_cfg.get("dtype")),
+        places={**places, "context_length": tp("max_seq_len"), **({"kv_cache_dtype": tp.inside("kv_cache_config") + "dtype"} if kv_cfg.get("dtype") is not None else {})},
     )
 
 
@@ -502,11 +506,24 @@ def _text(value: Any) -> str | None:
 # what a bf16/fp16 run computes: auto. e5m2, int8, the FP4 caches and the MLA-specific
 # fp8 are not simulated.
 _KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "auto", "bf16": "auto", "float16": "auto", "half": "auto"}
+# llama.cpp's (read from -ctk/-ctv as "K/V"): ggml's own types, simulated as ggml stores
+# them (llama.cpp computes in f32 on the CPU, so its f16 and bf16 caches round too); iq4_nl
+# is not simulated
 
 
-def kv_cache_setting(value: str, where: str) -> str:
-    """An engine's KV-cache dtype as specprobe's --kv-cache-dtype (auto | fp8), or a
-    one-line refusal naming where it was written."""
+def kv_cache_setting(value: str, where: str, engine: str | None = None) -> str:
+    """An engine's KV-cache dtype as specprobe's --kv-cache-dtype (auto | fp8 | ggml types
+    for llama.cpp), or a one-line refusal naming where it was written."""
+    if engine == LLAMA_CPP:
+        from specprobe.settings.model import parse_kv_cache_dtype
+
+        try:
+            return parse_kv_cache_dtype(value, where)
+        except ConfigError:
+            raise ConfigError(
+                f"{where} {value!r} is a KV-cache type specprobe does not simulate (it simulates llama.cpp's f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)",
+                "pass --kv-cache-dtype (and --draft-kv-cache-dtype) with the nearest type it simulates, e.g. q4_0 for iq4_nl, to say which to score",
+            ) from None
     found = _KV_DTYPES.get(value.strip().lower())
     if found is None:
         raise ConfigError(
@@ -643,6 +660,10 @@ _LLAMA_FLAGS = {
     "--temp": "temperature", "--temperature": "temperature",
     "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p",
     "-c": "ctx_size", "--ctx-size": "ctx_size",
+    "-ctk": "cache_type_k", "--cache-type-k": "cache_type_k", "-ctv": "cache_type_v", "--cache-type-v": "cache_type_v",
+    "-ctkd": "cache_type_k_draft", "--cache-type-k-draft": "cache_type_k_draft", "--spec-draft-type-k": "cache_type_k_draft",
+    "-ctvd": "cache_type_v_draft", "--cache-type-v-draft": "cache_type_v_draft", "--spec-draft-type-v": "cache_type_v_draft",
+    "-fa": "flash_attn", "--flash-attn": "flash_attn",
     **{f"--spec-{t}-{k.replace('_', '-')}": f"{t}-{k}" for t, ks in _LLAMA_NGRAM_KNOBS.items() for k in ks},
 }  # fmt: skip
 _LLAMA_ENV = {
@@ -656,8 +677,17 @@ _LLAMA_ENV = {
     "LLAMA_ARG_SPEC_DRAFT_P_SPLIT": "p_split", "LLAMA_ARG_DRAFT_P_SPLIT": "p_split",
     "LLAMA_ARG_TEMPERATURE": "temperature", "LLAMA_ARG_TOP_K": "top_k", "LLAMA_ARG_TOP_P": "top_p", "LLAMA_ARG_MIN_P": "min_p",
     "LLAMA_ARG_CTX_SIZE": "ctx_size",
+    "LLAMA_ARG_CACHE_TYPE_K": "cache_type_k", "LLAMA_ARG_CACHE_TYPE_V": "cache_type_v",
+    "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K": "cache_type_k_draft", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V": "cache_type_v_draft",
+    "LLAMA_ARG_FLASH_ATTN": "flash_attn",
 }  # fmt: skip
-_LLAMA_VALUE = frozenset(k for k, v in _LLAMA_FLAGS.items() if v != "spec_default")
+# -fa takes on|off|auto here; older builds took it bare, so it takes the next word only when that is no flag
+_LLAMA_VALUE = frozenset(k for k, v in _LLAMA_FLAGS.items() if v not in ("spec_default", "flash_attn"))
+# llama-server's --cache-type-k/-v values (common/arg.cpp kv_cache_types), its default f16
+# for both, target and draft model apart (the draft's do not follow the target's)
+LLAMA_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+_LLAMA_FLOAT_KV = ("f32", "f16", "bf16")
+LLAMA_KV_DEFAULT = "f16"
 
 # What llama-server runs with where its command line and environment set nothing
 # (common/common.h: common_params_sampling, common_params_speculative_draft; llama.cpp as
@@ -716,6 +746,12 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
         cfg_places["target"] = places("model" if vals.get("model") else "hf_repo")
     if drafter:
         cfg_places["drafter"] = places("model_draft" if vals.get("model_draft") else "hf_repo_draft")
+    kv, kv_at = _llama_kv(vals, places, "")
+    draft_kv, draft_kv_at = _llama_kv(vals, places, "_draft") if drafter else (None, None)
+    if kv is not None and draft_kv is None and drafter:
+        # the draft model's cache keeps llama-server's f16 unless -ctkd/-ctvd say otherwise
+        draft_kv, draft_kv_at = LLAMA_KV_DEFAULT, f"{_LLAMA_DEFAULT_AT} --cache-type-k-draft/-v-draft {LLAMA_KV_DEFAULT} (the draft model's cache does not follow -ctk/-ctv)"
+    kv_places = {k2: v2 for k2, v2 in (("kv_cache_dtype", kv_at), ("draft_kv_cache_dtype", draft_kv_at)) if v2}
     return ServingConfig(
         engine=LLAMA_CPP,
         source=source,
@@ -727,8 +763,41 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
         sampling=sampling,
         extra=extra,
         context_length=_context(vals.get("ctx_size"), places("ctx_size")),  # 0: the model's own
-        places={**cfg_places, "context_length": places("ctx_size")},
+        kv_cache_dtype=kv,
+        draft_kv_cache_dtype=draft_kv,
+        places={**cfg_places, "context_length": places("ctx_size"), **kv_places},
     )
+
+
+def _llama_kv(vals: Mapping[str, Any], places: _Places, side: str) -> tuple[str | None, str | None]:
+    """One model's KV-cache types from llama-server's --cache-type-k/-v (side "") or the
+    draft model's --cache-type-k-draft/-v-draft (side "_draft"), as `K/V` ("q8_0" when
+    both are the same) and where they were written; (None, None) when neither is set.
+    A quantized V cache needs flash attention (llama.cpp's context refuses it with -fa off;
+    -fa auto turns it on)."""
+    found: dict[str, str] = {}
+    for part in ("k", "v"):
+        key = f"cache_type_{part}{side}"
+        if vals.get(key) is None:
+            continue
+        t = str(vals[key]).strip()
+        if t not in LLAMA_KV_TYPES:  # llama-server compares with ggml's type names as they are
+            raise ConfigError(f"{places(key)} {t!r} is not a KV-cache type llama-server takes", f"it takes {', '.join(LLAMA_KV_TYPES)}")
+        found[part] = t
+    if not found:
+        return None, None
+    k_type, v_type = found.get("k", LLAMA_KV_DEFAULT), found.get("v", LLAMA_KV_DEFAULT)
+    fa = vals.get("flash_attn")
+    if v_type not in _LLAMA_FLOAT_KV and isinstance(fa, str) and fa.strip() in ("off", "disabled", "false", "0"):
+        raise ConfigError(
+            f"{places(f'cache_type_v{side}')} {v_type} is a quantized V cache, which llama-server refuses with {places('flash_attn')} {fa} (quantized V cache requires flash_attn)",
+            "drop -fa off (auto turns flash attention on for it), or keep the V cache at f16",
+        )
+    at = ", ".join(places(f"cache_type_{p}{side}") for p in ("k", "v") if p in found)
+    if len(found) == 1:
+        other = "v" if "k" in found else "k"
+        at += f" ({_LLAMA_DEFAULT_AT} --cache-type-{other}{'-draft' if side else ''} {LLAMA_KV_DEFAULT})"
+    return (k_type if k_type == v_type else f"{k_type}/{v_type}"), at
 
 
 def _repo(value: Any) -> str | None:

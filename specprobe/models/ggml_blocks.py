@@ -1,0 +1,112 @@
+"""ggml's KV-cache types as llama.cpp stores them: each value rounded as ggml's quantize
+routines round a row when the cache is written, then read back as its dequantize routines
+read it (ggml/src/ggml-quants.c, ggml-cpu/arch/x86/quants.c; llama.cpp as vendored by
+llama-cpp-python 0.3.36). Pure tensor functions; `ggml_round(x, type)` works on the last
+dimension, which must be a multiple of the type's block (32 for the block types).
+
+  f16, bf16   the 16-bit float, round to nearest even (F16C / ggml's fp32 → bf16)
+  q8_0        blocks of 32: d = amax / 127 stored as f16, q = round(x · 127 / amax) in
+              [-127, 127] (half to even, the AVX2 routine the server runs), x̂ = q · d
+  q4_0        blocks of 32: m = the value of largest magnitude (the first such), d = m / -8
+              stored as f16, q = min(15, trunc(x / d + 8.5)), x̂ = (q − 8) · d
+  q5_0        the same with d = m / -16, q = min(31, trunc(x / d + 16.5)), x̂ = (q − 16) · d
+  q4_1        blocks of 32: d = (max − min) / 15 and min stored as f16,
+              q = min(15, trunc((x − min) / d + 0.5)), x̂ = q · d + min
+  q5_1        the same with 31 levels
+  f32         the values as computed (the compute dtype)
+
+The scale is computed in f32 and rounded to f16 only where it is stored, so quantization
+divides by the f32 scale and dequantization multiplies by the f16 one, as ggml does.
+
+`query_type(k_type)`: the type the attention's K·Q dot product converts the query to
+(the K type's `vec_dot_type` in ggml-cpu): f16 for an f16 K, bf16 for bf16, and 8-bit
+blocks for the quantized K types (q8_0; q8_1 for q4_1/q5_1, whose values are the same —
+its stored block sum, used for the min term, is not modelled).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 32
+FLOAT_TYPES = ("f32", "f16", "bf16")
+BLOCK_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+TYPES = FLOAT_TYPES + BLOCK_TYPES  # llama-server's --cache-type-k/-v values this simulates (not iq4_nl)
+
+
+def _f16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float16).to(torch.float32)
+
+
+def _blocks(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[-1] % BLOCK:
+        raise ValueError(f"ggml block types need the last dimension to be a multiple of {BLOCK}, got {x.shape[-1]}")
+    return x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+
+
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    """1 / d, 0 where d is 0 (ggml's `id = d ? 1.0f/d : 0.0f`)."""
+    return torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+
+
+def q8_0(x: torch.Tensor) -> torch.Tensor:
+    b = _blocks(x)
+    amax = b.abs().amax(dim=-1, keepdim=True)
+    d = amax / 127.0
+    inv = torch.where(amax != 0, 127.0 / torch.where(amax != 0, amax, torch.ones_like(amax)), torch.zeros_like(amax))
+    q = torch.round(b * inv)  # |q| ≤ 127 by construction
+    return (q * _f16(d)).reshape(x.shape).to(x.dtype)
+
+
+def _symmetric(x: torch.Tensor, levels: int) -> torch.Tensor:
+    """q4_0 (levels 16) and q5_0 (32): the signed value of largest magnitude maps to -levels/2."""
+    b = _blocks(x)
+    idx = b.abs().argmax(dim=-1, keepdim=True)  # the first of equal magnitudes, as ggml's strict `<`
+    m = b.gather(-1, idx)
+    half = levels // 2
+    d = m / -float(half)
+    q = torch.clamp(torch.trunc(b * _inverse(d) + (half + 0.5)), max=levels - 1)
+    return ((q - half) * _f16(d)).reshape(x.shape).to(x.dtype)
+
+
+def _affine(x: torch.Tensor, levels: int) -> torch.Tensor:
+    """q4_1 (levels 16) and q5_1 (32): min and step per block."""
+    b = _blocks(x)
+    lo = b.amin(dim=-1, keepdim=True)
+    hi = b.amax(dim=-1, keepdim=True)
+    d = (hi - lo) / float(levels - 1)
+    q = torch.clamp(torch.trunc((b - lo) * _inverse(d) + 0.5), max=levels - 1)
+    return (q * _f16(d) + _f16(lo)).reshape(x.shape).to(x.dtype)
+
+
+def ggml_round(x: torch.Tensor, type_name: str) -> torch.Tensor:
+    """x as a ggml `type_name` tensor holds it, read back in x's dtype."""
+    if type_name == "f32":
+        return x
+    if type_name == "f16":
+        return x.to(torch.float16).to(x.dtype)
+    if type_name == "bf16":
+        return x.to(torch.bfloat16).to(x.dtype)
+    if type_name == "q8_0":
+        return q8_0(x)
+    if type_name == "q4_0":
+        return _symmetric(x, 16)
+    if type_name == "q5_0":
+        return _symmetric(x, 32)
+    if type_name == "q4_1":
+        return _affine(x, 16)
+    if type_name == "q5_1":
+        return _affine(x, 32)
+    raise ValueError(f"unknown ggml type {type_name!r} (known: {', '.join(TYPES)})")
+
+
+def query_type(k_type: str) -> str:
+    """The type ggml's K·Q dot product converts the query to for a K cache of `k_type`."""
+    if k_type in BLOCK_TYPES:
+        return "q8_0"
+    return k_type
+
+
+def block_of(type_name: str) -> int:
+    """Elements per block: 32 for the block types, 1 for the floats."""
+    return BLOCK if type_name in BLOCK_TYPES else 1

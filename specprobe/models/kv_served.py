@@ -1,0 +1,90 @@
+"""The KV cache as an engine stores it, simulated in the attention a model's decoder layers
+run: vLLM's fp8 (e4m3, `quant.fp8_kv_cache`) and llama.cpp's ggml types (llama-server's
+--cache-type-k / --cache-type-v: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; `ggml_blocks`).
+
+For a ggml type each head's K and V vectors are rounded block by block as ggml writes them
+to the cache, and the query as ggml's K·Q dot product converts it for that K type (f16 for
+f16, 8-bit blocks for the quantized types). llama.cpp writes the batch's own K/V to the
+cache before its attention reads them, so the prompt's keys are rounded too, as the
+current tokens' are in vLLM. Not modelled: the CPU flash-attention kernel's f16
+accumulator of V·softmax for an f16 V cache, and q8_1's stored block sum (q4_1/q5_1 K).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specprobe.models import ggml_blocks
+
+
+def kv_types(dtype: str) -> tuple[str, str]:
+    """--kv-cache-dtype's value as (K type, V type): "q8_0" → (q8_0, q8_0), "q8_0/f16" →
+    (q8_0, f16) (llama-server's -ctk and -ctv apart), "fp8" → (fp8, fp8)."""
+    k, _, v = dtype.partition("/")
+    return k, v or k
+
+
+def ggml_kv_cache(model: Any, dtype: str) -> str:
+    """Round Q, K and V as a llama.cpp `dtype` cache (a ggml type or K/V pair) makes the
+    attention of `model`'s decoder layers see them, by a registered attention
+    implementation wrapping the model's own (sdpa, eager, …) with its mask; only this
+    model's config switches to it. Returns the implementation's name."""
+    import sys
+
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from specprobe.core.errors import ModelLoadError
+    from specprobe.models.quant import _attention_modules
+
+    attn = _attention_modules(model)
+    if not attn:
+        raise ModelLoadError(f"{type(model).__name__}: no decoder attention with k_proj/v_proj found", f"--kv-cache-dtype {dtype} supports transformers decoder models (Llama, Qwen, Mistral, SmolLM2, …)")
+    base = model.config._attn_implementation or "eager"
+    if base.startswith("specprobe_kv"):
+        return base
+    k_type, v_type = kv_types(dtype)
+    for t in (k_type, v_type):
+        if t not in ggml_blocks.TYPES:
+            raise ModelLoadError(f"--kv-cache-dtype {dtype}: {t!r} is not a KV-cache type specprobe simulates", f"use fp8 or one of llama.cpp's {', '.join(ggml_blocks.TYPES)}")
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    for side, t in (("K", k_type), ("V", v_type)):
+        block = ggml_blocks.block_of(t)
+        if head_dim % block:  # llama.cpp's context refuses it the same way
+            raise ModelLoadError(f"--kv-cache-dtype {dtype}: the {side} cache type {t} has blocks of {block}, which do not divide the head size {head_dim}", "llama.cpp refuses this cache type for this model too: use f16 or bf16")
+    module = type(attn[0]).__module__
+    eager = getattr(sys.modules[module], "eager_attention_forward", None)
+    inner = ALL_ATTENTION_FUNCTIONS.get(base, eager)
+    if inner is None:
+        raise ModelLoadError(f"{type(model).__name__}: no attention function for {base!r}", "load the model with attn_implementation sdpa or eager")
+    name = f"specprobe_kv_{k_type}_{v_type}_{base}_{module.rsplit('.', 1)[-1]}".replace(".", "_")
+    q_type = ggml_blocks.query_type(k_type)
+    rnd = ggml_blocks.ggml_round
+
+    def cached(mod: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        # [B, H, S, head_dim]: ggml's blocks run along each head's vector
+        return inner(mod, rnd(query, q_type), rnd(key, k_type), rnd(value, v_type), *args, **kwargs)
+
+    AttentionInterface.register(name, cached)
+    mask_base = base if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping else "eager"
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_base])
+    model.config._attn_implementation = name
+    return name
+
+
+def serve_kv_cache(loaded: Any, dtype: str) -> None:
+    """A loaded model's KV cache served as `dtype` (fp8, or a ggml type / K/V pair), noted on
+    `loaded.kv_cache_dtype`; `quant.as_loaded` restores the model's own attention."""
+    from specprobe.models.quant import serve_fp8_kv
+
+    if dtype == "fp8":
+        serve_fp8_kv(loaded)
+        return
+    loaded.attn_as_loaded = loaded.model.config._attn_implementation
+    ggml_kv_cache(loaded.model, dtype)
+    loaded.kv_cache_dtype = dtype
+    loaded._head = None
