@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.helpers and the other peer benchmark
 
 PRECISIONS = ("F32", "Q8_0", "Q4_0", "Q4_1")
+BY_LLAMA_QUANTIZE = ("Q4_K_M",)  # made from the F32 file by llama.cpp's own llama-quantize
 
 
 def make_files(work: Path, precisions: list[str], layers: int) -> tuple[dict[str, Path], Path]:
@@ -54,14 +55,29 @@ def make_files(work: Path, precisions: list[str], layers: int) -> tuple[dict[str
     Each is made straight from the shipped Q4_1 file: its fp32 dequantisation is the F32
     file's content exactly, so Q8_0 / Q4_0 from it are the Q8_0 / Q4_0 of the F32 weights."""
     from specprobe.models.loader import builtin_gguf_path
-    from tests.helpers.gguf_quant import write_gguf_at
+    from tests.helpers.gguf_quant import (
+        QUANTIZE_BUILD_SCRIPT,
+        find_llama_quantize,
+        llama_quantize,
+        write_gguf_at,
+    )
     from tests.helpers.llamacpp import write_self_draft_gguf
 
     src = builtin_gguf_path("smollm2")
     targets: dict[str, Path] = {}
     for p in precisions:
         path = src if p == "Q4_1" else work / f"smollm2-{p}.gguf"  # Q4_1: as shipped
-        targets[p] = path if path.exists() else write_gguf_at(src, path, p)
+        if path.exists():
+            targets[p] = path
+        elif p in BY_LLAMA_QUANTIZE:
+            binary = find_llama_quantize()
+            if binary is None:
+                raise SystemExit(f"{p} is made by llama-quantize, which is not built: run {QUANTIZE_BUILD_SCRIPT} first")
+            f32 = work / "smollm2-F32.gguf"
+            f32 = f32 if f32.exists() else write_gguf_at(src, f32, "F32")
+            targets[p] = llama_quantize(binary, f32, path, p)
+        else:
+            targets[p] = write_gguf_at(src, path, p)
     drafter = work / f"smollm2-F32-first{layers}.gguf"
     if not drafter.exists():
         cut = write_self_draft_gguf(src, work / f"smollm2-Q4_1-first{layers}.gguf", layers)
@@ -70,7 +86,15 @@ def make_files(work: Path, precisions: list[str], layers: int) -> tuple[dict[str
     return targets, drafter
 
 
-def serve(binary: Path, target: Path, drafter: Path, k: int, prompts: list[list[int]], max_new: int, log: Path, threads: int = 2) -> dict[str, Any]:
+def kv_flags(kv: str | None) -> tuple[str, ...]:
+    """llama-server's flags for a `kv` cache on both models (flash attention on, which a
+    quantized V cache needs)."""
+    if not kv:
+        return ()
+    return ("-ctk", kv, "-ctv", kv, "-ctkd", kv, "-ctvd", kv, "-fa", "on")
+
+
+def serve(binary: Path, target: Path, drafter: Path, k: int, prompts: list[list[int]], max_new: int, log: Path, threads: int = 2, kv: str | None = None) -> dict[str, Any]:
     """The prompts through llama-server, one request at a time: its own counts per request."""
     from benchmarks.bench_llamacpp_peer import ratio_se
     from tests.helpers.llamacpp import http_text, llama_server
@@ -81,7 +105,7 @@ def serve(binary: Path, target: Path, drafter: Path, k: int, prompts: list[list[
                 return float(line.split()[-1])
         return float("nan")
 
-    with llama_server(binary, target, drafter, k, log, threads=threads) as srv:
+    with llama_server(binary, target, drafter, k, log, threads=threads, extra=kv_flags(kv)) as srv:
         d0 = drafts_total(http_text(srv.base + "/metrics"))
         t0 = time.perf_counter()
         responses = [srv.complete(p, max_new) for p in prompts]
@@ -111,41 +135,61 @@ def emitted_texts(outputs: list[list[int]], stops: list[str], eos: int) -> list[
     return [o + [eos] if stop == "eos" and (not o or o[-1] != eos) else o for o, stop in zip(outputs, stops, strict=True)]
 
 
-def replay(target: Path, drafter: Path, prompts: list[list[int]], texts: list[list[int]], k: int, budget: int) -> dict[str, Any]:
+def replay(target: Path, drafter: Path, prompts: list[list[int]], texts: list[list[int]], k: int, budget: int, kv: str | None = None) -> dict[str, Any]:
     """specprobe's models (each GGUF dequantised as specprobe loads it) teacher-forced along
     the server's texts: the greedy draft→verify steps replayed per request (accepted,
     drafted), how often specprobe's target picks the server's token, and the first
     position per request where it does not (from there specprobe would decode another
-    text)."""
+    text). With `kv` both models' attention reads a `kv` cache as ggml stores it
+    (`--kv-cache-dtype kv`), and the same counts without that rounding come beside them
+    (`*_plain`): what the KV-cache simulation changes."""
     import torch
 
     from benchmarks.bench_llamacpp_peer import replay_greedy
+    from specprobe.models.kv_served import serve_kv_cache
     from specprobe.models.loader import load_model
+    from specprobe.models.quant import as_loaded
 
-    tm = load_model(str(target), device="cpu", dtype="float32").model
-    dm = load_model(str(drafter), device="cpu", dtype="float32").model
-    per: list[tuple[int, int]] = []
-    same = total = 0
-    first: list[int | None] = []
-    with torch.no_grad():
-        for prompt, out in zip(prompts, texts, strict=True):
-            if not out:
-                per.append((0, 0))
-                first.append(None)
-                continue
-            ids = torch.tensor([prompt + out])
-            pos = slice(len(prompt) - 1, len(prompt) + len(out) - 1)  # logits that predict out[j]
-            want = ids[0, len(prompt) :]
-            d_ok = (dm(ids).logits[0, pos].argmax(-1) == want).tolist()
-            t_ok = (tm(ids).logits[0, pos].argmax(-1) == want).tolist()
-            a, d, _ = replay_greedy(d_ok, k, budget)
-            per.append((a, d))
-            same, total = same + sum(t_ok), total + len(t_ok)
-            first.append(next((j for j, ok in enumerate(t_ok) if not ok), None))
-    return {"per_prompt": per, "accepted": sum(a for a, _ in per), "drafted": sum(d for _, d in per), "target_agree": same / total if total else float("nan"), "first_other": first}
+    tl = load_model(str(target), device="cpu", dtype="float32")
+    dl = load_model(str(drafter), device="cpu", dtype="float32")
+    if kv:
+        serve_kv_cache(tl, kv)
+        serve_kv_cache(dl, kv)
+
+    def one_pass(plain: bool) -> dict[str, Any]:
+        per: list[tuple[int, int]] = []
+        same = total = 0
+        first: list[int | None] = []
+        with torch.no_grad(), as_loaded(tl) if plain else _nothing(), as_loaded(dl) if plain else _nothing():
+            for prompt, out in zip(prompts, texts, strict=True):
+                if not out:
+                    per.append((0, 0))
+                    first.append(None)
+                    continue
+                ids = torch.tensor([prompt + out])
+                pos = slice(len(prompt) - 1, len(prompt) + len(out) - 1)  # logits that predict out[j]
+                want = ids[0, len(prompt) :]
+                d_ok = (dl.model(ids).logits[0, pos].argmax(-1) == want).tolist()
+                t_ok = (tl.model(ids).logits[0, pos].argmax(-1) == want).tolist()
+                a, d, _ = replay_greedy(d_ok, k, budget)
+                per.append((a, d))
+                same, total = same + sum(t_ok), total + len(t_ok)
+                first.append(next((j for j, ok in enumerate(t_ok) if not ok), None))
+        return {"per_prompt": per, "accepted": sum(a for a, _ in per), "drafted": sum(d for _, d in per), "target_agree": same / total if total else float("nan"), "first_other": first}
+
+    out = one_pass(plain=False)
+    if kv:
+        out.update({f"{key}_plain": v for key, v in one_pass(plain=True).items()})
+    return out
 
 
-def simulate(target: Path, drafter: Path, k: int, max_prompts: int, max_new: int, layers: int, out: Path) -> dict[str, Any]:
+def _nothing() -> Any:
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def simulate(target: Path, drafter: Path, k: int, max_prompts: int, max_new: int, layers: int, out: Path, kv: str | None = None) -> dict[str, Any]:
     import json
 
     from benchmarks.bench_llamacpp_peer import _simulate_row
@@ -156,6 +200,7 @@ def simulate(target: Path, drafter: Path, k: int, max_prompts: int, max_new: int
         "--max-prompts", str(max_prompts), "--max-new-tokens", str(max_new), "--device", "cpu",
         "--cost-ratio", f"{layers / 30:.3f}",  # given: no timing run of the drafter's cost
         "--json", str(out),
+        *(("--kv-cache-dtype", kv) if kv else ()),
     ]
     if not out.exists():
         res = subprocess.run(cmd, capture_output=True, text=True)  # noqa: S603
@@ -174,6 +219,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="llama-server threads")
     ap.add_argument("--work", type=Path, default=None, help="keep the GGUFs and simulate results here (reused when present)")
     ap.add_argument("--no-simulate", action="store_true", help="the server and the replay only")
+    ap.add_argument("--kv", default=None, help="a ggml KV-cache type (q8_0, q4_0, f16…) for both models: llama-server -ctk/-ctv/-ctkd/-ctvd TYPE -fa on, specprobe --kv-cache-dtype TYPE")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -196,16 +242,18 @@ def main() -> None:
         targets, drafter = make_files(work, precisions, args.layers)
         rows = []
         for p in precisions:
-            lc = serve(binary, targets[p], drafter, args.k, prompts, args.max_new_tokens, work / f"server-{p}.log", args.threads)
-            rep = replay(targets[p], drafter, prompts, emitted_texts(lc["outputs"], lc["stops"], eos), args.k, args.max_new_tokens)
-            sp = None if args.no_simulate else simulate(targets[p], drafter, args.k, args.max_prompts, args.max_new_tokens, args.layers, work / f"simulate-{p}-K{args.k}-{args.max_prompts}x{args.max_new_tokens}.json")
+            tag = f"{p}-kv{args.kv}" if args.kv else p
+            lc = serve(binary, targets[p], drafter, args.k, prompts, args.max_new_tokens, work / f"server-{tag}.log", args.threads, kv=args.kv)
+            rep = replay(targets[p], drafter, prompts, emitted_texts(lc["outputs"], lc["stops"], eos), args.k, args.max_new_tokens, kv=args.kv)
+            sp = None if args.no_simulate else simulate(targets[p], drafter, args.k, args.max_prompts, args.max_new_tokens, args.layers, work / f"simulate-{tag}-K{args.k}-{args.max_prompts}x{args.max_new_tokens}.json", kv=args.kv)
             rows.append((p, lc, rep, sp))
             brief = {k: v for k, v in lc.items() if k not in ("outputs", "stops")}
             print(f"{p}: llama.cpp {brief} | replay {rep} | simulate {sp}", file=sys.stderr, flush=True)
         types = {p: tensor_types(targets[p]) for p in precisions}
 
+    kv_note = f"; KV cache {args.kv} on both models (llama-server {' '.join(kv_flags(args.kv))}; specprobe --kv-cache-dtype {args.kv})" if args.kv else ""
     print(f"\nSmolLM2-135M target at each precision, drafter = the F32 file's first {args.layers} of 30 blocks "
-          f"(the same for every target), greedy, K={args.k}, {len(prompts)} built-in prompts × {args.max_new_tokens} new tokens")
+          f"(the same for every target), greedy, K={args.k}, {len(prompts)} built-in prompts × {args.max_new_tokens} new tokens{kv_note}")
     print(f"{'target':>6} | {'tensors':>24} | {'llama-server acc (± SE)':>27} | {'simulate':>8} | {'diff':>7} | {'τ server/sim':>12} | {'replay on server text':>21} | {'equal':>5} | {'target picks':>12}")
     for p, lc, rep, sp in rows:
         ty = ", ".join(f"{n} {c}" for n, c in sorted(types[p].items(), key=lambda kv: -kv[1]))
@@ -219,6 +267,11 @@ def main() -> None:
         print(f"{p:>6} | {ty:>24} | {lc_cell:>27} | {sim:>8} | {diff:>7} | {tau:>12} | {rep_cell:>21} | {f'{equal}/{len(prompts)}':>5} | {100 * rep['target_agree']:>11.1f}%")
         print("       per request, server → replay: " + ", ".join(f"{a}/{d}→{ra}/{rd}" for (a, d), (ra, rd) in zip(lc["per_prompt"], rep["per_prompt"], strict=True)))
         print(f"       first token of the server's text specprobe's target would not pick, per request: {rep['first_other']}; server {lc['tokens_per_s']:.1f} tokens/s")
+        if args.kv:
+            plain_rate = rep["accepted_plain"] / rep["drafted_plain"] if rep["drafted_plain"] else float("nan")
+            plain_equal = sum(a == b for a, b in zip(rep["per_prompt_plain"], lc["per_prompt"], strict=True))
+            print(f"       without the {args.kv} KV rounding in specprobe: replay {plain_rate:.3f} ({rep['accepted_plain']}/{rep['drafted_plain']}), "
+                  f"equal {plain_equal}/{len(prompts)}, target picks {100 * rep['target_agree_plain']:.1f}%, first other {rep['first_other_plain']}")
         emitted = f"{sp['generated']} tokens in {sp['drafts']} verify steps" if sp else "—"
         print(f"       tokens emitted: server {lc['generated']} in {lc['drafts']:.0f} verify steps, simulate {emitted}")
 

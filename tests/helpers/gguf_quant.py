@@ -105,3 +105,49 @@ def tensor_types(path: Path) -> dict[str, int]:
     for t in gguf.GGUFReader(str(path)).tensors:
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     return counts
+
+
+# ----------------------------------------------------------------------------- llama-quantize itself
+QUANTIZE_BUILD_SCRIPT = "benchmarks/build_llama_quantize.sh"
+
+
+def find_llama_quantize() -> Path | None:
+    """llama.cpp's own quantizer, built by benchmarks/build_llama_quantize.sh beside
+    llama-server (newest version in the cache; SPECPROBE_LLAMA_QUANTIZE names one), or None."""
+    import os
+
+    from tests.helpers.llamacpp import _version_key, server_root
+
+    explicit = os.environ.get("SPECPROBE_LLAMA_QUANTIZE")
+    if explicit:
+        p = Path(explicit).expanduser()
+        return p if p.is_file() and os.access(p, os.X_OK) else None
+    root = server_root()
+    if not root.is_dir():
+        return None
+    found = [d for d in root.iterdir() if not d.name.startswith(".") and (d / "bin" / "llama-quantize").is_file()]
+    return max(found, key=lambda d: _version_key(d.name)) / "bin" / "llama-quantize" if found else None
+
+
+def llama_quantize(binary: Path, src: Path, dst: Path, file_type: str, threads: int = 2, extra: tuple[str, ...] = ()) -> Path:
+    """`src` quantized to `file_type` (Q8_0, Q4_0, Q4_K_M, …) by llama-quantize with no
+    importance matrix, written to a sibling and renamed into place. Raises RuntimeError
+    with the tool's last lines when it fails."""
+    import subprocess
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".part")
+    cmd = [str(binary), *extra, str(src), str(tmp), file_type, str(threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True)  # noqa: S603
+    if res.returncode != 0 or not tmp.exists():
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama-quantize {file_type} failed ({res.returncode}):\n{(res.stdout + res.stderr)[-2000:]}")
+    tmp.replace(dst)
+    return dst
+
+
+def tensor_bytes(path: Path) -> dict[str, tuple[str, bytes]]:
+    """Each tensor of a GGUF as (ggml type name, its raw bytes)."""
+    import gguf
+
+    return {t.name: (t.tensor_type.name, bytes(np.ascontiguousarray(t.data).tobytes())) for t in gguf.GGUFReader(str(path)).tensors}

@@ -151,10 +151,11 @@ class LlamaServer:
         return out
 
 
-def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *, threads: int = 2, ctx: int = 2048) -> list[str]:
+def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *, threads: int = 2, ctx: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
     """Greedy speculative decoding with a fixed draft length K: no minimum draft length
     and no confidence cut-off (p_min 0), one slot so requests never share a batch.
-    Verbosity 4 (trace) adds the per-position acceptance line to the log."""
+    Verbosity 4 (trace) adds the per-position acceptance line to the log. `extra`: more
+    flags (the KV-cache types: -ctk q8_0 -ctv q8_0 …)."""
     return [
         str(binary),
         "-m", str(target),
@@ -176,11 +177,12 @@ def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *
         "--no-warmup",
         "-lv", "4",
         "--log-colors", "off",
+        *extra,
     ]
 
 
 @contextmanager
-def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, threads: int = 2, startup_timeout: float = 300.0) -> Iterator[LlamaServer]:
+def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, threads: int = 2, startup_timeout: float = 300.0, extra: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
     """Start llama-server on a free loopback port, wait for /health, stop it on exit."""
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +190,7 @@ def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, 
         # Passive OpenMP waits: on a shared, oversubscribed CPU the default spin-waiting of
         # two thread pools (target and draft) makes every step many times slower.
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        proc = subprocess.Popen(server_command(binary, target, draft, port, k, threads=threads), stdout=fh, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+        proc = subprocess.Popen(server_command(binary, target, draft, port, k, threads=threads, extra=extra), stdout=fh, stderr=subprocess.STDOUT, env=env)  # noqa: S603
     server = LlamaServer(proc, port, log)
     try:
         deadline = time.monotonic() + startup_timeout
