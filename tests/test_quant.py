@@ -104,7 +104,7 @@ def test_scheme_refused_like_any_setting() -> None:
     from specprobe.settings.model import check
 
     assert check("target_quant", "int4", "--target-quant") == "int4"
-    with pytest.raises(ConfigError, match="--target-quant 'int3' is not one of fp8, fp8:per-tensor, int8, int4"):
+    with pytest.raises(ConfigError, match="--target-quant 'int3' is not one of fp8, fp8:per-tensor, fp8-dynamic, int8, w8a8-int8, int4"):
         check("target_quant", "int3", "--target-quant")
     with pytest.raises(ConfigError, match="probe.yaml: draft_quant"):
         check("draft_quant", "nf4", "probe.yaml: draft_quant")
@@ -119,25 +119,150 @@ def _tiny_llama():
 
 
 def test_model_decoder_linears_only_and_swap_back() -> None:
+    from specprobe.models.qlinear import QuantLinear
+
     m = _tiny_llama()
     before = {k: v.clone() for k, v in m.state_dict().items()}
     done = quant.quantize_model(m, "int4", keep=True)
     assert len(done.layers) == 2 * 7  # q, k, v, o, gate, up, down per layer
-    after = m.state_dict()
-    for k in before:
-        changed = not torch.equal(before[k], after[k])
-        assert changed == (k.startswith("model.layers.") and k.endswith("proj.weight")), k
+    for name, mod in m.named_modules():  # the decoder linears are held quantized, the rest as it was
+        if name.startswith("model.layers.") and name.endswith("proj"):
+            assert isinstance(mod, QuantLinear) and mod.q.dtype == torch.uint8, name
+            assert torch.equal(mod.weight_float(), quant.quantize_weight(before[name + ".weight"], "int4")), name
+    for k, v in m.state_dict().items():
+        if not k.startswith("model.layers.") or "proj" not in k:
+            assert torch.equal(v, before[k]), k
     assert 0 < done.rel_error < 0.2
     rec = done.record()
     assert rec["scheme"] == "int4" and "not AWQ/GPTQ" in rec["note"]
     x = torch.tensor([[1, 2, 3, 4]])
     served = m(x).logits
     with quant.full_precision(done):
-        for k, v in m.state_dict().items():
+        after = m.state_dict()
+        assert after.keys() == before.keys()
+        for k, v in after.items():
             assert torch.equal(v, before[k])
+            assert k not in done.originals or v.data_ptr() == before[k].data_ptr()
         full = m(x).logits
     assert not torch.equal(served, full)
     assert torch.equal(m(x).logits, served)  # the quantized weights are back
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "fp8:per-tensor", "int8", "int4"])
+def test_held_quantized_equals_dequantized_at_load(scheme: str) -> None:
+    """The weights held quantized (fp8 as float8_e4m3fn, int8, int4 two to a byte)
+    dequantize to exactly the weights the dequantize-everything path writes, and the model
+    gives the same logits; without keep the float weights are gone."""
+    from specprobe.models.qlinear import quant_linears, weight_bytes
+
+    ref, held = _tiny_llama(), _tiny_llama()
+    for _, mod in quant.decoder_linears(ref):
+        mod.weight.data = quant.quantize_weight(mod.weight.data, scheme)
+    full_bytes = weight_bytes(held)
+    quant.quantize_model(held, scheme)
+    stored = {"fp8": torch.float8_e4m3fn, "fp8:per-tensor": torch.float8_e4m3fn, "int8": torch.int8, "int4": torch.uint8}[scheme]
+    layers = dict(quant_linears(held))
+    assert len(layers) == 14 and all(m.q.dtype == stored for m in layers.values())
+    for name, mod in quant.decoder_linears(ref):
+        assert torch.equal(layers["model." + name].weight_float(), mod.weight), name
+    x = torch.tensor([[1, 5, 9, 2, 7, 3], [4, 4, 8, 1, 0, 6]])
+    with torch.no_grad():
+        assert torch.equal(held(x).logits, ref(x).logits)
+    linear_bytes = sum(m.weight.numel() * 4 for _, m in quant.decoder_linears(ref))
+    saved = full_bytes - weight_bytes(held)  # fp32 -> 1 byte (fp8, int8) or half a byte (int4), plus the scales
+    assert saved > linear_bytes * (0.6 if scheme == "int4" else 0.5), (saved, linear_bytes)
+
+
+def test_int4_packing_two_to_a_byte() -> None:
+    from specprobe.models.qlinear import pack_int4, unpack_int4
+
+    q = torch.tensor([[-8, 7, 0, -1, 3, -3]])
+    packed = pack_int4(q)
+    assert packed.dtype == torch.uint8 and packed.tolist() == [[0 | (15 << 4), 8 | (7 << 4), 11 | (5 << 4)]]  # q + 8, column 2j low
+    assert torch.equal(unpack_int4(packed), q.to(torch.int8))
+    w = _w(3, 200)  # a ragged last group (200 = 128 + 72) and an odd pad
+    held = quant.quantized_linear(_linear(w), "int4")
+    assert held.q.shape == (3, 128) and torch.equal(held.weight_float(), quant.quantize_weight(w, "int4"))
+
+
+def _linear(w: torch.Tensor, bias: bool = False) -> torch.nn.Linear:
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=bias)
+    lin.weight.data = w.clone()
+    return lin
+
+
+# ----------------------------------------------------------------------------- W8A8: activations quantized per token
+def test_fp8_dynamic_per_token_activations_closed_form() -> None:
+    """fp8-dynamic (llm-compressor's FP8_DYNAMIC, vLLM's W8A8 fp8): fp8 weights per channel
+    and each token's activations scaled by amax / 448 onto the e4m3 grid, then the product."""
+    from specprobe.models.qlinear import FP8_MIN_SCALE, quantize_activations
+
+    w = _w(8, 64)
+    lin = _linear(w, bias=True)
+    held = quant.quantized_linear(lin, "fp8-dynamic")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 64, generator=g) * torch.tensor([0.01, 1.0, 300.0]).reshape(1, 3, 1)  # tokens of very different size
+    x[1, 2] = 0.0  # a token of zeros
+    scale = (x.abs().amax(dim=-1, keepdim=True) / 448).clamp(min=1 / (448 * 512))
+    xq = (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    assert float(scale[1, 2]) == pytest.approx(FP8_MIN_SCALE, rel=1e-6) and torch.equal(xq[1, 2], torch.zeros(64))
+    assert torch.equal(xq[:2].abs().amax(dim=-1)[:, :2], torch.full((2, 2), 448.0))  # each token's largest value maps to 448
+    got = quantize_activations(x, quant.ACTIVATIONS["fp8-dynamic"])
+    assert torch.allclose(got, xq * scale, rtol=1e-6, atol=0)
+    want = (xq * scale) @ quant.quantize_weight(w, "fp8").t() + lin.bias
+    with torch.no_grad():
+        out = held(x)
+        assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(out, lin(x), rtol=1e-5, atol=1e-6)
+    assert quant.quantize_model(_tiny_llama(), "fp8-dynamic").record()["activations"] == "fp8 dynamic per token"
+
+
+def test_w8a8_int8_per_token_activations_closed_form() -> None:
+    """w8a8-int8 (llm-compressor's W8A8, vLLM's W8A8 int8): int8 weights per channel and each
+    token's activations symmetric int8 with scale amax / 127, rounded half to even."""
+    from specprobe.models.qlinear import quantize_activations
+
+    w = _w(8, 64)
+    held = quant.quantized_linear(_linear(w), "w8a8-int8")
+    x = torch.tensor([[127.0, 63.5, -0.5, 1.5, 2.5] + [0.0] * 59])  # amax 127: the scale is 1, ties go to even
+    assert quantize_activations(x, quant.ACTIVATIONS["w8a8-int8"])[0, :5].tolist() == [127.0, 64.0, -0.0, 2.0, 2.0]
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 64, generator=g) * 3
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    q = torch.round(x * (127 / amax)).clamp(-128, 127)
+    assert torch.equal(q.abs().amax(dim=-1), torch.full((4,), 127.0))
+    with torch.no_grad():
+        assert torch.allclose(held(x), (q * amax / 127) @ quant.quantize_weight(w, "int8").t(), rtol=1e-5, atol=1e-6)
+    zero = torch.zeros(2, 64)
+    assert torch.equal(quantize_activations(zero, quant.ACTIVATIONS["w8a8-int8"]), zero)
+
+
+def test_int8_asymmetric_and_static_activations() -> None:
+    """vLLM's asymmetric dynamic int8 (scale (max − min) / 255, azp = round(−128 − min/scale))
+    and the static schemes (a checkpoint's input_scale and zero point)."""
+    from specprobe.models.qlinear import quantize_activations
+
+    x = torch.tensor([[0.0, 1.0, 2.55, 0.5]])  # min 0, max 2.55: scale 0.01, azp −128
+    got = quantize_activations(x, {"type": "int", "strategy": "token", "dynamic": True, "symmetric": False})
+    assert torch.allclose(got, x, atol=1e-6)  # every value on the grid
+    y = torch.tensor([[-1.0, 3.0, 0.004]])  # scale 4/255; azp = round(−128 + 255/4) = −64
+    s = 4 / 255
+    want = (torch.round(y / s) - 64).clamp(-128, 127).add(64) * s
+    assert torch.allclose(quantize_activations(y, {"type": "int", "strategy": "token", "dynamic": True, "symmetric": False}), want, atol=1e-7)
+    static = {"type": "float", "strategy": "tensor", "dynamic": False, "input_scale": torch.tensor(0.5)}
+    assert quantize_activations(torch.tensor([1000.0, 0.3]), static).tolist() == [224.0, 0.3125]  # saturates at 448 · 0.5; 0.6 -> 0.625 on the grid
+    static_int = {"type": "int", "strategy": "tensor", "dynamic": False, "input_scale": torch.tensor(0.1), "input_zero_point": torch.tensor(10)}
+    assert torch.allclose(quantize_activations(torch.tensor([0.04, 20.0, -20.0]), static_int), torch.tensor([0.0, 11.7, -13.8]), atol=1e-6)
+
+
+def test_per_group_activations() -> None:
+    from specprobe.models.qlinear import quantize_activations
+
+    x = torch.cat([torch.full((1, 4), 0.001), torch.full((1, 4), 100.0)], dim=1)
+    x[0, 0], x[0, 4] = 0.002, 200.0
+    got = quantize_activations(x, {"type": "float", "strategy": "group", "dynamic": True, "group_size": 4})
+    assert torch.allclose(got, x, rtol=0.07)  # each group of 4 gets its own scale: the small one keeps its values
+    assert not torch.allclose(quantize_activations(x, {"type": "float", "strategy": "token", "dynamic": True})[0, :4], x[0, :4], rtol=0.07)
 
 
 # ----------------------------------------------------------------------------- the fp8 KV cache
@@ -231,11 +356,18 @@ def test_compressed_tensors_fp8_checkpoint_reads_as_served(tmp_path, strategy) -
 
     src = _tiny_llama()
     folder = _write_fp8_checkpoint(src, tmp_path / "fp8", strategy)
-    model, record = quant.load_quantized_checkpoint(folder, AutoConfig.from_pretrained(folder), torch.float32)
+    from tests.helpers.quantized import same_as_reference
+
+    cfg = AutoConfig.from_pretrained(folder)
+    model, record = quant.load_quantized_checkpoint(folder, cfg, torch.float32, in_memory=False)
     assert record["method"] == "checkpoint" and record["layers"] == 14 and record["weights"] == ("fp8" if strategy == "channel" else "fp8:per-tensor")
+    held, _ = quant.load_quantized_checkpoint(folder, cfg, torch.float32)
+    assert same_as_reference(held, model) == 14
+    assert held.model.layers[1].self_attn.o_proj.weight.dtype == torch.float8_e4m3fn  # the stored tensor, as stored
     # the weights are exactly what the simulation produces from the full-precision model
     simulated = _tiny_llama()
-    quant.quantize_model(simulated, "fp8" if strategy == "channel" else "fp8:per-tensor")
+    for _, mod in quant.decoder_linears(simulated):
+        mod.weight.data = quant.quantize_weight(mod.weight.data, "fp8" if strategy == "channel" else "fp8:per-tensor")
     for (k, v), (k2, v2) in zip(model.state_dict().items(), simulated.state_dict().items(), strict=True):
         assert k == k2 and torch.allclose(v, v2, rtol=1e-6, atol=1e-7), k
 

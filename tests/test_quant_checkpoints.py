@@ -61,10 +61,18 @@ def _write(src: Any, folder: Path, state: dict[str, torch.Tensor], qc: dict[str,
 
 
 def _load(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The checkpoint dequantized at load (the reference), after checking that the model
+    holding it quantized in memory is the same model (weights and logits bit for bit)."""
     from transformers import AutoConfig
 
-    model, record = quant.load_quantized_checkpoint(folder, AutoConfig.from_pretrained(folder), torch.float32)
-    return model.state_dict(), record
+    from tests.helpers.quantized import same_as_reference
+
+    cfg = AutoConfig.from_pretrained(folder)
+    ref, record = quant.load_quantized_checkpoint(folder, cfg, torch.float32, in_memory=False)
+    held, held_record = quant.load_quantized_checkpoint(folder, cfg, torch.float32)
+    assert same_as_reference(held, ref) == record["layers"]
+    assert held_record["weights"] == record["weights"] and "held as stored" in held_record["note"]
+    return ref.state_dict(), record
 
 
 def _linears(src: Any) -> list[tuple[str, int, int]]:
@@ -158,11 +166,24 @@ def test_compressed_tensors_int_quantized_w8a8(tmp_path: Path) -> None:
     for layer in range(2):  # an fp8 kv_cache_scheme's scales: dropped (--kv-cache-dtype fp8 uses 1.0)
         state[f"model.layers.{layer}.self_attn.k_scale"], state[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(0.02), torch.tensor(0.03)
     qc = {**_ct_qc("int-quantized", {"num_bits": 8, "symmetric": True, "strategy": "channel"}, acts), "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}}
-    got, record = _load(_write(src, tmp_path / "w8a8", state, qc))
+    folder = _write(src, tmp_path / "w8a8", state, qc)
+    got, record = _load(folder)
     for p, w in want.items():
         assert torch.equal(got[p + ".weight"], w), p
     _check_rest(got, src, set(want))
     assert record["weights"] == "int8" and record["layers"] == 14
+    # the activations: int8 per token, symmetric, scale amax / 127 (vLLM's W8A8 int8), the product in fp32
+    assert record["activations"] == "int8 dynamic per token" and "input activations quantized" in record["note"]
+    from transformers import AutoConfig
+
+    held, _ = quant.load_quantized_checkpoint(folder, AutoConfig.from_pretrained(folder), torch.float32)
+    mod = held.model.layers[0].mlp.down_proj
+    x = torch.randn(3, 5, 64, generator=g)
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    xq = torch.round(x * 127 / amax).clamp(-128, 127)
+    assert int(xq.abs().amax(dim=-1).min()) == 127  # each token's largest activation maps to ±127
+    with torch.no_grad():
+        assert torch.allclose(mod(x), (xq * (amax / 127)) @ want["model.layers.0.mlp.down_proj"].t(), rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- GPTQ
@@ -291,7 +312,9 @@ def test_a_gptq_checkpoint_through_the_loader(tmp_path: Path) -> None:
     _tokenizer_for(folder)
     loaded = load_model(str(folder), device="cpu", dtype="float32")
     assert loaded.checkpoint_quant["weights"] == "int4"  # type: ignore[attr-defined]
-    assert torch.equal(loaded.model.model.layers[0].mlp.up_proj.weight, torch.full((64, 32), 0.5))  # (9 − 8) · 0.5
+    up = loaded.model.model.layers[0].mlp.up_proj
+    assert up.qweight.dtype == torch.int32 and up.qweight.shape == (4, 64)  # held as stored: 8 rows a word
+    assert torch.equal(up.weight_float(), torch.full((64, 32), 0.5))  # (9 − 8) · 0.5
 
 
 def _tokenizer_for(folder: Path) -> None:

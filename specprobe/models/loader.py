@@ -443,7 +443,10 @@ class LoadedModel:
 
     @property
     def params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        # a layer held quantized counts the weights it stands for
+        from specprobe.models.qlinear import logical_params
+
+        return logical_params(self.model)
 
     @property
     def vocab_size(self) -> int:

@@ -38,13 +38,14 @@ from typing import Any
 
 import torch
 
+from specprobe.models.qlinear import QuantLinear, pack_int4, set_child
 from specprobe.settings.model import QUANT_SCHEMES
 
 SCHEMES = QUANT_SCHEMES  # the --target-quant / --draft-quant choices
 
 E4M3_MAX = 448.0
 INT4_GROUP = 128
-NOTE = "RTN simulation (round-to-nearest onto the format's grid, dequantized to the compute dtype), not AWQ/GPTQ calibration"
+NOTE = "RTN simulation (round-to-nearest onto the format's grid, held quantized and dequantized per layer at each forward), not AWQ/GPTQ calibration"
 
 
 # ----------------------------------------------------------------------------- the grids
@@ -53,21 +54,28 @@ def fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(x.dtype)
 
 
-def fp8_weight(w: torch.Tensor, per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dequantized weight, scale): w [out, in] on the e4m3 grid times one scale per output
-    row (or one for the tensor), scale = amax / 448 so the largest weight maps to 448."""
+def fp8_parts(w: torch.Tensor, per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): w [out, in] / scale on the e4m3 grid as torch.float8_e4m3fn, with one
+    fp32 scale per output row (or one for the tensor), scale = amax / 448 so the largest
+    weight maps to 448."""
     wf = w.float()
     amax = wf.abs().amax() if per_tensor else wf.abs().amax(dim=1, keepdim=True)
     scale = (amax / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
-    q = (wf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (wf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def fp8_weight(w: torch.Tensor, per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dequantized weight, scale): fp8_parts read back in w's dtype."""
+    q, scale = fp8_parts(w, per_tensor)
     return (q.float() * scale).to(w.dtype), scale
 
 
-def int_weight(w: torch.Tensor, bits: int, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dequantized weight, scale): symmetric round-to-nearest onto [-2^(b-1), 2^(b-1) - 1]
-    with scale = amax / ((2^b - 1) / 2), per output row (group None) or per `group` input
-    columns of each row. A row whose length is not a multiple of the group ends in a
-    shorter group (engines require the multiple; the simulation need not)."""
+def int_parts(w: torch.Tensor, bits: int, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(q, scale, g): symmetric round-to-nearest onto [-2^(b-1), 2^(b-1) - 1] with scale =
+    amax / ((2^b - 1) / 2), per output row (group None) or per `group` input columns of
+    each row; q int8 [out, in'] with each row padded with zeros to whole groups of g
+    columns, scale fp32 [out, groups]. A row whose length is not a multiple of the group
+    ends in a shorter group (engines require the multiple; the simulation need not)."""
     out_f, in_f = w.shape
     wf = w.float()
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
@@ -80,68 +88,113 @@ def int_weight(w: torch.Tensor, bits: int, group: int | None = None) -> tuple[to
     amax = grouped.abs().amax(dim=2, keepdim=True)
     scale = (amax / half_range).clamp(min=torch.finfo(torch.float32).tiny)
     q = torch.round(grouped / scale).clamp(qmin, qmax)
-    deq = (q * scale).reshape(out_f, -1)[:, :in_f]
-    return deq.to(w.dtype), scale.squeeze(2)
+    return q.reshape(out_f, -1).to(torch.int8), scale.squeeze(2), g
+
+
+def int_weight(w: torch.Tensor, bits: int, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dequantized weight, scale): int_parts read back in w's dtype, (q · s) per group."""
+    q, scale, g = int_parts(w, bits, group)
+    deq = (q.float().reshape(w.shape[0], -1, g) * scale.unsqueeze(2)).reshape(w.shape[0], -1)[:, : w.shape[1]]
+    return deq.to(w.dtype), scale
+
+
+# the weights of each scheme (format, per-tensor / bits, group) and its input activations
+WEIGHTS: dict[str, tuple[str, Any, int | None]] = {
+    "fp8": ("fp8", False, None), "fp8:per-tensor": ("fp8", True, None), "fp8-dynamic": ("fp8", False, None),
+    "int8": ("int", 8, None), "w8a8-int8": ("int", 8, None), "int4": ("int", 4, INT4_GROUP),
+}  # fmt: skip
+ACTIVATIONS: dict[str, dict[str, Any]] = {
+    "fp8-dynamic": {"type": "float", "strategy": "token", "dynamic": True, "symmetric": True},  # llm-compressor's FP8_DYNAMIC
+    "w8a8-int8": {"type": "int", "strategy": "token", "dynamic": True, "symmetric": True},  # llm-compressor's W8A8 (int8)
+}
 
 
 def quantize_weight(w: torch.Tensor, scheme: str) -> torch.Tensor:
     """w [out, in] as `scheme` would serve it, dequantized to w's dtype."""
-    if scheme == "fp8":
-        return fp8_weight(w)[0]
-    if scheme == "fp8:per-tensor":
-        return fp8_weight(w, per_tensor=True)[0]
-    if scheme == "int8":
-        return int_weight(w, 8)[0]
-    if scheme == "int4":
-        return int_weight(w, 4, INT4_GROUP)[0]
-    raise ValueError(f"unknown quantization scheme {scheme!r}")
+    if scheme not in WEIGHTS:
+        raise ValueError(f"unknown quantization scheme {scheme!r}")
+    form, arg, group = WEIGHTS[scheme]
+    return fp8_weight(w, per_tensor=arg)[0] if form == "fp8" else int_weight(w, arg, group)[0]
+
+
+def quantized_linear(mod: torch.nn.Linear, scheme: str) -> QuantLinear:
+    """`mod` as a QuantLinear holding `scheme`'s quantized weight (and its activation
+    quantization); its weight_float() equals quantize_weight(mod.weight, scheme)."""
+    w = mod.weight.data
+    form, arg, group = WEIGHTS[scheme]
+    if form == "fp8":
+        q, scale = fp8_parts(w, per_tensor=arg)
+        parts, meta = {"q": q, "scale": scale}, {}
+    else:
+        q, scale, g = int_parts(w, arg, group)
+        if arg == 4:
+            q = pack_int4(torch.nn.functional.pad(q, (0, q.shape[1] % 2)))
+        parts, meta = {"q": q, "scale": scale}, {"bits": arg, "group": g}
+    bias = mod.bias.data if mod.bias is not None else None
+    return QuantLinear(mod.in_features, mod.out_features, form, parts, meta, w.dtype, bias=bias, act=ACTIVATIONS.get(scheme), kind=scheme)
 
 
 # ----------------------------------------------------------------------------- a model
 @dataclass
 class Quantized:
     """What `quantize_model` did: the scheme, the layers, and (keep=True) the original
-    weights, which `full_precision` swaps back in for a forward pass."""
+    nn.Linear modules, which `full_precision` swaps back in for a forward pass."""
 
     scheme: str
     layers: list[str] = field(default_factory=list)
-    originals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
-    modules: dict[str, Any] = field(default_factory=dict, repr=False)
+    originals: dict[str, torch.nn.Module] = field(default_factory=dict, repr=False)
+    modules: dict[str, Any] = field(default_factory=dict, repr=False)  # name -> (decoder layer, its submodule's name, QuantLinear)
     rel_error: float = 0.0  # ‖W_q − W‖ / ‖W‖ over every quantized weight
 
     def record(self) -> dict[str, Any]:
-        return {"scheme": self.scheme, "method": "rtn", "layers": len(self.layers), "weight_rel_error": round(self.rel_error, 6), "note": NOTE}
+        out = {"scheme": self.scheme, "method": "rtn", "layers": len(self.layers), "weight_rel_error": round(self.rel_error, 6), "note": NOTE}
+        act = ACTIVATIONS.get(self.scheme)
+        if act is not None:
+            from specprobe.models.quant_checkpoint import activation_words
+
+            out["activations"] = activation_words(act)
+            out["note"] = NOTE + f"; input activations {out['activations']} as vLLM quantizes them"
+        return out
+
+
+def _decoder_linears(model: Any) -> Iterator[tuple[str, Any, str, torch.nn.Linear]]:
+    from specprobe.models.anatomy import decoder_layers
+
+    layers, _ = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        for name, mod in list(layer.named_modules()):
+            if isinstance(mod, torch.nn.Linear):
+                yield f"layers.{i}.{name}", layer, name, mod
 
 
 def decoder_linears(model: Any) -> Iterator[tuple[str, torch.nn.Linear]]:
     """Every nn.Linear inside the decoder layers (attention and MLP projections); the
     embeddings and the LM head are outside them."""
-    from specprobe.models.anatomy import decoder_layers
-
-    layers, _ = decoder_layers(model)
-    for i, layer in enumerate(layers):
-        for name, mod in layer.named_modules():
-            if isinstance(mod, torch.nn.Linear):
-                yield f"layers.{i}.{name}", mod
+    for full, _, _, mod in _decoder_linears(model):
+        yield full, mod
 
 
 @torch.no_grad()
 def quantize_model(model: Any, scheme: str, keep: bool = False) -> Quantized:
-    """Replace the decoder layers' linear weights in place by their RTN-quantized copies."""
+    """Replace the decoder layers' nn.Linear modules in place by QuantLinear modules that
+    hold the RTN-quantized weights as served (fp8 as float8_e4m3fn, int8, int4 packed two
+    to a byte) and dequantize them per forward. keep=True keeps the original modules aside
+    (their float weights are the model as loaded) for `full_precision`; else they go."""
+    if scheme not in WEIGHTS:
+        raise ValueError(f"unknown quantization scheme {scheme!r}")
     done = Quantized(scheme)
     err2 = ref2 = 0.0
-    for name, mod in decoder_linears(model):
+    for name, layer, sub, mod in list(_decoder_linears(model)):
+        ql = quantized_linear(mod, scheme).to(mod.weight.device)
         w = mod.weight.data
-        q = quantize_weight(w, scheme)
+        q = ql.weight_float()  # one layer's float weight at a time
         err2 += float((q.float() - w.float()).pow(2).sum())
         ref2 += float(w.float().pow(2).sum())
+        del q
+        set_child(layer, sub, ql)
         if keep:
-            done.originals[name] = w
-            done.modules[name] = mod
-        if keep:
-            mod.weight.data = q  # the original tensor is kept aside, not overwritten
-        else:
-            mod.weight.data.copy_(q)
+            done.originals[name] = mod
+            done.modules[name] = (layer, sub, ql)
         done.layers.append(name)
     done.rel_error = (err2 / ref2) ** 0.5 if ref2 else 0.0
     return done
@@ -149,18 +202,17 @@ def quantize_model(model: Any, scheme: str, keep: bool = False) -> Quantized:
 
 @contextmanager
 def full_precision(quantized: Quantized) -> Iterator[None]:
-    """The original weights in place for the duration (a what-if forward pass), then the
-    quantized ones back; the tensors are swapped, nothing is copied."""
+    """The original nn.Linear modules in place for the duration (a what-if forward pass),
+    then the quantized ones back; modules are swapped, no weight is copied."""
     if not quantized.originals:
         raise RuntimeError("quantize_model(keep=True) keeps the original weights; this model kept none")
-    served = {n: m.weight.data for n, m in quantized.modules.items()}
     try:
-        for n, m in quantized.modules.items():
-            m.weight.data = quantized.originals[n]
+        for n, (layer, sub, _) in quantized.modules.items():
+            set_child(layer, sub, quantized.originals[n])
         yield
     finally:
-        for n, m in quantized.modules.items():
-            m.weight.data = served[n]
+        for _n, (layer, sub, ql) in quantized.modules.items():
+            set_child(layer, sub, ql)
 
 
 def serve_quantized(loaded: Any, scheme: str, keep: bool = False, progress: Any = None) -> Quantized:
@@ -272,10 +324,14 @@ def checkpoint_quantization(config: Any) -> dict[str, Any] | None:
     return dict(qc) if isinstance(qc, dict) else qc.to_dict()
 
 
-def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
+def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype, in_memory: bool = True) -> tuple[Any, dict[str, Any]]:
     """A quantized checkpoint read without its engine (compressed-tensors fp8, int and
-    packed int; GPTQ; AWQ GEMM: specprobe.models.quant_checkpoint), dequantized to
-    `dtype`. -> (model, its record). Other formats are refused with what to do."""
+    packed int; GPTQ; AWQ GEMM: specprobe.models.quant_checkpoint). Each decoder layer's
+    linear weights stay as the safetensors files store them, in a QuantLinear that
+    dequantizes them per forward (in_memory=False: every weight dequantized to `dtype` at
+    load, the reference path); the model is built without weights first, so no float copy
+    of the quantized layers is ever made. -> (model, its record). Other formats are
+    refused with what to do."""
     import copy
     from pathlib import Path
 
@@ -283,22 +339,60 @@ def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype) -> t
     from transformers import AutoModelForCausalLM
 
     from specprobe.core.errors import ModelLoadError
-    from specprobe.models.quant_checkpoint import check_format, dequantize_checkpoint
+    from specprobe.models.quant_checkpoint import (
+        check_format,
+        checkpoint_layers,
+        dequantize_checkpoint,
+        layer_weight,
+    )
 
     qc = checkpoint_quantization(config) or {}
     check_format(qc, folder)  # refused before the model is built
     plain = copy.deepcopy(config)
     if hasattr(plain, "quantization_config"):
         delattr(plain, "quantization_config")
-    model = AutoModelForCausalLM.from_config(plain, dtype=dtype)
     tensors: dict[str, torch.Tensor] = {}
     for f in sorted(Path(folder).glob("*.safetensors")):
         tensors.update(load_file(str(f)))
-    state, record = dequantize_checkpoint(tensors, qc, folder, dtype)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(plain, "tie_word_embeddings", False) else set()
+    if not in_memory:
+        model = AutoModelForCausalLM.from_config(plain, dtype=dtype)
+        state, record = dequantize_checkpoint(tensors, qc, folder, dtype)
+        return _load_state(model, state, plain, folder, set()), record
+    layers, rest, record = checkpoint_layers(tensors, qc, folder)
+    del tensors
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):  # parameters on the meta device, buffers (rotary tables) real
+        model = AutoModelForCausalLM.from_config(plain, dtype=dtype)
+    inside = {id(m) for _, _, _, m in _decoder_linears(model)}
+    state = {name: v.to(dtype) if v.is_floating_point() else v for name, v in rest.items()}
+    held: set[str] = set()
+    for prefix, layer in layers.items():
+        try:
+            mod = model.get_submodule(prefix)
+        except AttributeError:
+            raise ModelLoadError(f"{folder}: the quantized checkpoint's layer {prefix} is not in the model its config describes", "check that config.json belongs to these safetensors files") from None
+        if id(mod) not in inside or not isinstance(mod, torch.nn.Linear):  # outside the decoder (a quantized LM head): dequantized once
+            state[prefix + ".weight"] = layer_weight(layer, dtype)
+            continue
+        bias = state.pop(prefix + ".bias", None)
+        set_child(model, prefix, QuantLinear(mod.in_features, mod.out_features, layer.form, layer.parts, layer.meta, dtype, bias=bias, act=layer.act, kind=layer.kind))
+        held.add(prefix)
+    record["note"] = record["note"].replace("dequantized to the compute dtype as the format's reference dequantizer does", "held as stored and dequantized per layer at each forward as the format's reference dequantizer does")
+    return _load_state(model, state, plain, folder, held), record
+
+
+def _load_state(model: Any, state: dict[str, torch.Tensor], config: Any, folder: Any, held: set[str]) -> Any:
+    from specprobe.core.errors import ModelLoadError
+
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if k.rpartition(".")[0] not in held]
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:
         raise ModelLoadError(f"{folder}: the quantized checkpoint's tensors do not match its config ({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(list(missing) + list(unexpected))[0]})", "check that config.json belongs to these safetensors files")
     if tied:
         model.tie_weights()
-    return model, record
+    left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if left:
+        raise ModelLoadError(f"{folder}: the quantized checkpoint has no tensor for {left[0]}", "check that the safetensors files are complete")
+    return model

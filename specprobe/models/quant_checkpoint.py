@@ -37,6 +37,7 @@ else is refused in one line with what to do.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,6 +50,25 @@ _SIMULATE = "pass the unquantized checkpoint with --target-quant/--draft-quant i
 
 def _refuse(folder: Any, what: str) -> ModelLoadError:
     return ModelLoadError(f"{folder}: {what}, which specprobe does not read", _SIMULATE)
+
+
+@dataclass
+class Layer:
+    """One quantized layer as its checkpoint stores it: `form` (ct, gptq, awq) says which
+    dequantizer reads `parts` (the stored tensors by their names, without the layer's
+    prefix); `meta` its shape and bit width; `kind` what it is ('int4', 'fp8', …); `act`
+    its input activations' quantization (compressed-tensors W8A8), None for A16."""
+
+    form: str
+    parts: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    kind: str
+    act: dict[str, Any] | None = None
+
+
+def layer_weight(layer: Layer, dtype: torch.dtype) -> torch.Tensor:
+    """The layer's weight [out, in] in `dtype`, dequantized as its format specifies."""
+    return _WEIGHT[layer.form](layer.parts, layer.meta, dtype)
 
 
 # ----------------------------------------------------------------------------- bits
@@ -101,25 +121,18 @@ def _ct_group(qc: dict[str, Any], prefix: str) -> dict[str, Any]:
     raise ModelLoadError(f"no config group of the compressed-tensors quantization_config names layer {prefix}", "check that config.json belongs to these safetensors files")
 
 
-def _ct_zero(t: dict[str, torch.Tensor], prefix: str, rows: int, bits: int, packed: bool) -> torch.Tensor | None:
-    z = t.get(prefix + ".weight_zero_point")
-    if z is None:
-        return None
-    if packed and z.dtype == torch.int32:  # packed down the output dimension, unsigned with the offset
-        return unpack_bits(z, bits, rows, dim=0) - (1 << (bits - 1))
-    return z
-
-
-def _ct_layer(t: dict[str, torch.Tensor], prefix: str, qc: dict[str, Any], folder: Any, dtype: torch.dtype) -> tuple[torch.Tensor, str]:
-    """One compressed-tensors layer's weight [out, in] and what it was ('int4', 'fp8', …)."""
+def _ct_layer(t: dict[str, torch.Tensor], prefix: str, qc: dict[str, Any], folder: Any) -> Layer:
+    """One compressed-tensors layer's stored tensors, checked, as a Layer (`layer_weight`
+    dequantizes it)."""
     group = _ct_group(qc, prefix)
     args = group.get("weights") or {}
     fmt = str(group.get("format") or qc.get("format") or "")
     bits = int(args.get("num_bits", 8))
-    scale = t[prefix + ".weight_scale"]
+    act = _ct_activations(t, prefix, group.get("input_activations"), folder)
+    parts = {"weight_scale": t[prefix + ".weight_scale"]}
     g_idx = t.get(prefix + ".weight_g_idx")
-    if g_idx is not None and bool((g_idx < 0).all()):
-        g_idx = None  # -1 everywhere: no activation ordering saved
+    if g_idx is not None and not bool((g_idx < 0).all()):  # -1 everywhere: no activation ordering saved
+        parts["weight_g_idx"] = g_idx
     if prefix + ".weight_packed" in t:
         if fmt not in ("pack-quantized", "mixed-precision", ""):
             raise _refuse(folder, f"a compressed-tensors {fmt} checkpoint with packed weights")
@@ -128,17 +141,65 @@ def _ct_layer(t: dict[str, torch.Tensor], prefix: str, qc: dict[str, Any], folde
         shape = [int(x) for x in t[prefix + ".weight_shape"].tolist()] if prefix + ".weight_shape" in t else None
         packed = t[prefix + ".weight_packed"]
         rows, cols = (shape[0], shape[1]) if shape else (packed.shape[0], packed.shape[1] * 32 // bits)
-        q = unpack_bits(packed, bits, cols, dim=1) - (1 << (bits - 1))
-        zero = _ct_zero(t, prefix, rows, bits, packed=True)
-        if args.get("symmetric") is False and str(args.get("strategy")) in ("group", "channel") and zero is None:
+        parts["weight_packed"] = packed
+        if prefix + ".weight_zero_point" in t:
+            parts["weight_zero_point"] = t[prefix + ".weight_zero_point"]
+        if args.get("symmetric") is False and str(args.get("strategy")) in ("group", "channel") and "weight_zero_point" not in parts:
             raise ModelLoadError(f"{folder}: layer {prefix} is asymmetric but its checkpoint has no weight_zero_point", "check that the safetensors files are complete")
-        return _ct_apply(q, zero, scale, g_idx, dtype), f"int{bits}"
+        return Layer("ct", parts, {"bits": bits, "rows": rows, "cols": cols}, f"int{bits}", act)
     w = t[prefix + ".weight"]
+    parts["weight"] = w
+    rows, cols = w.shape
     if w.dtype == torch.float8_e4m3fn:
-        return _ct_apply(w, None, scale, None, dtype), "fp8:per-tensor" if scale.numel() == 1 else "fp8"
+        parts.pop("weight_g_idx", None)
+        return Layer("ct", parts, {"bits": 8, "rows": rows, "cols": cols}, "fp8:per-tensor" if parts["weight_scale"].numel() == 1 else "fp8", act)
     if w.dtype == torch.int8:
-        return _ct_apply(w, _ct_zero(t, prefix, w.shape[0], bits, packed=False), scale, g_idx, dtype), f"int{bits}"
+        if prefix + ".weight_zero_point" in t:
+            parts["weight_zero_point"] = t[prefix + ".weight_zero_point"]
+        return Layer("ct", parts, {"bits": bits, "rows": rows, "cols": cols}, f"int{bits}", act)
     raise _refuse(folder, f"a compressed-tensors layer {prefix} stored as {w.dtype}")
+
+
+def _ct_weight(parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    bits, rows, cols = meta["bits"], meta["rows"], meta["cols"]
+    if "weight_packed" in parts:
+        q = unpack_bits(parts["weight_packed"], bits, cols, dim=1) - (1 << (bits - 1))
+        z = parts.get("weight_zero_point")
+        if z is not None and z.dtype == torch.int32:  # packed down the output dimension, unsigned with the offset
+            z = unpack_bits(z, bits, rows, dim=0) - (1 << (bits - 1))
+        return _ct_apply(q, z, parts["weight_scale"], parts.get("weight_g_idx"), dtype)
+    return _ct_apply(parts["weight"], parts.get("weight_zero_point"), parts["weight_scale"], parts.get("weight_g_idx"), dtype)
+
+
+def _ct_activations(t: dict[str, torch.Tensor], prefix: str, acts: Any, folder: Any) -> dict[str, Any] | None:
+    """A config group's input_activations as the forward quantizes them (vLLM's W8A8
+    schemes): None for 16-bit activations; else {type, strategy, dynamic, symmetric,
+    group_size, input_scale, input_zero_point} — a static scheme's scale (and zero point)
+    read from the layer's `input_scale` (`input_zero_point`)."""
+    if not acts:
+        return None
+    a = dict(acts)
+    kind, bits = str(a.get("type") or "int"), int(a.get("num_bits") or 8)
+    if bits != 8 or kind not in ("float", "int"):
+        raise _refuse(folder, f"a compressed-tensors checkpoint with {bits}-bit {kind} input activations (specprobe quantizes 8-bit float and int activations)")
+    strategy = str(a.get("strategy") or "tensor")
+    dynamic = a.get("dynamic") in (True, "true", "True")
+    out: dict[str, Any] = {"type": kind, "strategy": strategy, "dynamic": dynamic, "symmetric": a.get("symmetric") is not False, "group_size": a.get("group_size")}
+    if dynamic:
+        if strategy not in ("token", "tensor", "group"):
+            raise _refuse(folder, f"a compressed-tensors checkpoint with dynamic {strategy} input activations")
+        if strategy == "group" and not a.get("group_size"):
+            raise ModelLoadError(f"{folder}: layer {prefix}'s input activations are grouped but name no group_size", "check config.json's quantization_config")
+        return out
+    scale = t.get(prefix + ".input_scale")
+    if scale is None:
+        raise ModelLoadError(f"{folder}: layer {prefix}'s input activations are static but its checkpoint has no input_scale", "check that the safetensors files are complete")
+    if scale.numel() != 1:
+        raise _refuse(folder, f"a compressed-tensors checkpoint with static {strategy} input scales of {scale.numel()} values")
+    out["input_scale"] = scale
+    if prefix + ".input_zero_point" in t:
+        out["input_zero_point"] = t[prefix + ".input_zero_point"]
+    return out
 
 
 def _ct_apply(q: torch.Tensor, zero: torch.Tensor | None, scale: torch.Tensor, g_idx: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -157,21 +218,16 @@ def _ct_apply(q: torch.Tensor, zero: torch.Tensor | None, scale: torch.Tensor, g
     return _dequant(q, None, s, dtype)
 
 
-def _compressed_tensors(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], list[str]]:
+CT_PARTS = (".weight_scale", ".weight_zero_point", ".weight_g_idx", ".weight_shape", ".weight_packed", ".input_scale", ".input_zero_point", ".output_scale", ".k_scale", ".v_scale", ".q_scale")
+
+
+def _compressed_tensors(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any) -> tuple[dict[str, Layer], dict[str, torch.Tensor]]:
     prefixes = sorted({k[: -len(".weight_scale")] for k in tensors if k.endswith(".weight_scale")})
-    out: dict[str, torch.Tensor] = {}
-    kinds: list[str] = []
-    for p in prefixes:
-        out[p + ".weight"], kind = _ct_layer(tensors, p, qc, folder, dtype)
-        kinds.append(kind)
-    # activation and KV-cache scales (kv_cache_scheme's k_scale / v_scale) are dropped: the
-    # activations stay in the compute dtype, and --kv-cache-dtype fp8 uses scales of 1.0
-    skip = (".weight_scale", ".weight_zero_point", ".weight_g_idx", ".weight_shape", ".weight_packed", ".input_scale", ".input_zero_point", ".output_scale", ".k_scale", ".v_scale", ".q_scale")
-    for name, v in tensors.items():
-        if name in out or name.endswith(skip) or (name.endswith(".weight") and name[: -len(".weight")] in prefixes):
-            continue
-        out[name] = v.to(dtype) if v.is_floating_point() else v
-    return out, kinds
+    layers = {p: _ct_layer(tensors, p, qc, folder) for p in prefixes}
+    # KV-cache scales (kv_cache_scheme's k_scale / v_scale) are dropped: --kv-cache-dtype fp8
+    # uses scales of 1.0; the input activations' are on their layers (Layer.act)
+    rest = {name: v for name, v in tensors.items() if not (name.endswith(CT_PARTS) or (name.endswith(".weight") and name[: -len(".weight")] in layers))}
+    return layers, rest
 
 
 # ----------------------------------------------------------------------------- GPTQ and AWQ
@@ -179,55 +235,56 @@ def _packed_layers(tensors: dict[str, torch.Tensor]) -> list[str]:
     return sorted(k[: -len(".qweight")] for k in tensors if k.endswith(".qweight"))
 
 
-def _gptq(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], list[str]]:
+def _gptq(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any) -> tuple[dict[str, Layer], dict[str, torch.Tensor]]:
     bits = int(qc.get("bits", 4))
-    fmt = str(qc.get("checkpoint_format") or "gptq")
-    plus = 1 if fmt == "gptq" else 0  # v1 stores each zero minus one
-    out: dict[str, torch.Tensor] = {}
-    layers = _packed_layers(tensors)
-    for p in layers:
-        scales = tensors[p + ".scales"]  # [groups, out]
-        n_out = scales.shape[1]
-        n_in = tensors[p + ".qweight"].shape[0] * 32 // bits
-        q = unpack_bits(tensors[p + ".qweight"], bits, n_in, dim=0)  # [in, out]
-        zeros = unpack_bits(tensors[p + ".qzeros"], bits, n_out, dim=1) + plus  # [groups, out]
-        g_idx = tensors.get(p + ".g_idx")
-        groups = g_idx.long() if g_idx is not None else torch.arange(n_in) // -(-n_in // scales.shape[0])
-        out[p + ".weight"] = _dequant(q, zeros[groups], scales[groups], dtype).t().contiguous()
-    _rest(tensors, out, layers, (".qweight", ".qzeros", ".scales", ".g_idx"), dtype)
-    return out, [f"int{bits}"] * len(layers)
+    plus = 1 if str(qc.get("checkpoint_format") or "gptq") == "gptq" else 0  # v1 stores each zero minus one
+    layers: dict[str, Layer] = {}
+    for p in _packed_layers(tensors):
+        parts = {k: tensors[p + "." + k] for k in ("qweight", "qzeros", "scales", "g_idx") if p + "." + k in tensors}
+        layers[p] = Layer("gptq", parts, {"bits": bits, "plus": plus}, f"int{bits}")
+    return layers, _rest(tensors, layers, (".qweight", ".qzeros", ".scales", ".g_idx"))
 
 
-def _awq(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], list[str]]:
+def _gptq_weight(parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    bits = meta["bits"]
+    scales = parts["scales"]  # [groups, out]
+    n_out = scales.shape[1]
+    n_in = parts["qweight"].shape[0] * 32 // bits
+    q = unpack_bits(parts["qweight"], bits, n_in, dim=0)  # [in, out]
+    zeros = unpack_bits(parts["qzeros"], bits, n_out, dim=1) + meta["plus"]  # [groups, out]
+    g_idx = parts.get("g_idx")
+    groups = g_idx.long() if g_idx is not None else torch.arange(n_in, device=q.device) // -(-n_in // scales.shape[0])
+    return _dequant(q, zeros[groups], scales[groups], dtype).t().contiguous()
+
+
+def _awq(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any) -> tuple[dict[str, Layer], dict[str, torch.Tensor]]:
     group = int(qc.get("group_size", qc.get("q_group_size", 128)))
-    order = torch.tensor(AWQ_ORDER)
-    out: dict[str, torch.Tensor] = {}
-    layers = _packed_layers(tensors)
-
-    def columns(words: torch.Tensor) -> torch.Tensor:
-        slots = unpack_bits(words, 4, words.shape[1] * 8, dim=1)  # slot order within each word
-        idx = (torch.arange(slots.shape[1]) // 8) * 8 + order.repeat(words.shape[1])  # the column each slot holds
-        cols = torch.empty_like(slots)
-        cols[:, idx] = slots
-        return cols
-
-    for p in layers:
-        scales = tensors[p + ".scales"]  # [groups, out]
-        q = columns(tensors[p + ".qweight"])  # [in, out]
-        zeros = columns(tensors[p + ".qzeros"])  # [groups, out]
-        size = group if group > 0 else q.shape[0]
-        g = torch.arange(q.shape[0]) // size
-        out[p + ".weight"] = _dequant(q, zeros[g], scales[g], dtype).t().contiguous()
-    _rest(tensors, out, layers, (".qweight", ".qzeros", ".scales"), dtype)
-    return out, ["int4"] * len(layers)
+    layers = {p: Layer("awq", {k: tensors[p + "." + k] for k in ("qweight", "qzeros", "scales")}, {"group": group}, "int4") for p in _packed_layers(tensors)}
+    return layers, _rest(tensors, layers, (".qweight", ".qzeros", ".scales"))
 
 
-def _rest(tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor], layers: list[str], parts: tuple[str, ...], dtype: torch.dtype) -> None:
-    """Every tensor that is no packed layer's part, as stored (floats in `dtype`)."""
+def _awq_columns(words: torch.Tensor) -> torch.Tensor:
+    """AWQ's interleaved words [rows, out/8] as 4-bit values [rows, out] in column order."""
+    slots = unpack_bits(words, 4, words.shape[1] * 8, dim=1)  # slot order within each word
+    order = torch.tensor(AWQ_ORDER, device=words.device)
+    idx = (torch.arange(slots.shape[1], device=words.device) // 8) * 8 + order.repeat(words.shape[1])  # the column each slot holds
+    cols = torch.empty_like(slots)
+    cols[:, idx] = slots
+    return cols
+
+
+def _awq_weight(parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    q = _awq_columns(parts["qweight"])  # [in, out]
+    zeros = _awq_columns(parts["qzeros"])  # [groups, out]
+    size = meta["group"] if meta["group"] > 0 else q.shape[0]
+    g = torch.arange(q.shape[0], device=q.device) // size
+    return _dequant(q, zeros[g], parts["scales"][g], dtype).t().contiguous()
+
+
+def _rest(tensors: dict[str, torch.Tensor], layers: dict[str, Layer], parts: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Every tensor that is no packed layer's part, as stored."""
     owned = {p + s for p in layers for s in parts}
-    for name, v in tensors.items():
-        if name not in owned:
-            out[name] = v.to(dtype) if v.is_floating_point() else v
+    return {name: v for name, v in tensors.items() if name not in owned}
 
 
 # ----------------------------------------------------------------------------- entry
@@ -258,26 +315,54 @@ def check_format(qc: dict[str, Any], folder: Any) -> None:
         raise _refuse(folder, " ".join(f"a {method or 'unnamed'} {qc.get('format') or qc.get('bits') or ''}".split()) + " quantized checkpoint (specprobe reads compressed-tensors, GPTQ and AWQ GEMM)")
 
 
-def dequantize_checkpoint(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A quantized checkpoint's tensors as a plain state dict in `dtype`, and its record
-    (weights: the bit width, method "checkpoint", layers dequantized, note: the format)."""
+def checkpoint_layers(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any) -> tuple[dict[str, Layer], dict[str, torch.Tensor], dict[str, Any]]:
+    """A quantized checkpoint's tensors split into its quantized layers (prefix -> Layer,
+    the stored tensors as they are), every other tensor as stored, and the checkpoint's
+    record (weights: the bit width, method "checkpoint", layers, note: the format)."""
     check_format(qc, folder)
     method = str(qc.get("quant_method") or "")
     if method == "compressed-tensors":
-        state, kinds = _compressed_tensors(tensors, qc, folder, dtype)
+        layers, rest = _compressed_tensors(tensors, qc, folder)
         what = f"compressed-tensors {qc.get('format')}"
     elif method == "gptq":
-        state, kinds = _gptq(tensors, qc, folder, dtype)
+        layers, rest = _gptq(tensors, qc, folder)
         act = ", act-order (g_idx)" if qc.get("desc_act") else ""
         what = f"GPTQ ({qc.get('checkpoint_format') or 'gptq'}) {qc.get('bits', 4)}-bit, groups of {qc.get('group_size', 128)}{act}, {'symmetric' if qc.get('sym', True) else 'asymmetric'}"
     elif method == "awq":
-        state, kinds = _awq(tensors, qc, folder, dtype)
+        layers, rest = _awq(tensors, qc, folder)
         what = f"AWQ GEMM 4-bit, groups of {qc.get('group_size', qc.get('q_group_size', 128))}"
     else:  # check_format refused it
         raise AssertionError(method)
-    if not kinds:
+    if not layers:
         raise ModelLoadError(f"{folder}: config.json says {what}, but no layer in its safetensors files is stored that way", "check that config.json belongs to these safetensors files")
-    found = sorted(set(kinds))
+    found = sorted({x.kind for x in layers.values()})
+    acts = sorted({activation_words(x.act) for x in layers.values() if x.act is not None})
     weights = found[0] if len(found) == 1 else "mixed"
-    return state, {"weights": weights, "method": "checkpoint", "layers": len(kinds), "weight_rel_error": None,
-                   "note": f"{what} checkpoint ({', '.join(found)}), dequantized to the compute dtype as the format's reference dequantizer does: the served weights, not a simulation"}
+    record: dict[str, Any] = {"weights": weights, "method": "checkpoint", "layers": len(layers), "weight_rel_error": None,
+                              "note": f"{what} checkpoint ({', '.join(found)}), dequantized to the compute dtype as the format's reference dequantizer does: the served weights, not a simulation"}  # fmt: skip
+    if acts:
+        record["activations"] = "; ".join(acts)
+        record["note"] += f"; input activations quantized as vLLM does ({record['activations']})"
+    return layers, rest, record
+
+
+def activation_words(act: dict[str, Any]) -> str:
+    """An input-activation scheme in a few words: 'fp8 dynamic per token', 'int8 static per tensor'."""
+    kind = "fp8" if act["type"] == "float" else "int8"
+    where = {"token": "per token", "tensor": "per tensor", "group": f"per token in groups of {act.get('group_size')}"}.get(act["strategy"], act["strategy"])
+    sym = "" if act.get("symmetric", True) or kind == "fp8" else " asymmetric"
+    return f"{kind}{sym} {'dynamic' if act['dynamic'] else 'static'} {where}"
+
+
+def dequantize_checkpoint(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A quantized checkpoint's tensors as a plain state dict in `dtype` (every layer
+    dequantized at once: the reference the in-memory form, specprobe.models.qlinear, is
+    tested against), and its record."""
+    layers, rest, record = checkpoint_layers(tensors, qc, folder)
+    state = {name: v.to(dtype) if v.is_floating_point() else v for name, v in rest.items()}
+    for p, layer in layers.items():
+        state[p + ".weight"] = layer_weight(layer, dtype)
+    return state, record
+
+
+_WEIGHT = {"ct": _ct_weight, "gptq": _gptq_weight, "awq": _awq_weight}

@@ -207,7 +207,10 @@ def _headline_from_lengths(by_length: Sequence[dict[str, Any]], contexts: Mappin
 def step_params(model: Any) -> int:
     """Parameters one decode step reads: every weight but the input embedding table (a
     lookup reads one row of it) — unless it is tied to the LM head, which reads it all."""
-    total = sum(int(p.numel()) for p in model.parameters())
+    # a layer held quantized counts the weights it stands for
+    from specprobe.models.qlinear import logical_params
+
+    total = logical_params(model)
     emb, out = model.get_input_embeddings(), model.get_output_embeddings()
     if emb is not None and (out is None or emb.weight is not out.weight):
         total -= int(emb.weight.numel())

@@ -45,7 +45,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 REFERENCES = ("on-policy", "dataset")
 SEMANTICS = ("vllm", "sglang", "transformers", "llama.cpp")  # whose sampling transform and defaults
 FAIL_ON = ("error", "warning", "info", "never")
-QUANT_SCHEMES = ("fp8", "fp8:per-tensor", "int8", "int4")  # RTN weight quantization (specprobe.models.quant)
+QUANT_SCHEMES = ("fp8", "fp8:per-tensor", "fp8-dynamic", "int8", "w8a8-int8", "int4")  # RTN weight (and W8A8 activation) quantization (specprobe.models.quant)
 KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings this simulates
 # llama.cpp's --cache-type-k / --cache-type-v types this simulates (common/arg.cpp's list but iq4_nl)
 GGML_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
@@ -237,8 +237,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_memory", "--max-memory", "Memory per device for --device-map, e.g. 0=70GiB,1=70GiB (cpu=… too).", str | None, commands=frozenset({DIAGNOSE}), file_key="max_memory", parse=_P["max_memory"], metavar="DEV=SIZE,…", show_default=False),
     Setting(
         "target_quant", "--target-quant",
-        "Serve the target quantized: fp8 (e4m3, per-output-channel scale) | fp8:per-tensor | int8 (W8A16, per channel) | int4 (W4A16, groups of 128). "
-        "Round-to-nearest onto the grid after loading, dequantized to --dtype (RTN simulation, not AWQ/GPTQ calibration); the decoder layers' linear weights, not the embeddings or LM head. "
+        "Serve the target quantized: fp8 (e4m3, per-output-channel scale) | fp8:per-tensor | fp8-dynamic (fp8 weights and fp8 activations per token, llm-compressor's FP8_DYNAMIC) | "
+        "int8 (W8A16, per channel) | w8a8-int8 (int8 weights and int8 activations per token, llm-compressor's W8A8) | int4 (W4A16, groups of 128). "
+        "Round-to-nearest onto the grid after loading, held quantized and dequantized per layer at each forward (RTN simulation, not AWQ/GPTQ calibration); the decoder layers' linear weights, not the embeddings or LM head. "
         "A self:layers=N drafter shares these weights.",
         str | None, commands=MODELS, file_key="target_quant", choices=QUANT_SCHEMES, show_default=False,
     ),
