@@ -1,7 +1,7 @@
 """Serving configs that run an n-gram drafter: the drafter spec specprobe reads off them
 (vLLM's method ngram with prompt_lookup_min/max and K, llama-server's --spec-type ngram-*
 lists with their --spec-ngram-* knobs), and what it does not implement named as nothing
-(vLLM's method suffix: tests/test_ngram_suffix.py)."""
+(vLLM's method suffix: tests/test_ngram_suffix.py; SGLang's NGRAM: tests/test_ngram_sglang.py)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,6 @@ def test_engine_order_and_knobs_survive_the_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "text"),
     [
-        ("g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\n"),  # SGLang's NGRAM: not implemented
         ("e.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple,ngram-simple\n"),  # the draft model is named
     ],
 )
@@ -60,12 +59,3 @@ def test_what_is_not_an_ngram_spec(tmp_path: Path, name: str, text: str) -> None
 def test_bad_llama_ngram_knob_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="l.sh: --spec-ngram-simple-size-n 0"):
         _read(tmp_path, "l.sh", "llama-server -m t.gguf --spec-type ngram-simple --spec-ngram-simple-size-n 0\n")
-
-
-def test_sglang_ngram_is_named_and_refused_in_one_line(tmp_path: Path) -> None:
-    """SGLang's NGRAM drafts a tree (specprobe's n-gram drafters are chains): the serving
-    config names it, and running it is refused with the reason."""
-    sv = _read(tmp_path, "g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\n")
-    assert sv.drafter_spec == "sglang-ngram"
-    with pytest.raises(ConfigError, match="SGLang's NGRAM is not implemented: it drafts a tree"):
-        NgramDrafter(sv.drafter_spec)

@@ -172,15 +172,18 @@ def _ngram_spec(sv: ServingConfig) -> str | None:
     """The n-gram drafter an engine's config runs, as specprobe's drafter spec
     (specprobe.models.ngram): vLLM's prompt lookup with its prompt_lookup_min/max and K,
     llama-server's ngram-* types with their --spec-ngram-* knobs, vLLM's suffix decoding
-    with its suffix_decoding_* knobs; SGLang's NGRAM by a name specprobe refuses (it drafts
-    trees)."""
+    with its suffix_decoding_* knobs; SGLang's NGRAM with its speculative_ngram_* knobs and
+    speculative_num_draft_tokens (its tree's size)."""
     if sv.engine == VLLM and sv.method in ("ngram", "ngram_gpu"):
         knobs = [f"{name}={int(sv.extra[key])}" for name, key in (("min", "prompt_lookup_min"), ("max", "prompt_lookup_max")) if sv.extra.get(key) is not None]
         if sv.num_speculative_tokens is not None:
             knobs.append(f"k={sv.num_speculative_tokens}")
         return "ngram" + (":" + ",".join(knobs) if knobs else "")
-    if sv.engine == SGLANG and sv.method == "NGRAM":  # named, so the drafter says why it is not run
-        return "sglang-ngram"
+    if sv.engine == SGLANG and str(sv.method).upper() == "NGRAM":  # its speculative_ngram_* knobs and the tree's size
+        knobs = [f"{key}={sv.extra[f'speculative_ngram_{key}']}" for key in _SGLANG_NGRAM_KNOBS if sv.extra.get(f"speculative_ngram_{key}") is not None]
+        if sv.extra.get("speculative_num_draft_tokens") is not None:
+            knobs.append(f"num_draft_tokens={int(sv.extra['speculative_num_draft_tokens'])}")
+        return "sglang-ngram" + (":" + ",".join(knobs) if knobs else "")
     if sv.engine == VLLM and sv.method == "suffix":  # suffix decoding: its suffix_decoding_* knobs
         knobs = [f"{name}={sv.extra[f'suffix_decoding_{name}']}" for name in ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob") if sv.extra.get(f"suffix_decoding_{name}") is not None]
         if sv.num_speculative_tokens is not None:
@@ -408,6 +411,8 @@ _SGLANG_MARKS = (
     "model_path",
     "preferred_sampling_params",
 )
+# SGLang's NGRAM knobs (server_args' speculative_ngram_*), under the drafter spec's names
+_SGLANG_NGRAM_KNOBS = ("min_match_window_size", "max_match_window_size", "min_bfs_breadth", "max_bfs_breadth", "match_type", "branch_length", "capacity")
 _SGLANG_KNOBS = {
     "speculative_eagle_topk": "topk",
     "speculative_num_draft_tokens": "num_draft_tokens",
@@ -416,8 +421,23 @@ _SGLANG_KNOBS = {
 }
 
 
+def _ngram_knob(key: str, value: Any, where: str) -> int | str:
+    """One of NGRAM's speculative_ngram_* knobs, as SGLang's parser takes it (how the knobs
+    bound one another is the drafter spec's check, `models.sglang_ngram.check`)."""
+    if key == "match_type":
+        if str(value).strip().upper() not in ("BFS", "PROB"):
+            raise ConfigError(f"{where} {value!r} is neither BFS nor PROB", "SGLang's NGRAM matches by BFS (recency) or PROB (frequency)")
+        return str(value).strip().upper()
+    x = int(_number(value, where, integer=True))
+    low = 2 if key == "branch_length" else 1
+    if x < low:
+        raise ConfigError(f"{where} {x} is below {low}", f"SGLang's NGRAM takes {key} of at least {low}")
+    return x
+
+
 def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> ServingConfig:
     algo = d.get("speculative_algorithm")
+    places: dict[str, str] = {}
     drafter_key = "speculative_draft_model_path" if "speculative_draft_model_path" in d else "speculative_draft_model"
     target_key = "model_path" if "model_path" in d else "model"
     extra: dict[str, Any] = {}
@@ -427,6 +447,11 @@ def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> 
     for key in ("speculative_token_map", "speculative_draft_model_revision", "speculative_dflash_block_size", "speculative_adaptive"):
         if key in d:
             extra[key] = d[key]
+    for key in _SGLANG_NGRAM_KNOBS:  # NGRAM's knobs, read as its drafter spec's (models.sglang_ngram)
+        name = f"speculative_ngram_{key}"
+        if d.get(name) is not None:
+            extra[name] = _ngram_knob(key, d[name], dp(name))
+            places[name] = dp(name)
     # rejection sampling needs the drafter's probabilities: the drafts are sampled from q
     rejection = _truthy(d.get("speculative_use_rejection_sampling"))
     if rejection:
@@ -436,7 +461,7 @@ def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> 
     if d.get("preferred_sampling_params") is not None:
         prefs, pp = _normal(_mapping(d["preferred_sampling_params"], dp("preferred_sampling_params")), dp.inside("preferred_sampling_params"))
         sampling, at = _sampling(prefs, pp)
-    places = {"engine": engine_at, "k": dp("speculative_num_steps"), "drafting": dp("speculative_use_rejection_sampling"), **{key: dp(key) for key in _SGLANG_KNOBS}, **at}
+    places = {**places, "engine": engine_at, "k": dp("speculative_num_steps"), "drafting": dp("speculative_use_rejection_sampling"), **{key: dp(key) for key in _SGLANG_KNOBS}, **at}
     if d.get(target_key) is not None:
         places["target"] = dp(target_key)
     if d.get(drafter_key) is not None:
@@ -631,7 +656,7 @@ def _vllm_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: 
 
 
 _SGLANG_ALIASES = {"model": "model_path", "speculative_draft_model": "speculative_draft_model_path"}
-_SGLANG_VALUE = frozenset({"--model-path", "--model", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model", "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-accept-threshold-single", "--speculative-accept-threshold-acc", "--speculative-token-map", "--preferred-sampling-params", "--config"})
+_SGLANG_VALUE = frozenset({"--model-path", "--model", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model", "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-accept-threshold-single", "--speculative-accept-threshold-acc", "--speculative-token-map", "--preferred-sampling-params", "--config", *(f"--speculative-ngram-{k.replace('_', '-')}" for k in _SGLANG_NGRAM_KNOBS)})
 _SGLANG_BOOL = frozenset({"--speculative-use-rejection-sampling", "--trust-remote-code", "--enable-metrics", "--speculative-adaptive"})
 
 
@@ -968,6 +993,8 @@ def tree_setting(sv: ServingConfig) -> tuple[str, str] | None:
     from specprobe.settings.values import parse_tree
 
     if sv.engine == SGLANG:
+        if str(sv.method).upper() == "NGRAM":  # its tree is the drafter's own (sglang-ngram), not a --tree shape
+            return None
         topk, tokens, steps = sv.extra.get("speculative_eagle_topk"), sv.extra.get("speculative_num_draft_tokens"), sv.num_speculative_tokens
         if topk is None or int(topk) <= 1 or tokens is None or steps is None:
             return None
@@ -997,7 +1024,7 @@ def served_tree(sv: ServingConfig) -> str | None:
     if sv.engine == TRTLLM:
         tree = tree_setting(sv)
         return None if tree is None else f"{tree[0]} ({tree[1].split(': ', 1)[-1]}); diagnose estimates this tree"
-    if sv.engine != SGLANG:
+    if sv.engine != SGLANG or str(sv.method).upper() == "NGRAM":  # NGRAM: the drafter spec carries its tree
         return None
     topk = sv.extra.get("speculative_eagle_topk")
     tokens = sv.extra.get("speculative_num_draft_tokens")

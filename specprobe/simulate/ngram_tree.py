@@ -173,7 +173,6 @@ def _decode(batch: Batch, src: NgramTreeSource, k: int, sampling: Sampling, eos:
             if pc:
                 keep[r, torch.tensor(pc)] = True
         tgt.valid[:, start:] &= keep
-        _count(run.counters, trees_before, paths)
         prop = Proposal.nothing(len(paths), max(k, 1), tgt.device)
         emitted = []
         for r, pth in enumerate(paths):
@@ -181,20 +180,22 @@ def _decode(batch: Batch, src: NgramTreeSource, k: int, sampling: Sampling, eos:
             if toks:
                 prop.tokens[r, : len(toks)] = torch.tensor(toks)
             emitted.append(_emit([*toks, int(nxt[r])], batch.remaining[r], eos)[0])
+        # accepted: the path's tokens that are emitted (a path past EOS or the budget is cut)
+        _count(run.counters, trees_before, [min(len(p), len(e)) for p, e in zip(paths, emitted, strict=True)])
         src.accept(emitted)
         n = torch.tensor([len(p) for p in paths], dtype=torch.long, device=tgt.device)
         emit(batch, run, prop, n, torch.tensor(nxt, dtype=torch.long, device=tgt.device), eos)
         ta.squeeze(batch.target)
 
 
-def _count(c: SimCounters, trees: list[NgramTree | None], paths: list[list[int]]) -> None:
+def _count(c: SimCounters, trees: list[NgramTree | None], accepted: list[int]) -> None:
     """vLLM's counters (module doc); depth d drafted: a tree with a real node at depth d."""
-    c.verify_steps += len(paths)
-    for tree, path in zip(trees, paths, strict=True):
-        c.accepted_tokens += len(path)  # a padding node the target's token matched included
+    c.verify_steps += len(accepted)
+    for tree, n in zip(trees, accepted, strict=True):
+        c.accepted_tokens += n  # a padding node the target's token matched included
         if tree is None or not tree.real:
             continue
-        for d in range(min(len(path), c.k)):
+        for d in range(min(n, c.k)):
             c.accepted_at[d] += 1
         c.num_drafts += 1
         c.drafted_tokens += tree.real
