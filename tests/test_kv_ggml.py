@@ -238,3 +238,44 @@ def test_trtllm_kv_cache_config_dtype(tmp_path: Path) -> None:
     nvfp4 = _write(tmp_path, "fp4.yaml", "speculative_config:\n  decoding_type: Eagle3\n  max_draft_len: 3\nkv_cache_config:\n  dtype: nvfp4\n")
     with pytest.raises(ConfigError, match="fp4.yaml: kv_cache_config.dtype 'nvfp4' is a KV-cache dtype specprobe does not simulate"):
         _kv(nvfp4)
+
+
+# ----------------------------------------------------------------------------- llama.cpp's rotation of a quantized cache
+def test_hadamard_is_orthonormal_and_its_own_inverse() -> None:
+    for n in (64, 128):
+        h = ggml_blocks.hadamard(n)
+        assert torch.allclose(h @ h, torch.eye(n), atol=1e-6) and torch.equal(h, h.T)
+        assert torch.all(h.abs() == 1 / n**0.5)
+    x = torch.randn(2, 3, 5, 128)
+    assert torch.allclose(ggml_blocks.rotate(ggml_blocks.rotate(x, 64), 64), x, atol=1e-5)
+    with pytest.raises(ValueError, match="power-of-two"):
+        ggml_blocks.hadamard(48)
+
+
+def test_rotation_orders_as_llama_kv_cache_picks_them() -> None:
+    ro = ggml_blocks.rotation_orders
+    assert ro("q8_0", "q8_0", 64) == (64, 64)
+    assert ro("q4_0", "q4_0", 128) == (128, 64)  # K: the largest power of two dividing the head; V: 64
+    assert ro("q8_0", "f16", 192) == (64, None)
+    assert ro("f16", "f16", 128) == (None, None)  # float caches are stored as they are
+    assert ro("q8_0", "q8_0", 96) == (None, None)  # not a multiple of 64: no rotation
+
+
+def test_rotated_cache_keeps_q_dot_k_and_its_error_small() -> None:
+    m = _tiny_llama(head_dim=64)
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    m.config._attn_implementation = _spy(seen)
+    x = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        full = m(x).logits
+        raw = [(q.clone(), k.clone()) for q, k, _ in seen]
+        seen.clear()
+        ggml_kv_cache(m, "q8_0")
+        served = m(x).logits
+    for (q0, k0), (q, k, v) in zip(raw, seen, strict=True):
+        assert torch.equal(k, ggml_blocks.ggml_round(k, "q8_0")) and torch.equal(v, ggml_blocks.ggml_round(v, "q8_0"))
+        assert not torch.allclose(k, ggml_blocks.ggml_round(k0, "q8_0"))  # stored rotated, not as computed
+        # the rotated, rounded Q·K is the original Q·K up to the 8-bit rounding
+        s0, s = q0 @ k0.repeat_interleave(2, 1).transpose(-1, -2), q @ k.repeat_interleave(2, 1).transpose(-1, -2)
+        assert float((s - s0).abs().max()) < 0.02 * float(s0.abs().max())
+    assert 0 < float((served - full).abs().max() / full.abs().max()) < 0.05

@@ -18,6 +18,11 @@ dimension, which must be a multiple of the type's block (32 for the block types)
 The scale is computed in f32 and rounded to f16 only where it is stored, so quantization
 divides by the f32 scale and dequantization multiplies by the f16 one, as ggml does.
 
+Before a quantized cache stores them llama.cpp rotates K (with Q) and V by an orthonormal
+Walsh–Hadamard matrix along each head (`rotation_orders`, `rotate`): Q·K is unchanged,
+the error of the blocks is spread over the head, and the attention's output is rotated
+back (H·H = I).
+
 `query_type(k_type)`: the type the attention's K·Q dot product converts the query to
 (the K type's `vec_dot_type` in ggml-cpu): f16 for an f16 K, bf16 for bf16, and 8-bit
 blocks for the quantized K types (q8_0; q8_1 for q4_1/q5_1, whose values are the same —
@@ -105,6 +110,39 @@ def query_type(k_type: str) -> str:
     if k_type in BLOCK_TYPES:
         return "q8_0"
     return k_type
+
+
+def hadamard(n: int) -> torch.Tensor:
+    """The orthonormal Walsh–Hadamard matrix of order n (a power of two), Sylvester's
+    construction from 1/√n as llama.cpp builds it (src/llama-kv-cache.cpp); H = Hᵀ, H·H = I."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"a Hadamard matrix here has a power-of-two order, got {n}")
+    h = torch.full((1, 1), 1.0 / float(torch.tensor(float(n)).sqrt()))
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def rotate(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x with every run of n consecutive elements of its last dimension multiplied by the
+    order-n Hadamard matrix (llama.cpp's llama_mul_mat_hadamard), in f32, back in x's dtype."""
+    h = hadamard(n).to(x.device)
+    xf = x.to(torch.float32)
+    return (xf.reshape(*x.shape[:-1], x.shape[-1] // n, n) @ h).reshape(x.shape).to(x.dtype)
+
+
+def rotation_orders(k_type: str, v_type: str, head_dim: int) -> tuple[int | None, int | None]:
+    """The Hadamard orders llama.cpp rotates K (and Q) and V by before a quantized cache
+    stores them (llama_kv_cache: attn_rot_k / attn_rot_v, on unless LLAMA_ATTN_ROT_DISABLE
+    is set), None where it does not: only for a quantized type and a head size that is a
+    multiple of 64; K by the largest power of two from 64 up that divides the head size, V
+    by 64."""
+    if head_dim % 64:
+        return None, None
+    nk = 64
+    while head_dim % (nk * 2) == 0:
+        nk *= 2
+    return (nk if k_type in BLOCK_TYPES else None), (64 if v_type in BLOCK_TYPES else None)
 
 
 def block_of(type_name: str) -> int:

@@ -4,7 +4,10 @@ run: vLLM's fp8 (e4m3, `quant.fp8_kv_cache`) and llama.cpp's ggml types (llama-s
 
 For a ggml type each head's K and V vectors are rounded block by block as ggml writes them
 to the cache, and the query as ggml's K·Q dot product converts it for that K type (f16 for
-f16, 8-bit blocks for the quantized types). llama.cpp writes the batch's own K/V to the
+f16, 8-bit blocks for the quantized types). A quantized type is stored rotated, as
+llama.cpp's KV cache stores it (head size a multiple of 64): Q and K multiplied by an
+orthonormal Hadamard matrix before K is rounded, V before it is rounded and the
+attention's output by it again after. llama.cpp writes the batch's own K/V to the
 cache before its attention reads them, so the prompt's keys are rounded too, as the
 current tokens' are in vLLM. Not modelled: the CPU flash-attention kernel's f16
 accumulator of V·softmax for an f16 V cache, and q8_1's stored block sum (q4_1/q5_1 K).
@@ -63,11 +66,21 @@ def ggml_kv_cache(model: Any, dtype: str) -> str:
         raise ModelLoadError(f"{type(model).__name__}: no attention function for {base!r}", "load the model with attn_implementation sdpa or eager")
     name = f"specprobe_kv_{k_type}_{v_type}_{base}_{module.rsplit('.', 1)[-1]}".replace(".", "_")
     q_type = ggml_blocks.query_type(k_type)
-    rnd = ggml_blocks.ggml_round
+    rnd, rot = ggml_blocks.ggml_round, ggml_blocks.rotate
+    nk, nv = ggml_blocks.rotation_orders(k_type, v_type, head_dim)
 
     def cached(mod: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        # [B, H, S, head_dim]: ggml's blocks run along each head's vector
-        return inner(mod, rnd(query, q_type), rnd(key, k_type), rnd(value, v_type), *args, **kwargs)
+        # [B, H, S, head_dim]: ggml's blocks (and rotations) run along each head's vector
+        if nk:
+            query, key = rot(query, nk), rot(key, nk)
+        if nv:
+            value = rot(value, nv)
+        out = inner(mod, rnd(query, q_type), rnd(key, k_type), rnd(value, v_type), *args, **kwargs)
+        if not nv:
+            return out
+        attn, *rest = out if isinstance(out, tuple) else (out,)
+        attn = rot(attn, nv)  # [B, S, H, head_dim] or [B, H, S, head_dim]: the last is the head's
+        return (attn, *rest) if isinstance(out, tuple) else attn
 
     AttentionInterface.register(name, cached)
     mask_base = base if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping else "eager"
