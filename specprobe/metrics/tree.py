@@ -191,6 +191,10 @@ class TreeAccumulator:
     # the accepted path)], rounds weighted by the probability that the loop starts one there
     nodes: dict[tuple[int, ...], list[float]] = field(default_factory=dict)
     _cells: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # each shape's `cells` (node layout fixed per shape)
+    # the run's own tree with the drafter on every candidate path (`probe.tree_paths`):
+    # its sums and node table, beside the teacher-forced ones above (None: not run)
+    paths: TreeSums | None = None
+    path_nodes: dict[tuple[int, ...], list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.shapes:
@@ -233,9 +237,25 @@ class TreeAccumulator:
             seq = _sequence_sums(shape, counted.survival, counted.by_rank, n)
             self.sums[key].add(seq)
             if shape == self.shape and seq.starts is not None:
-                self._add_nodes(shape, nodes, prob, seq.starts)
+                self._add_nodes(shape, nodes, prob, seq.starts, self.nodes)
 
-    def _add_nodes(self, shape: TreeShape, nodes: Nodes, prob: np.ndarray, start: np.ndarray) -> None:
+    def add_rounds(self, nodes: Nodes, prob: np.ndarray) -> None:
+        """One reference's rounds of the run's own tree drafted on its candidate paths: n
+        rounds' nodes (each round's own tree) and [n, M] each node's probability of being
+        on the accepted path (`probe.tree_paths`)."""
+        assert self.shape is not None
+        n = prob.shape[0]
+        if n == 0:
+            return
+        counted = tally(self.shape, nodes, prob)
+        seq = _sequence_sums(self.shape, counted.survival, counted.by_rank, n)
+        if self.paths is None:
+            self.paths = TreeSums(self.shape.steps, self.shape.topk)
+        self.paths.add(seq)
+        if seq.starts is not None:
+            self._add_nodes(self.shape, nodes, prob, seq.starts, self.path_nodes)
+
+    def _add_nodes(self, shape: TreeShape, nodes: Nodes, prob: np.ndarray, start: np.ndarray, into: dict[tuple[int, ...], list[float]]) -> None:
         """Each verified node's rank path, summed over the rounds (weighted by `start`)."""
         n, m = prob.shape
         base = shape.topk + 1
@@ -256,33 +276,40 @@ class TreeAccumulator:
             while c:
                 path.append(c % base - 1)
                 c //= base
-            cell = self.nodes.setdefault(tuple(reversed(path)), [0.0, 0.0])
+            cell = into.setdefault(tuple(reversed(path)), [0.0, 0.0])
             cell[0] += v
             cell[1] += a
 
-    def node_table(self, limit: int = 64) -> list[dict[str, Any]]:
+    def node_table(self, limit: int = 64, paths: bool = False) -> list[dict[str, Any]]:
         """The run's tree node by node, most often verified first: its rank path, the share
-        of rounds that verify it and the probability that it is on a round's accepted path."""
-        own = self.own
+        of rounds that verify it and the probability that it is on a round's accepted path
+        (`paths`: from the rounds drafted on their candidate paths)."""
+        own = self.paths if paths else self.own
         if own is None or not len(own.drafted) or own.drafted[0] <= 0:
             return []
         per = float(own.drafted[0])  # the rounds that drafted (the last token of a reference drafts nothing)
-        rows = sorted(self.nodes.items(), key=lambda kv: (-kv[1][0], len(kv[0]), kv[0]))[:limit]
+        rows = sorted((self.path_nodes if paths else self.nodes).items(), key=lambda kv: (-kv[1][0], len(kv[0]), kv[0]))[:limit]
         return [{"path": list(p), "verified": round(v / per, 6), "accepted": round(a / per, 6)} for p, (v, a) in sorted(rows, key=lambda kv: (len(kv[0]), kv[0]))]
 
     def merge(self, other: TreeAccumulator) -> TreeAccumulator:
         for k, s in other.sums.items():
             if k in self.sums:
                 self.sums[k].add(s)
-        for p, (v, a) in other.nodes.items():
-            cell = self.nodes.setdefault(p, [0.0, 0.0])
-            cell[0] += v
-            cell[1] += a
+        for mine, theirs in ((self.nodes, other.nodes), (self.path_nodes, other.path_nodes)):
+            for p, (v, a) in theirs.items():
+                cell = mine.setdefault(p, [0.0, 0.0])
+                cell[0] += v
+                cell[1] += a
+        if other.paths is not None:
+            if self.paths is None:
+                self.paths = TreeSums(other.paths.steps, other.paths.topk)
+            self.paths.add(other.paths)
         return self
 
     def to_state(self) -> dict[str, Any]:
         return {"k_max": self.k_max, "width": self.width, "shape": None if self.shape is None else self.shape.to_dict(),
-                "sums": {k: s.to_state() for k, s in self.sums.items()}, "nodes": [[list(p), v] for p, v in self.nodes.items()]}
+                "sums": {k: s.to_state() for k, s in self.sums.items()}, "nodes": [[list(p), v] for p, v in self.nodes.items()],
+                "paths": None if self.paths is None else self.paths.to_state(), "path_nodes": [[list(p), v] for p, v in self.path_nodes.items()]}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> TreeAccumulator:
@@ -295,6 +322,9 @@ class TreeAccumulator:
             if k in acc.sums:
                 acc.sums[k] = TreeSums.from_state(v)
         acc.nodes = {tuple(p): [float(x) for x in v] for p, v in s.get("nodes", [])}
+        if s.get("paths"):
+            acc.paths = TreeSums.from_state(s["paths"])
+        acc.path_nodes = {tuple(p): [float(x) for x in v] for p, v in s.get("path_nodes", [])}
         return acc
 
 

@@ -10,6 +10,7 @@ invalid; trailing slots that are holes in every row are cropped off."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 from collections.abc import Sequence
@@ -102,6 +103,17 @@ class Stream:
         if self.cache is not None:
             self.cache.batch_select_indices(rows)
         self.valid = self.valid[rows]
+
+    def repeated(self, rows: int) -> Stream:
+        """A new stream of `rows` rows, each a copy of this one's row 0 (cache and slots):
+        rounds that share a prefix start from one prefill. This stream is left as it is."""
+        out = Stream(self.model, rows, self.device)
+        idx = torch.zeros(rows, dtype=torch.long, device=self.device)
+        if self.cache is not None:
+            out.cache = copy.deepcopy(self.cache)
+            out.cache.batch_select_indices(idx)
+        out.valid = self.valid[idx].clone()
+        return out
 
 
 def right_align(seqs: Sequence[Sequence[int]], device: Any, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

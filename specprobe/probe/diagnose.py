@@ -35,7 +35,7 @@ from specprobe.probe.scoring import Scored, score
 from specprobe.probe.served import FullTargetWhatIf, served_differently
 from specprobe.probe.shards import run_shard
 from specprobe.probe.timing import cost_block, timing_settings, tree_grid
-from specprobe.probe.tree import TreeCollector, wants_trees
+from specprobe.probe.tree import TreeCollector, draft_on_paths, wants_trees
 from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
 from specprobe.settings.pipeline import DiagnoseConfig
@@ -163,6 +163,8 @@ def run_diagnose(
         scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *trees, *extra])
         if trees:
             scored.tree = trees[0].acc  # read by assemble.summarise
+            if cfg.tree_shape is not None and not scored.interrupted:  # the run's own tree: drafted on its candidate paths
+                scored.interrupted = not draft_on_paths(scored.tree, target, drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress)
         if whatif:
             scored.served_whatif = whatif[0]  # read by assemble.build_result
         if by_length:

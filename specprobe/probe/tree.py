@@ -67,6 +67,26 @@ class TreeCollector:
             self.acc.add_sequence(qs, as_)
 
 
+def draft_on_paths(acc: TreeAccumulator, target: Any, drafter: Any, shape: TreeShape, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any) -> bool:
+    """The run's own tree with the drafter on every candidate path (`probe.tree_paths`),
+    into `acc.paths` -> False when Ctrl-C stopped it (the tree then keeps the reference's
+    estimate, as the grid's trees do, and the run is marked interrupted)."""
+    from specprobe.probe import tree_paths
+
+    why = tree_paths.why_not(drafter)
+    if why:
+        progress.note(f"--tree: {why}; the tree is estimated along the reference, as the grid is")
+        return True
+    try:
+        rounds, _ = tree_paths.run(target.model, drafter, shape, sampling, encoded, conts, progress)
+    except KeyboardInterrupt:
+        progress.note("interrupted while drafting the tree on its candidate paths: the tree keeps the estimate along the reference")
+        return False
+    for nodes, prob in rounds:
+        acc.add_rounds(nodes, prob)
+    return True
+
+
 def _row(shape: TreeShape, sums: TreeSums, cost: float, chain_cost: float | None = None) -> dict[str, Any]:
     tau = sums.tau()
     return {
@@ -110,15 +130,22 @@ def tree_section(acc: TreeAccumulator, cost_ratio: float, verify: Sequence[float
             verify_by_tokens, measured = v, True
         width = w or None
     rows = []
+    exact = acc.paths is not None and acc.paths.rounds > 0
     for key, shape in acc.shapes.items():
         sums = acc.sums[key]
+        if exact and shape == acc.shape:  # the run's own tree, drafted on its candidate paths
+            assert acc.paths is not None
+            sums = acc.paths
         if sums.rounds <= 0:
             continue
         if verify_factor is not None:
             c = (1.0 + tree_round_cost(shape.steps, shape.topk, shape.tokens, cost_ratio, None, width) - 1.0) * verify_factor
         else:
             c = tree_round_cost(shape.steps, shape.topk, shape.tokens, cost_ratio, verify_by_tokens, width)
-        rows.append((shape, sums, _row(shape, sums, c)))
+        row = _row(shape, sums, c)
+        if shape == acc.shape:
+            row["estimate"] = "paths" if exact else "reference"
+        rows.append((shape, sums, row))
     grid_rows = [r for s, _, r in rows if not s.static]
     chains = [r for r in grid_rows if r["topk"] == 1]
     trees = [r for r in grid_rows if r["topk"] > 1]
@@ -134,13 +161,15 @@ def tree_section(acc: TreeAccumulator, cost_ratio: float, verify: Sequence[float
                   else "the chain's verify passes, by token count; each drafting step over topk tokens costs one step"),
     }
     if acc.shape is not None:
-        own = acc.own
-        assert own is not None
-        row = next((r for s, _, r in rows if s == acc.shape), None)
-        if row is not None:
+        own = acc.paths if exact else acc.own
+        assert own is not None and acc.own is not None
+        mine = next((r for s, _, r in rows if s == acc.shape), None)
+        if mine is not None:
             chain = next((r for r in chains if r["steps"] == acc.shape.steps), None)
-            out["tree"] = {**row, "depth_accept": [_f(x) for x in own.depth_accept()], "nodes": acc.node_table(),
+            out["tree"] = {**mine, "depth_accept": [_f(x) for x in own.depth_accept()], "nodes": acc.node_table(paths=exact),
                            "rank_shares": [[_f(x) for x in r] for r in own.rank_shares()],
+                           # the grid's way (every depth-d node with the reference's depth-d candidates), for comparison
+                           "tau_reference_tokens": _f(acc.own.tau()) if exact else None,
                            "chain_tau_tokens": chain["tau_tokens"] if chain else None, "chain_speedup": chain["speedup"] if chain else None}
     return out
 

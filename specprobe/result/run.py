@@ -512,6 +512,12 @@ class TreeRow(Part):
     tokens_per_verify: Num = None
     round_cost: Num = None
     speedup: Num = None
+    estimate: Literal["paths", "reference"] | None = Field(
+        default=None,
+        description="The run's own tree only. paths: each round drafted on its candidate paths and verified by the target "
+        "(every node's children and acceptance after its own path); reference: every depth-d node given the reference's "
+        "depth-d candidates and target probabilities, as the grid's other trees are.",
+    )
 
 
 class TreeNode(Part):
@@ -530,6 +536,7 @@ class TreeOwn(TreeRow):
     depth_accept: list[Num] = Field(default_factory=list)
     nodes: list[TreeNode] = Field(default_factory=list, description="The most often verified nodes (up to 64), by rank path.")
     rank_shares: list[list[Num]] = Field(default_factory=list)
+    tau_reference_tokens: Num = Field(default=None, description="With estimate = paths: the same tree's τ the grid's way (along the reference), for comparison.")
     chain_tau_tokens: Num = Field(default=None, description="The chain of the same depth (topk 1).")
     chain_speedup: Num = None
 

@@ -308,6 +308,19 @@ class LiveHead:
         if self.pending is not None:
             self.pending = tuple(x[rows] for x in self.pending)  # type: ignore[assignment]
 
+    def repeated(self, rows: int) -> LiveHead:
+        """A new head of `rows` rows, each a copy of this one's row 0 (its cache, slots and
+        state; nothing queued): rounds that share a prefix start from one catch-up."""
+        out = LiveHead(self.d, rows, self.device)
+        idx = torch.zeros(rows, dtype=torch.long, device=self.device)
+        for mine, theirs in zip(self.kvs, out.kvs, strict=True):
+            if mine._k is not None and mine._v is not None:
+                theirs._k, theirs._v, theirs._len = mine._k[idx], mine._v[idx], mine._len
+                theirs._publish()
+        out.valid = self.valid[idx].clone()
+        out.hidden = None if self.hidden is None else self.hidden[idx]
+        return out
+
     # ------------------------------------------------------------------------- timing
     def _start(self) -> float:
         sync(self.device)

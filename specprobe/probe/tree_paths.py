@@ -1,0 +1,210 @@
+"""The run's own tree with the drafter on every candidate path: at each start position of
+each reference, one real tree round — the drafter drafts the tree the engine would build
+from that context (`models.tree_draft.draft`, the loop's own drafting) and one target
+pass under the tree mask gives every node's target distribution — then the probability
+that each node is on the accepted path, and renewal over rounds as for chains.
+
+Teacher-forced as the chain is: the round starting at t sees the prompt and the
+reference's first t tokens (the root is the last of them). Unlike the grid's estimate
+(`metrics.tree`), which gives every node at depth d the candidates of the reference's
+depth-d context, here a node's children are the drafter's top candidates after that
+node's own path, and a node's acceptance is the target's probability of its token after
+its own path:
+
+    greedy target    P(node on the accepted path) = Π over its path of 1[token = the
+                     target's argmax after the path above it];
+    sampled target   Π p(token | path above it) — SGLang's target-only tree sampling (and
+                     TensorRT-LLM's sample-and-compare) accepts child c with probability
+                     p(c), whichever siblings came first.
+
+A round at t drafts at most n − 1 − t deep (the chain's rule), so the tail of a reference
+drafts shallower trees, as the loop's budget cuts them.
+
+Forwards, bounded per reference of n scored tokens: one prefill of the target and one of
+the drafter over the reference, then per chunk of `ROWS` start positions S drafter
+forwards (the depth-1 step over one token a row, then T beams a row per later step; a
+static tree: one row per depth of its parents) and ONE target forward over each row's
+root and its N − 1 verified nodes. That is n·(1 + (S − 1)·T) drafter tokens and n·N
+target tokens in ⌈n / ROWS⌉·(S + 1) forwards: a tree of N tokens costs about N target
+tokens per scored token, against one for the chain's estimate.
+
+Which drafters: causal LMs (independent, layer-skip self-drafts) read their own KV cache
+and EAGLE-1/3 and MTP heads chain on their own outputs, as the loop runs them (Medusa's
+heads read the root's state alone, so every depth-d node has head d's candidates). An
+n-gram drafter drafts no tree."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from specprobe.estimates.tree import Nodes, TreeShape
+from specprobe.metrics.core import finite
+from specprobe.metrics.sampling import Sampling, probs
+from specprobe.models import tree_attention as ta
+from specprobe.models.heads.chain import HeadDrafter
+from specprobe.models.heads.live import LiveHead, unsupported
+from specprobe.models.kvcache import Stream
+from specprobe.models.tree_draft import HeadTree, LMTree, Tree, block, draft
+
+# Start positions per batch of tree rounds: each row holds a copy of the reference's caches.
+ROWS = 16
+
+
+def why_not(drafter: Any) -> str | None:
+    """Why this drafter's tree cannot be drafted on its candidate paths (None: it can)."""
+    if getattr(drafter, "kind", None) == "ngram":
+        return "an n-gram drafter drafts no tree"
+    if isinstance(drafter, HeadDrafter):
+        return unsupported(drafter)
+    if not hasattr(drafter, "step_model") or drafter.step_model() is None:
+        return f"drafter {getattr(drafter, 'name', drafter)} has no step model to draft with"
+    return None
+
+
+class PathRounds:
+    """The rounds of one reference: every start's tree (`Tree` rows) and its nodes'
+    probabilities of being on the accepted path, filled chunk by chunk."""
+
+    def __init__(self, target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, rows: int = ROWS) -> None:
+        self.target_model = target_model
+        self.drafter = drafter
+        self.shape = shape
+        self.sampling = sampling
+        self.rows = rows
+        self.head = isinstance(drafter, HeadDrafter)
+        self.step = None if self.head else drafter.step_model()
+        self.device = next(target_model.parameters()).device
+        self.vocab = int(target_model.get_output_embeddings().weight.shape[0])
+        self.target_calls = 0
+        self.draft_calls = 0
+
+    def reference(self, prompt: Sequence[int], cont: Sequence[int]) -> tuple[Tree, np.ndarray, np.ndarray] | None:
+        """One reference -> (the n rounds' trees, [n, M] the nodes verified, [n, M] each
+        node's probability of being on the accepted path), or None when it is too short to
+        draft (n < 2)."""
+        p, n = len(prompt), len(cont)
+        if n < 2 or p < 1:
+            return None
+        seq = [int(x) for x in prompt] + [int(x) for x in cont]
+        ids = torch.tensor([seq[:-1]], dtype=torch.long, device=self.device)
+        ones = torch.ones_like(ids, dtype=torch.bool)
+        target = Stream(self.target_model, 1, self.device)
+        base_head: LiveHead | None = None
+        base_lm: Stream | None = None
+        if self.head:
+            base_head = LiveHead(self.drafter, 1, self.device)
+            base_head.watch(ids, lambda: target.forward(ids, ones, keep=1))  # the target's states at every position
+            assert base_head._seen is not None
+            feats = base_head._seen[1]  # [1, L, F]
+            base_head._seen = None
+            self._feats = feats
+            if ids.shape[1] > 1:  # slot j: (state at j, token j + 1), as the loop's catch-up feeds them
+                base_head.pending = (feats[:, :-1], ids[:, 1:], ones[:, 1:])
+                base_head.catch_up()
+        else:
+            target.forward(ids, ones, keep=1)
+            base_lm = Stream(self.step, 1, self.device)
+            base_lm.forward(ids, ones, keep=1)
+        self.target_calls += target.calls
+        depth_cap = self.shape.steps
+        if base_head is not None and base_head.max_depth is not None:  # Medusa: one depth per head
+            depth_cap = min(depth_cap, base_head.max_depth)
+        trees: list[Tree] = []
+        verified: list[np.ndarray] = []
+        prob: list[np.ndarray] = []
+        for lo in range(0, n, self.rows):
+            t = np.arange(lo, min(lo + self.rows, n))
+            cap = np.minimum(depth_cap, n - 1 - t).astype(np.int64)
+            if self.head:
+                cap = np.where(p + t - 2 >= 0, cap, 0)  # a head needs the target's state before the root
+            tr, ver, pr = self._chunk(seq, p, t, cap, target, base_lm, base_head)
+            trees.append(tr)
+            verified.append(ver)
+            prob.append(pr)
+        tree = Tree(trees[0].depth, trees[0].rank, np.concatenate([x.tok for x in trees]), np.concatenate([x.parent for x in trees]), np.concatenate([x.score for x in trees]))
+        return tree, np.concatenate(verified), np.concatenate(prob)
+
+    def _chunk(self, seq: list[int], p: int, t: np.ndarray, cap: np.ndarray, target: Stream, base_lm: Stream | None, base_head: LiveHead | None) -> tuple[Tree, np.ndarray, np.ndarray]:
+        b = len(t)
+        root = p + t - 1  # the root's index in seq: the last token of the round's context
+        roots = [[seq[r]] for r in root]
+        tgt = target.repeated(b)
+        slot = torch.arange(tgt.length, device=self.device)
+        tgt.valid &= slot[None, :] < torch.as_tensor(root, device=self.device)[:, None]
+        src: Any
+        if base_head is not None:
+            head = base_head.repeated(b)
+            hslot = torch.arange(head.length, device=self.device)
+            before = torch.as_tensor(np.maximum(root - 1, 0), device=self.device)  # the state before the root
+            head.valid &= hslot[None, :] < before[:, None]
+            src = HeadTree(self.drafter, 1, self.device)
+            src.head = head
+            feats = self._features(seq, root)
+            toks = torch.as_tensor([[seq[r]] for r in root], dtype=torch.long, device=self.device)
+            head.pending = (feats, toks, torch.ones_like(toks, dtype=torch.bool))
+        else:
+            assert base_lm is not None
+            src = LMTree(self.step, roots, self.device)
+            src.stream = base_lm.repeated(b)
+            dslot = torch.arange(src.stream.length, device=self.device)
+            src.stream.valid &= dslot[None, :] < torch.as_tensor(root, device=self.device)[:, None]
+        with torch.inference_mode():
+            tree, verified = draft(src, self.shape, cap, self.vocab)
+            blk = block(tgt, roots, tree, verified)
+            w = blk.ids.shape[1] - blk.unseen
+            logits = finite(ta.forward(tgt, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1))  # [B, 1 + W, V]
+        self.target_calls += tgt.calls
+        self.draft_calls += src.calls
+        return tree, verified, self._accept(tree, blk.nodes, logits)
+
+    def _features(self, seq: list[int], root: np.ndarray) -> torch.Tensor:
+        """The target's states the head reads before each row's root: [B, 1, F]."""
+        assert self._feats is not None
+        idx = torch.as_tensor(np.maximum(root - 1, 0), device=self.device)
+        return self._feats[0, idx][:, None]
+
+    _feats: torch.Tensor | None = None
+
+    def _accept(self, tree: Tree, nodes: list[list[int]], logits: torch.Tensor) -> np.ndarray:
+        """[B, M] each verified node's probability of being on the accepted path."""
+        b, m = tree.tok.shape
+        out = np.zeros((b, m))
+        if self.sampling.greedy:
+            best = logits.argmax(dim=-1).cpu().numpy()  # [B, 1 + W]
+        else:
+            pr = probs(logits.float(), self.sampling)  # [B, 1 + W, V]
+        for r, ns in enumerate(nodes):
+            col = {j: c for c, j in enumerate(ns)}
+            for j in ns:
+                par = int(tree.parent[r, j])
+                if par >= 0 and par not in col:
+                    continue  # a node whose parent is not verified is never reached
+                at = 0 if par < 0 else col[par] + 1
+                tok = int(tree.tok[r, j])
+                own = float(best[r, at] == tok) if self.sampling.greedy else float(pr[r, at, tok])
+                out[r, j] = own * (1.0 if par < 0 else out[r, par])
+        return out
+
+
+def run(target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any = None, rows: int = ROWS) -> tuple[list[tuple[Nodes, np.ndarray]], PathRounds]:
+    """Every reference's rounds (in order; references too short to draft are left out)."""
+    pr = PathRounds(target_model, drafter, shape, sampling, rows)
+    todo = [(e, c) for e, c in zip(encoded, conts, strict=True) if len(c) >= 2]
+    out: list[tuple[Nodes, np.ndarray]] = []
+    task = progress.task(f"the tree {shape.label()} with the drafter on every candidate path ({len(todo)} references)", len(todo)) if progress is not None else None
+    advance = task.__enter__() if task is not None else (lambda n=1: None)
+    try:
+        for e, c in todo:
+            got = pr.reference(e, c)
+            if got is not None:
+                tree, verified, prob = got
+                out.append((Nodes(tree.depth, tree.rank, tree.parent, tree.score, verified), prob))
+            advance(1)
+    finally:
+        if task is not None:
+            task.__exit__(None, None, None)
+    return out, pr

@@ -1,0 +1,200 @@
+"""The run's own tree drafted on its candidate paths (`probe.tree_paths`): every start's
+round equals a fresh round of the loop's own drafting on that context, every node's
+acceptance equals the product of plain target forwards along its path, the greedy
+estimate equals the real tree loop exactly (float64), and heads chained on their own
+outputs (EAGLE-1/3, MTP) or reading the root's state (Medusa) are drafted the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from specprobe.estimates.tree import parse
+from specprobe.metrics.sampling import Sampling
+from specprobe.metrics.tree import TreeAccumulator
+from specprobe.models.heads.live import LiveHead
+from specprobe.models.kvcache import Stream
+from specprobe.models.tree_draft import HeadTree, LMTree, draft
+from specprobe.probe import tree_paths
+from specprobe.simulate import tree as tl
+from tests.test_simulate import hf_greedy, noisy_copy, rand_prompts, tiny
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TREES = ["steps=3,topk=3,tokens=8", "[[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0]]", "steps=3"]
+
+
+class _LM:
+    """A causal-LM drafter as diagnose holds one."""
+
+    kind = "independent"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def step_model(self) -> Any:
+        return self.model
+
+
+@pytest.fixture(scope="module")
+def target() -> Any:
+    return tiny(0)
+
+
+@pytest.fixture(scope="module")
+def drafter(target: Any) -> Any:
+    return noisy_copy(target, 1, 0.5)
+
+
+def _path_prob(model: Any, ctx: list[int], path: list[int], s: Sampling) -> float:
+    """Π over the path of the target's probability of each token after the path above it
+    (plain forwards, no cache)."""
+    out = 1.0
+    for i, tok in enumerate(path):
+        lg = model(torch.tensor([ctx + path[:i]])).logits[0, -1]
+        out *= float(lg.argmax() == tok) if s.greedy else float(torch.softmax(lg / s.temperature, -1)[tok])
+    return out
+
+
+def _check_rounds(model: Any, ctx_of: Any, fresh: Any, got: Any, n: int, s: Sampling, cap_of: Any) -> int:
+    tree, verified, prob = got
+    checked = 0
+    for t in range(n):
+        cap = cap_of(t)
+        ftree, fver = fresh(t, cap)
+        assert (fver[0] == verified[t]).all(), t
+        live = fver[0]
+        assert (ftree.tok[0][live] == tree.tok[t][live]).all() and (ftree.parent[0][live] == tree.parent[t][live]).all(), t
+        np.testing.assert_allclose(ftree.score[0][live], tree.score[t][live], rtol=1e-4)  # float32 heads: a shared prefix with holes vs a fresh cache
+        for j in np.flatnonzero(live):
+            path = [int(ftree.tok[0, a]) for a in reversed(ftree.ancestors(0, j))] + [int(ftree.tok[0, j])]
+            assert prob[t, j] == pytest.approx(_path_prob(model, ctx_of(t), path, s), abs=1e-5), (t, j)
+            checked += 1
+        assert not prob[t][~live].any()
+    return checked
+
+
+@pytest.mark.parametrize("text", TREES[:2])
+def test_every_start_is_a_fresh_round_and_every_node_a_plain_forward(target: Any, drafter: Any, text: str) -> None:
+    """T = 0.9, float64, start positions batched 4 to a chunk over one shared prefill."""
+    prompt = [5, 9, 33, 2, 71, 8]
+    cont = hf_greedy(target, [prompt], 10)[0]
+    shape, s = parse(text), Sampling(temperature=0.9)
+    with torch.inference_mode():
+        got = tree_paths.PathRounds(target, _LM(drafter), shape, s, rows=4).reference(prompt, cont)
+        assert got is not None
+
+        def fresh(t: int, cap: int) -> Any:
+            return draft(LMTree(drafter, [prompt + cont[:t]], torch.device("cpu")), shape, np.array([cap]), 300)
+
+        checked = _check_rounds(target, lambda t: prompt + cont[:t], fresh, got, len(cont), s, lambda t: min(shape.steps, len(cont) - 1 - t))
+    assert checked > 40
+    assert got[2][:, :].sum() > 0 and (got[2] <= 1 + 1e-12).all()
+    # the last start drafts nothing (a round at t drafts at most n − 1 − t deep)
+    assert not got[1][-1].any()
+
+
+@pytest.mark.parametrize("text", TREES)
+def test_greedy_estimate_is_the_tree_loop(target: Any, drafter: Any, text: str) -> None:
+    """Greedy target, references the target's own greedy text: the estimate's τ and
+    acceptance by depth equal the real tree loop's counts exactly (dynamic, static, chain)."""
+    prompts = rand_prompts(4)
+    n = 16
+    conts = hf_greedy(target, prompts, n)
+    shape, s = parse(text), Sampling(temperature=0.0)
+    with torch.inference_mode():
+        rounds, pr = tree_paths.run(target, _LM(drafter), shape, s, prompts, conts)
+    acc = TreeAccumulator(3, 8, shape)
+    for nodes, prob in rounds:
+        acc.add_rounds(nodes, prob)
+    loop = tl.speculate_tree(target, drafter, prompts, shape=shape, target_sampling=s, max_new_tokens=n, batch_size=2)
+    assert loop.outputs == conts
+    c = loop.counters
+    assert acc.paths is not None
+    assert acc.paths.tau() == pytest.approx(c.tau_tokens, abs=1e-12)
+    assert acc.paths.depth_accept() == pytest.approx(c.cumulative(), abs=1e-12)
+    assert 1.0 < c.tau_tokens < shape.steps + 1
+    # forwards: per reference one target pass per chunk of ROWS starts
+    assert pr.target_calls == sum(1 + -(-len(x) // tree_paths.ROWS) for x in conts)
+
+
+# ----------------------------------------------------------------------------- heads
+def _load(target: Any, spec: str) -> Any:
+    from specprobe.models.drafters import build_drafter, drafter_info
+    from specprobe.models.loader import load_model
+
+    t = load_model(str(target), device="cpu", dtype="float32")
+    return t, build_drafter(spec, t, info=drafter_info(spec, t.info))
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_pair: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.helpers import heads as hh
+
+    return hh.every_layout(tmp_path_factory.mktemp("paths-heads"), tiny_pair["target"], prefixed=True)
+
+
+def _fresh_head(t_model: Any, d: Any, ctx: list[int], shape: Any, cap: int, vocab: int) -> Any:
+    """One round of the loop's head drafting on one context, caught up from scratch."""
+    dev = torch.device("cpu")
+    head = LiveHead(d, 1, dev)
+    ids = torch.tensor([ctx[:-1]])
+    ones = torch.ones_like(ids, dtype=torch.bool)
+    tgt = Stream(t_model, 1, dev)
+    head.watch(ids, lambda: tgt.forward(ids, ones, keep=1))
+    assert head._seen is not None
+    feats = head._seen[1]
+    head._seen = None
+    if ids.shape[1] > 1:
+        head.pending = (feats[:, :-1], ids[:, 1:], ones[:, 1:])
+        head.catch_up()
+    head.pending = (feats[:, -1:], torch.tensor([[ctx[-1]]]), ones[:, :1])
+    src = HeadTree(d, 1, dev)
+    src.head = head
+    return draft(src, shape, np.array([cap]), vocab)
+
+
+@pytest.mark.parametrize("name", ["eagle3-speculators", "eagle1", "mtp-deepseek", "medusa-fd-v2"])
+def test_head_rounds_are_fresh_head_rounds(layouts: Any, name: str) -> None:
+    target, spec = layouts[name]
+    t, d = _load(target, spec)
+    prompt = [14, 60, 12, 9, 77]
+    s = Sampling(temperature=0.8)
+    shape = parse("[[0], [1], [0, 0], [1, 0], [0, 1]]" if name.startswith("medusa") else "steps=3,topk=2,tokens=6")
+    vocab = int(t.model.get_output_embeddings().weight.shape[0])
+    with torch.inference_mode():
+        cont = hf_greedy(t.model, [prompt], 8)[0]
+        got = tree_paths.PathRounds(t.model, d, shape, s, rows=3).reference(prompt, cont)
+        assert got is not None
+        checked = _check_rounds(t.model, lambda i: prompt + cont[:i], lambda i, cap: _fresh_head(t.model, d, prompt + cont[:i], shape, cap, vocab),
+                                got, len(cont), s, lambda i: min(shape.steps, len(cont) - 1 - i))
+    assert checked > 10
+
+
+# ----------------------------------------------------------------------------- the pipeline
+def test_diagnose_drafts_its_own_tree_on_the_paths(tiny_pair: Any, tmp_path: Any) -> None:
+    """diagnose --tree: the run's tree is marked `paths`, its evidence comes from the
+    drafted rounds, the grid's way is kept beside it, and the grid row of the same tree
+    agrees with the tree section."""
+    from specprobe.probe.diagnose import run_diagnose
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
+    from tests.helpers.tiny import prompts_file
+
+    cfg = DiagnoseConfig(target=str(tiny_pair["target"]), drafter="self:layers=1", prompts=str(prompts_file(tmp_path / "p.jsonl")), max_new_tokens=12,
+                         batch_size=4, k_max=4, cost_ratio=0.1, verify_factor=1.0, engine="sglang", tree="steps=3,topk=4,tokens=8",
+                         sampling=SamplingFlags(temperature=1.0), use_cache=False)
+    r = run_diagnose(cfg)
+    t = r.trees
+    assert t is not None and t.tree is not None
+    assert t.tree.estimate == "paths" and t.tree.tau_reference_tokens is not None
+    assert t.tree.tau_tokens != t.tree.tau_reference_tokens  # off the reference the two ways differ
+    same = next(row for row in t.grid if (row.steps, row.topk, row.tokens) == (3, 4, 8))
+    assert same.estimate == "paths" and same.tau_tokens == t.tree.tau_tokens
+    assert all(row.estimate is None for row in t.grid if (row.steps, row.topk, row.tokens) != (3, 4, 8))
+    for shares in t.tree.rank_shares:
+        assert sum(x for x in shares if x is not None) == pytest.approx(1.0)
+    assert t.tree.nodes and all(0 <= n.accepted <= n.verified <= 1 for n in t.tree.nodes)
+    assert r.metrics["tree_tau_tokens"] == pytest.approx(t.tree.tau_tokens)
