@@ -86,7 +86,7 @@ class Served(Part):
     layers: int = Field(0, description="linear layers quantized (the decoder layers'; not the embeddings or LM head)")
     weight_rel_error: float | None = Field(None, description="‖W_q − W‖ / ‖W‖ over the quantized weights")
     shared_with_target: bool = Field(False, description="a self-draft: the target's own quantized weights")
-    kv_cache_dtype: str | None = Field(None, description="fp8: keys and values rounded to e4m3 (scales 1.0) as the attention reads them; null: the compute dtype")
+    kv_cache_dtype: str | None = Field(None, description="fp8: keys and values rounded to e4m3 (scales 1.0) as the attention reads them; a ggml type or K/V pair (q8_0, q4_0/f16, f16, …): rounded as llama.cpp's cache stores them; null: the compute dtype")
     note: str = ""
 
 
