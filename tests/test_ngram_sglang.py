@@ -247,3 +247,23 @@ def test_diagnose_prices_every_step_at_the_tree(tiny_pair, tmp_path) -> None:
     assert [row.k for row in r.k_table] == [4] and r.metrics["best_k"] == 4
     assert 0 <= r.metrics["ngram_proposal_frac"] <= 1 and r.metrics["tau_tokens"] >= 1
     assert {row.group for row in r.by_domain} == {"code", "math", "chat"}
+    # exported as the SGLang launch it measured; another engine's n-gram is not SGLang's NGRAM
+    import yaml
+
+    from specprobe.core.errors import InputError
+    from specprobe.export.engines import export_config
+
+    src = tmp_path / "r.json"
+    src.write_text(r.model_dump_json())
+    d = yaml.safe_load(export_config(r, src, "sglang").text)
+    assert d["speculative-algorithm"] == "NGRAM" and d["speculative-num-draft-tokens"] == 5 and d["speculative-ngram-match-type"] == "BFS"
+    assert "speculative-num-steps" not in d and "speculative-eagle-topk" not in d
+    again = read_serving_config(_write(tmp_path / "launch.yaml", export_config(r, src, "sglang").text))
+    assert again.drafter_spec is not None and NgramDrafter(again.drafter_spec).name == NgramDrafter("sglang-ngram:num_draft_tokens=5").name
+    with pytest.raises(InputError, match="it is SGLang's NGRAM"):
+        export_config(r, src, "vllm")
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

@@ -52,9 +52,9 @@ EXPORT_ENGINES = (VLLM, SGLANG, LLAMA_CPP, TRTLLM)
 # specprobe's drafter kinds → each engine's method name (absent: the engine has none)
 METHODS: dict[str, dict[str, str]] = {
     VLLM: {"independent": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "mtp": "mtp", "ngram": "ngram"},
-    # SGLang's NGRAM and TensorRT-LLM's NGram are other algorithms than the engines' prompt
-    # lookups specprobe reimplements (models/ngram.py): an n-gram result is not theirs
-    SGLANG: {"independent": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN"},
+    # SGLang's NGRAM only for a result of its own drafter (sglang-ngram); TensorRT-LLM's
+    # NGram is another algorithm than the n-gram drafters specprobe reimplements
+    SGLANG: {"independent": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "ngram": "NGRAM"},
     LLAMA_CPP: {"independent": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp", "ngram": "ngram"},
     TRTLLM: {"independent": "DraftTarget", "eagle": "Eagle", "eagle3": "Eagle3", "medusa": "Medusa", "mtp": "MTP"},
 }
@@ -292,9 +292,18 @@ def _ngram(p: Plan, spec: str, label: str, synthetic: bool) -> None:
     """An n-gram drafter's knobs in the engine's words: vLLM's prompt lookup
     (prompt_lookup_min/max) and suffix decoding (suffix_decoding_*), llama-server's
     --spec-type ngram-* with --spec-ngram-*."""
+    from specprobe.models.ngram import SGLANG as SGLANG_NGRAM
     from specprobe.models.ngram import SUFFIX, VLLM_NGRAM, parse_spec
 
     types = parse_spec(spec)
+    if (types[0].name == SGLANG_NGRAM) != (p.engine == SGLANG):
+        if p.engine == SGLANG:
+            raise InputError(f"{label} does not run {spec!r}: its NGRAM is another n-gram algorithm (sglang-ngram)", f"export it for the engine whose drafter it is, or diagnose sglang-ngram to export for {label}")
+        raise InputError(f"{label} does not run {spec!r}: it is SGLang's NGRAM", "export it with --engine sglang")
+    if types[0].name == SGLANG_NGRAM:  # its tree's size and its speculative-ngram-* knobs
+        knobs = dict(types[0].knobs)
+        p.ngram = {"speculative-num-draft-tokens": knobs.pop("num_draft_tokens"), **{f"speculative-ngram-{key.replace('_', '-')}": v for key, v in knobs.items()}}
+        return
     if types[0].name == SUFFIX:  # vLLM's suffix decoding: method suffix, its suffix_decoding_* knobs
         if p.engine != VLLM:
             raise InputError(f"{label} does not run {spec!r}: it is vLLM's suffix decoding", "export it with --engine vllm")
@@ -370,6 +379,12 @@ def write_sglang(p: Plan) -> str:
     if p.target:
         lines.append(f"model-path: {_yaml_scalar(p.target)}")
     lines.append(f"speculative-algorithm: {p.method}")
+    if p.kind == "ngram":  # NGRAM: the tree's size and the cache's knobs, as the result measured them
+        lines += [f"{key}: {_yaml_scalar(v)}" for key, v in p.ngram.items()]
+        if p.sampling:
+            prefs = {**p.sampling, "top_k": int(p.sampling["top_k"]) or -1}
+            lines.append(f"preferred-sampling-params: {_yaml_scalar(json.dumps(prefs))}")
+        return "\n".join(lines) + "\n"
     if p.drafter:
         lines.append(f"speculative-draft-model-path: {_yaml_scalar(p.drafter)}")
     topk, tokens = (p.tree["topk"], p.tree["tokens"]) if p.tree is not None else (1, p.k + 1)
