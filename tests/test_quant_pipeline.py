@@ -192,3 +192,21 @@ def test_a_compressed_tensors_fp8_target_from_disk(tiny_pair, tmp_path) -> None:
     q = r.target.quant
     assert q is not None and q.method == "checkpoint" and q.weights == "fp8" and "not a simulation" in q.note
     assert 0.5 < r.metrics["accept_prob_mean"] < 0.9999  # the bf16 twin against the fp8 served weights
+
+
+def test_llama_cpp_kv_cache_through_diagnose(tiny_pair, tmp_path) -> None:
+    # llama-server -ctk f16 -ctv f16 and -ctkd bf16 -ctvd bf16 (the tiny models' head size
+    # of 16 takes no 32-blocks: llama.cpp refuses q8_0 for them, and so does specprobe)
+    r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, kv_cache_dtype="f16", draft_kv_cache_dtype="bf16", draft_sampling="probabilistic"))
+    tq, dq = r.target.quant, r.drafter.quant
+    assert tq is not None and tq.kv_cache_dtype == "f16" and "llama.cpp" in tq.note
+    assert dq is not None and dq.kv_cache_dtype == "bf16"
+    assert 0.5 < r.metrics["accept_prob_mean"] < 1  # the twin no longer sees the target's exact logits
+    assert "accept_prob_full_target" in r.metrics  # the what-if against the target with its own cache
+
+
+def test_a_block_type_the_head_size_does_not_take_is_one_line(tiny_pair, tmp_path) -> None:
+    from specprobe.core.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="the K cache type q8_0 has blocks of 32, which do not divide the head size 16"):
+        run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, kv_cache_dtype="q8_0"))

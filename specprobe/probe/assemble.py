@@ -90,6 +90,13 @@ def _sampling(pair: Any) -> dict[str, Any]:
 KV_NOTE = "fp8 KV cache simulated: keys and values rounded to e4m3 with scales 1.0 as the attention reads them"
 
 
+def kv_note(kv: str) -> str:
+    """What a simulated KV cache of `kv` did (fp8, or a llama.cpp ggml type / K/V pair)."""
+    if kv == "fp8":
+        return KV_NOTE
+    return f"{kv} KV cache simulated as llama.cpp stores it: each head's keys and values rounded by ggml's blocks (after its Hadamard rotation for a quantized type), the query as ggml's dot product converts it"
+
+
 def served(loaded: Any) -> dict[str, Any]:
     """{"quant": …} for a model served quantized or with an fp8 KV cache
     (specprobe.models.quant), else nothing."""
@@ -98,7 +105,7 @@ def served(loaded: Any) -> dict[str, Any]:
     on_disk = getattr(loaded, "checkpoint_quant", None)  # a quantized checkpoint, dequantized as loaded
     if q is None and kv is None and on_disk is None:
         return {}
-    out: dict[str, Any] = {"weights": q.scheme, **{k: v for k, v in q.record().items() if k != "scheme"}} if q is not None else dict(on_disk) if on_disk is not None else {"note": KV_NOTE}
+    out: dict[str, Any] = {"weights": q.scheme, **{k: v for k, v in q.record().items() if k != "scheme"}} if q is not None else dict(on_disk) if on_disk is not None else {"note": kv_note(kv)}
     if kv is not None:
         out["kv_cache_dtype"] = kv
     return {"quant": out}
