@@ -267,3 +267,52 @@ def test_diagnose_prices_every_step_at_the_tree(tiny_pair, tmp_path) -> None:
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+_HEAP_CPP = r"""
+#include <cstdio>
+#include <queue>
+#include <tuple>
+#include <vector>
+struct Cmp { bool operator()(const std::tuple<int,double>& a, const std::tuple<int,double>& b) const { return std::get<1>(a) < std::get<1>(b); } };
+int main() {
+  std::priority_queue<std::tuple<int,double>, std::vector<std::tuple<int,double>>, Cmp> q;
+  char op; int id; double p;
+  while (scanf(" %c", &op) == 1) {
+    if (op == 'u') { if (scanf("%d %lf", &id, &p) != 2) return 1; q.emplace(id, p); }
+    else { printf("%d\n", std::get<0>(q.top())); q.pop(); }
+  }
+}
+"""
+
+
+def test_prob_ties_leave_the_heap_as_libstdcxx_leaves_them(tmp_path: Path) -> None:
+    """PROB's candidates with equal probabilities come off the heap in std::priority_queue's
+    order (compiled here with the system's g++; skipped without one)."""
+    import random
+    import shutil
+    import subprocess
+
+    from specprobe.models.sglang_ngram import _Heap
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ to build the std::priority_queue reference")
+    exe = tmp_path / "heap"
+    (tmp_path / "heap.cpp").write_text(_HEAP_CPP)
+    subprocess.run([gxx, "-O1", "-o", str(exe), str(tmp_path / "heap.cpp")], check=True, capture_output=True)
+    for trial in range(40):
+        rnd = random.Random(trial)
+        ops, heap, mine, size = [], _Heap(), [], 0
+        for nid in range(rnd.randint(5, 60)):
+            if size and rnd.random() < 0.4:
+                ops.append("o")
+                mine.append(heap.pop()[0])
+                size -= 1
+            else:
+                p = rnd.choice([0.125, 0.25, 0.5, 1.0])  # many ties
+                ops.append(f"u {nid} {p}")
+                heap.push((nid, None, p))  # type: ignore[arg-type]
+                size += 1
+        out = subprocess.run([str(exe)], input="\n".join(ops), capture_output=True, text=True, check=True).stdout.split()
+        assert [int(x) for x in out] == mine
