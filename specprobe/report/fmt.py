@@ -201,6 +201,9 @@ def tree_lines(result: Any, none: str = DASH) -> list[str]:
     if t is not None:
         out.append(f"{tree_label(t)}: τ {fixed(t.tau_tokens, '.2f', none)} tokens per round, speedup {fixed(t.speedup, '.2f', none)}× "
                    f"(its chain, K={t.steps}: τ {fixed(t.chain_tau_tokens, '.2f', none)}, {fixed(t.chain_speedup, '.2f', none)}×)")
+        if getattr(t, "estimate", None) == "paths":
+            out.append(f"this tree was drafted on its candidate paths at every start (each node's children and acceptance after its own path); "
+                       f"the grid's way, along the reference, gives it τ {fixed(t.tau_reference_tokens, '.2f', none)}")
     bt, bc = tr.best_tree, tr.best_chain
     if bt is not None:
         vs = f" against the best chain ({tree_label(bc)}, τ {fixed(bc.tau_tokens, '.2f', none)}, {fixed(bc.speedup, '.2f', none)}×)" if bc is not None else ""
