@@ -116,6 +116,10 @@ def test_greedy_estimate_is_the_tree_loop(target: Any, drafter: Any, text: str) 
     assert acc.paths is not None
     assert acc.paths.tau() == pytest.approx(c.tau_tokens, abs=1e-12)
     assert acc.paths.depth_accept() == pytest.approx(c.cumulative(), abs=1e-12)
+    # which rank the accepted child was, depth by depth: the loop's counts exactly
+    loop_shares = [[x / row.sum() if row.sum() else None for x in row] for row in c.by_rank]
+    for mine, theirs in zip(acc.paths.rank_shares(), loop_shares, strict=True):
+        assert [None if np.isnan(x) else x for x in mine] == pytest.approx(theirs, abs=1e-12)
     assert 1.0 < c.tau_tokens < shape.steps + 1
     # forwards: per reference one target pass per chunk of ROWS starts
     assert pr.target_calls == sum(1 + -(-len(x) // tree_paths.ROWS) for x in conts)
