@@ -37,6 +37,7 @@ else is refused in one line with what to do.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +77,21 @@ def unpack_bits(words: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tenso
     """Unsigned b-bit values from int32 words along `dim`, as one little-endian bit stream
     (value e in bits [b·e, b·e + b) of the words read in order): for b dividing 32 each
     word holds 32/b values, the first in the low bits. -> int32 values, n along `dim`."""
+    if 32 % bits == 0:  # whole values a word: shift each word by every slot at once
+        per = 32 // bits
+        w32 = words.movedim(dim, -1)
+        if per * w32.shape[-1] < n:
+            raise ValueError(f"{w32.shape[-1]} words hold fewer than {n} values of {bits} bits")
+        if sys.byteorder == "little":  # the words' bytes in order, each holding 8/b values, the first in the low bits
+            by = w32.contiguous().view(torch.uint8)
+            shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=words.device)
+            vals = ((by.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(*w32.shape[:-1], -1)
+        else:
+            shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=words.device)
+            vals = ((w32.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(*w32.shape[:-1], -1)  # arithmetic shift, then the low bits: as unsigned
+        return vals[..., :n].to(torch.int32).movedim(-1, dim)
     w = words.movedim(dim, -1).to(torch.int64) & 0xFFFFFFFF  # [..., W] as unsigned
-    pos = torch.arange(n, dtype=torch.int64) * bits
+    pos = torch.arange(n, dtype=torch.int64, device=words.device) * bits
     word, shift = pos // 32, pos % 32
     if int(word.max()) >= w.shape[-1]:
         raise ValueError(f"{w.shape[-1]} words hold fewer than {n} values of {bits} bits")

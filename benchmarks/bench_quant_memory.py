@@ -1,0 +1,202 @@
+"""Peak memory of `diagnose` with the target served quantized: weights held quantized in
+memory (models/qlinear) against full precision and against the dequantize-everything code
+this replaced.
+
+The built-in SmolLM2-135M (float32 on the CPU) with its 24-layer self-draft, the first
+`--prompts` built-in prompts × `--tokens` new tokens, nothing timed (--cost-ratio 0.5
+--verify-factor 1), each run a fresh process; the peak RSS is the child's ru_maxrss.
+Conditions (pick with --conditions):
+
+  full        full precision
+  int4, fp8   --target-quant (RTN), held quantized; the what-if swaps the original
+              nn.Linear modules back in (one float copy of the weights, plus the packed one)
+  int4-old    --target-quant int4 with the code before this change: the original float
+              weights kept aside beside a dequantized float copy (two float copies)
+  ckpt        a compressed-tensors pack-quantized W4A16 checkpoint of the same model
+              (int4 RTN, groups of 128, written here in the format's layout: int32
+              weight_packed, bf16 scales; embeddings and norms bf16), held as stored
+  ckpt-old    the same checkpoint read by the code before this change (dequantized at load)
+
+"old" runs the tree of commit --old (git archive into a temporary folder; nothing in the
+repository changes). The references are generated once per condition (an untimed warm-up
+run) and read from the disk cache by every measured run. Runs are interleaved A B C … per
+repeat; printed: each condition's median peak RSS (min–max) and its ratio to full
+precision, the wall time, the acceptance (the same in both code versions), and the model's
+resident weight bytes (parameters and buffers) measured in this process.
+
+Run: nice python benchmarks/bench_quant_memory.py [--repeats 2] [--old <commit>]
+Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_CHILD = r"""
+import json, resource, sys, time
+from specprobe.core.openmp import shorten_spin
+shorten_spin()
+from specprobe.cli.main import app
+t0 = time.perf_counter()
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit:
+    pass
+print("BENCH " + json.dumps({"wall_s": time.perf_counter() - t0, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_checkpoint(folder: Path) -> Path:
+    """SmolLM2's decoder linears as a compressed-tensors pack-quantized W4A16 checkpoint:
+    symmetric int4 RTN in groups of 128 (specprobe.models.quant.int_parts), each row's
+    values stored as q + 8, eight input columns a little-endian int32 word."""
+    import torch
+    from safetensors.torch import save_file
+
+    from specprobe.models.loader import load_info, load_model
+    from specprobe.models.quant import decoder_linears, int_parts
+
+    info = load_info("smollm2")
+    loaded = load_model("smollm2", device="cpu", dtype="float32", info=info)
+    linears = {f"model.{n}": m for n, m in decoder_linears(loaded.model)}
+    state: dict[str, torch.Tensor] = {}
+    for name, t in loaded.model.state_dict().items():
+        prefix = name[: -len(".weight")]
+        if prefix in linears:
+            q, scale, _ = int_parts(t, 4, 128)
+            u = (q.to(torch.int64) + 8).reshape(q.shape[0], -1, 8)
+            words = sum(u[:, :, k] << (4 * k) for k in range(8))
+            state[prefix + ".weight_packed"] = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+            state[prefix + ".weight_scale"] = scale.to(torch.bfloat16)
+            state[prefix + ".weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int32)
+        elif name == "lm_head.weight" and info.config.tie_word_embeddings:
+            continue
+        else:
+            state[name] = t.to(torch.bfloat16) if t.is_floating_point() else t
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in Path(info.path).iterdir():
+        if f.suffix != ".safetensors" and f.name != "specprobe-cache.json":
+            shutil.copy(f, folder / f.name)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128, "dynamic": False}, "input_activations": None}},
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def resident(ckpt: Path | None) -> dict[str, float]:
+    """The weights' bytes in memory (MB) as each condition holds them, in this process."""
+    import torch
+
+    from specprobe.models import quant
+    from specprobe.models.loader import load_model
+    from specprobe.models.qlinear import weight_bytes
+
+    out: dict[str, float] = {}
+    for cond in ("full", "int4", "fp8"):
+        m = load_model("smollm2", device="cpu", dtype="float32")
+        if cond != "full":
+            q = quant.serve_quantized(m, cond, keep=True)
+            extra = sum(weight_bytes(o) for o in q.originals.values())  # the originals the what-if swaps back in
+            out[cond + " (quantized alone)"] = weight_bytes(m.model) / 2**20
+            out[cond] = (weight_bytes(m.model) + extra) / 2**20
+        else:
+            out[cond] = weight_bytes(m.model) / 2**20
+            linear = sum(mod.weight.numel() * 4 for _, mod in quant.decoder_linears(m.model))
+            out["int4-old"] = (weight_bytes(m.model) + linear) / 2**20  # the originals beside a dequantized float copy
+        del m
+    if ckpt is not None:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(ckpt)
+        held, _ = quant.load_quantized_checkpoint(ckpt, cfg, torch.float32)
+        out["ckpt"] = weight_bytes(held) / 2**20
+        ref, _ = quant.load_quantized_checkpoint(ckpt, cfg, torch.float32, in_memory=False)
+        out["ckpt-old"] = weight_bytes(ref) / 2**20
+    return out
+
+
+def run(cond: str, ckpt: Path, old: Path, out: Path, prompts: int, tokens: int) -> dict:
+    out.unlink(missing_ok=True)
+    target = str(ckpt) if cond.startswith("ckpt") else "smollm2"
+    args = ["diagnose", target, "self:layers=24", "--max-prompts", str(prompts), "--max-new-tokens", str(tokens), "--device", "cpu",
+            "--cost-ratio", "0.5", "--verify-factor", "1", "--json", str(out), "--fail-on", "never"]  # fmt: skip
+    if cond in ("int4", "int4-old", "fp8"):
+        args += ["--target-quant", cond.split("-")[0]]
+    cwd = old if cond.endswith("-old") else ROOT
+    p = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, cwd=cwd, env={**os.environ, "COLUMNS": "200"})
+    line = next((x for x in p.stdout.splitlines()[::-1] if x.startswith("BENCH ")), None)
+    if line is None or not out.exists() or p.returncode:
+        raise SystemExit(f"diagnose ({cond}) failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    m = json.loads(line[6:])
+    r = json.loads(out.read_text())
+    mets = r.get("metrics") or {}
+    m["alpha"] = next((mets[k] for k in ("accept_prob", "accept_prob_greedy_draft", "accept_prob_greedy") if mets.get(k) is not None), None)
+    return m
+
+
+def med(xs: list[float], f: str = ".0f") -> str:
+    return f"{statistics.median(xs):{f}} ({min(xs):{f}}–{max(xs):{f}})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds of every condition")
+    ap.add_argument("--conditions", default="full,int4,int4-old,fp8,ckpt,ckpt-old")
+    ap.add_argument("--old", default="0378449~1", help="the commit before weights were held quantized")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--helper", help=argparse.SUPPRESS)  # internal: write the checkpoint there, print the sizes
+    a = ap.parse_args()
+    if a.helper:
+        print(json.dumps(resident(write_checkpoint(Path(a.helper)))))
+        return
+    conds = a.conditions.split(",")
+    print(f"SmolLM2-135M (float32, CPU) + self:layers=24 on {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {a.prompts} prompts × {a.tokens} tokens, nothing timed; {a.repeats} interleaved round(s); old = {a.old}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        old = folder / "old"
+        old.mkdir()
+        subprocess.run(f"git -C {ROOT} archive {a.old} specprobe | tar -x -C {old}", shell=True, check=True)
+        ckpt = folder / "smollm2-w4a16"
+        # the checkpoint and the weights' sizes in a child of their own: this process stays
+        # small, as a child's peak RSS starts from its parent's at the fork
+        helper = subprocess.run([sys.executable, __file__, "--helper", str(ckpt)], capture_output=True, text=True, cwd=ROOT)
+        if helper.returncode:
+            raise SystemExit(f"writing the checkpoint failed:\n{helper.stderr[-2000:]}")
+        sizes = json.loads(helper.stdout.splitlines()[-1])
+        for c in conds:
+            run(c, ckpt, old, folder / f"warm-{c}.json", a.prompts, a.tokens)  # references into the disk cache
+        res: dict[str, list[dict]] = {c: [] for c in conds}
+        for i in range(a.repeats):
+            for c in conds:
+                res[c].append(run(c, ckpt, old, folder / f"{c}{i}.json", a.prompts, a.tokens))
+    base = statistics.median(x["rss_mb"] for x in res["full"]) if "full" in res else None
+    print(f"\n{'condition':<10} {'peak RSS MB':>20} {'÷ full':>7} {'wall s':>18} {'α':>7} {'weights MB':>11}")
+    for c in conds:
+        rss = [x["rss_mb"] for x in res[c]]
+        ratio = f"{statistics.median(rss) / base:.2f}" if base else "—"
+        alpha = res[c][-1]["alpha"]
+        print(f"{c:<10} {med(rss):>20} {ratio:>7} {med([x['wall_s'] for x in res[c]], '.1f'):>18} {alpha if alpha is None else round(alpha, 4)!s:>7} {sizes.get(c, float('nan')):>11.0f}")
+    for k, v in sizes.items():
+        if "alone" in k:
+            print(f"  {k}: {v:.0f} MB of weights (without the originals kept for the what-if)")
+    print(f"\nload after: {os.getloadavg()[0]:.1f}; finished {time.strftime('%H:%M UTC', time.gmtime())}")
+
+
+if __name__ == "__main__":
+    main()
