@@ -121,8 +121,29 @@ def test_greedy_estimate_is_the_tree_loop(target: Any, drafter: Any, text: str) 
     for mine, theirs in zip(acc.paths.rank_shares(), loop_shares, strict=True):
         assert [None if np.isnan(x) else x for x in mine] == pytest.approx(theirs, abs=1e-12)
     assert 1.0 < c.tau_tokens < shape.steps + 1
-    # forwards: per reference one target pass per chunk of ROWS starts
-    assert pr.target_calls == sum(1 + -(-len(x) // tree_paths.ROWS) for x in conts)
+    # a greedy target on its own text: its verdicts are read off the prefill, no tree pass
+    assert pr.target_calls == len(prompts)
+
+
+def test_greedy_verdicts_off_the_target_s_text_take_the_tree_pass(target: Any, drafter: Any) -> None:
+    """References that are not the target's greedy text (a dataset's responses): reading
+    the verdicts off the reference where it can, and the tree pass where an accepted node
+    leaves it, give what the tree pass everywhere gives."""
+    prompts = rand_prompts(3, seed=9)
+    own = hf_greedy(target, prompts, 14)
+    g = torch.Generator().manual_seed(3)
+    conts = [[c if torch.rand((), generator=g) < 0.7 else int(torch.randint(0, 300, (), generator=g)) for c in cont] for cont in own]
+    assert conts != own
+    shape, s = parse("steps=3,topk=3,tokens=8"), Sampling(temperature=0.0)
+    with torch.inference_mode():
+        quick = tree_paths.PathRounds(target, _LM(drafter), shape, s, rows=4)
+        full = tree_paths.PathRounds(target, _LM(drafter), shape, s, rows=4, read_greedy=False)
+        for p, c in zip(prompts, conts, strict=True):
+            a, b = quick.reference(p, c), full.reference(p, c)
+            assert a is not None and b is not None
+            np.testing.assert_array_equal(a[1], b[1])
+            np.testing.assert_array_equal(a[2], b[2])
+    assert len(prompts) < quick.target_calls < full.target_calls  # some chunks needed the pass, not all
 
 
 # ----------------------------------------------------------------------------- heads

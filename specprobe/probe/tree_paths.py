@@ -26,7 +26,12 @@ forwards (the depth-1 step over one token a row, then T beams a row per later st
 static tree: one row per depth of its parents) and ONE target forward over each row's
 root and its N − 1 verified nodes. That is n·(1 + (S − 1)·T) drafter tokens and n·N
 target tokens in ⌈n / ROWS⌉·(S + 1) forwards: a tree of N tokens costs about N target
-tokens per scored token, against one for the chain's estimate.
+tokens per scored token, against one for the chain's estimate. A greedy target needs no
+tree pass where the references are its own text: a node along the reference is accepted
+when its token is the target's argmax there (read off the prefill), and a node below a
+rejected one never is; only a chunk in which an accepted node leaves the reference (the
+target's argmax is not the reference's token, as with a dataset's responses) gets the
+target pass.
 
 Which drafters: causal LMs (independent, layer-skip self-drafts) read their own KV cache
 and EAGLE-1/3 and MTP heads chain on their own outputs, as the loop runs them (Medusa's
@@ -69,12 +74,13 @@ class PathRounds:
     """The rounds of one reference: every start's tree (`Tree` rows) and its nodes'
     probabilities of being on the accepted path, filled chunk by chunk."""
 
-    def __init__(self, target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, rows: int = ROWS) -> None:
+    def __init__(self, target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, rows: int = ROWS, read_greedy: bool = True) -> None:
         self.target_model = target_model
         self.drafter = drafter
         self.shape = shape
         self.sampling = sampling
         self.rows = rows
+        self.read_greedy = read_greedy  # a greedy target's verdicts read off the reference where they can be
         self.head = isinstance(drafter, HeadDrafter)
         self.step = None if self.head else drafter.step_model()
         self.device = next(target_model.parameters()).device
@@ -95,9 +101,18 @@ class PathRounds:
         target = Stream(self.target_model, 1, self.device)
         base_head: LiveHead | None = None
         base_lm: Stream | None = None
+        # the target's argmax after every prefix of the reference (its last n positions): a
+        # greedy target's verdict on every node along the reference, without a tree pass
+        tail: dict[str, torch.Tensor] = {}
+
+        def prefill() -> torch.Tensor:
+            logits = target.forward(ids, ones, keep=n)
+            tail["best"] = logits[0].argmax(dim=-1).cpu()
+            return logits
+
         if self.head:
             base_head = LiveHead(self.drafter, 1, self.device)
-            base_head.watch(ids, lambda: target.forward(ids, ones, keep=1))  # the target's states at every position
+            base_head.watch(ids, prefill)  # the target's states at every position
             assert base_head._seen is not None
             feats = base_head._seen[1]  # [1, L, F]
             base_head._seen = None
@@ -106,7 +121,7 @@ class PathRounds:
                 base_head.pending = (feats[:, :-1], ids[:, 1:], ones[:, 1:])
                 base_head.catch_up()
         else:
-            target.forward(ids, ones, keep=1)
+            prefill()
             base_lm = Stream(self.step, 1, self.device)
             base_lm.forward(ids, ones, keep=1)
         self.target_calls += target.calls
@@ -121,20 +136,17 @@ class PathRounds:
             cap = np.minimum(depth_cap, n - 1 - t).astype(np.int64)
             if self.head:
                 cap = np.where(p + t - 2 >= 0, cap, 0)  # a head needs the target's state before the root
-            tr, ver, pr = self._chunk(seq, p, t, cap, target, base_lm, base_head)
+            tr, ver, pr = self._chunk(seq, p, t, cap, target, base_lm, base_head, tail["best"].numpy())
             trees.append(tr)
             verified.append(ver)
             prob.append(pr)
         tree = Tree(trees[0].depth, trees[0].rank, np.concatenate([x.tok for x in trees]), np.concatenate([x.parent for x in trees]), np.concatenate([x.score for x in trees]))
         return tree, np.concatenate(verified), np.concatenate(prob)
 
-    def _chunk(self, seq: list[int], p: int, t: np.ndarray, cap: np.ndarray, target: Stream, base_lm: Stream | None, base_head: LiveHead | None) -> tuple[Tree, np.ndarray, np.ndarray]:
+    def _chunk(self, seq: list[int], p: int, t: np.ndarray, cap: np.ndarray, target: Stream, base_lm: Stream | None, base_head: LiveHead | None, best: np.ndarray) -> tuple[Tree, np.ndarray, np.ndarray]:
         b = len(t)
         root = p + t - 1  # the root's index in seq: the last token of the round's context
         roots = [[seq[r]] for r in root]
-        tgt = target.repeated(b)
-        slot = torch.arange(tgt.length, device=self.device)
-        tgt.valid &= slot[None, :] < torch.as_tensor(root, device=self.device)[:, None]
         src: Any
         if base_head is not None:
             head = base_head.repeated(b)
@@ -154,12 +166,42 @@ class PathRounds:
             src.stream.valid &= dslot[None, :] < torch.as_tensor(root, device=self.device)[:, None]
         with torch.inference_mode():
             tree, verified = draft(src, self.shape, cap, self.vocab)
+            self.draft_calls += src.calls
+            if self.sampling.greedy and self.read_greedy:
+                known = self._greedy_along(tree, verified, seq, t, best)
+                if known is not None:
+                    return tree, verified, known
+            tgt = target.repeated(b)
+            slot = torch.arange(tgt.length, device=self.device)
+            tgt.valid &= slot[None, :] < torch.as_tensor(root, device=self.device)[:, None]
             blk = block(tgt, roots, tree, verified)
             w = blk.ids.shape[1] - blk.unseen
             logits = finite(ta.forward(tgt, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1))  # [B, 1 + W, V]
         self.target_calls += tgt.calls
-        self.draft_calls += src.calls
         return tree, verified, self._accept(tree, blk.nodes, logits)
+
+    def _greedy_along(self, tree: Tree, verified: np.ndarray, seq: list[int], t: np.ndarray, best: np.ndarray) -> np.ndarray | None:
+        """A greedy target's verdicts read off the reference: a node whose ancestors are
+        the reference's tokens is accepted when its own token is the target's argmax after
+        that prefix (`best[t + d − 1]`, from the prefill). Exact unless an accepted node
+        leaves the reference (the target's argmax is not the reference's token there, as
+        with a dataset's responses): then None, and the tree gets its target pass."""
+        b, m = tree.tok.shape
+        out = np.zeros((b, m))
+        for r in range(b):
+            for j in np.flatnonzero(verified[r]):
+                par = int(tree.parent[r, j])
+                up = 1.0 if par < 0 else out[r, par]
+                if up == 0.0:
+                    continue
+                d = int(tree.depth[j])
+                tok = int(tree.tok[r, j])
+                if tok != int(best[t[r] + d - 1]):
+                    continue
+                if tok != seq[len(seq) - len(best) + t[r] + d - 1]:
+                    return None  # accepted off the reference: its children need the target's pass
+                out[r, j] = 1.0
+        return out
 
     def _features(self, seq: list[int], root: np.ndarray) -> torch.Tensor:
         """The target's states the head reads before each row's root: [B, 1, F]."""
