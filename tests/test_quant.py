@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specprobe.core.errors import ConfigError
+from specprobe.core.errors import ConfigError, ModelLoadError
 from specprobe.models import quant
 
 
@@ -123,6 +123,7 @@ def test_model_decoder_linears_only_and_swap_back() -> None:
 
     m = _tiny_llama()
     before = {k: v.clone() for k, v in m.state_dict().items()}
+    storage = {k: v.data_ptr() for k, v in m.state_dict().items()}
     done = quant.quantize_model(m, "int4", keep=True)
     assert len(done.layers) == 2 * 7  # q, k, v, o, gate, up, down per layer
     for name, mod in m.named_modules():  # the decoder linears are held quantized, the rest as it was
@@ -140,9 +141,8 @@ def test_model_decoder_linears_only_and_swap_back() -> None:
     with quant.full_precision(done):
         after = m.state_dict()
         assert after.keys() == before.keys()
-        for k, v in after.items():
-            assert torch.equal(v, before[k])
-            assert k not in done.originals or v.data_ptr() == before[k].data_ptr()
+        for k, v in after.items():  # the very tensors loaded: no float copy was made
+            assert torch.equal(v, before[k]) and v.data_ptr() == storage[k], k
         full = m(x).logits
     assert not torch.equal(served, full)
     assert torch.equal(m(x).logits, served)  # the quantized weights are back
@@ -321,7 +321,7 @@ def test_fp8_kv_is_per_model() -> None:
 
 
 # ----------------------------------------------------------------------------- a compressed-tensors fp8 checkpoint
-def _write_fp8_checkpoint(src, folder, strategy: str = "channel"):
+def _write_fp8_checkpoint(src, folder, strategy: str = "channel", acts=None):
     """The layout llm-compressor writes for FP8 (format float-quantized): every decoder
     Linear's weight in float8_e4m3fn beside its weight_scale ([out, 1] per channel), the
     LM head and embeddings left as they are, quantization_config in config.json."""
@@ -344,7 +344,7 @@ def _write_fp8_checkpoint(src, folder, strategy: str = "channel"):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = {
         "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}, "input_activations": None}},
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}, "input_activations": acts}},
     }
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
@@ -370,6 +370,27 @@ def test_compressed_tensors_fp8_checkpoint_reads_as_served(tmp_path, strategy) -
         mod.weight.data = quant.quantize_weight(mod.weight.data, "fp8" if strategy == "channel" else "fp8:per-tensor")
     for (k, v), (k2, v2) in zip(model.state_dict().items(), simulated.state_dict().items(), strict=True):
         assert k == k2 and torch.allclose(v, v2, rtol=1e-6, atol=1e-7), k
+
+
+def test_fp8_dynamic_checkpoint_quantizes_its_activations(tmp_path) -> None:
+    """llm-compressor's FP8_DYNAMIC: fp8 weights per channel, input_activations {type float,
+    strategy token, dynamic true} — read from the config, each token's activations go onto
+    the e4m3 grid with scale amax / 448 before the matmul, as vLLM runs it."""
+    from transformers import AutoConfig
+
+    acts = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True, "observer": None}
+    folder = _write_fp8_checkpoint(_tiny_llama(), tmp_path / "fp8-dynamic", acts=acts)
+    held, record = quant.load_quantized_checkpoint(folder, AutoConfig.from_pretrained(folder), torch.float32)
+    assert record["activations"] == "fp8 dynamic per token" and record["weights"] == "fp8"
+    mod = held.model.layers[0].self_attn.q_proj
+    x = torch.randn(2, 4, 32, generator=torch.Generator().manual_seed(7))
+    scale = x.abs().amax(dim=-1, keepdim=True) / 448
+    xq = (x / scale).to(torch.float8_e4m3fn).float() * scale
+    with torch.no_grad():
+        assert torch.allclose(mod(x), xq @ mod.weight_float().t(), rtol=1e-5, atol=1e-6)
+    static = {**acts, "dynamic": False, "strategy": "tensor"}  # a static scheme needs its input_scale
+    with pytest.raises(ModelLoadError, match="static but its checkpoint has no input_scale"):
+        quant.load_quantized_checkpoint(_write_fp8_checkpoint(_tiny_llama(), tmp_path / "fp8-static", acts=static), AutoConfig.from_pretrained(tmp_path / "fp8-static"), torch.float32)
 
 
 def test_other_quantized_checkpoints_are_refused(tmp_path) -> None:

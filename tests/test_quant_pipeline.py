@@ -210,3 +210,18 @@ def test_a_block_type_the_head_size_does_not_take_is_one_line(tiny_pair, tmp_pat
 
     with pytest.raises(ModelLoadError, match="the K cache type q8_0 has blocks of 32, which do not divide the head size 16"):
         run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path, kv_cache_dtype="q8_0"))
+
+
+def test_w8a8_schemes_through_diagnose(tiny_pair, tmp_path) -> None:
+    """fp8-dynamic and w8a8-int8 quantize the activations too: recorded on the result, and the
+    target moves away from its weight-only (W8A16) self; the parameter count is the model's."""
+    moved, params = {}, {}
+    for scheme in ("int8", "w8a8-int8", "fp8-dynamic"):
+        (tmp_path / scheme).mkdir()
+        r = run_diagnose(_cfg(tiny_pair, str(tiny_pair["twin"]), tmp_path / scheme, target_quant=scheme, draft_sampling="probabilistic"))
+        q = r.target.quant
+        assert q is not None and q.weights == scheme
+        assert q.activations == (None if scheme == "int8" else ("int8 dynamic per token" if scheme == "w8a8-int8" else "fp8 dynamic per token"))
+        moved[scheme], params[scheme] = r.metrics["target_quant_accept"], r.target.params
+    assert all(0.3 < v < 1 for v in moved.values()) and moved["w8a8-int8"] != moved["int8"]
+    assert len(set(params.values())) == 1 and params["int8"] == r.drafter.params  # the twin: the same architecture, unquantized

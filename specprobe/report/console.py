@@ -72,7 +72,8 @@ def headline_reason(result: Result | Comparison) -> Text | None:
 def _served_line(tq: Any, dq: Any) -> str | None:
     """Which side was scored with quantized weights, and that it is a simulation."""
     def side(q: Any) -> str:
-        return " + ".join(x for x in (q.weights, f"{q.kv_cache_dtype} KV cache" if q.kv_cache_dtype else None) if x)
+        acts = f"{q.activations} activations" if getattr(q, "activations", None) else None
+        return " + ".join(x for x in (q.weights, acts, f"{q.kv_cache_dtype} KV cache" if q.kv_cache_dtype else None) if x)
 
     parts = []
     if tq is not None:

@@ -81,7 +81,8 @@ class Served(Part):
     """How a side was served when not as loaded: its weights quantized round-to-nearest
     after loading (a simulation, not the calibrated checkpoint), its KV cache in fp8."""
 
-    weights: str | None = Field(None, description="fp8 | fp8:per-tensor | int8 | int4; null: as loaded")
+    weights: str | None = Field(None, description="fp8 | fp8:per-tensor | fp8-dynamic | int8 | w8a8-int8 | int4 (a checkpoint from disk: its bit width); null: as loaded")
+    activations: str | None = Field(None, description="W8A8: how the linear layers' input activations are quantized ('fp8 dynamic per token', 'int8 static per tensor', …); null: the compute dtype")
     method: str = "rtn"
     layers: int = Field(0, description="linear layers quantized (the decoder layers'; not the embeddings or LM head)")
     weight_rel_error: float | None = Field(None, description="‖W_q − W‖ / ‖W‖ over the quantized weights")
