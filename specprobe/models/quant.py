@@ -1,5 +1,7 @@
-"""Weight and KV-cache quantization simulated on the fly: round-to-nearest (RTN) onto the served
-format's grid, then dequantized back to the compute dtype so every matmul runs as before.
+"""Weight and KV-cache quantization simulated on the fly: round-to-nearest (RTN) onto the
+served format's grid, the weights then held in that format (specprobe.models.qlinear:
+fp8 as torch.float8_e4m3fn, int8, int4 two to a byte, with their scales) and dequantized
+per layer at each forward, so each matmul runs in the compute dtype on the served weights.
 
 This is RTN simulation, not AWQ/GPTQ calibration: a calibrated checkpoint places its
 rounding to minimise the layer's output error, so it is usually closer to the full
@@ -12,14 +14,20 @@ Schemes (`--target-quant` / `--draft-quant`):
                    (llm-compressor's FP8 / FP8_DYNAMIC schemes: channel-wise weights)
   fp8:per-tensor   e4m3 weights with one scale for the whole matrix (vLLM's online
                    `--quantization fp8`)
+  fp8-dynamic      fp8's weights and each token's input activations on the e4m3 grid with
+                   scale amax / 448 (llm-compressor's FP8_DYNAMIC as vLLM runs it: W8A8 fp8)
   int8             W8A16: symmetric int8 per output channel, scale = amax / 127.5, q in [-128, 127]
+  w8a8-int8        int8's weights and each token's input activations symmetric int8 with
+                   scale amax / 127 (llm-compressor's W8A8 as vLLM runs it)
   int4             W4A16: symmetric int4 in groups of 128 input columns, scale = amax / 7.5,
                    q in [-8, 7] (compressed-tensors' and GPTQ's symmetric ranges; RTN)
 
 Every `nn.Linear` inside the decoder layers is quantized; the embeddings and the LM head
 stay in high precision, as llm-compressor's recipes leave them (`ignore: [lm_head]`) and
 vLLM loads them. A layer-skip self-draft shares the target's modules, so quantizing the
-target quantizes it too.
+target quantizes it too. For the full-precision what-if (`serve_quantized(keep=True)`) the
+original nn.Linear modules are kept aside and swapped back in for its forward pass: the
+float weights as loaded plus the quantized ones, never a second float copy.
 
 `--kv-cache-dtype fp8` (`fp8_kv_cache`): every key and value a decoder layer's attention
 reads is rounded to e4m3 with vLLM's default scales (k_scale = v_scale = 1.0, used when the

@@ -4,8 +4,10 @@ beside the score against the served one; the served target against its full-prec
 self; a drafter served quantized against the same drafter in full precision.
 
 The full-precision logits come from a second forward over each scoring batch with the
-original weights swapped back in (and the attention as loaded); nothing runs for sides
-served as loaded. A self-draft is the target's own layers, so the full-precision
+original nn.Linear modules swapped back in for the quantized ones (the weights as loaded,
+kept beside their quantized form: no second float copy; specprobe.models.quant) and the
+attention as loaded; nothing runs for sides served as loaded. A quantized checkpoint from
+disk has no full-precision weights to swap in, so it gets no what-if. A self-draft is the target's own layers, so the full-precision
 system is the full target with its full-precision first layers. Its metrics:
 
   accept_prob_full_target   the engine's acceptance of the drafter against the full target
