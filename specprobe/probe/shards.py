@@ -32,6 +32,7 @@ from specprobe.core.files import write_text_atomic
 from specprobe.judge.rules import load_table
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.sampling import Sampling
+from specprobe.metrics.tree import TreeAccumulator
 from specprobe.models.loader import cache_root, load_info
 from specprobe.probe import distributed, long_context
 from specprobe.probe.alignment import SamplingPair
@@ -142,6 +143,8 @@ def make_part(shard: Shard, ident: dict[str, Any], header: dict[str, Any], metri
         "format": FORMAT, "version": VERSION, "shard": [shard.index, shard.count], "identity": ident, "header": header, "metrics": metrics,
         "kind": kind, "evidence": evidence, "cost": cost, "cost_origins": dict(cfg.cost_origins), "drill_every": drill_every,
         "interrupted": bool(scored.interrupted), "head_depths": list(scored.head_depths), "accumulator": scored.acc.to_state(), "items": items,
+        # draft trees (probe.tree): the grid's and the run's own tree sums, merged by adding
+        "trees": scored.tree.to_state() if scored.tree is not None else None,
     }
 
 
@@ -259,6 +262,11 @@ def merge_parts(parts: Sequence[dict[str, Any]], tokenizer: Any, pair: Any, cfg:
     scored = Scored(acc, seq.rows, any(p["interrupted"] for p in parts), head_depths, drill=drill)
     if by_length is not None:
         long_context.attach(scored, by_length)
+    trees = [TreeAccumulator.from_state(p["trees"]) for p in parts if p.get("trees")]
+    if trees:
+        scored.tree = trees[0]
+        for t in trees[1:]:
+            scored.tree.merge(t)
     # the cost ratio is timed by one shard (the lowest that timed it), as one process would
     cost = next((p["cost"] for p in parts if p.get("cost") is not None), None)
     return Merged(dict(first["header"]), dict(first["metrics"]), scored, cost, cfg, first["kind"], first["evidence"], refs)
