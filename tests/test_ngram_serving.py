@@ -48,7 +48,7 @@ def test_engine_order_and_knobs_survive_the_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "text"),
     [
-        ("e.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple,ngram-simple\n"),  # the draft model is named
+        ("v3.json", '{"method": "eagle3", "model": "d", "num_speculative_tokens": 3}'),  # a model drafter (beside n-gram types: tests/test_ngram_mix.py)
     ],
 )
 def test_what_is_not_an_ngram_spec(tmp_path: Path, name: str, text: str) -> None:

@@ -27,6 +27,7 @@ from specprobe.models.base import Drafter, ModelInfo, TargetPass
 from specprobe.models.heads import build_head, head_info, head_kind
 from specprobe.models.loader import LoadedModel, load_info, load_model
 from specprobe.models.ngram import NgramDrafter, is_ngram_spec
+from specprobe.models.ngram_mix import MixedDrafter, check_mixed, is_mixed_spec
 
 
 class SelfDrafter(Drafter):
@@ -153,7 +154,7 @@ _LAYERS_RE = re.compile(r"^self:layers=(-?\d+)$")
 
 
 def drafter_kind_of(spec: str) -> str:
-    if is_ngram_spec(spec):
+    if is_ngram_spec(spec) or is_mixed_spec(spec):
         return NgramDrafter.kind
     if spec == "self":
         return "independent"
@@ -175,6 +176,9 @@ def parse_self_spec(spec: str) -> int | None:
 
 def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> ModelInfo:
     """The drafter's tokenizer/config for `check` (no weights)."""
+    if is_mixed_spec(spec):  # n-gram types beside a draft model: the model's, checked against the target
+        _, model = check_mixed(spec)
+        return drafter_info(model, target_info, progress)
     if is_ngram_spec(spec):
         NgramDrafter(spec)  # a bad spec is refused here, before anything loads
         return target_info  # it drafts the target's own tokens
@@ -189,7 +193,10 @@ def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> Mod
     return head_info(spec, target_info) or load_info(spec, progress)
 
 
-def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> Drafter | NgramDrafter:
+def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> Drafter | NgramDrafter | MixedDrafter:
+    if is_mixed_spec(spec):  # llama.cpp's n-gram types beside a draft model (models.ngram_mix)
+        ngram, model = check_mixed(spec)
+        return MixedDrafter(spec, NgramDrafter(ngram.spec, info=target.info), build_drafter(model, target, device, dtype, progress, info))
     if is_ngram_spec(spec):
         return NgramDrafter(spec, info=target.info)
     if spec == "self":

@@ -150,6 +150,8 @@ def check_paths(target: str | None, drafter: str | None) -> None:
     `self`, `self:…`, `mtp`, the n-gram drafters and built-in names have none. A Hugging Face repo id counts
     as there when the local cache holds it."""
     specs: list[tuple[str | None, str]] = [(None, target)] if target else []
+    if drafter and "+" in drafter and is_ngram_spec(drafter.partition("+")[0].strip()):  # n-gram types + a draft model: the model's path
+        drafter = drafter.partition("+")[2].strip()
     if drafter and drafter != "self" and not drafter.startswith("self:") and not is_ngram_spec(drafter):
         kind, path = split_spec(drafter)
         if path:

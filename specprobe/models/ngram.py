@@ -99,7 +99,10 @@ NOT_IMPLEMENTED = {
 
 
 def is_ngram_spec(spec: str) -> bool:
-    """Whether a drafter spec names an n-gram drafter (no model to load)."""
+    """Whether a drafter spec names an n-gram drafter (no model to load; n-gram types
+    beside a draft model, `types+model`, are `models.ngram_mix`'s)."""
+    if "+" in spec:
+        return False
     head = spec.split(":", 1)[0].split(",", 1)[0].strip().lower()
     return head in TYPES or head in NOT_IMPLEMENTED
 

@@ -37,6 +37,7 @@ from specprobe.core.progress import Progress
 from specprobe.estimates.costs import cost_tables
 from specprobe.judge.rules import RuleTable
 from specprobe.models.ngram import VLLM_NGRAM, NgramDrafter, Slot
+from specprobe.models.ngram_mix import MixedDrafter
 from specprobe.probe.assemble import evaluate_rules, verdict_fields
 from specprobe.probe.references import references_by_turn
 from specprobe.probe.timing import cost_block, timing_settings
@@ -58,6 +59,8 @@ class Steps:
     accepted: int = 0
     match_s: float = 0.0  # time in the drafter's matching
     by_length: dict[int, int] = field(default_factory=dict)  # draft length m -> steps
+    model_drafts: int = 0  # n-gram types beside a draft model: the steps the model drafted
+    model_forwards: int = 0  # and the draft model's forwards (each step's catch-up included)
 
     def add(self, other: Steps) -> None:
         self.requests += other.requests
@@ -66,6 +69,8 @@ class Steps:
         self.drafted += other.drafted
         self.accepted += other.accepted
         self.match_s += other.match_s
+        self.model_drafts += other.model_drafts
+        self.model_forwards += other.model_forwards
         for m, c in other.by_length.items():
             self.by_length[m] = self.by_length.get(m, 0) + c
 
@@ -87,11 +92,14 @@ class Steps:
         """Tokens per verify step, the bonus token included."""
         return (self.steps + self.accepted) / self.steps if self.steps else math.nan
 
-    def speedup(self, verify: Sequence[float], target_step_s: float) -> float:
-        """Tokens over cost in target decode steps (module doc). verify[K−1] = v_K."""
+    def speedup(self, verify: Sequence[float], target_step_s: float, cost_ratio: float = 0.0) -> float:
+        """Tokens over cost in target decode steps (module doc). verify[K−1] = v_K;
+        cost_ratio: a draft model's forward ÷ a target step (n-gram types beside one)."""
         if not self.steps:
             return math.nan
         cost = sum(c * verify_cost(m, verify) for m, c in self.by_length.items())
+        if self.model_forwards and cost_ratio == cost_ratio:
+            cost += cost_ratio * self.model_forwards
         if target_step_s > 0:
             cost += self.match_s / target_step_s
         return (self.steps + self.accepted) / cost if cost > 0 else math.nan
@@ -156,10 +164,110 @@ def walk(slot: Slot, prompt: Sequence[int], continuation: Sequence[int], max_new
     return out
 
 
+@dataclass
+class ModelTrace:
+    """A draft model teacher-forced along one reference: top[j] its top token where the
+    continuation's token j comes next (after the prompt and cont[:j]), p[j] its probability."""
+
+    top: list[int]
+    p: list[float]
+
+
+def model_trace(model: Any, prompt: Sequence[int], cont: Sequence[int], vocab: int) -> ModelTrace:
+    """One forward of the draft model over prompt + continuation -> its `ModelTrace`."""
+    import torch
+
+    from specprobe.metrics.core import align_vocab, finite
+
+    dev = next(model.parameters()).device
+    ids = torch.tensor([[*prompt, *cont[:-1]]], dtype=torch.long, device=dev)
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 :]  # [len(cont), V']
+        pr = torch.softmax(align_vocab(finite(logits), vocab).float(), dim=-1)
+        p, top = pr.max(dim=-1)
+    return ModelTrace(top.tolist(), p.tolist())
+
+
+def walk_mixed(
+    slot: Slot, trace: ModelTrace, prompt: Sequence[int], continuation: Sequence[int], max_new_tokens: int, k: int,
+    p_min: float = 0.0, n_min: int = 0, eog: Collection[int] = (),
+) -> Steps:
+    """`walk` for n-gram types beside a draft model (`models.ngram_mix`): each step the
+    n-gram types draft first; when none does, the draft model drafts its top tokens from
+    the reference so far — at most min(k, remaining − 1), stopping before one under p_min,
+    none when fewer than n_min. While its tokens match the reference its inputs are the
+    reference's, so the accepted count is exact from the teacher-forced `trace`; a draft
+    goes on past its first rejected token from its own tokens, which the trace does not
+    see, so its length there is taken as the limit when p_min = 0 (exact: nothing stops it
+    early) and as ending at the rejected token otherwise (the verify cost of the tokens
+    after a rejection, never their acceptance). Every step the draft model also takes in
+    the verify batch (one forward, llama.cpp's `process`); a model draft of m tokens adds
+    m forwards (one when it drafts nothing)."""
+    out = Steps(requests=1)
+    cont = list(continuation)
+    if not cont:
+        return out
+    slot.begin(list(prompt))
+    history = list(prompt) + cont[:1]
+    t = 1
+    while t < len(cont):
+        cap = max(0, max_new_tokens - t - 1)
+        d = slot.propose(history, cap)
+        out.match_s += d.seconds
+        out.model_forwards += 1  # the draft model takes in the last verify batch
+        draft = list(d.tokens)
+        by_model = False
+        if not draft and cap > 0:  # no n-gram type drafted: the draft model does
+            lim = min(k, cap)
+            forwards = 0
+            while len(draft) < lim:
+                j = t + len(draft)
+                if j >= len(cont):  # past the reference's end (its EOS): on to the limit
+                    draft += [-1] * (lim - len(draft))
+                    forwards = lim
+                    break
+                forwards += 1
+                if trace.p[j] < p_min:
+                    break
+                draft.append(trace.top[j])
+                if trace.top[j] != cont[j]:  # rejected here: what follows is its own text
+                    if p_min <= 0:
+                        draft += [-1] * (lim - len(draft))
+                        forwards = lim
+                    break
+            if len(draft) < n_min:
+                draft = []
+            out.model_forwards += max(forwards, 1)
+            by_model = bool(draft)
+        m = len(draft)
+        n = 0
+        while n < m and t + n < len(cont) and draft[n] == cont[t + n]:
+            if cont[t + n] in eog and n + 1 < m:
+                break
+            n += 1
+        if m:
+            if not by_model:
+                slot.accept(n)  # the n-gram type that drafted hears it; the model ignores it
+            out.drafts += 1
+            out.drafted += m
+            out.accepted += n
+            out.model_drafts += int(by_model)
+        out.steps += 1
+        out.by_length[m] = out.by_length.get(m, 0) + 1
+        step = min(n + 1, len(cont) - t)
+        history.extend(cont[t : t + step])
+        t += step
+    slot.finish(history)
+    return out
+
+
 # ----------------------------------------------------------------------------- diagnose
-def draft_lengths(drafter: NgramDrafter, k_max: int) -> list[int]:
+def draft_lengths(drafter: NgramDrafter | MixedDrafter, k_max: int) -> list[int]:
     """The K rows to walk: vLLM's `ngram` without k= drafts the run's K, so every K up to
-    k_max; a spec whose length is its own (k=, llama.cpp's types), that one."""
+    k_max; a spec whose length is its own (k=, llama.cpp's types), that one; n-gram types
+    beside a draft model, every K (the model's --spec-draft-n-max)."""
+    if isinstance(drafter, MixedDrafter):
+        return list(range(1, k_max + 1))
     if any(t.name == VLLM_NGRAM and t.max_draft is None for t in drafter.types):
         return list(range(1, k_max + 1))
     return [drafter.max_draft()]
@@ -183,12 +291,23 @@ def diagnose_ngram(
     groups: dict[tuple[int, str, str], Steps] = {}
     eog = end_of_generation(target) if cfg.engine == "llama.cpp" else frozenset()
     items = [(it, e, c) for it, e, c in zip(refs.items, refs.encoded, refs.conts, strict=True) if c]
+    mixed = isinstance(drafter, MixedDrafter)
+    traces: list[ModelTrace] = []
+    if mixed:  # the draft model beside the n-gram types, teacher-forced along each reference once
+        vocab = int(target.model.get_output_embeddings().weight.shape[0])
+        with progress.task(f"the draft model {drafter.model.name} along {len(items)} references", len(items)) as advance:
+            for _, enc, cont in items:
+                traces.append(model_trace(drafter.step_model(), enc, cont, vocab))
+                advance(1)
     with progress.task(f"walking {drafter.name} along {len(items)} references", len(items) * len(ks)) as advance:
         for k in ks:
             drafter.reset()  # each K a fresh server: suffix decoding's cache sees the set from its start
             total = Steps()
-            for item, enc, cont in items:
-                s = walk(drafter.slot(k), enc, cont, cfg.max_new_tokens, eog)
+            for i, (item, enc, cont) in enumerate(items):
+                if mixed:
+                    s = walk_mixed(drafter.ngram.slot(k), traces[i], enc, cont, cfg.max_new_tokens, k, cfg.draft_p_min, cfg.draft_n_min, eog)
+                else:
+                    s = walk(drafter.slot(k), enc, cont, cfg.max_new_tokens, eog)
                 total.add(s)
                 for key in (("domain", item.domain), ("category", item.category)):
                     groups.setdefault((k, *key), Steps()).add(s)
@@ -197,17 +316,20 @@ def diagnose_ngram(
     drafter.reset()  # and a fresh one for what runs next (simulate's measured pass)
 
     # the verify pass over m + 1 tokens, timed (or --verify-factor); no drafter step to time
+    # (beside n-gram types, the draft model's step too, or --cost-ratio)
     timing = timing_settings(cfg, refs.encoded, refs.conts, None)
     timing["k_max"] = min(VERIFY_TIMED_MAX, max(ks))
-    progress.note("timing the target's verify pass on the device")
-    raw = cost_block(target, drafter, 0.0, **timing)
-    tables = cost_tables(raw, timing["k_max"], 0.0, cfg.verify_factor)
+    progress.note("timing the target's verify pass on the device" + (" and the draft model's step" if mixed else ""))
+    given = cfg.cost_ratio if mixed else 0.0
+    raw = cost_block(target, drafter.model if mixed else drafter, given, **timing)
+    tables = cost_tables(raw, timing["k_max"], given, cfg.verify_factor)
     head = next((t for t in tables if t.batch_size == cfg.batch_size), tables[0] if tables else None)
     verify = [r.verify_factor for r in head.rounds] if head is not None else []
     step_ms = ((head.raw.get("target_step") or {}).get("median_ms") if head is not None else None) or math.nan
     step_s = step_ms / 1e3 if step_ms == step_ms else 0.0
 
-    speedups = {k: per_k[k].speedup(verify, step_s) for k in ks}
+    model_c = head.cost_ratio if mixed and head is not None else 0.0
+    speedups = {k: per_k[k].speedup(verify, step_s, model_c) for k in ks}
     k_rows: list[dict[str, Any]] = [
         {"k": k, "tau_tokens": per_k[k].tau_tokens, "accept_rate": per_k[k].accept_frac, "iid_tau_tokens": None, "speedup": speedups[k], "tau_renewal_tokens": per_k[k].tau_tokens, "verify_factor": verify_cost(k, verify) if verify else None}
         for k in ks
@@ -223,7 +345,8 @@ def diagnose_ngram(
         "tau_tokens": s.tau_tokens,
         "best_k": best_k,
         "speedup_best": speedups[best_k],
-        "cost_ratio": match_ratio,  # the matching per step ÷ a target decode step
+        # the matching per step ÷ a target decode step (beside a draft model: the model's step)
+        "cost_ratio": model_c if mixed else match_ratio,
         "num_positions": sum(len(c) for _, _, c in items),
         "num_prompts": len(items),
     }
@@ -231,9 +354,9 @@ def diagnose_ngram(
     rows: dict[str, list[dict[str, Any]]] = {"domain": [], "category": []}
     for (k, kind, name), g in sorted(groups.items()):
         if k == best_k:
-            rows[kind].append(_group_row(name, g, verify, step_s))
+            rows[kind].append(_group_row(name, g, verify, step_s, model_c))
         if walked is not None:
-            walked[(kind, name, k)] = (g.tau_tokens, g.speedup(verify, step_s))
+            walked[(kind, name, k)] = (g.tau_tokens, g.speedup(verify, step_s, model_c))
     findings, evals = evaluate_rules(table, metrics, drafter.kind, evidence)
     return Result.model_validate({
         **header,
@@ -243,25 +366,28 @@ def diagnose_ngram(
         "by_domain": rows["domain"],
         "by_category": rows["category"],
         "k_table": [_clean(r) for r in k_rows],
-        "cost": _cost(cfg, head, match_ratio, s, step_ms),
+        "cost": _cost(cfg, head, model_c if mixed else match_ratio, s, step_ms, mixed),
         **verdict_fields(table, findings, evals),
     })
 
 
-def _cost(cfg: DiagnoseConfig, head: Any, match_ratio: float, s: Steps, step_ms: float) -> dict[str, Any] | None:
+def _cost(cfg: DiagnoseConfig, head: Any, match_ratio: float, s: Steps, step_ms: float, mixed: bool = False) -> dict[str, Any] | None:
     """The cost block: the matching per step (timed on the CPU, where the engines match)
     against the target's decode step and verify passes (timed on the device)."""
     if head is None:
         return None
     match_ms = 1e3 * s.match_s / s.steps if s.steps else math.nan
+    if mixed:  # beside a draft model: its step is the drafter's cost (the matching is left out)
+        match_ms = match_ratio * step_ms if match_ratio == match_ratio and step_ms == step_ms else math.nan
+    source = ("given" if cfg.cost_ratio is not None else "the draft model's step, timed") if mixed else "the matching per step, timed"
     return _clean({
         "cost_ratio": match_ratio,
         "target_step_ms": step_ms,
         "draft_step_ms": match_ms,
-        "measured": True,
+        "measured": not (mixed and cfg.cost_ratio is not None),
         "verify_factor": cfg.verify_factor,
         "batch_size": head.batch_size,
-        "sources": {"cost_ratio": "the matching per step, timed", "verify_factor": "given" if cfg.verify_factor is not None else "measured"},
+        "sources": {"cost_ratio": source, "verify_factor": "given" if cfg.verify_factor is not None else "measured"},
     })
 
 
@@ -276,7 +402,7 @@ def end_of_generation(target: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _group_row(name: str, g: Steps, verify: Sequence[float], step_s: float) -> dict[str, Any]:
+def _group_row(name: str, g: Steps, verify: Sequence[float], step_s: float, cost_ratio: float = 0.0) -> dict[str, Any]:
     return _clean({
         "group": name,
         "positions": g.steps,
@@ -285,7 +411,7 @@ def _group_row(name: str, g: Steps, verify: Sequence[float], step_s: float) -> d
         "ngram_proposal_frac": g.proposal_frac,
         "ngram_draft_tokens_mean": g.draft_tokens_mean,
         "tau_tokens": g.tau_tokens,
-        "speedup": g.speedup(verify, step_s),
+        "speedup": g.speedup(verify, step_s, cost_ratio),
     })
 
 

@@ -155,7 +155,12 @@ class ServingConfig:
         if self.drafter_kind is None and self.method:
             return _ngram_spec(self)
         pattern = _SPEC_OF_KIND.get(self.drafter_kind or "")
-        return pattern.format(self.drafter) if pattern and self.drafter else None
+        spec = pattern.format(self.drafter) if pattern and self.drafter else None
+        if spec and self.engine == LLAMA_CPP and self.drafter_kind == "independent":
+            ngram = _llama_ngram_list(self)  # n-gram types beside the draft model: tried first (models.ngram_mix)
+            if ngram:
+                return f"{ngram}+{spec}"
+        return spec
 
 
 # llama-server's n-gram knobs (--spec-ngram-<type>-<knob>) as the drafter spec's knob names
@@ -190,15 +195,20 @@ def _ngram_spec(sv: ServingConfig) -> str | None:
             knobs.append(f"k={sv.num_speculative_tokens}")
         return "suffix" + (":" + ",".join(knobs) if knobs else "")
     if sv.engine == LLAMA_CPP:
-        types = [t for t in str(sv.extra.get("spec_type") or sv.method or "").split(",") if t in _LLAMA_NGRAM_KNOBS]
-        if not types or any(t.startswith("draft") for t in str(sv.extra.get("spec_type") or "").split(",")):
-            return None  # a draft model's type beside n-gram ones: the model drafter is named
-        parts = []
-        for t in types:
-            knobs = [f"{k}={sv.extra[f'{t}-{k}']}" for k in _LLAMA_NGRAM_KNOBS[t] if sv.extra.get(f"{t}-{k}") is not None]
-            parts.append(t + (":" + ",".join(knobs) if knobs else ""))
-        return ",".join(parts)
+        if any(t.startswith("draft") for t in str(sv.extra.get("spec_type") or "").split(",")):
+            return None  # a draft model's type beside n-gram ones: the mix is named with the model (drafter_spec)
+        return _llama_ngram_list(sv)
     return None
+
+
+def _llama_ngram_list(sv: ServingConfig) -> str | None:
+    """llama-server's ngram-* types with their --spec-ngram-* knobs, as a drafter spec."""
+    types = [t for t in str(sv.extra.get("spec_type") or sv.method or "").split(",") if t in _LLAMA_NGRAM_KNOBS]
+    parts = []
+    for t in types:
+        knobs = [f"{k}={sv.extra[f'{t}-{k}']}" for k in _LLAMA_NGRAM_KNOBS[t] if sv.extra.get(f"{t}-{k}") is not None]
+        parts.append(t + (":" + ",".join(knobs) if knobs else ""))
+    return ",".join(parts) or None
 
 
 class _Places:

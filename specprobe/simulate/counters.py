@@ -38,6 +38,7 @@ class SimCounters:
     prompts: int = 0
     early_stop: bool = False  # drafts cut by llama.cpp's p_min / n_min: τ is per draft made
     tree: Any = None  # a tree run: the `estimates.tree.TreeShape` it verified (k = its depth)
+    label: int | None = None  # the K it is reported at when that is not k (n-gram types beside a draft model: the model's K; k the loop's width)
     by_rank: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [S, T] accepted depth-d nodes that were their parent's rank-r candidate
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ from specprobe.models.heads.live import (
     unsupported,
 )
 from specprobe.models.ngram import NgramDrafter
+from specprobe.models.ngram_mix import MixedDrafter
 from specprobe.probe.assemble import simulate_result
 from specprobe.probe.diagnose import load_pair, run_diagnose
 from specprobe.probe.references import load_prompt_set, references_by_turn
@@ -64,11 +65,12 @@ def estimate_by_k(rows: Sequence[Any]) -> dict[int, tuple[float, float, float]]:
 def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, tuple[float, float, float]]) -> dict[str, Any]:
     """One measured K beside the estimate at that K: renewal and window τ, and the
     estimated speedup against the measured one (gaps relative to the measurement)."""
-    est, window, est_speedup = estimate.get(c.k, (nan, nan, nan))
+    k = c.label if c.label is not None else c.k
+    est, window, est_speedup = estimate.get(k, (nan, nan, nan))
     tau = c.tau_tokens
     speedup = c.tokens_per_s / baseline_tps if baseline_tps and baseline_tps > 0 else nan
     return {
-        "k": c.k,
+        "k": k,
         "tau_tokens": tau,
         "tokens_per_verify": c.tokens_per_verify,
         "accept_rate": c.accept_rate,
@@ -199,7 +201,8 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     target, drafter = pair.target, pair.drafter
     # a head drafter runs as itself (models.heads.live), reading the target's states
     ngram = isinstance(drafter, NgramDrafter)  # no model: the loop drafts from its slots
-    step = drafter if is_head(drafter) or ngram else drafter.step_model()
+    mixed = isinstance(drafter, MixedDrafter)  # llama.cpp's n-gram types beside a draft model
+    step = drafter if is_head(drafter) or ngram or mixed else drafter.step_model()
     if step is None:
         raise ConfigError(f"drafter {cfg.diagnose.drafter} has no autoregressive step model to run a real draft loop with", "simulate supports self, self:layers=N, independent causal LMs and head drafters (EAGLE-1/2, EAGLE-3, Medusa, MTP)")
     # the same items diagnose scored: every turn, later ones after the target's own earlier
@@ -237,6 +240,12 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
                 speculate_tree(target.model, step, encoded, shape=shape, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=dcfg.seed, batch_size=dcfg.batch_size, run=run, advance=advance)
         # an n-gram drafter drafts its own length (vLLM's ngram without k=: each K)
         for k in [] if shape is not None else sorted({drafter.max_draft(k) for k in cfg.ks}) if ngram else cfg.ks:
+            if mixed:  # the model drafts up to K, the n-gram types their own lengths: the loop's width is the longer
+                run = SimRun(SimCounters(drafter.width(k), early_stop=procedure.p_min > 0 or procedure.n_min > 1, label=k))
+                runs.append(run.counters)
+                with progress.task(f"speculative decoding, the draft model's K={k} ({n} prompts)", n) as advance:
+                    speculate(target.model, drafter.with_k(k), encoded, k=drafter.width(k), run=run, advance=advance, **kw)
+                continue
             run = SimRun(SimCounters(k, early_stop=procedure.p_min > 0 or procedure.n_min > 1))
             runs.append(run.counters)
             with progress.task(f"speculative decoding K={k} ({n} prompts)", n) as advance:
@@ -244,7 +253,7 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
                     speculate_ngram_tree(target.model, drafter, encoded, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=dcfg.seed, batch_size=dcfg.batch_size, run=run, advance=advance)
                 else:
                     speculate(target.model, step, encoded, k=k, run=run, advance=advance, **kw)
-        if cfg.adaptive_threshold is not None and not ngram and shape is None:  # a deterministic draft's confidence is 1
+        if cfg.adaptive_threshold is not None and not ngram and not mixed and shape is None:  # a deterministic draft's confidence is 1
             run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
             adaptive = run.counters
             knob = BY_ENGINE[dcfg.engine].adaptive_knob  # the engine's own flag, where it has one
@@ -254,7 +263,7 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
     except KeyboardInterrupt:
         interrupted = True
     section = measured_section(runs, baseline, adaptive, tau_estimate, procedure)
-    if ngram:
+    if ngram or mixed:
         _per_step_tau(section)
     return simulate_result(estimate, cfg, section, table, interrupted=interrupted)
 

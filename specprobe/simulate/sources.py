@@ -17,7 +17,9 @@ from specprobe.models.heads.chain import HeadDrafter
 from specprobe.models.heads.live import LiveHead
 from specprobe.models.kvcache import Stream, right_align
 from specprobe.models.ngram import NgramDrafter
+from specprobe.models.ngram_mix import MixedDrafter
 from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, chain
+from specprobe.simulate.ngram_mix_source import MixedDraft
 from specprobe.simulate.ngram_source import NgramDraft
 
 
@@ -32,6 +34,9 @@ def open_source(drafter: Any | None, prompts: Sequence[Sequence[int]], device: A
         return NoDraft()
     if isinstance(drafter, NgramDrafter):
         return NgramDraft(drafter, prompts)
+    if isinstance(drafter, MixedDrafter):  # llama.cpp's n-gram types beside a draft model
+        assert drafter.model_k is not None, "a mixed drafter runs with_k(K)"
+        return MixedDraft(drafter, prompts, LMDraft(drafter.step_model(), prompts, device), drafter.model_k)
     if is_head(drafter):
         return HeadDraft(drafter, len(prompts), device)
     return LMDraft(drafter, prompts, device)

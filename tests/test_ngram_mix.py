@@ -1,0 +1,110 @@
+"""llama.cpp's n-gram types beside a draft model (models.ngram_mix; spec `types+model`):
+the spec and its refusals, the engine's order (an n-gram draft first, the model only when
+none drafted), the walk against the real loop under greedy decoding (token-identical
+output, equal counts), and the serving-config reader of `-md … --spec-type
+ngram-*,draft-simple`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specprobe.core.errors import ConfigError
+from specprobe.metrics.sampling import Sampling
+from specprobe.models.ngram import NgramDrafter
+from specprobe.models.ngram_mix import MixedDrafter, check_mixed, is_mixed_spec
+from specprobe.probe.ngram import ModelTrace, Steps, model_trace, walk, walk_mixed
+from specprobe.settings.serving import read_serving_config
+from tests.test_simulate import hf_greedy, rand_prompts, tiny
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+GREEDY = Sampling(temperature=0.0)
+
+
+class _Model:
+    """A causal-LM drafter as build_drafter gives one (name, step model)."""
+
+    def __init__(self, lm) -> None:
+        self.lm, self.name = lm, "tiny-draft"
+
+    def step_model(self):
+        return self.lm
+
+
+def test_the_spec_and_what_llama_cpp_does_not_run() -> None:
+    assert is_mixed_spec("ngram-simple:size_n=4,ngram-mod+./draft.gguf") and not is_mixed_spec("./draft+b.gguf")
+    ngram, model = check_mixed("ngram-mod,ngram-simple:size_n=4+self:layers=2")
+    assert [t.name for t in ngram.types] == ["ngram-simple", "ngram-mod"] and model == "self:layers=2"
+    for bad, why in [
+        ("ngram:min=2+./d.gguf", "only llama.cpp lists a draft model"),
+        ("sglang-ngram+./d.gguf", "only llama.cpp lists a draft model"),
+        ("ngram-simple+", "names no draft model"),
+        ("ngram-simple+ngram-mod", "one draft model after the"),
+    ]:
+        with pytest.raises(ConfigError, match=why):
+            check_mixed(bad)
+
+
+def test_an_ngram_draft_comes_first_the_model_drafts_when_none_does() -> None:
+    """Hand-made: ngram-simple (size_n 1, size_m 2) matches the repeated 5 and drafts [6 7];
+    elsewhere the model drafts its top tokens (the trace), accepted while they match."""
+    prompt = [9, 5, 6, 7, 8, 1, 2, 3, 4, 10, 11]
+    cont = [12, 13, 5, 6, 7, 14]
+    # trace[j]: the model's top token where cont[j] comes next; right at 1 (13) and 3 (6)
+    trace = ModelTrace(top=[0, 13, 99, 6, 7, 0], p=[0.9] * 6)
+    s = walk_mixed(NgramDrafter("ngram-simple:size_n=1,size_m=2").slot(), trace, prompt, cont, max_new_tokens=64, k=2)
+    # t=1 after [.., 12]: no n-gram match -> the model drafts [13, 99]: 1 accepted (then 5)
+    # t=3 after [.., 5]: ngram-simple drafts [6, 7] (the prompt's 5 6 7): both accepted, then 14
+    assert (s.steps, s.drafts, s.drafted, s.accepted, s.model_drafts) == (2, 2, 4, 3, 1)
+    assert s.model_forwards == 2 + 2  # one catch-up a step, two forwards for the model's draft
+    assert s.by_length == {2: 2}
+    # p_min 0.95: the model's tokens are all under it, so it drafts nothing
+    low = walk_mixed(NgramDrafter("ngram-simple:size_n=1,size_m=2").slot(), trace, prompt, cont, 64, k=2, p_min=0.95)
+    assert low.model_drafts == 0 and low.drafts == 1
+
+
+@pytest.fixture(scope="module")
+def case():
+    target, draft = tiny(0), tiny(1)
+    prompts = [p + p for p in rand_prompts(4, seed=3)]
+    return target, draft, prompts, hf_greedy(target, prompts, 20)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_walk_is_the_greedy_loop(case, k) -> None:
+    """Greedy, p_min 0: the walk along the target's greedy text counts what the real loop
+    counts, and the loop's output is plain decoding's token for token."""
+    from specprobe.simulate import speculate
+
+    target, draft, prompts, refs = case
+    spec = "ngram-simple:size_n=1,size_m=4,ngram-map-k:size_n=1,size_m=3"
+    mixed = MixedDrafter(f"{spec}+tiny", NgramDrafter(spec), _Model(draft))
+    total = Steps()
+    for p, c in zip(prompts, refs, strict=True):
+        total.add(walk_mixed(NgramDrafter(spec).slot(), model_trace(draft, p, c, 300), p, c, 20, k))
+    run = speculate(target, mixed.with_k(k), prompts, k=mixed.width(k), target_sampling=GREEDY, max_new_tokens=20, batch_size=4)
+    c = run.counters
+    assert run.outputs == refs
+    assert (c.verify_steps - len(prompts), c.num_drafts, c.drafted_tokens, c.accepted_tokens) == (total.steps, total.drafts, total.drafted, total.accepted)
+    assert 0 < total.model_drafts < total.drafts  # both sides drafted
+    plain = Steps()  # without the model: fewer drafts
+    for p, cont in zip(prompts, refs, strict=True):
+        plain.add(walk(NgramDrafter(spec).slot(), p, cont, 20))
+    assert plain.drafts == total.drafts - total.model_drafts
+
+
+def _read(tmp_path: Path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text)
+    return read_serving_config(path)
+
+
+def test_a_llama_server_mix_reads_as_the_mixed_spec(tmp_path: Path) -> None:
+    sv = _read(tmp_path, "l.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple,ngram-mod,ngram-simple --spec-ngram-simple-size-n 4 --spec-draft-n-max 8\n")
+    assert sv.drafter_spec == "ngram-mod,ngram-simple:size_n=4+d.gguf"  # as written; run in the engine's order:
+    ngram, model = check_mixed(sv.drafter_spec)
+    assert [t.label() for t in ngram.types] == ["ngram-simple:size_n=4,size_m=48,min_hits=1", "ngram-mod:n_match=24,n_min=48,n_max=64"] and model == "d.gguf"
+    assert sv.num_speculative_tokens == 8  # the model's n_max: the run's K
+    plain = _read(tmp_path, "p.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple\n")
+    assert plain.drafter_spec == "d.gguf"
