@@ -108,3 +108,19 @@ def test_a_llama_server_mix_reads_as_the_mixed_spec(tmp_path: Path) -> None:
     assert sv.num_speculative_tokens == 8  # the model's n_max: the run's K
     plain = _read(tmp_path, "p.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple\n")
     assert plain.drafter_spec == "d.gguf"
+
+
+def test_a_mixed_result_exports_as_the_llama_server_launch(tmp_path: Path) -> None:
+    from specprobe.core.errors import InputError
+    from specprobe.export.engines import export_config
+    from tests.test_export import _result
+
+    r, src = _result(tmp_path, kind="ngram", spec="ngram-simple:size_n=4,size_m=8+d.gguf", engine="llama.cpp")
+    out = tmp_path / "m.args"
+    out.write_text(export_config(r, src, "llama.cpp").text)
+    sv = read_serving_config(out)
+    ngram, model = check_mixed(sv.drafter_spec or "")
+    assert model == "d.gguf" and [t.label() for t in ngram.types] == ["ngram-simple:size_n=4,size_m=8,min_hits=1"]
+    assert sv.num_speculative_tokens == r.best_k
+    with pytest.raises(InputError, match="only llama.cpp tries n-gram types beside a draft model"):
+        export_config(r, src, "vllm")

@@ -294,7 +294,17 @@ def _ngram(p: Plan, spec: str, label: str, synthetic: bool) -> None:
     --spec-type ngram-* with --spec-ngram-*."""
     from specprobe.models.ngram import SGLANG as SGLANG_NGRAM
     from specprobe.models.ngram import SUFFIX, VLLM_NGRAM, parse_spec
+    from specprobe.models.ngram_mix import check_mixed, is_mixed_spec
 
+    if is_mixed_spec(spec):  # llama.cpp's n-gram types beside a draft model: -md and draft-simple after them
+        if p.engine != LLAMA_CPP:
+            raise InputError(f"{label} does not run {spec!r}: only llama.cpp tries n-gram types beside a draft model", "export it with --engine llama.cpp")
+        ngram, model = check_mixed(spec)
+        p.drafter = model
+        p.method = ",".join([*(t.name for t in ngram.types), "draft-simple"])
+        p.ngram = {**{f"--spec-{t.name}-{key.replace('_', '-')}": v for t in ngram.types for key, v in t.knobs}, "--spec-draft-n-max": p.k, "--spec-draft-n-min": 0}
+        p.notes.append(f"llama-server tries {p.method} in that order: the draft model drafts (at most K = {p.k}) only when no n-gram type did")
+        return
     types = parse_spec(spec)
     if (types[0].name == SGLANG_NGRAM) != (p.engine == SGLANG):
         if p.engine == SGLANG:
