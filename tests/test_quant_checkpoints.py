@@ -186,6 +186,40 @@ def test_compressed_tensors_int_quantized_w8a8(tmp_path: Path) -> None:
         assert torch.allclose(mod(x), (xq * (amax / 127)) @ want["model.layers.0.mlp.down_proj"].t(), rtol=1e-5, atol=1e-6)
 
 
+def test_compressed_tensors_fp8_block(tmp_path: Path) -> None:
+    """llm-compressor's FP8_BLOCK: weight float8_e4m3fn with weight_scale [out/bh, in/bw]
+    (one per 16 × 16 block here) and input activations dynamic per token in groups of 16."""
+    src = _tiny_llama()
+    g = torch.Generator().manual_seed(8)
+    state = _plain(src, {p for p, _, _ in _linears(src)})
+    want, b = {}, 16
+    for p, n_out, n_in in _linears(src):
+        q = (torch.randn(n_out, n_in, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+        s = (torch.rand(n_out // b, n_in // b, generator=g) * 0.01 + 1e-3).to(torch.bfloat16)
+        w = torch.empty(n_out, n_in)
+        for i in range(n_out // b):
+            for j in range(n_in // b):
+                w[i * b : (i + 1) * b, j * b : (j + 1) * b] = (q[i * b : (i + 1) * b, j * b : (j + 1) * b].float() * s[i, j].float()).to(torch.bfloat16).float()
+        state[p + ".weight"], state[p + ".weight_scale"], want[p] = q, s, w
+    weights = {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [b, b], "symmetric": True, "dynamic": False}
+    acts = {"num_bits": 8, "type": "float", "strategy": "group", "group_size": b, "symmetric": True, "dynamic": True}
+    folder = _write(src, tmp_path / "fp8-block", state, _ct_qc("float-quantized", weights, acts))
+    got, record = _load(folder)
+    for p, w in want.items():
+        assert torch.equal(got[p + ".weight"], w), p
+    _check_rest(got, src, set(want))
+    assert record["weights"] == "fp8" and record["activations"] == "fp8 dynamic per token in groups of 16"
+    from transformers import AutoConfig
+
+    held, _ = quant.load_quantized_checkpoint(folder, AutoConfig.from_pretrained(folder), torch.float32)
+    x = torch.randn(2, 3, 32, generator=g)
+    xg = x.reshape(2, 3, 2, b)
+    scale = xg.abs().amax(dim=-1, keepdim=True) / 448  # each token's group of 16 columns its own scale
+    xq = ((xg / scale).to(torch.float8_e4m3fn).float() * scale).reshape(2, 3, 32)
+    with torch.no_grad():
+        assert torch.allclose(held.model.layers[1].self_attn.k_proj(x), xq @ want["model.layers.1.self_attn.k_proj"].t(), rtol=1e-5, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- GPTQ
 @pytest.mark.parametrize(("bits", "fmt", "sym", "desc_act"), [(4, "gptq", True, False), (4, "gptq", False, True), (3, "gptq_v2", False, True), (8, "gptq", True, False)])
 def test_gptq(tmp_path: Path, bits: int, fmt: str, sym: bool, desc_act: bool) -> None:
