@@ -171,7 +171,7 @@ def main() -> None:
         folder = Path(tmp)
         old = folder / "old"
         old.mkdir()
-        subprocess.run(f"git -C {ROOT} archive {a.old} specprobe | tar -x -C {old}", shell=True, check=True)
+        subprocess.run(f"git -C {ROOT} archive {a.old} specprobe rules | tar -x -C {old}", shell=True, check=True)
         ckpt = folder / "smollm2-w4a16"
         # the checkpoint and the weights' sizes in a child of their own: this process stays
         # small, as a child's peak RSS starts from its parent's at the fork
