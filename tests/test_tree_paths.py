@@ -251,3 +251,21 @@ def test_two_shards_merged_give_the_one_shot_trees(tiny_pair: Any, tmp_path: Any
     one, merged = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("whole", "merged"))
     assert one["trees"]["tree"]["estimate"] == "paths"
     assert differences(one["trees"], merged["trees"], rel=1e-9) == []
+
+
+def test_a_long_reference_gets_fewer_rows_and_the_same_rounds(target: Any, drafter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies of a reference's caches stay within COPY_BYTES: with a budget of one
+    row, every start is its own batch, and the rounds are the same."""
+    prompt = [5, 9, 33, 2, 71, 8]
+    cont = hf_greedy(target, [prompt], 9)[0]
+    shape, s = parse("steps=2,topk=2,tokens=5"), Sampling(temperature=0.9)
+    with torch.inference_mode():
+        wide = tree_paths.PathRounds(target, _LM(drafter), shape, s)
+        a = wide.reference(prompt, cont)
+        monkeypatch.setattr(tree_paths, "COPY_BYTES", 1)
+        narrow = tree_paths.PathRounds(target, _LM(drafter), shape, s)
+        b = narrow.reference(prompt, cont)
+    assert a is not None and b is not None
+    np.testing.assert_array_equal(a[1], b[1])
+    np.testing.assert_allclose(a[2], b[2], rtol=1e-12, atol=1e-15)
+    assert (wide.target_calls, narrow.target_calls) == (2, 1 + len(cont))

@@ -26,7 +26,9 @@ forwards (the depth-1 step over one token a row, then T beams a row per later st
 static tree: one row per depth of its parents) and ONE target forward over each row's
 root and its N − 1 verified nodes. That is n·(1 + (S − 1)·T) drafter tokens and n·N
 target tokens in ⌈n / ROWS⌉·(S + 1) forwards: a tree of N tokens costs about N target
-tokens per scored token, against one for the chain's estimate. A greedy target needs no
+tokens per scored token, against one for the chain's estimate. A long reference gets
+fewer start positions per batch, so the copies of its caches stay within COPY_BYTES. A
+greedy target needs no
 tree pass where the references are its own text: a node along the reference is accepted
 when its token is the target's argmax there (read off the prefill), and a node below a
 rejected one never is; only a chunk in which an accepted node leaves the reference (the
@@ -55,8 +57,18 @@ from specprobe.models.heads.live import LiveHead, unsupported
 from specprobe.models.kvcache import Stream
 from specprobe.models.tree_draft import HeadTree, LMTree, Tree, block, draft
 
-# Start positions per batch of tree rounds: each row holds a copy of the reference's caches.
+# Start positions per batch of tree rounds: each row holds a copy of the reference's caches,
+# so a long reference gets fewer rows, within COPY_BYTES of copies for the batch.
 ROWS = 16
+COPY_BYTES = 1 << 29
+
+
+def cache_bytes(x: Any) -> int:
+    """The bytes of a `Stream`'s KV cache or a `LiveHead`'s key/value buffers (one row)."""
+    if isinstance(x, LiveHead):
+        return sum(int(kv._k.nbytes + kv._v.nbytes) for kv in x.kvs if kv._k is not None and kv._v is not None)
+    layers = getattr(getattr(x, "cache", None), "layers", None) or []
+    return sum(int(t.nbytes) for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
 
 
 def why_not(drafter: Any) -> str | None:
@@ -131,8 +143,10 @@ class PathRounds:
         trees: list[Tree] = []
         verified: list[np.ndarray] = []
         prob: list[np.ndarray] = []
-        for lo in range(0, n, self.rows):
-            t = np.arange(lo, min(lo + self.rows, n))
+        per_row = cache_bytes(target) + cache_bytes(base_head if base_head is not None else base_lm)
+        rows = max(1, min(self.rows, COPY_BYTES // max(per_row, 1)))
+        for lo in range(0, n, rows):
+            t = np.arange(lo, min(lo + rows, n))
             cap = np.minimum(depth_cap, n - 1 - t).astype(np.int64)
             if self.head:
                 cap = np.where(p + t - 2 >= 0, cap, 0)  # a head needs the target's state before the root
