@@ -13,7 +13,7 @@ Conditions (pick with --conditions):
   int4-old    --target-quant int4 with the code before this change: the original float
               weights kept aside beside a dequantized float copy (two float copies)
   ckpt        a compressed-tensors pack-quantized W4A16 checkpoint of the same model
-              (int4 RTN, groups of 128, written here in the format's layout: int32
+              (int4 RTN, groups of 64, written here in the format's layout: int32
               weight_packed, bf16 scales; embeddings and norms bf16), held as stored
   ckpt-old    the same checkpoint read by the code before this change (dequantized at load)
 
@@ -55,11 +55,12 @@ print("BENCH " + json.dumps({"wall_s": time.perf_counter() - t0, "rss_mb": resou
 """
 
 ROOT = Path(__file__).resolve().parents[1]
+GROUP = 64  # the checkpoint's group size: SmolLM2's 576 input columns are no whole number of 128s, which vLLM's kernels require
 
 
 def write_checkpoint(folder: Path) -> Path:
     """SmolLM2's decoder linears as a compressed-tensors pack-quantized W4A16 checkpoint:
-    symmetric int4 RTN in groups of 128 (specprobe.models.quant.int_parts), each row's
+    symmetric int4 RTN in groups of GROUP (specprobe.models.quant.int_parts), each row's
     values stored as q + 8, eight input columns a little-endian int32 word."""
     import torch
     from safetensors.torch import save_file
@@ -74,7 +75,7 @@ def write_checkpoint(folder: Path) -> Path:
     for name, t in loaded.model.state_dict().items():
         prefix = name[: -len(".weight")]
         if prefix in linears:
-            q, scale, _ = int_parts(t, 4, 128)
+            q, scale, _ = int_parts(t, 4, GROUP)
             u = (q.to(torch.int64) + 8).reshape(q.shape[0], -1, 8)
             words = sum(u[:, :, k] << (4 * k) for k in range(8))
             state[prefix + ".weight_packed"] = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
@@ -92,7 +93,7 @@ def write_checkpoint(folder: Path) -> Path:
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = {
         "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed", "ignore": ["lm_head"],
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128, "dynamic": False}, "input_activations": None}},
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": GROUP, "dynamic": False}, "input_activations": None}},
     }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder

@@ -107,7 +107,7 @@ def _ct_qc(fmt: str, weights: dict[str, Any], acts: dict[str, Any] | None = None
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", ["int4-sym-group", "int4-asym-actorder", "int8-channel"])
+@pytest.mark.parametrize("case", ["int4-sym-group", "int4-asym-actorder", "int8-channel", "int4-ragged"])
 def test_compressed_tensors_pack_quantized(tmp_path: Path, case: str) -> None:
     """llm-compressor's W4A16 / W4A16_ASYM (actorder group) / W8A16 layouts: weight_packed
     int32 [out, in·b/32] with each signed q stored as q + 2^(b−1), sequential in each word;
@@ -121,11 +121,12 @@ def test_compressed_tensors_pack_quantized(tmp_path: Path, case: str) -> None:
     want: dict[str, torch.Tensor] = {}
     lo, hi, pf = -(1 << (bits - 1)), (1 << (bits - 1)) - 1, 32 // bits
     for p, n_out, n_in in _linears(src):
-        groups = 1 if case == "int8-channel" else n_in // GROUP
+        size = 24 if case == "int4-ragged" else GROUP  # 24: rows of 32 and 64 end in a shorter group (column c in group c // 24)
+        groups = 1 if case == "int8-channel" else -(-n_in // size)
         q = torch.randint(lo, hi + 1, (n_out, n_in), generator=g)
         s = (torch.rand(n_out, groups, generator=g) * 0.1 + 0.01).to(torch.bfloat16)
         z = torch.randint(lo, hi + 1, (n_out, groups), generator=g) if asym else torch.zeros(n_out, groups, dtype=torch.long)
-        g_idx = torch.randperm(n_in, generator=g) % groups if actorder else torch.arange(n_in) // (n_in // groups)
+        g_idx = torch.randperm(n_in, generator=g) % groups if actorder else torch.arange(n_in) // (n_in if case == "int8-channel" else size)
         # the closed form, element by element through each column's group
         w = torch.empty(n_out, n_in)
         for c in range(n_in):
@@ -140,7 +141,7 @@ def test_compressed_tensors_pack_quantized(tmp_path: Path, case: str) -> None:
             state[p + ".weight_zero_point"] = torch.tensor([[_word([zu[r][col] for r in range(i * pf, (i + 1) * pf)], bits) for col in range(groups)] for i in range(n_out // pf)], dtype=torch.int32)
         if actorder:
             state[p + ".weight_g_idx"] = g_idx.to(torch.int32)
-    weights = {"num_bits": bits, "symmetric": not asym, "strategy": "channel" if case == "int8-channel" else "group", "group_size": None if case == "int8-channel" else GROUP, "actorder": "group" if actorder else None}
+    weights = {"num_bits": bits, "symmetric": not asym, "strategy": "channel" if case == "int8-channel" else "group", "group_size": None if case == "int8-channel" else 24 if case == "int4-ragged" else GROUP, "actorder": "group" if actorder else None}
     folder = _write(src, tmp_path / case, state, _ct_qc("pack-quantized", weights))
     got, record = _load(folder)
     for p, w in want.items():

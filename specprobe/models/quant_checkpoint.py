@@ -111,12 +111,13 @@ def _dequant(q: torch.Tensor, zero: torch.Tensor | None, scale: torch.Tensor, dt
     return (x * scale.to(torch.float32)).to(scale.dtype if scale.is_floating_point() else torch.float32).to(dtype)
 
 
-def _columns(groups: torch.Tensor, g_idx: torch.Tensor | None, n: int) -> torch.Tensor:
+def _columns(groups: torch.Tensor, g_idx: torch.Tensor | None, n: int, size: int | None = None) -> torch.Tensor:
     """[rows, groups] per-group values spread to [rows, n] input columns: column c takes
-    group g_idx[c], else c // (n / groups)."""
+    group g_idx[c], else c // size — the config's group_size (a row that is no whole
+    number of groups ends in a shorter one), or ⌈n / groups⌉ where the config names none."""
     if g_idx is not None:
         return groups[:, g_idx.long()]
-    size = -(-n // groups.shape[1])
+    size = size or -(-n // groups.shape[1])
     return groups.repeat_interleave(size, dim=1)[:, :n]
 
 
@@ -142,6 +143,7 @@ def _ct_layer(t: dict[str, torch.Tensor], prefix: str, qc: dict[str, Any], folde
     args = group.get("weights") or {}
     fmt = str(group.get("format") or qc.get("format") or "")
     bits = int(args.get("num_bits", 8))
+    group_size = int(args["group_size"]) if str(args.get("strategy")) == "group" and args.get("group_size") else None
     act = _ct_activations(t, prefix, group.get("input_activations"), folder)
     parts = {"weight_scale": t[prefix + ".weight_scale"]}
     g_idx = t.get(prefix + ".weight_g_idx")
@@ -160,7 +162,7 @@ def _ct_layer(t: dict[str, torch.Tensor], prefix: str, qc: dict[str, Any], folde
             parts["weight_zero_point"] = t[prefix + ".weight_zero_point"]
         if args.get("symmetric") is False and str(args.get("strategy")) in ("group", "channel") and "weight_zero_point" not in parts:
             raise ModelLoadError(f"{folder}: layer {prefix} is asymmetric but its checkpoint has no weight_zero_point", "check that the safetensors files are complete")
-        return Layer("ct", parts, {"bits": bits, "rows": rows, "cols": cols}, f"int{bits}", act)
+        return Layer("ct", parts, {"bits": bits, "rows": rows, "cols": cols, "group": group_size}, f"int{bits}", act)
     w = t[prefix + ".weight"]
     parts["weight"] = w
     rows, cols = w.shape
@@ -170,7 +172,7 @@ def _ct_layer(t: dict[str, torch.Tensor], prefix: str, qc: dict[str, Any], folde
     if w.dtype == torch.int8:
         if prefix + ".weight_zero_point" in t:
             parts["weight_zero_point"] = t[prefix + ".weight_zero_point"]
-        return Layer("ct", parts, {"bits": bits, "rows": rows, "cols": cols}, f"int{bits}", act)
+        return Layer("ct", parts, {"bits": bits, "rows": rows, "cols": cols, "group": group_size}, f"int{bits}", act)
     raise _refuse(folder, f"a compressed-tensors layer {prefix} stored as {w.dtype}")
 
 
@@ -181,8 +183,8 @@ def _ct_weight(parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: torc
         z = parts.get("weight_zero_point")
         if z is not None and z.dtype == torch.int32:  # packed down the output dimension, unsigned with the offset
             z = unpack_bits(z, bits, rows, dim=0) - (1 << (bits - 1))
-        return _ct_apply(q, z, parts["weight_scale"], parts.get("weight_g_idx"), dtype)
-    return _ct_apply(parts["weight"], parts.get("weight_zero_point"), parts["weight_scale"], parts.get("weight_g_idx"), dtype)
+        return _ct_apply(q, z, parts["weight_scale"], parts.get("weight_g_idx"), dtype, meta.get("group"))
+    return _ct_apply(parts["weight"], parts.get("weight_zero_point"), parts["weight_scale"], parts.get("weight_g_idx"), dtype, meta.get("group"))
 
 
 def _ct_activations(t: dict[str, torch.Tensor], prefix: str, acts: Any, folder: Any) -> dict[str, Any] | None:
@@ -216,7 +218,7 @@ def _ct_activations(t: dict[str, torch.Tensor], prefix: str, acts: Any, folder: 
     return out
 
 
-def _ct_apply(q: torch.Tensor, zero: torch.Tensor | None, scale: torch.Tensor, g_idx: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+def _ct_apply(q: torch.Tensor, zero: torch.Tensor | None, scale: torch.Tensor, g_idx: torch.Tensor | None, dtype: torch.dtype, group_size: int | None = None) -> torch.Tensor:
     """compressed-tensors' dequantize: the scale's shape says the strategy (one value:
     tensor; [out, 1]: channel; [out, groups]: group; [out/bh, in/bw]: block)."""
     rows, cols = q.shape
@@ -224,8 +226,8 @@ def _ct_apply(q: torch.Tensor, zero: torch.Tensor | None, scale: torch.Tensor, g
     z = None if zero is None else zero.reshape(1, 1) if zero.numel() == 1 else zero.reshape(rows, 1) if zero.dim() == 1 else zero
     if s.shape[0] == rows or s.shape[0] == 1:
         if s.shape[1] > 1:  # groups along the input columns
-            s = _columns(s.expand(rows, -1), g_idx, cols)
-            z = None if z is None else _columns(z.expand(rows, -1), g_idx, cols)
+            s = _columns(s.expand(rows, -1), g_idx, cols, group_size)
+            z = None if z is None else _columns(z.expand(rows, -1), g_idx, cols, group_size)
         return _dequant(q, z, s, dtype)
     bh, bw = -(-rows // s.shape[0]), -(-cols // s.shape[1])  # blocks
     s = s.repeat_interleave(bh, 0).repeat_interleave(bw, 1)[:rows, :cols]
@@ -255,7 +257,7 @@ def _gptq(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any) -> 
     layers: dict[str, Layer] = {}
     for p in _packed_layers(tensors):
         parts = {k: tensors[p + "." + k] for k in ("qweight", "qzeros", "scales", "g_idx") if p + "." + k in tensors}
-        layers[p] = Layer("gptq", parts, {"bits": bits, "plus": plus}, f"int{bits}")
+        layers[p] = Layer("gptq", parts, {"bits": bits, "plus": plus, "group": int(qc.get("group_size") or -1)}, f"int{bits}")
     return layers, _rest(tensors, layers, (".qweight", ".qzeros", ".scales", ".g_idx"))
 
 
@@ -267,7 +269,8 @@ def _gptq_weight(parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: to
     q = unpack_bits(parts["qweight"], bits, n_in, dim=0)  # [in, out]
     zeros = unpack_bits(parts["qzeros"], bits, n_out, dim=1) + meta["plus"]  # [groups, out]
     g_idx = parts.get("g_idx")
-    groups = g_idx.long() if g_idx is not None else torch.arange(n_in, device=q.device) // -(-n_in // scales.shape[0])
+    size = meta.get("group", -1) if meta.get("group", -1) > 0 else -(-n_in // scales.shape[0])  # group_size -1: one group
+    groups = g_idx.long() if g_idx is not None else torch.arange(n_in, device=q.device) // size
     return _dequant(q, zeros[groups], scales[groups], dtype).t().contiguous()
 
 
