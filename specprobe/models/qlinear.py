@@ -130,13 +130,14 @@ class QuantLinear(torch.nn.Module):
 
     def weight_float(self) -> torch.Tensor:
         """The weight [out, in] in the compute dtype, dequantized as it is stored."""
-        if self.form == "fp8":
-            return (self.q.float() * self.scale).to(self.compute_dtype)
-        if self.form == "int":
+        if self.form in ("fp8", "int"):
+            stored, scale = self.parts()["q"], self.parts()["scale"]
+            if self.form == "fp8":
+                return (stored.float() * scale).to(self.compute_dtype)
             g, n = self.meta["group"], self.in_features
-            q = unpack_int4(self.q)[:, : self.scale.shape[1] * g] if self.meta["bits"] == 4 else self.q
+            q = unpack_int4(stored)[:, : scale.shape[1] * g] if self.meta["bits"] == 4 else stored
             grouped = q.float().reshape(self.out_features, -1, g)
-            return (grouped * self.scale.unsqueeze(2)).reshape(self.out_features, -1)[:, :n].to(self.compute_dtype)
+            return (grouped * scale.unsqueeze(2)).reshape(self.out_features, -1)[:, :n].to(self.compute_dtype)
         from specprobe.models.quant_checkpoint import Layer, layer_weight
 
         return layer_weight(Layer(self.form, self.parts(), self.meta, self.kind), self.compute_dtype)
