@@ -387,7 +387,7 @@ def _cost(cfg: DiagnoseConfig, head: Any, match_ratio: float, s: Steps, step_ms:
         "measured": not (mixed and cfg.cost_ratio is not None),
         "verify_factor": cfg.verify_factor,
         "batch_size": head.batch_size,
-        "sources": {"cost_ratio": source, "verify_factor": "given" if cfg.verify_factor is not None else "measured"},
+        "sources": {"cost_ratio": source, "verify_factor": "given" if cfg.verify_factor is not None else "measured" if any(head.raw.get("verify_ratios") or []) else "not timed (v = 1: the speedup is τ)"},
     })
 
 
