@@ -151,19 +151,24 @@ class LlamaServer:
         return out
 
 
-def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *, threads: int = 2, ctx: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
+def server_command(binary: Path, target: Path, draft: Path | None, port: int, k: int, *, threads: int = 2, ctx: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
     """Greedy speculative decoding with a fixed draft length K: no minimum draft length
     and no confidence cut-off (p_min 0), one slot so requests never share a batch.
     Verbosity 4 (trace) adds the per-position acceptance line to the log. `extra`: more
-    flags (the KV-cache types: -ctk q8_0 -ctv q8_0 …)."""
-    return [
-        str(binary),
-        "-m", str(target),
+    flags (the KV-cache types: -ctk q8_0 -ctv q8_0 …). `draft` None: the target alone."""
+    spec = [
         "--spec-type", "draft-simple",  # this build infers no type from a plain draft GGUF
         "--spec-draft-model", str(draft),
         "--spec-draft-n-max", str(k),
         "--spec-draft-n-min", "0",
         "--spec-draft-p-min", "0",
+        "--spec-draft-threads", str(threads),
+        "--spec-draft-poll", "0",
+    ] if draft is not None else []  # fmt: skip
+    return [
+        str(binary),
+        "-m", str(target),
+        *spec,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--metrics",
@@ -171,9 +176,7 @@ def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *
         "-c", str(ctx),
         "-t", str(threads),
         "-tb", str(threads),
-        "--spec-draft-threads", str(threads),
         "--poll", "0",
-        "--spec-draft-poll", "0",
         "--no-warmup",
         "-lv", "4",
         "--log-colors", "off",
@@ -182,7 +185,7 @@ def server_command(binary: Path, target: Path, draft: Path, port: int, k: int, *
 
 
 @contextmanager
-def llama_server(binary: Path, target: Path, draft: Path, k: int, log: Path, *, threads: int = 2, startup_timeout: float = 300.0, extra: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
+def llama_server(binary: Path, target: Path, draft: Path | None, k: int, log: Path, *, threads: int = 2, startup_timeout: float = 300.0, extra: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
     """Start llama-server on a free loopback port, wait for /health, stop it on exit."""
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
