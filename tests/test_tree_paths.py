@@ -269,3 +269,48 @@ def test_a_long_reference_gets_fewer_rows_and_the_same_rounds(target: Any, draft
     np.testing.assert_array_equal(a[1], b[1])
     np.testing.assert_allclose(a[2], b[2], rtol=1e-12, atol=1e-15)
     assert (wide.target_calls, narrow.target_calls) == (2, 1 + len(cont))
+
+
+def test_top_candidates_break_ties_to_the_lower_id() -> None:
+    """The drafter's top-k, ties included (inside the k and across the k-th place), are
+    those of a full stable sort of the vocabulary."""
+    from specprobe.models.tree_draft import top
+
+    g = torch.Generator().manual_seed(0)
+    lg = torch.randint(0, 4, (64, 50), generator=g).double()  # many exact ties
+    lg[0, :] = 0.0  # one row all tied
+    for k in (1, 3, 8):
+        ids, val = top(lg, k, 50)
+        p = torch.softmax(lg.float(), dim=-1)
+        fv, fi = torch.sort(p, dim=-1, descending=True, stable=True)
+        np.testing.assert_array_equal(ids, fi[:, :k].numpy())
+        np.testing.assert_array_equal(val, fv[:, :k].double().numpy())
+
+
+def test_a_layer_skip_self_draft_starts_from_the_targets_first_layers(target: Any) -> None:
+    """A layer-skip self-draft's prefill is a copy of the target's first N layers' cache;
+    its rounds are those of a fresh self-draft (T = 0.9, float64)."""
+    from specprobe.models.anatomy import layer_view
+
+    class _Self(_LM):
+        kind = "layer_skip"
+        n_layers = 1
+
+    step = layer_view(target, 1)
+    prompt = [5, 9, 33, 2, 71, 8]
+    cont = hf_greedy(target, [prompt], 10)[0]
+    shape, s = parse("steps=3,topk=3,tokens=8"), Sampling(temperature=0.9)
+    with torch.inference_mode():
+        pr = tree_paths.PathRounds(target, _Self(step), shape, s, rows=4)
+        probe = Stream(target, 1, torch.device("cpu"))
+        probe.forward(torch.tensor([prompt]), torch.ones((1, len(prompt)), dtype=torch.bool))
+        shared = pr._shared_prefill(probe)
+        assert shared is not None and len(shared.cache.layers) == 1 and len(probe.cache.layers) == 2
+        got = pr.reference(prompt, cont)
+        assert got is not None
+
+        def fresh(t: int, cap: int) -> Any:
+            return draft(LMTree(step, [prompt + cont[:t]], torch.device("cpu")), shape, np.array([cap]), 300)
+
+        checked = _check_rounds(target, lambda t: prompt + cont[:t], fresh, got, len(cont), s, lambda t: min(shape.steps, len(cont) - 1 - t))
+    assert checked > 40

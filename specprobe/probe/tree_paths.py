@@ -21,7 +21,8 @@ A round at t drafts at most n − 1 − t deep (the chain's rule), so the tail o
 drafts shallower trees, as the loop's budget cuts them.
 
 Forwards, bounded per reference of n scored tokens: one prefill of the target and one of
-the drafter over the reference, then per chunk of `ROWS` start positions S drafter
+the drafter over the reference (a layer-skip self-draft's is the target's first layers'
+cache, copied), then per chunk of `ROWS` start positions S drafter
 forwards (the depth-1 step over one token a row, then T beams a row per later step; a
 static tree: one row per depth of its parents) and ONE target forward over each row's
 root and its N − 1 verified nodes. That is n·(1 + (S − 1)·T) drafter tokens and n·N
@@ -42,6 +43,7 @@ n-gram drafter drafts no tree."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -134,8 +136,9 @@ class PathRounds:
                 base_head.catch_up()
         else:
             prefill()
-            base_lm = Stream(self.step, 1, self.device)
-            base_lm.forward(ids, ones, keep=1)
+            base_lm = self._shared_prefill(target) or Stream(self.step, 1, self.device)
+            if base_lm.length == 0:
+                base_lm.forward(ids, ones, keep=1)
         self.target_calls += target.calls
         depth_cap = self.shape.steps
         if base_head is not None and base_head.max_depth is not None:  # Medusa: one depth per head
@@ -156,6 +159,22 @@ class PathRounds:
             prob.append(pr)
         tree = Tree(trees[0].depth, trees[0].rank, np.concatenate([x.tok for x in trees]), np.concatenate([x.parent for x in trees]), np.concatenate([x.score for x in trees]))
         return tree, np.concatenate(verified), np.concatenate(prob)
+
+    def _shared_prefill(self, target: Stream) -> Stream | None:
+        """A layer-skip self-draft's prefill is the target's first N layers' cache (the
+        same modules on the same tokens): a copy of those layers, or None where the cache
+        is not plain per-layer keys and values."""
+        n = getattr(self.drafter, "n_layers", None)
+        layers = getattr(target.cache, "layers", None)
+        if getattr(self.drafter, "kind", None) != "layer_skip" or not n or not layers or len(layers) < n:
+            return None
+        if any(getattr(x, "is_sliding", False) or not isinstance(getattr(x, "keys", None), torch.Tensor) for x in layers):
+            return None
+        out = Stream(self.step, 1, self.device)
+        out.cache = copy.deepcopy(target.cache)
+        out.cache.layers = out.cache.layers[:n]
+        out.valid = target.valid.clone()
+        return out
 
     def _chunk(self, seq: list[int], p: int, t: np.ndarray, cap: np.ndarray, target: Stream, base_lm: Stream | None, base_head: LiveHead | None, best: np.ndarray) -> tuple[Tree, np.ndarray, np.ndarray]:
         b = len(t)
@@ -248,19 +267,16 @@ class PathRounds:
 
 def run(target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any = None, rows: int = ROWS) -> tuple[list[tuple[Nodes, np.ndarray]], PathRounds]:
     """Every reference's rounds (in order; references too short to draft are left out)."""
+    from specprobe.core.progress import Progress
+
     pr = PathRounds(target_model, drafter, shape, sampling, rows)
     todo = [(e, c) for e, c in zip(encoded, conts, strict=True) if len(c) >= 2]
     out: list[tuple[Nodes, np.ndarray]] = []
-    task = progress.task(f"the tree {shape.label()} with the drafter on every candidate path ({len(todo)} references)", len(todo)) if progress is not None else None
-    advance = task.__enter__() if task is not None else (lambda n=1: None)
-    try:
+    with (progress or Progress()).task(f"drafting the tree on its candidate paths ({len(todo)} references)", len(todo)) as advance:
         for e, c in todo:
             got = pr.reference(e, c)
             if got is not None:
                 tree, verified, prob = got
                 out.append((Nodes(tree.depth, tree.rank, tree.parent, tree.score, verified), prob))
             advance(1)
-    finally:
-        if task is not None:
-            task.__exit__(None, None, None)
     return out, pr
