@@ -23,7 +23,9 @@ Specs (knobs after a colon, comma-separated; every knob has the engine's default
 
 and llama.cpp's comma lists of types, e.g. `ngram-simple:size_n=4,ngram-mod`: the types
 are tried in the engine's priority order (simple, map-k, map-k4v, mod, cache), whatever
-order they were written in, and the first that drafts anything drafts this step.
+order they were written in, and the first that drafts anything drafts this step. A draft
+model after them (`types+model`, llama.cpp's `-md` with draft-simple in the list) drafts
+only when none did: `models.ngram_mix`.
 
 How the engines call them, and so how `Slot.propose` is called: after each verify step,
 with the sequence so far (prompt + accepted tokens) whose last token is the one just
