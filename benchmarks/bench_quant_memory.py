@@ -146,7 +146,7 @@ def run(cond: str, ckpt: Path, old: Path, out: Path, prompts: int, tokens: int) 
     m = json.loads(line[6:])
     r = json.loads(out.read_text())
     mets = r.get("metrics") or {}
-    m["alpha"] = next((mets[k] for k in ("accept_prob", "accept_prob_greedy_draft", "accept_prob_greedy") if mets.get(k) is not None), None)
+    m["alpha"] = mets.get("accept_prob_mean")
     return m
 
 
