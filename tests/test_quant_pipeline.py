@@ -192,6 +192,9 @@ def test_a_compressed_tensors_fp8_target_from_disk(tiny_pair, tmp_path) -> None:
     q = r.target.quant
     assert q is not None and q.method == "checkpoint" and q.weights == "fp8" and "not a simulation" in q.note
     assert 0.5 < r.metrics["accept_prob_mean"] < 0.9999  # the bf16 twin against the fp8 served weights
+    # --target-quant on a checkpoint already quantized: nothing to round, refused in one line
+    with pytest.raises(ConfigError, match="is a quantized checkpoint \\(fp8\\), which is already served as stored"):
+        run_diagnose(DiagnoseConfig(**{**cfg.__dict__, "target": str(folder), "target_quant": "int4"}))
 
 
 def test_llama_cpp_kv_cache_through_diagnose(tiny_pair, tmp_path) -> None:

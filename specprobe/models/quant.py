@@ -226,7 +226,16 @@ def full_precision(quantized: Quantized) -> Iterator[None]:
 def serve_quantized(loaded: Any, scheme: str, keep: bool = False, progress: Any = None) -> Quantized:
     """A loaded model (specprobe.models.loader.LoadedModel) quantized in place as `scheme`
     serves it; what was done is kept on `loaded.quant`. The proven LM head is re-proved
-    against the quantized forward at its next use."""
+    against the quantized forward at its next use. A checkpoint already quantized on disk
+    is refused: its layers are the served weights, with nothing to round."""
+    on_disk = getattr(loaded, "checkpoint_quant", None)
+    if on_disk is not None:
+        from specprobe.core.errors import ConfigError
+
+        raise ConfigError(
+            f"{loaded.name} is a quantized checkpoint ({on_disk.get('weights')}), which is already served as stored; --target-quant/--draft-quant {scheme} would quantize nothing",
+            "leave --target-quant/--draft-quant out for a quantized checkpoint, or pass its unquantized checkpoint to simulate the scheme",
+        )
     if progress:
         progress(f"quantizing {loaded.name} to {scheme} (round-to-nearest simulation)")
     done = quantize_model(loaded.model, scheme, keep=keep)
