@@ -145,6 +145,16 @@ def rotation_orders(k_type: str, v_type: str, head_dim: int) -> tuple[int | None
     return (nk if k_type in BLOCK_TYPES else None), (64 if v_type in BLOCK_TYPES else None)
 
 
+def gguf_order(x: torch.Tensor) -> torch.Tensor:
+    """Each head vector (last dimension) of a llama-family Q or K in the element order
+    llama.cpp holds it: convert_hf_to_gguf permutes q_proj/k_proj rows so that its adjacent-
+    pair RoPE equals transformers' rotate-half, so element 2i + h of llama.cpp's vector is
+    transformers' h·(d/2) + i. Q·K is the same in either order; ggml's blocks and rotations
+    are not."""
+    d = x.shape[-1]
+    return x.reshape(*x.shape[:-1], 2, d // 2).transpose(-1, -2).reshape(x.shape)
+
+
 def block_of(type_name: str) -> int:
     """Elements per block: 32 for the block types, 1 for the floats."""
     return BLOCK if type_name in BLOCK_TYPES else 1

@@ -7,7 +7,8 @@ to the cache, and the query as ggml's K·Q dot product converts it for that K ty
 f16, 8-bit blocks for the quantized types). A quantized type is stored rotated, as
 llama.cpp's KV cache stores it (head size a multiple of 64): Q and K multiplied by an
 orthonormal Hadamard matrix before K is rounded, V before it is rounded and the
-attention's output by it again after. llama.cpp writes the batch's own K/V to the
+attention's output by it again after. A llama-family model's Q and K are rounded in the
+element order llama.cpp holds them (its GGUF converter permutes q_proj/k_proj). llama.cpp writes the batch's own K/V to the
 cache before its attention reads them, so the prompt's keys are rounded too, as the
 current tokens' are in vLLM. Not modelled: the CPU flash-attention kernel's f16
 accumulator of V·softmax for an f16 V cache, and q8_1's stored block sum (q4_1/q5_1 K).
@@ -20,6 +21,12 @@ from typing import Any
 import torch
 
 from specprobe.models import ggml_blocks
+
+# transformers model types whose q_proj/k_proj llama.cpp's converter permutes (its LLAMA
+# rope runs on adjacent pairs; transformers' GGUF loader undoes the permutation): their
+# Q/K are rounded in llama.cpp's element order. Rotate-half archs (qwen2, qwen3, gemma,
+# phi3 — NEOX rope in llama.cpp) are stored in transformers' order.
+GGUF_PERMUTED = frozenset({"llama", "mistral", "mixtral", "granite", "granitemoe"})
 
 
 def kv_types(dtype: str) -> tuple[str, str]:
@@ -68,9 +75,13 @@ def ggml_kv_cache(model: Any, dtype: str) -> str:
     q_type = ggml_blocks.query_type(k_type)
     rnd, rot = ggml_blocks.ggml_round, ggml_blocks.rotate
     nk, nv = ggml_blocks.rotation_orders(k_type, v_type, head_dim)
+    permuted = getattr(cfg, "model_type", None) in GGUF_PERMUTED
 
     def cached(mod: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        # [B, H, S, head_dim]: ggml's blocks (and rotations) run along each head's vector
+        # [B, H, S, head_dim]: ggml's blocks (and rotations) run along each head's vector,
+        # in llama.cpp's element order (Q and K alike, so Q·K needs no way back)
+        if permuted:
+            query, key = ggml_blocks.gguf_order(query), ggml_blocks.gguf_order(key)
         if nk:
             query, key = rot(query, nk), rot(key, nk)
         if nv:

@@ -105,7 +105,7 @@ def served(loaded: Any) -> dict[str, Any]:
     on_disk = getattr(loaded, "checkpoint_quant", None)  # a quantized checkpoint, dequantized as loaded
     if q is None and kv is None and on_disk is None:
         return {}
-    out: dict[str, Any] = {"weights": q.scheme, **{k: v for k, v in q.record().items() if k != "scheme"}} if q is not None else dict(on_disk) if on_disk is not None else {"note": kv_note(kv)}
+    out: dict[str, Any] = {"weights": q.scheme, **{k: v for k, v in q.record().items() if k != "scheme"}} if q is not None else dict(on_disk) if on_disk is not None else {"note": kv_note(str(kv))}
     if kv is not None:
         out["kv_cache_dtype"] = kv
     return {"quant": out}
