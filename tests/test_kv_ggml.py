@@ -279,3 +279,14 @@ def test_rotated_cache_keeps_q_dot_k_and_its_error_small() -> None:
         s0, s = q0 @ k0.repeat_interleave(2, 1).transpose(-1, -2), q @ k.repeat_interleave(2, 1).transpose(-1, -2)
         assert float((s - s0).abs().max()) < 0.02 * float(s0.abs().max())
     assert 0 < float((served - full).abs().max() / full.abs().max()) < 0.05
+
+
+def test_gguf_order_is_llama_cpps_element_order() -> None:
+    # llama.cpp's element 2i + h is transformers' h·(d/2) + i: convert_hf_to_gguf's permute
+    x = torch.arange(64.0).reshape(1, 1, 1, 64)
+    y = ggml_blocks.gguf_order(x).flatten().tolist()
+    assert y[:6] == [0.0, 32.0, 1.0, 33.0, 2.0, 34.0] and y[-2:] == [31.0, 63.0]
+    # the same rows transformers' GGUF loader moves back (its _reverse_permute_weights)
+    w = np.arange(64 * 3).reshape(64, 3)
+    gguf_rows = w.reshape(1, 2, 32, 3).swapaxes(1, 2).reshape(64, 3)  # the converter's permute, one head
+    assert np.array_equal(gguf_rows[:, 0], ggml_blocks.gguf_order(torch.from_numpy(w[:, 0].astype(np.float32))).numpy())
