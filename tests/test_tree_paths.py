@@ -223,6 +223,12 @@ def test_diagnose_drafts_its_own_tree_on_the_paths(tiny_pair: Any, tmp_path: Any
         assert sum(x for x in shares if x is not None) == pytest.approx(1.0)
     assert t.tree.nodes and all(0 <= n.accepted <= n.verified <= 1 for n in t.tree.nodes)
     assert r.metrics["tree_tau_tokens"] == pytest.approx(t.tree.tau_tokens)
+    # --tree-estimate reference: the run's tree the grid's way, with no extra forwards
+    from dataclasses import replace
+
+    ref = run_diagnose(replace(cfg, tree_estimate="reference")).trees
+    assert ref is not None and ref.tree is not None and ref.tree.estimate == "reference" and ref.tree.tau_reference_tokens is None
+    assert ref.tree.tau_tokens == pytest.approx(t.tree.tau_reference_tokens, abs=1e-6)
 
 
 def test_two_shards_merged_give_the_one_shot_trees(tiny_pair: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

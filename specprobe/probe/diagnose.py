@@ -163,7 +163,7 @@ def run_diagnose(
         scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *trees, *extra])
         if trees:
             scored.tree = trees[0].acc  # read by assemble.summarise
-            if cfg.tree_shape is not None and not scored.interrupted:  # the run's own tree: drafted on its candidate paths
+            if cfg.tree_shape is not None and cfg.tree_estimate == "paths" and not scored.interrupted:  # the run's own tree: drafted on its candidate paths
                 scored.interrupted = not draft_on_paths(scored.tree, target, drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress)
         if whatif:
             scored.served_whatif = whatif[0]  # read by assemble.build_result

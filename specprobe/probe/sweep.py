@@ -389,7 +389,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
             continue
         s = scored[spec]
         s.interrupted = interrupted or refs.interrupted
-        if s.tree is not None and cfg.tree_shape is not None and not s.interrupted:  # the run's tree on its candidate paths, as diagnose drafts it
+        if s.tree is not None and cfg.tree_shape is not None and cfg.tree_estimate == "paths" and not s.interrupted:  # the run's tree on its candidate paths, as diagnose drafts it
             s.interrupted = interrupted = not draft_on_paths(s.tree, target, pair.drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress)
         if cfg.cost_ratio is None:
             progress.note(f"measuring the cost ratio of {spec}")

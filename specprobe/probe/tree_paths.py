@@ -26,7 +26,7 @@ cache, copied), then per chunk of `ROWS` start positions S drafter
 forwards (the depth-1 step over one token a row, then T beams a row per later step; a
 static tree: one row per depth of its parents) and ONE target forward over each row's
 root and its N − 1 verified nodes. That is n·(1 + (S − 1)·T) drafter tokens and n·N
-target tokens in ⌈n / ROWS⌉·(S + 1) forwards: a tree of N tokens costs about N target
+target tokens in ⌈n / ROWS⌉·(S + 1) forwards (ROWS starts a batch: fewer, larger forwards run faster on a CPU): a tree of N tokens costs about N target
 tokens per scored token, against one for the chain's estimate. A long reference gets
 fewer start positions per batch, so the copies of its caches stay within COPY_BYTES. A
 greedy target needs no
@@ -61,7 +61,7 @@ from specprobe.models.tree_draft import HeadTree, LMTree, Tree, block, draft
 
 # Start positions per batch of tree rounds: each row holds a copy of the reference's caches,
 # so a long reference gets fewer rows, within COPY_BYTES of copies for the batch.
-ROWS = 16
+ROWS = 64
 COPY_BYTES = 1 << 29
 
 

@@ -124,6 +124,7 @@ class RunOptions:
             accept_threshold_single=self.accept_threshold_single,
             accept_threshold_acc=self.accept_threshold_acc,
             tree=self.tree,
+            tree_estimate=self.tree_estimate,
             seed=self.seed,
             batch_size=self.batch_size,
             batch_sizes=self.batch_sizes,

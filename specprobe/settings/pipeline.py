@@ -69,6 +69,7 @@ class DiagnoseConfig:
     # a draft tree (`estimates.tree`): SGLang's "steps=S,topk=T,tokens=N" or static rank
     # paths as JSON; None: a chain of K = 1..k_max
     tree: str | None = None
+    tree_estimate: str = "paths"  # the run's own tree: drafted on its candidate paths, or along the reference as the grid
     seed: int = 0
     batch_size: int = 8
     batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
