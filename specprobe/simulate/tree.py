@@ -3,20 +3,10 @@ and TensorRT-LLM's dynamic trees run, on the same prompts as the chain loop.
 
 Each round, for every live row of a batch:
 
-    draft     the drafter runs on the candidate paths themselves. Depth 1: its top-T
-              tokens (plain softmax of its logits, temperature 1, as SGLang scores them;
-              ties to the lower id). Depth d > 1: the T beams of depth d − 1 are fed in
-              ONE forward with a tree attention mask (`tree_attention`), each beam seeing
-              only its own ancestors; each gets its top-T children, a child scored by the
-              product of draft probabilities along its path, and the T best of the T²
-              children are the next beams (ties to the lower index). Every expanded node
-              is a candidate; the N − 1 best scores are verified (`estimates.tree.select`,
-              the rule the estimate uses). A static tree (`paths`) expands the nodes that
-              have children and verifies every listed node. An independent LM or a
-              layer-skip self-draft reads its own KV cache; an EAGLE/MTP head chains on
-              its own outputs (each beam's hidden state is the one its parent's step
-              produced); Medusa's heads are independent (every depth-d node has head d's
-              candidates).
+    draft     the drafter runs on the candidate paths themselves: EAGLE-2's selection
+              from real drafter forwards, beams batched under a tree mask
+              (`models.tree_draft.draft`, whose module doc says how each drafter kind
+              drafts; diagnose runs the same rounds at every start of a reference).
     verify    ONE target forward over [the tokens it has not seen, the N − 1 nodes] with
               the tree mask, position ids root + depth; from the root: greedy target —
               the child that is the target's argmax; sampled — SGLang's target-only tree
