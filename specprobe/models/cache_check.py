@@ -52,8 +52,10 @@ def _safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def entry_problem(folder: Path, sha256: str) -> str | None:
-    """Why the entry cannot be trusted (one phrase), or None when it can."""
+def entry_problem(folder: Path, sha256: str, weights: bool = True) -> str | None:
+    """Why the entry cannot be trusted (one phrase), or None when it can. weights=False:
+    an entry of config and tokenizer only (a GGUF held as its blocks reads its weights
+    from the file itself)."""
     try:
         meta = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -82,8 +84,8 @@ def entry_problem(folder: Path, sha256: str) -> str | None:
         return f"config.json cannot be read ({type(e).__name__})"
     if not isinstance(config, dict) or "model_type" not in config:
         return "config.json is not a transformers model config"
-    weights = sorted(folder.glob("*.safetensors"))
-    if not weights:
+    files = sorted(folder.glob("*.safetensors"))
+    if weights and not files:
         return "no safetensors weights"
     for p in sorted(folder.glob("*.json")):
         if p.name in (MARKER, "config.json"):
@@ -92,7 +94,7 @@ def entry_problem(folder: Path, sha256: str) -> str | None:
             json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             return f"{p.name} cannot be read ({type(e).__name__})"
-    for p in weights:
+    for p in files:
         why = _safetensors_problem(p)
         if why:
             return why

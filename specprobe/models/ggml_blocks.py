@@ -158,3 +158,55 @@ def gguf_order(x: torch.Tensor) -> torch.Tensor:
 def block_of(type_name: str) -> int:
     """Elements per block: 32 for the block types, 1 for the floats."""
     return BLOCK if type_name in BLOCK_TYPES else 1
+
+
+# ----------------------------------------------------------------------------- a GGUF's weight blocks
+# A GGUF model's weights (specprobe.models.gguf_held): rows of ggml blocks as the file
+# stores them, uint8 [rows, bytes per row], read back as transformers' GGUF loader reads
+# them — the `gguf` package's dequantizer (gguf.quants.dequantize, numpy), or for the types
+# transformers' torch dequantizer covers (transformers.integrations.gguf.dequant: Q4_0,
+# Q4_1, Q8_0, the K-quants, the IQ types) that one, on the tensor's own device. Both
+# compute each value by the same float32 products and sums (d · q, d · q + m,
+# (d · sc) · q − dmin · m), so their values are the same bits (tests/test_gguf_held.py).
+FLOAT_GGML = ("F32", "F16", "BF16")
+
+
+def _torch_dequant_ids() -> dict[str, int]:
+    try:
+        from transformers.integrations.gguf.dequant import GGML_BLOCK, GGML_NAME
+    except ImportError:  # a transformers without its torch dequantizer: numpy for all
+        return {}
+    return {GGML_NAME[i]: i for i in GGML_BLOCK if i in GGML_NAME}
+
+
+def ggml_readable(type_name: str) -> bool:
+    """Can a row of `type_name` blocks be dequantized here (by either dequantizer)?"""
+    if type_name in FLOAT_GGML or type_name in _torch_dequant_ids():
+        return True
+    from gguf import GGMLQuantizationType
+    from gguf.quants import _type_traits
+
+    try:
+        return GGMLQuantizationType[type_name] in _type_traits
+    except KeyError:
+        return False
+
+
+def dequantize_ggml(blocks: torch.Tensor, type_name: str, rows: int, cols: int) -> torch.Tensor:
+    """uint8 blocks [rows, bytes per row] of ggml `type_name` -> float32 [rows, cols], on
+    the blocks' device."""
+    if type_name == "F32":
+        return blocks.contiguous().view(torch.float32).reshape(rows, cols)
+    if type_name in ("F16", "BF16"):
+        return blocks.contiguous().view(torch.float16 if type_name == "F16" else torch.bfloat16).to(torch.float32).reshape(rows, cols)
+    ids = _torch_dequant_ids()
+    if type_name in ids:
+        from transformers.integrations.gguf.dequant import dequantize
+
+        return dequantize(blocks.reshape(-1), ids[type_name], torch.float32).reshape(rows, cols)
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as np_dequantize
+
+    values = np_dequantize(blocks.cpu().numpy(), GGMLQuantizationType[type_name])
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(rows, cols).to(blocks.device)

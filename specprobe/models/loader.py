@@ -4,6 +4,7 @@ files (dequantised once, cached as safetensors keyed by the file's hash), and th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -312,7 +313,73 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
 
 
 def checkpoint_dir(resolved: ResolvedSpec, progress: Any = None) -> Path:
-    return ensure_gguf_cached(resolved.path, progress) if resolved.kind == "gguf" else resolved.path
+    return gguf_folder(resolved.path, progress)[0] if resolved.kind == "gguf" else resolved.path
+
+
+def gguf_folder(path: Path, progress: Any = None) -> tuple[Path, bool]:
+    """The folder a GGUF's config and tokenizer are read from, and whether its linear
+    weights are held as their ggml blocks (specprobe.models.gguf_held): then a folder
+    without weights (`ensure_gguf_info`), else the fp32 checkpoint (`ensure_gguf_cached`),
+    with one line saying why a quantized file is not held."""
+    from specprobe.models.gguf_held import held_plan
+
+    try:
+        plan = held_plan(path)
+    except Exception as e:  # a header that does not parse, or tensors past the file's end
+        _check_gguf_header(path)  # the damage, said as every GGUF load says it
+        raise ModelLoadError(f"GGUF file {path} is corrupt or truncated ({type(e).__name__}: {str(e)[:80]})", "download or convert the file again") from e
+    if plan.held:
+        return ensure_gguf_info(path, progress), True
+    if plan.types and progress:
+        progress(f"{path.name} ({', '.join(plan.types)}): {plan.why}")
+    return ensure_gguf_cached(path, progress), False
+
+
+def gguf_info_dir(path: Path, sha256: str | None = None) -> Path:
+    digest = (sha256 or file_sha256(path))[:20]
+    return cache_root() / "gguf-info" / f"{path.stem}-{digest}"
+
+
+def ensure_gguf_info(path: Path, progress: Any = None) -> Path:
+    """A GGUF's config, tokenizer and generation config (as the fp32 entry holds them, no
+    weights) in a cache folder, written once (atomic) and checked as `ensure_gguf_cached`
+    checks its entries."""
+    _offline()
+    sha256 = file_sha256(path)
+    target = gguf_info_dir(path, sha256)
+    if target.exists():
+        why = entry_problem(target, sha256, weights=False)
+        if why is None:
+            return target
+        if progress:
+            progress(f"GGUF cache entry {target} cannot be used ({why}); rebuilding it")
+    _check_gguf_header(path)
+    with atomic_dir(target) as tmp:
+        _describe_into(path, tmp)
+        (tmp / "specprobe-cache.json").write_text(json.dumps(manifest(tmp, sha256, path, time.time())))
+    return target
+
+
+def _describe_into(path: Path, folder: Path) -> None:
+    """What `_dequantise_into` writes beside the weights: the config transformers reads
+    from the GGUF (float32, without its quantization_config), the tokenizer, the
+    generation config made from the config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:
+        raise ModelLoadError(f"transformers could not load GGUF {path}: {str(e).splitlines()[0][:160]}", "check the file is a supported architecture (llama, qwen2, mistral, …) and not corrupt") from e
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = torch.float32
+    with contextlib.suppress(KeyError, AttributeError):  # a model's save_pretrained names its class
+        config.architectures = [getattr(AutoModelForCausalLM._model_mapping[type(config)], "__name__")]  # noqa: B009
+    config.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    GenerationConfig.from_model_config(config).save_pretrained(folder)
 
 
 
@@ -376,7 +443,8 @@ def load_info(spec: str, progress: Any = None) -> ModelInfo:
         gen = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception:
         gen = GenerationConfig.from_model_config(config)
-    return ModelInfo(spec, resolved.name, folder, config, tokenizer, gen)
+    extra = {"gguf": str(resolved.path), "gguf_held": folder.parent.name == "gguf-info"} if resolved.kind == "gguf" else {}
+    return ModelInfo(spec, resolved.name, folder, config, tokenizer, gen, extra)
 
 
 def resolve_device(device: str) -> str:
@@ -476,6 +544,16 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
 
     if progress:
         progress(f"loading {info.name} weights")
+    if info.extra.get("gguf_held"):  # a GGUF's decoder linears held as their ggml blocks (models.gguf_held)
+        from specprobe.models.gguf_held import load_gguf_held
+
+        model, held = load_gguf_held(Path(info.extra["gguf"]), info.config, torch_dtype, info.path)
+        model.to(dev).eval()
+        model.requires_grad_(False)
+        loaded = LoadedModel(info, model, dev, torch_dtype)
+        if held is not None:
+            loaded.checkpoint_quant = held  # type: ignore[attr-defined]
+        return loaded
     if checkpoint_quantization(info.config) is not None:  # a quantized checkpoint: dequantized as served (models.quant)
         model, record = load_quantized_checkpoint(info.path, info.config, torch_dtype)
         model.to(dev).eval()  # type: ignore[arg-type]
@@ -498,11 +576,16 @@ def _load_spread(info: ModelInfo, torch_dtype: Any, device_map: str, max_memory:
 
     if progress:
         progress(f"loading {info.name} weights across devices (device_map={device_map})")
+    folder = info.path
+    if info.extra.get("gguf_held"):  # accelerate spreads a float checkpoint: the GGUF's fp32 one
+        if progress:
+            progress(f"{info.name}: spread over devices from its fp32 checkpoint (a GGUF is held as its blocks on one device only)")
+        folder = ensure_gguf_cached(Path(info.extra["gguf"]), progress)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=torch_dtype, local_files_only=True, device_map=device_map, max_memory=max_memory)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True, device_map=device_map, max_memory=max_memory)
     except Exception as e:
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise ModelLoadError(f"cannot spread the weights in {info.path} over the devices: {first}", "check --device-map/--max-memory (accelerate must be installed) and that the devices hold the model") from e
+        raise ModelLoadError(f"cannot spread the weights in {folder} over the devices: {first}", "check --device-map/--max-memory (accelerate must be installed) and that the devices hold the model") from e
     model.eval()
     model.requires_grad_(False)
     first_dev = str(model.get_input_embeddings().weight.device)
