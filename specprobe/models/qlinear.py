@@ -197,6 +197,23 @@ def weight_bytes(model: Any) -> int:
     return total
 
 
+def float_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The model's state dict as a float checkpoint stores it: each QuantLinear's stored
+    tensors replaced by its `weight` (dequantized, one layer at a time) and `bias`, for a
+    consumer that writes or reads the weights themselves."""
+    held = dict(quant_linears(model))
+    state: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        prefix = name.rpartition(".")[0]
+        if prefix not in held:
+            state[name] = t
+    for prefix, mod in held.items():
+        state[prefix + ".weight"] = mod.weight_float()
+        if mod.bias is not None:
+            state[prefix + ".bias"] = mod.bias.data
+    return state
+
+
 def set_child(root: Any, dotted: str, module: Any) -> Any:
     """Replace the submodule at `dotted` (under root) by `module`; -> the one it replaced."""
     parent_name, _, leaf = dotted.rpartition(".")

@@ -58,7 +58,9 @@ def make_vocab_shuffled(target: Any, dest: Path, seed: int = 1234, progress: Pro
     new_emb = torch.empty_like(emb)
     new_emb[perm] = emb
     with atomic_dir(dest) as tmp:
-        state = {k: v for k, v in model.state_dict().items()}
+        from specprobe.models.qlinear import float_state_dict
+
+        state = float_state_dict(model)  # a layer held quantized (a GGUF target) as its float weight
         state["model.embed_tokens.weight"] = new_emb
         if not model.config.tie_word_embeddings and "lm_head.weight" in state:
             head = state["lm_head.weight"]

@@ -84,8 +84,10 @@ def _served_line(tq: Any, dq: Any) -> str | None:
         parts.append("drafter shares the target's")
     if not parts:
         return None
-    rtn = any(q is not None and q.weights for q in (tq, dq))
-    return "served quantized: " + ", ".join(parts) + (" — round-to-nearest simulation, not AWQ/GPTQ calibration" if rtn else " — simulated")
+    rtn = any(q is not None and q.weights and q.method == "rtn" for q in (tq, dq))
+    stored = any(q is not None and q.weights and q.method == "checkpoint" for q in (tq, dq))  # a quantized checkpoint or GGUF
+    how = " — round-to-nearest simulation, not AWQ/GPTQ calibration" if rtn else " — the weights as the file stores them" if stored else " — simulated"
+    return "served quantized: " + ", ".join(parts) + how
 
 
 def _cost_note(result: Result) -> str | None:
