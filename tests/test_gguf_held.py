@@ -168,8 +168,7 @@ def test_an_architecture_it_cannot_hold_takes_the_fp32_path_with_a_note(tmp_path
     assert "Gemma2TensorProcessor" in plan.why and "dequantized to fp32" in plan.why and "\n" not in plan.why
 
 
-def test_diagnose_says_the_target_is_held_and_refuses_a_simulation_on_it(tmp_path: Path) -> None:
-    from specprobe.core.errors import ConfigError
+def test_diagnose_says_the_target_is_held_and_simulates_on_its_float_weights(tmp_path: Path) -> None:
     from specprobe.probe.diagnose import run_diagnose
     from specprobe.report.console import _served_line
     from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
@@ -186,8 +185,26 @@ def test_diagnose_says_the_target_is_held_and_refuses_a_simulation_on_it(tmp_pat
     assert line is not None and "as the file stores them" in line and "round-to-nearest" not in line
     from dataclasses import replace
 
-    with pytest.raises(ConfigError, match="already served as stored"):
-        run_diagnose(replace(cfg, target_quant="int8"))
+    # --target-quant on a GGUF: simulated on its dequantized weights (the fp32 path's values),
+    # with the full-precision what-if against those
+    sim = run_diagnose(replace(cfg, target_quant="int8"))
+    assert sim.target.quant is not None and sim.target.quant.weights == "int8" and sim.target.quant.method == "rtn"
+    assert sim.metrics.get("target_quant_accept") is not None
+
+
+def test_a_simulated_scheme_on_a_held_gguf_quantizes_the_fp32_paths_weights(tmp_path: Path) -> None:
+    from specprobe.models import quant
+    from specprobe.models.loader import load_model
+    from specprobe.models.qlinear import quant_linears
+
+    path = write_tiny_gguf(tmp_path / "tiny-Q4_0.gguf", "Q4_0")
+    loaded = load_model(str(path), "cpu", "float32")
+    want = _fp32_reference(path, torch.float32).state_dict()
+    done = quant.serve_quantized(loaded, "int8", keep=True)
+    assert getattr(loaded, "checkpoint_quant", None) is None and len(done.layers) == 14
+    assert all(m.form == "int" for _, m in quant_linears(loaded.model))
+    for name, orig in done.originals.items():
+        assert torch.equal(orig.weight, want[f"model.{name}.weight"]), name  # the fp32 path's float weights
 
 
 # ----------------------------------------------------------------------------- SmolLM2 by llama-quantize

@@ -216,3 +216,23 @@ def _file_type(path: Path) -> str:
         return _FILE_TYPES.get(int(metadata.get("general.file_type", -1)), "")
     except (ImportError, ValueError, TypeError):
         return ""
+
+
+def float_layers(model: Any) -> int:
+    """Every held GGUF layer replaced in place by an nn.Linear holding its dequantized
+    weight (one layer at a time; the values of the fp32 path, in the compute dtype): for
+    --target-quant/--draft-quant, which simulate a scheme on the float weights. -> layers."""
+    from specprobe.models.qlinear import quant_linears
+
+    n = 0
+    for name, mod in list(quant_linears(model)):
+        if mod.form != "ggml":
+            continue
+        w = mod.weight_float()
+        lin = torch.nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, device="meta", dtype=w.dtype)
+        lin.weight = torch.nn.Parameter(w, requires_grad=False)
+        if mod.bias is not None:
+            lin.bias = torch.nn.Parameter(mod.bias.data, requires_grad=False)
+        set_child(model, name, lin)
+        n += 1
+    return n

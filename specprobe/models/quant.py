@@ -229,6 +229,16 @@ def serve_quantized(loaded: Any, scheme: str, keep: bool = False, progress: Any 
     against the quantized forward at its next use. A checkpoint already quantized on disk
     is refused: its layers are the served weights, with nothing to round."""
     on_disk = getattr(loaded, "checkpoint_quant", None)
+    if on_disk is not None and getattr(getattr(loaded, "info", None), "extra", {}).get("gguf_held"):
+        # a GGUF held as its blocks: the scheme is simulated on its dequantized weights, as
+        # on any float model (each layer read back as the fp32 path reads it)
+        from specprobe.models.gguf_held import float_layers
+
+        if progress:
+            progress(f"{loaded.name}: its GGUF layers dequantized to the compute dtype for the {scheme} simulation")
+        float_layers(loaded.model)
+        del loaded.checkpoint_quant
+        on_disk = None
     if on_disk is not None:
         from specprobe.core.errors import ConfigError
 
