@@ -165,7 +165,9 @@ def block_of(type_name: str) -> int:
 # stores them, uint8 [rows, bytes per row], read back as transformers' GGUF loader reads
 # them — the `gguf` package's dequantizer (gguf.quants.dequantize, numpy), or for the types
 # transformers' torch dequantizer covers (transformers.integrations.gguf.dequant: Q4_0,
-# Q4_1, Q8_0, the K-quants, the IQ types) that one, on the tensor's own device. Both
+# Q4_1, Q8_0, the K-quants, the IQ types) that one, on the tensor's own device; Q5_0 and
+# Q5_1 (which that one lacks, and llama-quantize writes for rows that are not whole K-quant
+# blocks) by `_q5`, gguf's arithmetic in torch. All
 # compute each value by the same float32 products and sums (d · q, d · q + m,
 # (d · sc) · q − dmin · m), so their values are the same bits (tests/test_gguf_held.py).
 FLOAT_GGML = ("F32", "F16", "BF16")
@@ -181,7 +183,7 @@ def _torch_dequant_ids() -> dict[str, int]:
 
 def ggml_readable(type_name: str) -> bool:
     """Can a row of `type_name` blocks be dequantized here (by either dequantizer)?"""
-    if type_name in FLOAT_GGML or type_name in _torch_dequant_ids():
+    if type_name in FLOAT_GGML or type_name in ("Q5_0", "Q5_1") or type_name in _torch_dequant_ids():
         return True
     from gguf import GGMLQuantizationType
     from gguf.quants import _type_traits
@@ -199,6 +201,8 @@ def dequantize_ggml(blocks: torch.Tensor, type_name: str, rows: int, cols: int) 
         return blocks.contiguous().view(torch.float32).reshape(rows, cols)
     if type_name in ("F16", "BF16"):
         return blocks.contiguous().view(torch.float16 if type_name == "F16" else torch.bfloat16).to(torch.float32).reshape(rows, cols)
+    if type_name in ("Q5_0", "Q5_1"):  # which transformers' torch dequantizer leaves out
+        return _q5(blocks, type_name == "Q5_1").reshape(rows, cols)
     ids = _torch_dequant_ids()
     if type_name in ids:
         from transformers.integrations.gguf.dequant import dequantize
@@ -210,3 +214,22 @@ def dequantize_ggml(blocks: torch.Tensor, type_name: str, rows: int, cols: int) 
 
     values = np_dequantize(blocks.cpu().numpy(), GGMLQuantizationType[type_name])
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(rows, cols).to(blocks.device)
+
+
+def _q5(blocks: torch.Tensor, affine: bool) -> torch.Tensor:
+    """Q5_0 / Q5_1 rows of blocks of 32 (ggml's dequantize_row_q5_0/_1, as the gguf
+    package computes them): d (f16), for Q5_1 the minimum m (f16), the 32 fifth bits as one
+    little-endian uint32, then 16 bytes of low nibbles — values 0–15 in the low halves,
+    16–31 in the high ones. x = d · (q − 16), or d · q + m. -> float32, one row per block."""
+    head = 4 if affine else 2
+    b = blocks.contiguous().reshape(-1, head + 20)
+    d = b[:, 0:2].view(torch.float16).to(torch.float32)
+    qh = b[:, head : head + 4].to(torch.int64)
+    high = (qh[:, 0:1] | (qh[:, 1:2] << 8) | (qh[:, 2:3] << 16) | (qh[:, 3:4] << 24)) >> torch.arange(32, device=b.device)
+    qs = b[:, head + 4 :]
+    low = torch.cat([qs & 0x0F, qs >> 4], dim=1)
+    q = low.to(torch.int64) | ((high & 1) << 4)
+    if not affine:
+        return d * (q - 16).to(torch.float32)
+    m = b[:, 2:4].view(torch.float16).to(torch.float32)
+    return d * q.to(torch.float32) + m
