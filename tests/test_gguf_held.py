@@ -241,3 +241,21 @@ def test_smollm2_by_llama_quantize_held_is_the_fp32_path(smollm2_f32: Path, file
         a = loaded.model(**ids).logits
         b = ref(**ids).logits
     assert torch.equal(a, b)
+
+
+def test_spread_over_devices_loads_the_fp32_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--device-map: accelerate spreads a float checkpoint, so a held GGUF goes the fp32 way
+    (said in a line), with the same logits."""
+    from specprobe.models.loader import cache_root, load_model
+    from specprobe.models.qlinear import quant_linears
+
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tmp_path / "tiny-Q8_0.gguf", "Q8_0")
+    notes: list[str] = []
+    spread = load_model(str(path), "cpu", "float32", progress=notes.append, device_map="cpu")
+    held = load_model(str(path), "cpu", "float32")
+    assert not list(quant_linears(spread.model)) and any((cache_root() / "gguf").glob("tiny-Q8_0-*"))
+    assert any("fp32 checkpoint" in n for n in notes)
+    ids = torch.tensor([[5, 70, 100, 3, 200, 17, 9, 44]])
+    with torch.inference_mode():
+        assert torch.equal(spread.model(ids).logits, held.model(ids).logits)
