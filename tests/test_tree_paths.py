@@ -108,7 +108,7 @@ def test_greedy_estimate_is_the_tree_loop(target: Any, drafter: Any, text: str) 
     with torch.inference_mode():
         rounds, pr = tree_paths.run(target, _LM(drafter), shape, s, prompts, conts)
     acc = TreeAccumulator(3, 8, shape)
-    for nodes, prob in rounds:
+    for _, nodes, prob, _ in rounds:
         acc.add_rounds(nodes, prob)
     loop = tl.speculate_tree(target, drafter, prompts, shape=shape, target_sampling=s, max_new_tokens=n, batch_size=2)
     assert loop.outputs == conts

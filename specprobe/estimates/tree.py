@@ -276,6 +276,65 @@ def tally(shape: TreeShape, nodes: Nodes, prob: np.ndarray, group: np.ndarray | 
     return TreeRounds(np.clip(surv, 0.0, 1.0), by_rank)
 
 
+def reach(steps: int, n: int, starts: np.ndarray | None = None) -> np.ndarray:
+    """[S, R] whether a round starting at t (default: every t < n) drafts depth d: a round
+    at t drafts at most n − 1 − t deep."""
+    t = np.arange(n) if starts is None else np.asarray(starts)
+    return np.arange(1, steps + 1)[:, None] <= (n - 1 - t)[None, :]
+
+
+@dataclass
+class Shift:
+    """The mean difference (drafted on the candidate paths − along the reference) of a
+    round's survival per depth [S] and of its rank table per (depth, rank) [S, T], over
+    the starts where both were computed and the depth is drafted (`count` [S] of them),
+    with the standard error of the survival's mean [S]."""
+
+    survival: np.ndarray
+    by_rank: np.ndarray
+    count: np.ndarray
+    se: np.ndarray
+
+
+    def moved(self, k: float) -> Shift:
+        """The survival's shift k standard errors away (by_rank unchanged)."""
+        return Shift(self.survival + k * np.nan_to_num(self.se), self.by_rank, self.count, self.se)
+
+
+def mean_shift(pairs: list[tuple[TreeRounds, np.ndarray, TreeRounds]]) -> Shift:
+    """pairs: (a reference's rounds along the reference [all n starts], the starts drafted
+    on their paths, those starts' rounds drafted on their paths) -> the `Shift`."""
+    s, t = pairs[0][0].by_rank.shape[:2]
+    tot, sq, cnt, rank = np.zeros(s), np.zeros(s), np.zeros(s), np.zeros((s, t))
+    for ref, at, drafted in pairs:
+        live = reach(s, ref.survival.shape[1], at)  # [S, R]
+        d = (drafted.survival[1:] - ref.survival[1:, at]) * live
+        tot += d.sum(axis=1)
+        sq += (d * d).sum(axis=1)
+        cnt += live.sum(axis=1)
+        rank += ((drafted.by_rank - ref.by_rank[:, :, at]) * live[:, None, :]).sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(cnt > 0, tot / np.maximum(cnt, 1), 0.0)
+        var = np.where(cnt > 1, (sq - cnt * mean * mean) / np.maximum(cnt - 1, 1), np.nan)
+        se = np.sqrt(np.maximum(var, 0.0) / np.maximum(cnt, 1))
+    return Shift(mean, np.where(cnt[:, None] > 0, rank / np.maximum(cnt, 1)[:, None], 0.0), cnt, se)
+
+
+def shifted(ref: TreeRounds, at: np.ndarray, drafted: TreeRounds, shift: Shift) -> TreeRounds:
+    """One reference's rounds for every start: the drafted starts' own, every other start's
+    along the reference plus the mean shift (the difference estimator of sampling: the
+    sum over starts is the reference's sum plus n times the mean difference), kept a
+    survival (within [0, 1], never rising with depth) and zero past each start's reach."""
+    s, n = ref.by_rank.shape[0], ref.survival.shape[1]
+    live = reach(s, n)
+    surv = ref.survival.copy()
+    surv[1:] = np.where(live, np.clip(surv[1:] + shift.survival[:, None], 0.0, 1.0), 0.0)
+    rank = np.where(live[:, None, :], np.maximum(ref.by_rank + shift.by_rank[:, :, None], 0.0), 0.0)
+    surv[:, at] = drafted.survival
+    rank[:, :, at] = drafted.by_rank
+    return TreeRounds(np.minimum.accumulate(surv, axis=0), rank)
+
+
 def round_windows(per_token: list[np.ndarray]) -> np.ndarray:
     """Per-depth arrays indexed by predicted token ([n, T'] each; depth d at index d − 1) ->
     [n, D, T'] the candidates of a round starting at t: depth d from token t + d − 1 (zero

@@ -24,6 +24,7 @@ from specprobe.estimates.estimate import (
 from specprobe.estimates.tree import (
     GRID_TOPK,
     Nodes,
+    TreeRounds,
     TreeShape,
     cells,
     dynamic_nodes,
@@ -173,6 +174,14 @@ class TreeSums:
                    np.asarray(s["by_rank"], dtype=float).reshape(int(s["steps"]), int(s["topk"])))
 
 
+def rounds_tau(shape: TreeShape, rounds: Iterable[tuple[TreeRounds, int]]) -> float:
+    """τ of a tree from references' rounds (each with its length n), renewal as the sums do."""
+    sums = TreeSums(shape.steps, shape.topk)
+    for r, n in rounds:
+        sums.add(_sequence_sums(shape, r.survival, r.by_rank, n))
+    return sums.tau()
+
+
 def _key(shape: TreeShape) -> str:
     return shape.label() if not shape.static else "static:" + ";".join(".".join(map(str, p)) for p in shape.paths)
 
@@ -195,6 +204,11 @@ class TreeAccumulator:
     # its sums and node table, beside the teacher-forced ones above (None: not run)
     paths: TreeSums | None = None
     path_nodes: dict[tuple[int, ...], list[float]] = field(default_factory=dict)
+    # the run's own tree along each reference (by its index), for a paths pass that drafts
+    # only some starts and estimates the others from these (this process only: not saved)
+    along: dict[int, TreeRounds] = field(default_factory=dict, repr=False)
+    # that pass's stride, starts drafted and its shift with standard errors (`estimates.tree.Shift`)
+    paths_sampling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.shapes:
@@ -209,9 +223,11 @@ class TreeAccumulator:
     def own(self) -> TreeSums | None:
         return None if self.shape is None else self.sums[_key(self.shape)]
 
-    def add_sequence(self, q_by_depth: Sequence[np.ndarray], accept_by_depth: Sequence[np.ndarray]) -> None:
+    def add_sequence(self, q_by_depth: Sequence[np.ndarray], accept_by_depth: Sequence[np.ndarray], ref: int | None = None) -> None:
         """One reference: per depth d (index d − 1) the candidates of the depth-d prediction
-        of each token, [n, W] draft probabilities and acceptance probabilities."""
+        of each token, [n, W] draft probabilities and acceptance probabilities (ref: the
+        reference's index, under which the run's own tree's rounds are kept in `along`
+        for a paths pass that drafts only some starts)."""
         q = round_windows(list(q_by_depth))  # [n, D, W]
         acc = round_windows(list(accept_by_depth))
         n = q.shape[0]
@@ -238,25 +254,33 @@ class TreeAccumulator:
             self.sums[key].add(seq)
             if shape == self.shape and seq.starts is not None:
                 self._add_nodes(shape, nodes, prob, seq.starts, self.nodes)
+            if shape == self.shape and ref is not None:
+                self.along[ref] = counted
 
-    def add_rounds(self, nodes: Nodes, prob: np.ndarray) -> None:
-        """One reference's rounds of the run's own tree drafted on its candidate paths: n
-        rounds' nodes (each round's own tree) and [n, M] each node's probability of being
-        on the accepted path (`probe.tree_paths`)."""
+    def add_rounds(self, nodes: Nodes, prob: np.ndarray, full: TreeRounds | None = None, at: np.ndarray | None = None, n: int | None = None) -> None:
+        """One reference's rounds of the run's own tree drafted on its candidate paths:
+        the rounds' nodes (each round's own tree) and [R, M] each node's probability of
+        being on the accepted path (`probe.tree_paths`). Every start drafted (R = n) by
+        default; else the rounds at starts `at` of the reference's n, with `full` the
+        rounds of every start to sum (`estimates.tree.shifted`), and the node table from
+        the drafted starts weighted up to all n."""
         assert self.shape is not None
-        n = prob.shape[0]
-        if n == 0:
+        if prob.shape[0] == 0:
             return
-        counted = tally(self.shape, nodes, prob)
+        n = prob.shape[0] if n is None else n
+        counted = full if full is not None else tally(self.shape, nodes, prob)
         seq = _sequence_sums(self.shape, counted.survival, counted.by_rank, n)
         if self.paths is None:
             self.paths = TreeSums(self.shape.steps, self.shape.topk)
         self.paths.add(seq)
         if seq.starts is not None:
-            self._add_nodes(self.shape, nodes, prob, seq.starts, self.path_nodes)
+            rows = np.arange(n) if at is None else np.asarray(at)
+            self._add_nodes(self.shape, nodes, prob, seq.starts[rows] * (n / len(rows)), self.path_nodes, rows, n)
 
-    def _add_nodes(self, shape: TreeShape, nodes: Nodes, prob: np.ndarray, start: np.ndarray, into: dict[tuple[int, ...], list[float]]) -> None:
-        """Each verified node's rank path, summed over the rounds (weighted by `start`)."""
+    def _add_nodes(self, shape: TreeShape, nodes: Nodes, prob: np.ndarray, start: np.ndarray, into: dict[tuple[int, ...], list[float]],
+                   at: np.ndarray | None = None, length: int | None = None) -> None:  # fmt: skip
+        """Each verified node's rank path, summed over the rounds (weighted by `start`; the
+        rounds start at `at` of a reference of `length`, default every start)."""
         n, m = prob.shape
         base = shape.topk + 1
         code = np.zeros((n, m), dtype=np.int64)
@@ -265,7 +289,8 @@ class TreeAccumulator:
             par = nodes.parent[:, j]
             code[:, j] = np.where(par < 0, 0, code[rows, np.maximum(par, 0)]) * base + nodes.rank[j] + 1
         # as the rank table: a round at t drafts only the depths up to n − 1 − t
-        reach = nodes.depth[None, :] <= (n - 1 - np.arange(n))[:, None]
+        t = rows if at is None else np.asarray(at)
+        reach = nodes.depth[None, :] <= ((n if length is None else length) - 1 - t)[:, None]
         live = nodes.verified & (nodes.depth[None, :] <= shape.steps) & reach
         codes, inv = np.unique(code[live], return_inverse=True)
         w = np.broadcast_to(start[:, None], (n, m))[live]
@@ -300,6 +325,12 @@ class TreeAccumulator:
                 cell = mine.setdefault(p, [0.0, 0.0])
                 cell[0] += v
                 cell[1] += a
+        if other.paths_sampling:  # shards drafted with their own strides and shifts: starts add up, the shift is the first's
+            if not self.paths_sampling:
+                self.paths_sampling = dict(other.paths_sampling)
+            else:
+                self.paths_sampling = {**self.paths_sampling, "starts": self.paths_sampling["starts"] + other.paths_sampling["starts"],
+                                       "of": self.paths_sampling["of"] + other.paths_sampling["of"]}
         if other.paths is not None:
             if self.paths is None:
                 self.paths = TreeSums(other.paths.steps, other.paths.topk)
@@ -309,7 +340,8 @@ class TreeAccumulator:
     def to_state(self) -> dict[str, Any]:
         return {"k_max": self.k_max, "width": self.width, "shape": None if self.shape is None else self.shape.to_dict(),
                 "sums": {k: s.to_state() for k, s in self.sums.items()}, "nodes": [[list(p), v] for p, v in self.nodes.items()],
-                "paths": None if self.paths is None else self.paths.to_state(), "path_nodes": [[list(p), v] for p, v in self.path_nodes.items()]}
+                "paths": None if self.paths is None else self.paths.to_state(), "path_nodes": [[list(p), v] for p, v in self.path_nodes.items()],
+                "paths_sampling": self.paths_sampling}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> TreeAccumulator:
@@ -325,6 +357,7 @@ class TreeAccumulator:
         if s.get("paths"):
             acc.paths = TreeSums.from_state(s["paths"])
         acc.path_nodes = {tuple(p): [float(x) for x in v] for p, v in s.get("path_nodes", [])}
+        acc.paths_sampling = s.get("paths_sampling")
         return acc
 
 

@@ -35,7 +35,7 @@ from specprobe.probe.scoring import Scored, score
 from specprobe.probe.served import FullTargetWhatIf, served_differently
 from specprobe.probe.shards import run_shard
 from specprobe.probe.timing import cost_block, timing_settings, tree_grid
-from specprobe.probe.tree import TreeCollector, draft_on_paths, wants_trees
+from specprobe.probe.tree import TreeCollector, draft_on_paths, paths_stride, wants_trees
 from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
 from specprobe.settings.pipeline import DiagnoseConfig
@@ -161,15 +161,16 @@ def run_diagnose(
         whatif = [FullTargetWhatIf(target, drafter, refs.encoded, refs.conts, pair.sampling, cfg.drafting, cfg.batch_size)] if served and drafter.kind in ("independent", "layer_skip") else []
         trees = [TreeCollector(cfg, refs.items)] if wants_trees(cfg) else []
         scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *trees, *extra])
+        scoring_s.append(time.perf_counter() - t_score)  # the cost timing's budget: the scoring's, not the paths pass's
         if trees:
             scored.tree = trees[0].acc  # read by assemble.summarise
             if cfg.tree_shape is not None and cfg.tree_estimate == "paths" and not scored.interrupted:  # the run's own tree: drafted on its candidate paths
-                scored.interrupted = not draft_on_paths(scored.tree, target, drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress)
+                scored.interrupted = not draft_on_paths(scored.tree, target, drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress,
+                                                     paths_stride(cfg.tree_paths_stride, refs.conts))
         if whatif:
             scored.served_whatif = whatif[0]  # read by assemble.build_result
         if by_length:
             long_context.attach(scored, by_length[0])
-        scoring_s.append(time.perf_counter() - t_score)
         scored.drill = drill
         scored.second_press = refs.interrupted and scored.interrupted
         scored.interrupted = scored.interrupted or refs.interrupted

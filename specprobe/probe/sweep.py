@@ -330,7 +330,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from specprobe.probe.ngram import diagnose_ngram
     from specprobe.probe.scoring import Scored, SequenceCollector
     from specprobe.probe.timing import cost_block, timing_settings, tree_grid
-    from specprobe.probe.tree import TreeCollector, draft_on_paths, wants_trees
+    from specprobe.probe.tree import TreeCollector, draft_on_paths, paths_stride, wants_trees
 
     if not drafters:
         raise ConfigError("sweep needs at least one drafter", "give DRAFTER arguments or --layers, e.g. --layers 16..29")
@@ -390,7 +390,8 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
         s = scored[spec]
         s.interrupted = interrupted or refs.interrupted
         if s.tree is not None and cfg.tree_shape is not None and cfg.tree_estimate == "paths" and not s.interrupted:  # the run's tree on its candidate paths, as diagnose drafts it
-            s.interrupted = interrupted = not draft_on_paths(s.tree, target, pair.drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress)
+            s.interrupted = interrupted = not draft_on_paths(s.tree, target, pair.drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress,
+                                                   paths_stride(cfg.tree_paths_stride, refs.conts))
         if cfg.cost_ratio is None:
             progress.note(f"measuring the cost ratio of {spec}")
         tree_n, tree_w = tree_grid(cfg.tree_shape or (TreeShape(1, 1, 2) if wants_trees(cfg) else None))

@@ -64,26 +64,62 @@ class TreeCollector:
             # an autoregressive drafter predicts depth 1 only: every depth repeats it
             qs = [q.get(d, q[depths[0]])[lo:hi] for d in range(1, self.k_max + 1)]
             as_ = [a.get(d, a[depths[0]])[lo:hi] for d in range(1, self.k_max + 1)]
-            self.acc.add_sequence(qs, as_)
+            self.acc.add_sequence(qs, as_, ref=int(prompt[lo]))
 
 
-def draft_on_paths(acc: TreeAccumulator, target: Any, drafter: Any, shape: TreeShape, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any) -> bool:
+# The starts a paths pass drafts by default, in all: the mean shift's standard error depends
+# on how many starts measured it, not on what share of the positions they are.
+PATHS_STARTS = 128
+
+
+def paths_stride(stride: int | None, conts: Sequence[Sequence[int]]) -> int:
+    """The paths pass's stride: the one given, else positions ÷ PATHS_STARTS (at least 1)."""
+    if stride is not None:
+        return stride
+    return max(1, round(sum(len(c) for c in conts) / PATHS_STARTS))
+
+
+def draft_on_paths(acc: TreeAccumulator, target: Any, drafter: Any, shape: TreeShape, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any,
+                   stride: int = 1) -> bool:  # fmt: skip
     """The run's own tree with the drafter on every candidate path (`probe.tree_paths`),
     into `acc.paths` -> False when Ctrl-C stopped it (the tree then keeps the reference's
-    estimate, as the grid's trees do, and the run is marked interrupted)."""
+    estimate, as the grid's trees do, and the run is marked interrupted).
+
+    stride > 1 drafts every stride-th start of each reference (offset by the reference's
+    index, so the drafted starts do not line up with positions) and estimates the other
+    starts from their rounds along the reference plus the mean difference the drafted
+    starts measured (`estimates.tree.shifted`): about 1/stride of the pass's forwards."""
+    from specprobe.estimates.tree import mean_shift, shifted, tally
+    from specprobe.metrics.tree import rounds_tau
     from specprobe.probe import tree_paths
 
     why = tree_paths.why_not(drafter)
     if why:
         progress.note(f"--tree: {why}; the tree is estimated along the reference, as the grid is")
         return True
+    starts: list[np.ndarray | None] | None = None
+    if stride > 1:
+        starts = [np.arange(i % stride if i % stride < len(c) else 0, len(c), stride) if i in acc.along else None for i, c in enumerate(conts)]
     try:
-        rounds, _ = tree_paths.run(target.model, drafter, shape, sampling, encoded, conts, progress)
+        rounds, _ = tree_paths.run(target.model, drafter, shape, sampling, encoded, conts, progress, starts=starts)
     except KeyboardInterrupt:
         progress.note("interrupted while drafting the tree on its candidate paths: the tree keeps the estimate along the reference")
         return False
-    for nodes, prob in rounds:
-        acc.add_rounds(nodes, prob)
+    if starts is None:
+        for _, nodes, prob, _at in rounds:
+            acc.add_rounds(nodes, prob)
+        return True
+    drafted = [(i, nodes, prob, at, tally(shape, nodes, prob)) for i, nodes, prob, at in rounds]
+    pairs = [(acc.along[i], at, got) for i, _, _, at, got in drafted]
+    if not pairs:
+        return True
+    shift = mean_shift(pairs)
+    for i, nodes, prob, at, got in drafted:
+        acc.add_rounds(nodes, prob, shifted(acc.along[i], at, got, shift), at, len(conts[i]))
+    # τ with the shift one standard error either way: what the sampling of starts leaves open
+    lo, hi = (rounds_tau(shape, [(shifted(acc.along[i], at, got, shift.moved(k)), len(conts[i])) for i, _, _, at, got in drafted]) for k in (-1.0, 1.0))
+    acc.paths_sampling = {"stride": stride, "starts": int(sum(len(at) for _, _, _, at, _ in drafted)), "of": int(sum(len(conts[i]) for i, *_ in drafted)),
+                          "shift": shift.survival.tolist(), "shift_se": shift.se.tolist(), "tau_low": lo, "tau_high": hi}
     return True
 
 
@@ -170,8 +206,20 @@ def tree_section(acc: TreeAccumulator, cost_ratio: float, verify: Sequence[float
                            "rank_shares": [[_f(x) for x in r] for r in own.rank_shares()],
                            # the grid's way (every depth-d node with the reference's depth-d candidates), for comparison
                            "tau_reference_tokens": _f(acc.own.tau()) if exact else None,
+                           **(_sampling(acc) if exact else {}),
                            "chain_tau_tokens": chain["tau_tokens"] if chain else None, "chain_speedup": chain["speedup"] if chain else None}
     return out
+
+
+def _sampling(acc: TreeAccumulator) -> dict[str, Any]:
+    """How many starts the paths pass drafted, and the shift it gave the others."""
+    ps = acc.paths_sampling
+    if not ps:
+        return {"paths_stride": 1}
+    return {"paths_stride": int(ps["stride"]), "paths_starts": int(ps["starts"]), "paths_positions": int(ps["of"]),
+            "paths_shift": [_f(x) for x in ps["shift"]], "paths_shift_se": [_f(x) for x in ps["shift_se"]],
+            "paths_tau_low_tokens": _f(ps["tau_low"]) if ps.get("tau_low") is not None else None,
+            "paths_tau_high_tokens": _f(ps["tau_high"]) if ps.get("tau_high") is not None else None}
 
 
 def tree_batch(cost: dict[str, Any], batch_size: int) -> dict[str, Any] | None:

@@ -102,13 +102,17 @@ class PathRounds:
         self.target_calls = 0
         self.draft_calls = 0
 
-    def reference(self, prompt: Sequence[int], cont: Sequence[int]) -> tuple[Tree, np.ndarray, np.ndarray] | None:
-        """One reference -> (the n rounds' trees, [n, M] the nodes verified, [n, M] each
-        node's probability of being on the accepted path), or None when it is too short to
-        draft (n < 2)."""
+    def reference(self, prompt: Sequence[int], cont: Sequence[int], starts: np.ndarray | None = None) -> tuple[Tree, np.ndarray, np.ndarray] | None:
+        """One reference -> (the rounds' trees, [R, M] the nodes verified, [R, M] each
+        node's probability of being on the accepted path) for the rounds starting at
+        `starts` (default: all n of them, 0..n − 1, in order), or None when it is too
+        short to draft (n < 2)."""
         p, n = len(prompt), len(cont)
         if n < 2 or p < 1:
             return None
+        at = np.arange(n) if starts is None else np.asarray(starts, dtype=np.int64)
+        if len(at) == 0 or at.min() < 0 or at.max() >= n:
+            raise ValueError(f"start positions must lie in 0..{n - 1}")
         seq = [int(x) for x in prompt] + [int(x) for x in cont]
         ids = torch.tensor([seq[:-1]], dtype=torch.long, device=self.device)
         ones = torch.ones_like(ids, dtype=torch.bool)
@@ -148,8 +152,8 @@ class PathRounds:
         prob: list[np.ndarray] = []
         per_row = cache_bytes(target) + cache_bytes(base_head if base_head is not None else base_lm)
         rows = max(1, min(self.rows, COPY_BYTES // max(per_row, 1)))
-        for lo in range(0, n, rows):
-            t = np.arange(lo, min(lo + rows, n))
+        for lo in range(0, len(at), rows):
+            t = at[lo : lo + rows]
             cap = np.minimum(depth_cap, n - 1 - t).astype(np.int64)
             if self.head:
                 cap = np.where(p + t - 2 >= 0, cap, 0)  # a head needs the target's state before the root
@@ -265,18 +269,23 @@ class PathRounds:
         return out
 
 
-def run(target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any = None, rows: int = ROWS) -> tuple[list[tuple[Nodes, np.ndarray]], PathRounds]:
-    """Every reference's rounds (in order; references too short to draft are left out)."""
+def run(target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any = None, rows: int = ROWS,
+        starts: Sequence[np.ndarray | None] | None = None) -> tuple[list[tuple[int, Nodes, np.ndarray, np.ndarray]], PathRounds]:  # fmt: skip
+    """Every reference's rounds, in order: (its index, the rounds' nodes, [R, M] each node's
+    probability of being on the accepted path, the R start positions). `starts`: per
+    reference the start positions to draft (None there: leave the reference out); default
+    every start of every reference. References too short to draft are left out."""
     from specprobe.core.progress import Progress
 
     pr = PathRounds(target_model, drafter, shape, sampling, rows)
-    todo = [(e, c) for e, c in zip(encoded, conts, strict=True) if len(c) >= 2]
-    out: list[tuple[Nodes, np.ndarray]] = []
+    todo = [(i, e, c) for i, (e, c) in enumerate(zip(encoded, conts, strict=True)) if len(c) >= 2 and (starts is None or starts[i] is not None)]
+    out: list[tuple[int, Nodes, np.ndarray, np.ndarray]] = []
     with (progress or Progress()).task(f"drafting the tree on its candidate paths ({len(todo)} references)", len(todo)) as advance:
-        for e, c in todo:
-            got = pr.reference(e, c)
+        for i, e, c in todo:
+            at = None if starts is None else starts[i]
+            got = pr.reference(e, c, at)
             if got is not None:
                 tree, verified, prob = got
-                out.append((Nodes(tree.depth, tree.rank, tree.parent, tree.score, verified), prob))
+                out.append((i, Nodes(tree.depth, tree.rank, tree.parent, tree.score, verified), prob, np.arange(len(c)) if at is None else np.asarray(at)))
             advance(1)
     return out, pr

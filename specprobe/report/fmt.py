@@ -190,6 +190,11 @@ def tree_depth_rows(result: Any, none: str = DASH) -> list[list[str]]:
     return rows
 
 
+def _tau_range(t: Any) -> str:
+    lo, hi = getattr(t, "paths_tau_low_tokens", None), getattr(t, "paths_tau_high_tokens", None)
+    return f"; τ {fixed(lo, '.2f', DASH)}–{fixed(hi, '.2f', DASH)} within one standard error of that shift" if lo is not None and hi is not None else ""
+
+
 def tree_lines(result: Any, none: str = DASH) -> list[str]:
     """The tree section in sentences: the run's tree against its chain, and the grid's
     best tree against its best chain, with how the rounds were priced."""
@@ -202,7 +207,10 @@ def tree_lines(result: Any, none: str = DASH) -> list[str]:
         out.append(f"{tree_label(t)}: τ {fixed(t.tau_tokens, '.2f', none)} tokens per round, speedup {fixed(t.speedup, '.2f', none)}× "
                    f"(its chain, K={t.steps}: τ {fixed(t.chain_tau_tokens, '.2f', none)}, {fixed(t.chain_speedup, '.2f', none)}×)")
         if getattr(t, "estimate", None) == "paths":
-            out.append(f"this tree was drafted on its candidate paths at every start (each node's children and acceptance after its own path); "
+            stride = getattr(t, "paths_stride", None) or 1
+            where = "at every start" if stride == 1 else (f"at every {stride}th start ({t.paths_starts} of {t.paths_positions}; the others along the reference, "
+                                                          f"shifted by what those measured{_tau_range(t)})")
+            out.append(f"this tree was drafted on its candidate paths {where} (each node's children and acceptance after its own path); "
                        f"the grid's way, along the reference, gives it τ {fixed(t.tau_reference_tokens, '.2f', none)}")
     bt, bc = tr.best_tree, tr.best_chain
     if bt is not None:

@@ -538,6 +538,13 @@ class TreeOwn(TreeRow):
     nodes: list[TreeNode] = Field(default_factory=list, description="The most often verified nodes (up to 64), by rank path.")
     rank_shares: list[list[Num]] = Field(default_factory=list)
     tau_reference_tokens: Num = Field(default=None, description="With estimate = paths: the same tree's τ the grid's way (along the reference), for comparison.")
+    paths_stride: int | None = Field(default=None, description="With estimate = paths: the tree was drafted on its candidate paths at every N-th start (1: every start).")
+    paths_starts: int | None = Field(default=None, description="With a stride above 1: the starts drafted on their paths, of paths_positions.")
+    paths_positions: int | None = None
+    paths_shift: list[Num] = Field(default_factory=list, description="With a stride above 1: per depth, the mean difference (drafted on the paths − along the reference) of a round's survival at the drafted starts, added to every other start.")
+    paths_shift_se: list[Num] = Field(default_factory=list, description="Its standard error, per depth.")
+    paths_tau_low_tokens: Num = Field(default=None, description="With a stride above 1: τ with the shift one standard error lower (the sampling of starts' uncertainty).")
+    paths_tau_high_tokens: Num = Field(default=None, description="… and one standard error higher.")
     chain_tau_tokens: Num = Field(default=None, description="The chain of the same depth (topk 1).")
     chain_speedup: Num = None
 

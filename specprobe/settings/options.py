@@ -125,6 +125,7 @@ class RunOptions:
             accept_threshold_acc=self.accept_threshold_acc,
             tree=self.tree,
             tree_estimate=self.tree_estimate,
+            tree_paths_stride=self.tree_paths_stride,
             seed=self.seed,
             batch_size=self.batch_size,
             batch_sizes=self.batch_sizes,

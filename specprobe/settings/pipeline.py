@@ -70,6 +70,7 @@ class DiagnoseConfig:
     # paths as JSON; None: a chain of K = 1..k_max
     tree: str | None = None
     tree_estimate: str = "paths"  # the run's own tree: drafted on its candidate paths, or along the reference as the grid
+    tree_paths_stride: int | None = None  # paths: draft every N-th start (None: about PATHS_STARTS starts in all)
     seed: int = 0
     batch_size: int = 8
     batch_sizes: list[int] | None = None  # also time costs at these (the run's batch size always)
