@@ -232,6 +232,7 @@ def test_smollm2_by_llama_quantize_held_is_the_fp32_path(smollm2_f32: Path, file
     assert len(held) == 30 * 7
     if file_type == "Q4_K_M":  # K-quants on ffn_down, Q5_0 where rows are not whole 256-blocks
         assert {"Q4_K", "Q6_K", "Q5_0"} <= {m.meta["type"] for m in held.values()}
+    assert loaded.checkpoint_quant["weights"] == file_type  # the file's type names a mix
     ref = _fp32_reference(path, torch.float32)
     want = ref.state_dict()
     for name in ("model.layers.0.self_attn.q_proj", "model.layers.3.mlp.down_proj", "model.layers.29.self_attn.k_proj"):
