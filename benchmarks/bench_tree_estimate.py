@@ -21,8 +21,16 @@ import argparse
 import json
 import math
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
+
+
+def specprobe(args: list[str]) -> None:
+    """One specprobe command; on failure its last output lines, then exit."""
+    p = subprocess.run(["specprobe", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(f"specprobe {' '.join(args)} failed ({p.returncode}):\n" + "\n".join(p.stderr.splitlines()[-15:]))
 
 
 def main() -> None:
@@ -45,7 +53,7 @@ def main() -> None:
         out = work / f"t{temp}_s{seed}.json"
         common = ["smollm2", f"self:layers={a.layers}", "--engine", "sglang", "--tree", a.tree, "--max-prompts", str(a.prompts), "--max-new-tokens", str(a.tokens),
                   "--temperature", temp, "--seed", seed, "--cost-ratio", "0.8", "--verify-factor", "1", "--fail-on", "never"]
-        subprocess.run(["specprobe", "simulate", *common, "--tree-paths-stride", "1", "--json", str(out)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        specprobe(["simulate", *common, "--tree-paths-stride", "1", "--json", str(out)])
         r = json.loads(out.read_text())
         m, t = r["metrics"], r["measured"]["tree"]
         surv = [x for x in t["depth_accept"] if x is not None]  # P(a round accepts depths 1..d)
@@ -59,7 +67,7 @@ def main() -> None:
               f"{ref:>9.3f} {100 * rgap:>+6.1f}% {m.get('tree_chain_tau_tokens') or float('nan'):>10.3f}")
         for stride in [int(x) for x in a.strides.split(",") if int(x) > 0]:
             dout = work / f"t{temp}_s{seed}_stride{stride}.json"
-            subprocess.run(["specprobe", "diagnose", *common, "--tree-paths-stride", str(stride), "--json", str(dout)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            specprobe(["diagnose", *common, "--tree-paths-stride", str(stride), "--json", str(dout)])
             tt = json.loads(dout.read_text())["trees"]["tree"]
             print(f"{'':>4} {'':>4} stride {stride:>2}: {tt['paths_starts']} of {tt['paths_positions']} starts drafted, τ {tt['tau_tokens']:.3f} "
                   f"({100 * (tt['tau_tokens'] / m['tau_measured_tokens'] - 1):+.1f}% against the loop, "
