@@ -98,7 +98,6 @@ def test_tree_sums_merge_by_adding() -> None:
     (["--tree", "steps=3,topk=4,tokens=8"], "vLLM verifies chains"),
     (["--tree", "steps=3,topk=4,tokens=99", "--engine", "sglang"], "does not fit"),
     (["--tree", "steps=9,topk=2,tokens=8", "--engine", "sglang"], "deeper than --k-max"),
-    (["--tree", "steps=3,topk=2,tokens=8", "--engine", "sglang", "--accept-threshold-acc", "0.5"], "not estimated"),
 ])
 def test_refusals_are_one_line(tiny_pair: dict[str, Path], args: list[str], words: str) -> None:
     res = CliRunner().invoke(app, ["diagnose", str(tiny_pair["target"]), "self:layers=1", *args])

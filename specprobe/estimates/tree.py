@@ -218,12 +218,57 @@ def select(score: np.ndarray, depth: np.ndarray, steps: int, tokens: int) -> np.
     return out & np.isfinite(live)
 
 
-def path_probs(accept: np.ndarray, depth: np.ndarray, rank: np.ndarray, parent: np.ndarray) -> np.ndarray:
+EXACT = (1.0, 1.0)  # SGLang's (threshold_single, threshold_acc) off: exact verification
+
+
+def relaxed(thresholds: tuple[float, float]) -> bool:
+    """Whether SGLang's thresholds relax the verification (either below 1)."""
+    return min(thresholds) < 1
+
+
+def sibling_accept(p: np.ndarray, parent: np.ndarray, thresholds: tuple[float, float], included: np.ndarray | None = None) -> np.ndarray:
+    """[n, M] each child's probability of being accepted once its parent is on the accepted
+    path, under SGLang's `tree_speculative_sampling_target_only` with its thresholds: p [n, M]
+    each node's target probability after its parent's path, parent [n, M] (−1: the root),
+    included [n, M] the nodes in the tree (default all). The kernel draws one coin u per
+    accepted node and tries its children in index order (the parent's rank order) with
+    P_j the sum of the target probabilities of the children tried so far, accepting child
+    j when u ≤ P_j ÷ θ_acc or p_j ≥ θ_single. P_j only grows, so child j is accepted with
+    min(P_j/θ_acc, 1) − min(P_{j−1}/θ_acc, 1) before the first child j* with p ≥ θ_single,
+    1 − min(P_{j*−1}/θ_acc, 1) at j*, and 0 after it. θ_acc is clamped at 1e-9 as the
+    kernel does. At (1, 1) this is p_j up to round-off (`path_probs` keeps p there)."""
+    single, acc = float(thresholds[0]), max(float(thresholds[1]), 1e-9)
+    n, m = parent.shape
+    rows = np.arange(n)
+    tried = np.zeros((n, m + 1))  # by parent + 1: Σ p of the children tried so far
+    done = np.zeros((n, m + 1), dtype=bool)  # by parent + 1: a child with p ≥ θ_single came first
+    inc = np.ones((n, m), dtype=bool) if included is None else included
+    out = np.zeros((n, m))
+    for j in range(m):
+        slot = parent[:, j] + 1
+        before, blocked = tried[rows, slot], done[rows, slot]
+        pj = p[:, j]
+        lo = np.minimum(before / acc, 1.0)
+        outright = pj >= single
+        got = np.where(outright, 1.0 - lo, np.minimum((before + pj) / acc, 1.0) - lo)
+        out[:, j] = np.where(blocked | ~inc[:, j], 0.0, np.maximum(got, 0.0))
+        tried[rows, slot] = before + np.where(inc[:, j], pj, 0.0)
+        done[rows, slot] = blocked | (outright & inc[:, j])
+    return out
+
+
+def path_probs(accept: np.ndarray, depth: np.ndarray, rank: np.ndarray, parent: np.ndarray, thresholds: tuple[float, float] = EXACT) -> np.ndarray:
     """[n, M] the probability that each node is on the accepted path: accept [n, S', T'] the
     acceptance probability of each depth's candidates (p(c), one-hot under a greedy target),
-    multiplied along the path (parents have lower indices)."""
+    multiplied along the path (parents have lower indices). With SGLang's thresholds below
+    1 a child's own acceptance depends on its elder siblings (`sibling_accept`): taken
+    over every expanded sibling, which for a verified node of a dynamic tree are exactly
+    its verified ones (a parent's children are scored parent · q_r with q sorted, so the
+    verified ones are a rank prefix), and every node of a static tree is verified."""
     n, m = parent.shape
     own = accept[:, depth - 1, rank]  # [n, M]
+    if relaxed(thresholds):
+        own = sibling_accept(own, parent, thresholds)
     out = np.empty((n, m))
     rows = np.arange(n)
     for j in range(m):
@@ -242,16 +287,17 @@ class TreeRounds:
     by_rank: np.ndarray
 
 
-def rounds(shape: TreeShape, q: np.ndarray, accept: np.ndarray) -> TreeRounds:
+def rounds(shape: TreeShape, q: np.ndarray, accept: np.ndarray, thresholds: tuple[float, float] = EXACT) -> TreeRounds:
     """A tree's rounds from the teacher-forced candidates: q [n, S', T'] their draft
-    probabilities (sorted per depth), accept [n, S', T'] their acceptance probabilities."""
+    probabilities (sorted per depth), accept [n, S', T'] their target probabilities
+    (one-hot under a greedy target); thresholds: SGLang's (single, acc)."""
     if shape.static:
         depth, rank, parent, score = static_nodes(q, shape)
         verified = np.ones(score.shape, dtype=bool)
     else:
         depth, rank, parent, score = dynamic_nodes(q, shape.steps, shape.topk)
         verified = select(score, depth, shape.steps, shape.tokens)
-    return tally(shape, Nodes(depth, rank, parent, score, verified), path_probs(accept, depth, rank, parent))
+    return tally(shape, Nodes(depth, rank, parent, score, verified), path_probs(accept, depth, rank, parent, thresholds))
 
 
 def cells(shape: TreeShape, depth: np.ndarray, rank: np.ndarray) -> np.ndarray:

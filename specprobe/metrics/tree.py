@@ -22,6 +22,7 @@ from specprobe.estimates.estimate import (
     renewal_tokens_per_verify,
 )
 from specprobe.estimates.tree import (
+    EXACT,
     GRID_TOPK,
     Nodes,
     TreeRounds,
@@ -30,6 +31,7 @@ from specprobe.estimates.tree import (
     dynamic_nodes,
     grid,
     path_probs,
+    relaxed,
     round_windows,
     select,
     static_nodes,
@@ -209,6 +211,9 @@ class TreeAccumulator:
     along: dict[int, TreeRounds] = field(default_factory=dict, repr=False)
     # that pass's stride, starts drafted and its shift with standard errors (`estimates.tree.Shift`)
     paths_sampling: dict[str, Any] | None = None
+    # SGLang's (threshold_single, threshold_acc): below 1 a child's acceptance depends on
+    # its elder siblings (`estimates.tree.sibling_accept`); (1, 1): exact verification
+    thresholds: tuple[float, float] = EXACT
 
     def __post_init__(self) -> None:
         if not self.shapes:
@@ -238,13 +243,13 @@ class TreeAccumulator:
             if shape.static:
                 depth, rank, parent, score = static_nodes(q, shape)
                 nodes = Nodes(depth, rank, parent, score, np.ones(score.shape, dtype=bool))
-                prob = path_probs(acc, depth, rank, parent)
+                prob = path_probs(acc, depth, rank, parent, self.thresholds)
             else:
                 # every steps ≤ k_max shares the deepest expansion of its topk: levels are prefixes
                 deepest = max(s.steps for s in self.shapes.values() if not s.static and s.topk == shape.topk)
                 if (shape.topk, deepest) not in built:
                     depth, rank, parent, score = dynamic_nodes(q, deepest, shape.topk)
-                    built[(shape.topk, deepest)] = (Nodes(depth, rank, parent, score, np.ones(score.shape, dtype=bool)), path_probs(acc, depth, rank, parent))
+                    built[(shape.topk, deepest)] = (Nodes(depth, rank, parent, score, np.ones(score.shape, dtype=bool)), path_probs(acc, depth, rank, parent, self.thresholds))
                 full, prob = built[(shape.topk, deepest)]
                 nodes = Nodes(full.depth, full.rank, full.parent, full.score, select(full.score, full.depth, shape.steps, shape.tokens))
             if key not in self._cells:
@@ -341,7 +346,7 @@ class TreeAccumulator:
         return {"k_max": self.k_max, "width": self.width, "shape": None if self.shape is None else self.shape.to_dict(),
                 "sums": {k: s.to_state() for k, s in self.sums.items()}, "nodes": [[list(p), v] for p, v in self.nodes.items()],
                 "paths": None if self.paths is None else self.paths.to_state(), "path_nodes": [[list(p), v] for p, v in self.path_nodes.items()],
-                "paths_sampling": self.paths_sampling}
+                "paths_sampling": self.paths_sampling, **({"thresholds": list(self.thresholds)} if relaxed(self.thresholds) else {})}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> TreeAccumulator:
@@ -349,7 +354,8 @@ class TreeAccumulator:
 
         sh = s.get("shape")
         shape = None if sh is None else (static(sh["paths"]) if sh.get("paths") else dynamic(sh["steps"], sh["topk"], sh["tokens"]))
-        acc = cls(int(s["k_max"]), int(s["width"]), shape)
+        th = s.get("thresholds") or EXACT
+        acc = cls(int(s["k_max"]), int(s["width"]), shape, thresholds=(float(th[0]), float(th[1])))
         for k, v in s["sums"].items():
             if k in acc.sums:
                 acc.sums[k] = TreeSums.from_state(v)

@@ -20,9 +20,10 @@ from specprobe.settings.pipeline import TREE_ENGINES, DiagnoseConfig
 
 def wants_trees(cfg: DiagnoseConfig) -> bool:
     """A run estimates trees when it is given one, or when its engine verifies trees the
-    way the estimate models them: greedy drafts (the top candidates) and exact
-    verification (SGLang's relaxed thresholds at 1; a sampled draft has no tree)."""
-    return cfg.tree is not None or (cfg.engine in TREE_ENGINES and cfg.drafting == "greedy" and min(cfg.thresholds) >= 1)
+    way the estimate models them: greedy drafts (the top candidates; a sampled draft has
+    no tree), verified exactly or with SGLang's relaxed thresholds (`--accept-threshold-*`
+    below 1: each child's acceptance given its elder siblings, `estimates.tree.sibling_accept`)."""
+    return cfg.tree is not None or (cfg.engine in TREE_ENGINES and cfg.drafting == "greedy")
 
 
 class TreeCollector:
@@ -33,7 +34,7 @@ class TreeCollector:
     def __init__(self, cfg: DiagnoseConfig, prompts: Sequence[Prompt]) -> None:
         shape = cfg.tree_shape
         self.tree_width = max(DEFAULT_WIDTH, shape.topk if shape is not None else 0)
-        self.acc = TreeAccumulator(cfg.k_max, self.tree_width, shape)
+        self.acc = TreeAccumulator(cfg.k_max, self.tree_width, shape, thresholds=cfg.thresholds)
         self.k_max = cfg.k_max
         self.prompts = prompts
         self._pending: list[tuple[Any, Any]] = []
@@ -101,7 +102,7 @@ def draft_on_paths(acc: TreeAccumulator, target: Any, drafter: Any, shape: TreeS
     if stride > 1:
         starts = [np.arange(i % stride if i % stride < len(c) else 0, len(c), stride) if i in acc.along else None for i, c in enumerate(conts)]
     try:
-        rounds, _ = tree_paths.run(target.model, drafter, shape, sampling, encoded, conts, progress, starts=starts)
+        rounds, _ = tree_paths.run(target.model, drafter, shape, sampling, encoded, conts, progress, starts=starts, thresholds=acc.thresholds)
     except KeyboardInterrupt:
         progress.note("interrupted while drafting the tree on its candidate paths: the tree keeps the estimate along the reference")
         return False

@@ -15,7 +15,9 @@ its own path:
                      target's argmax after the path above it];
     sampled target   Π p(token | path above it) — SGLang's target-only tree sampling (and
                      TensorRT-LLM's sample-and-compare) accepts child c with probability
-                     p(c), whichever siblings came first.
+                     p(c), whichever siblings came first; with SGLang's thresholds below 1
+                     a child's factor depends on its elder siblings' p, every one of which
+                     is in the target pass (`estimates.tree.sibling_accept`).
 
 A round at t drafts at most n − 1 − t deep (the chain's rule), so the tail of a reference
 drafts shallower trees, as the loop's budget cuts them.
@@ -50,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specprobe.estimates.tree import Nodes, TreeShape
+from specprobe.estimates.tree import EXACT, Nodes, TreeShape, relaxed, sibling_accept
 from specprobe.metrics.core import finite
 from specprobe.metrics.sampling import Sampling, probs
 from specprobe.models import tree_attention as ta
@@ -88,8 +90,10 @@ class PathRounds:
     """The rounds of one reference: every start's tree (`Tree` rows) and its nodes'
     probabilities of being on the accepted path, filled chunk by chunk."""
 
-    def __init__(self, target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, rows: int = ROWS, read_greedy: bool = True) -> None:
+    def __init__(self, target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, rows: int = ROWS, read_greedy: bool = True,
+                 thresholds: tuple[float, float] = EXACT) -> None:  # fmt: skip
         self.target_model = target_model
+        self.thresholds = thresholds  # SGLang's (single, acc); a greedy target ignores them, as SGLang's greedy verify does
         self.drafter = drafter
         self.shape = shape
         self.sampling = sampling
@@ -256,6 +260,8 @@ class PathRounds:
             best = logits.argmax(dim=-1).cpu().numpy()  # [B, 1 + W]
         else:
             pr = probs(logits.float(), self.sampling)  # [B, 1 + W, V]
+        own = np.zeros((b, m))  # each reached node's factor: its acceptance once its parent is accepted
+        reached = np.zeros((b, m), dtype=bool)
         for r, ns in enumerate(nodes):
             col = {j: c for c, j in enumerate(ns)}
             for j in ns:
@@ -264,20 +270,28 @@ class PathRounds:
                     continue  # a node whose parent is not verified is never reached
                 at = 0 if par < 0 else col[par] + 1
                 tok = int(tree.tok[r, j])
-                own = float(best[r, at] == tok) if self.sampling.greedy else float(pr[r, at, tok])
-                out[r, j] = own * (1.0 if par < 0 else out[r, par])
+                own[r, j] = float(best[r, at] == tok) if self.sampling.greedy else float(pr[r, at, tok])
+                reached[r, j] = True
+        if relaxed(self.thresholds) and not self.sampling.greedy:  # the verified siblings, in index order
+            own = sibling_accept(own, tree.parent, self.thresholds, reached)
+        for r, ns in enumerate(nodes):
+            for j in ns:
+                if reached[r, j]:
+                    par = int(tree.parent[r, j])
+                    out[r, j] = own[r, j] * (1.0 if par < 0 else out[r, par])
         return out
 
 
 def run(target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any = None, rows: int = ROWS,
-        starts: Sequence[np.ndarray | None] | None = None) -> tuple[list[tuple[int, Nodes, np.ndarray, np.ndarray]], PathRounds]:  # fmt: skip
+        starts: Sequence[np.ndarray | None] | None = None, thresholds: tuple[float, float] = EXACT) -> tuple[list[tuple[int, Nodes, np.ndarray, np.ndarray]], PathRounds]:  # fmt: skip
     """Every reference's rounds, in order: (its index, the rounds' nodes, [R, M] each node's
     probability of being on the accepted path, the R start positions). `starts`: per
     reference the start positions to draft (None there: leave the reference out); default
-    every start of every reference. References too short to draft are left out."""
+    every start of every reference. References too short to draft are left out.
+    thresholds: SGLang's (single, acc) for a sampled target."""
     from specprobe.core.progress import Progress
 
-    pr = PathRounds(target_model, drafter, shape, sampling, rows)
+    pr = PathRounds(target_model, drafter, shape, sampling, rows, thresholds=thresholds)
     todo = [(i, e, c) for i, (e, c) in enumerate(zip(encoded, conts, strict=True)) if len(c) >= 2 and (starts is None or starts[i] is not None)]
     out: list[tuple[int, Nodes, np.ndarray, np.ndarray]] = []
     with (progress or Progress()).task(f"drafting the tree on its candidate paths ({len(todo)} references)", len(todo)) as advance:

@@ -142,9 +142,6 @@ class DiagnoseConfig:
             )
         if shape.steps > self.k_max:
             raise ConfigError(f"--tree steps={shape.steps} is deeper than --k-max {self.k_max}", f"raise --k-max to at least {shape.steps}")
-        if min(self.thresholds) < 1:
-            raise ConfigError("--tree with --accept-threshold-single/-acc below 1 is not estimated (the relaxed acceptance of a tree's siblings depends on their order)",
-                              "leave the thresholds at 1 for a tree, or estimate the chain")
         if self.drafting != "greedy":
             raise ConfigError("--tree drafts each step's top candidates (greedy drafting); --draft-sampling probabilistic has no tree",
                               "leave --draft-sampling out for a tree")

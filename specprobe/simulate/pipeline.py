@@ -237,7 +237,8 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
             run = SimRun(SimCounters(shape.steps))
             runs.append(run.counters)
             with progress.task(f"tree speculative decoding {shape.label()} ({n} prompts)", n) as advance:
-                speculate_tree(target.model, step, encoded, shape=shape, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=dcfg.seed, batch_size=dcfg.batch_size, run=run, advance=advance)
+                speculate_tree(target.model, step, encoded, shape=shape, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=dcfg.seed, batch_size=dcfg.batch_size, run=run, advance=advance,
+                               thresholds=procedure.thresholds)
         # an n-gram drafter drafts its own length (vLLM's ngram without k=: each K)
         for k in [] if shape is not None else sorted({drafter.max_draft(k) for k in cfg.ks}) if ngram else cfg.ks:
             if mixed:  # the model drafts up to K, the n-gram types their own lengths: the loop's width is the longer

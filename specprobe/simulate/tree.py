@@ -10,11 +10,16 @@ Each round, for every live row of a batch:
     verify    ONE target forward over [the tokens it has not seen, the N − 1 nodes] with
               the tree mask, position ids root + depth; from the root: greedy target —
               the child that is the target's argmax; sampled — SGLang's target-only tree
-              sampling at thresholds 1: one uniform coin u per depth, the children tried in
-              order, child c accepted when u ≤ the accumulated target probability of the
-              children tried so far; on no match the next token is drawn from the
-              target's distribution with the tried children taken out (renormalised).
-              Every emitted token is an exact target sample.
+              sampling (`tree_speculative_sampling_target_only`): one uniform coin u per
+              accepted node, its children tried in index order (the parent's rank
+              order, as SGLang links siblings), child c accepted when u ≤ P ÷ θ_acc
+              (P the accumulated target probability of the children tried so far, θ_acc
+              clamped at 1e-9) or p(c) ≥ θ_single; on no match the next token is drawn
+              from the target's distribution with the tried children taken out
+              (renormalised). At the thresholds (1, 1) every emitted token is an exact
+              target sample; below (--accept-threshold-single/-acc) drafts the target
+              would not sample are kept (lossy). A greedy target ignores the thresholds,
+              as SGLang's greedy verify does.
     keep      the target's cache keeps the accepted path's slots (no re-feed: a slot's K/V
               under the tree mask is that of a plain forward of its path) and the rest of
               the tree becomes holes (`models.kvcache`: never attended to); the drafter's
@@ -68,9 +73,12 @@ __all__ = ["Block", "HeadTree", "LMTree", "Tree", "TreeSource", "block", "draft"
 Advance = Callable[[int], Any]
 
 
-def walk(tree: Tree, blk: Block, logits: torch.Tensor, sampling: Sampling, steps: int, gen: torch.Generator) -> tuple[list[list[int]], list[int]]:
+def walk(tree: Tree, blk: Block, logits: torch.Tensor, sampling: Sampling, steps: int, gen: torch.Generator,
+         thresholds: tuple[float, float] = (1.0, 1.0)) -> tuple[list[list[int]], list[int]]:  # fmt: skip
     """Verification from the root -> (per row the accepted nodes, root to leaf; the next
-    token). logits [B, 1+W, V]: column 0 at the root, column 1 + c at tree column c."""
+    token). logits [B, 1+W, V]: column 0 at the root, column 1 + c at tree column c.
+    thresholds: SGLang's (threshold_single, threshold_acc) for a sampled target."""
+    single, per = float(thresholds[0]), max(float(thresholds[1]), 1e-9)
     b = logits.shape[0]
     children: list[dict[int, list[int]]] = []
     for r, ns in enumerate(blk.nodes):
@@ -96,7 +104,9 @@ def walk(tree: Tree, blk: Block, logits: torch.Tensor, sampling: Sampling, steps
             nxt.append(want)
         return paths, nxt
     p = probs(logits, sampling)  # [B, 1+W, V]
-    u = (1.0 - torch.rand((b, steps), generator=gen, device=logits.device)).tolist()  # one coin per depth, in (0, 1]
+    # one coin per depth, in (0, 1]: the kernel draws one per node and reads the accepted
+    # node's, so each depth's coin is a fresh one (the same law)
+    u = (1.0 - torch.rand((b, steps), generator=gen, device=logits.device)).tolist()
     tok = [[int(tree.tok[r, j]) for j in ns] for r, ns in enumerate(blk.nodes)]
     rows_cur, tried = [], []
     for r in range(b):
@@ -105,8 +115,9 @@ def walk(tree: Tree, blk: Block, logits: torch.Tensor, sampling: Sampling, steps
             acc, hit = 0.0, None
             gone: list[int] = []
             for c in children[r][cur]:
-                acc += float(p[r, cur + 1, tok[r][c]])
-                if u[r][min(depth, steps - 1)] <= acc:
+                pc = float(p[r, cur + 1, tok[r][c]])
+                acc += pc
+                if u[r][min(depth, steps - 1)] <= acc / per or pc >= single:
                     hit = c
                     break
                 gone.append(tok[r][c])
@@ -143,9 +154,11 @@ def speculate_tree(
     batch_size: int = 8,
     run: SimRun | None = None,
     advance: Advance | None = None,
+    thresholds: tuple[float, float] = (1.0, 1.0),
 ) -> SimRun:
     """Tree speculative decoding of every prompt -> SimRun (counters at k = steps, with the
-    per-rank counts). The same batches, seeds and emission as `loop.speculate`."""
+    per-rank counts). The same batches, seeds and emission as `loop.speculate`.
+    thresholds: SGLang's (threshold_single, threshold_acc) of the sampled verification."""
     device = next(target_model.parameters()).device
     vocab = int(target_model.get_output_embeddings().weight.shape[0])
     eos = frozenset(int(e) for e in eos_ids)
@@ -168,7 +181,7 @@ def speculate_tree(
                 gen=gen,
             )
             try:
-                _decode(batch, shape, target_sampling, vocab, eos, run)
+                _decode(batch, shape, target_sampling, vocab, eos, run, thresholds)
             finally:
                 c.wall_s += time.perf_counter() - t0
                 c.target_calls += batch.target.calls
@@ -181,7 +194,7 @@ def speculate_tree(
     return run
 
 
-def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos: frozenset[int], run: SimRun) -> None:
+def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos: frozenset[int], run: SimRun, thresholds: tuple[float, float] = (1.0, 1.0)) -> None:
     src = cast(TreeSource, batch.source)  # a tree source in the chain's batch (`emit` and `_retire` need only compact/select)
     while batch.rows:
         depth = shape.steps if src.max_depth is None else min(shape.steps, src.max_depth)
@@ -190,7 +203,7 @@ def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos:
         blk = block(batch.target, batch.todo, tree, verified)
         w = blk.ids.shape[1] - blk.unseen
         logits = finite(src.watch(blk.ids, blk.valid, partial(ta.forward, batch.target, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1)))
-        paths, nxt = walk(tree, blk, logits, sampling, shape.steps, batch.gen)
+        paths, nxt = walk(tree, blk, logits, sampling, shape.steps, batch.gen, thresholds)
         # the target keeps the accepted path: the other tree slots become holes
         tgt = batch.target
         start = tgt.length - w
