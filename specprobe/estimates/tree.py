@@ -21,7 +21,9 @@ thresholds at 1, TensorRT-LLM's sample-and-compare): the children are tried agai
 target sample, so the child c is accepted with probability p(c) — the emitted token is
 still an exact target sample. Either way the probability that a node is on the accepted
 path is Π p(token) along its path (p one-hot under a greedy target), and a round accepts
-depth j with probability Σ over the verified depth-j nodes of that product.
+depth j with probability Σ over the verified depth-j nodes of that product. SGLang's
+thresholds below 1 replace each p(token) by its child's closed-form acceptance given the
+siblings tried before it (`sibling_accept`).
 
 Teacher-forced (the chain's estimate, extended): the candidates and probabilities at
 depth d of a round starting at t are those of the depth-d prediction of token t + d − 1

@@ -5,7 +5,8 @@ accepts (`TreeAccumulator`). The tree maths itself is `specprobe.estimates.tree`
 Per scored token and depth the scorer keeps the drafter's W most probable tokens under a
 plain softmax of its logits (temperature 1: what SGLang ranks and scores tree nodes by),
 sorted, and each one's acceptance probability under the run's target: p(c) from the
-target's sampling distribution, or 1[c = argmax p] when the target is greedy."""
+target's sampling distribution, or 1[c = argmax p] when the target is greedy (SGLang's
+thresholds below 1 act on these per sibling in `estimates.tree.path_probs`)."""
 
 from __future__ import annotations
 
