@@ -251,7 +251,13 @@ def test_diagnose_estimates_the_tree_and_the_grid_at_relaxed_thresholds(tiny_pai
                          batch_size=4, k_max=3, cost_ratio=0.1, verify_factor=1.0, engine="sglang", tree="steps=3,topk=4,tokens=8",
                          sampling=SamplingFlags(temperature=1.0), use_cache=False, accept_threshold_single=0.5, accept_threshold_acc=0.3)
     assert wants_trees(replace(cfg, tree=None))
-    relaxed = run_diagnose(cfg).trees
+    res = run_diagnose(cfg)
+    relaxed = res.trees
+    # the grid's chains (topk 1) are the K table under the same relaxed acceptance
+    assert relaxed is not None
+    chains = {row.steps: row for row in relaxed.grid if row.topk == 1}
+    for k in res.k_table:
+        assert chains[k.k].tau_tokens == pytest.approx(k.tau_renewal_tokens, abs=1e-6)
     exact = run_diagnose(replace(cfg, accept_threshold_single=1.0, accept_threshold_acc=1.0)).trees
     assert relaxed is not None and relaxed.tree is not None and exact is not None and exact.tree is not None
     assert relaxed.tree.estimate == "paths" and relaxed.grid
