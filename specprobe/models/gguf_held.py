@@ -10,9 +10,12 @@ per-architecture tensor processor — for llama the reversal of llama.cpp's Q/K 
 permutation, a reordering of whole rows, which this module applies to the rows of
 blocks by calling the processor on them — and the same dequantization of a block row
 (`dequantize_ggml`: transformers' torch dequantizer, or the `gguf` package's, which the
-loader calls; bit for bit the same). Embeddings, norms, the LM head and the tensors a file
-stores as F32/F16/BF16 are dequantized at load, as the fp32 path computes them, and cast
-to the compute dtype.
+loader calls; bit for bit the same). Embeddings, norms, the LM head (whose `weight` the
+scorers and cost estimates read) and the tensors a file stores as F32/F16/BF16 are
+dequantized at load, as the fp32 path computes them, and cast to the compute dtype; a file
+of floats only is read the same way, with no layer held. `float_layers` turns the held
+layers back into nn.Linear modules in place, for --target-quant/--draft-quant, which
+simulate a scheme on float weights.
 
 Architectures whose tensor processor does more than reorder rows (MoE expert splits,
 bloom's fused QKV reshape, gemma's norm offsets, …), or that transformers loads by its
