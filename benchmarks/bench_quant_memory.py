@@ -98,8 +98,8 @@ def write_checkpoint(folder: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from specprobe.models.gguf_held import float_layers
     from specprobe.models.loader import load_info, load_model
+    from specprobe.models.qlinear import float_layers
     from specprobe.models.quant import decoder_linears, int_parts
 
     info = load_info("smollm2")
@@ -139,9 +139,8 @@ def resident(ckpt: Path | None, ggufs: dict[str, Path]) -> dict[str, float]:
     import torch
 
     from specprobe.models import quant
-    from specprobe.models.gguf_held import float_layers
     from specprobe.models.loader import load_model
-    from specprobe.models.qlinear import weight_bytes
+    from specprobe.models.qlinear import float_layers, weight_bytes
 
     out: dict[str, float] = {}
     for spec, name in [("smollm2", "held"), *((str(f), c) for c, f in ggufs.items())]:

@@ -13,7 +13,7 @@ blocks by calling the processor on them — and the same dequantization of a blo
 loader calls; bit for bit the same). Embeddings, norms, the LM head (whose `weight` the
 scorers and cost estimates read) and the tensors a file stores as F32/F16/BF16 are
 dequantized at load, as the fp32 path computes them, and cast to the compute dtype; a file
-of floats only is read the same way, with no layer held. `float_layers` turns the held
+of floats only is read the same way, with no layer held. `qlinear.float_layers` turns the held
 layers back into nn.Linear modules in place, for --target-quant/--draft-quant, which
 simulate a scheme on float weights.
 
@@ -220,22 +220,3 @@ def _file_type(path: Path) -> str:
     except (ImportError, ValueError, TypeError):
         return ""
 
-
-def float_layers(model: Any) -> int:
-    """Every held GGUF layer replaced in place by an nn.Linear holding its dequantized
-    weight (one layer at a time; the values of the fp32 path, in the compute dtype): for
-    --target-quant/--draft-quant, which simulate a scheme on the float weights. -> layers."""
-    from specprobe.models.qlinear import quant_linears
-
-    n = 0
-    for name, mod in list(quant_linears(model)):
-        if mod.form != "ggml":
-            continue
-        w = mod.weight_float()
-        lin = torch.nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, device="meta", dtype=w.dtype)
-        lin.weight = torch.nn.Parameter(w, requires_grad=False)
-        if mod.bias is not None:
-            lin.bias = torch.nn.Parameter(mod.bias.data, requires_grad=False)
-        set_child(model, name, lin)
-        n += 1
-    return n

@@ -214,6 +214,25 @@ def float_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return state
 
 
+def float_layers(model: Any, form: str = "ggml") -> int:
+    """Every QuantLinear of `form` (a GGUF's held layers: "ggml") replaced in place by an
+    nn.Linear holding its dequantized weight, one layer at a time (for a GGUF the fp32
+    path's values, in the compute dtype): for --target-quant/--draft-quant, which simulate
+    a scheme on the float weights. -> how many."""
+    n = 0
+    for name, mod in list(quant_linears(model)):
+        if mod.form != form:
+            continue
+        w = mod.weight_float()
+        lin = torch.nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, device="meta", dtype=w.dtype)
+        lin.weight = torch.nn.Parameter(w, requires_grad=False)
+        if mod.bias is not None:
+            lin.bias = torch.nn.Parameter(mod.bias.data, requires_grad=False)
+        set_child(model, name, lin)
+        n += 1
+    return n
+
+
 def set_child(root: Any, dotted: str, module: Any) -> Any:
     """Replace the submodule at `dotted` (under root) by `module`; -> the one it replaced."""
     parent_name, _, leaf = dotted.rpartition(".")

@@ -232,7 +232,7 @@ def serve_quantized(loaded: Any, scheme: str, keep: bool = False, progress: Any 
     if on_disk is not None and getattr(getattr(loaded, "info", None), "extra", {}).get("gguf_held"):
         # a GGUF held as its blocks: the scheme is simulated on its dequantized weights, as
         # on any float model (each layer read back as the fp32 path reads it)
-        from specprobe.models.gguf_held import float_layers
+        from specprobe.models.qlinear import float_layers
 
         if progress:
             progress(f"{loaded.name}: its GGUF layers dequantized to the compute dtype for the {scheme} simulation")
