@@ -200,7 +200,7 @@ def load_gguf_held(path: Path, config: Any, dtype: torch.dtype, folder: Any = No
     kinds = sorted({k for _, k in blocks.values()})
     ftype = _file_type(path)
     record: dict[str, Any] = {
-        "weights": kinds[0] if len(kinds) == 1 else ftype or "mixed",  # Q8_0; Q4_K_M for its Q4_K, Q6_K and Q5_0 layers "method": "checkpoint", "layers": len(held), "weight_rel_error": None,
+        "weights": kinds[0] if len(kinds) == 1 else ftype or "mixed", "method": "checkpoint", "layers": len(held), "weight_rel_error": None,  # Q8_0; Q4_K_M for its Q4_K, Q6_K, Q5_0 layers
         "note": f"GGUF{f' {ftype}' if ftype else ''} ({', '.join(kinds)}): decoder linear weights held as their ggml blocks and dequantized per layer at each forward as transformers' GGUF loader dequantizes them; embeddings, norms and LM head dequantized at load: the served weights, not a simulation",
     }  # fmt: skip
     return model, record
