@@ -183,6 +183,8 @@ def run(cond: str, ckpt: Path, old: Path, out: Path, prompts: int, tokens: int, 
         args += ["--target-quant", cond.split("-")[0]]
     cwd = old if cond.endswith("-old") else ROOT
     fp32 = {"BENCH_GGUF_FP32": "1"} if cond == "full" or cond.endswith("-fp32") else {}
+    if not cond.endswith("-old"):  # a GGUF's weights as the condition says (--gguf-weights auto would pick floats for a model this small)
+        args += ["--gguf-weights", "float" if fp32 else "held"]
     p = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, cwd=cwd, env={**os.environ, "COLUMNS": "200", **fp32})
     line = next((x for x in p.stdout.splitlines()[::-1] if x.startswith("BENCH ")), None)
     if line is None or not out.exists() or p.returncode:

@@ -25,6 +25,15 @@ QUANTIZE = find_llama_quantize()
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _hold_what_can_be_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--gguf-weights auto holds a GGUF only when its fp32 weights would not fit; these
+    tests are about the held path, so nothing fits."""
+    from specprobe.models import loader
+
+    monkeypatch.setattr(loader, "GGUF_FIT_SHARE", 0.0)
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_per_layer_dequantizer_is_ggufs_bit_for_bit(name: str) -> None:
     """Random bytes as rows of `name` blocks (every bit pattern: scales that are inf or NaN
@@ -260,3 +269,30 @@ def test_spread_over_devices_loads_the_fp32_checkpoint(tmp_path: Path, monkeypat
     ids = torch.tensor([[5, 70, 100, 3, 200, 17, 9, 44]])
     with torch.inference_mode():
         assert torch.equal(spread.model(ids).logits, held.model(ids).logits)
+
+
+def test_gguf_weights_auto_holds_only_what_would_not_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--gguf-weights: auto takes the fp32 path for a GGUF whose fp32 weights fit in half
+    the memory available (a held layer is dequantized at every forward, which costs time)
+    and holds it as its blocks when they would not; held and float say which; a file of
+    floats only is read directly either way."""
+    from specprobe.models import loader
+    from specprobe.models.gguf_held import held_plan
+
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(loader, "GGUF_FIT_SHARE", 0.5)
+    path = write_tiny_gguf(tmp_path / "tiny-Q8_0.gguf", "Q8_0")
+    plan = held_plan(path)
+    assert plan.held and plan.float_bytes > 0
+    notes: list[str] = []
+    assert loader.load_info(str(path), notes.append).extra["gguf_held"] is False  # a tiny model fits
+    assert any("dequantized to fp32" in n and "--gguf-weights held" in n for n in notes)
+    assert loader.load_info(str(path), gguf_weights="held").extra["gguf_held"] is True
+    assert loader.load_info(str(path), gguf_weights="float").extra["gguf_held"] is False
+    monkeypatch.setattr(loader, "available_memory", lambda: plan.float_bytes)  # twice the share: does not fit
+    assert loader.load_info(str(path)).extra["gguf_held"] is True
+    monkeypatch.setattr(loader, "available_memory", lambda: None)  # unknown: hold
+    assert loader.load_info(str(path)).extra["gguf_held"] is True
+    monkeypatch.setattr(loader, "available_memory", lambda: 1 << 40)
+    f16 = write_tiny_gguf(tmp_path / "tiny-F16.gguf", "F16", embed_type="F16")
+    assert loader.load_info(str(f16)).extra["gguf_held"] is True  # floats only: read directly

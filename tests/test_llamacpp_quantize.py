@@ -90,7 +90,7 @@ def test_q4_k_m_is_loaded_as_its_bytes_dequantize(q4_k_m: Path) -> None:
 
     assert tensor_types(q4_k_m) == {"F32": 61, "Q5_0": 166, "Q8_0": 15, "Q4_K": 16, "Q6_K": 14}
     tensors = {t.name: t for t in gguf.GGUFReader(str(q4_k_m)).tensors}
-    layers = load_model(str(q4_k_m), device="cpu", dtype="float32").model.model.layers
+    layers = load_model(str(q4_k_m), device="cpu", dtype="float32", gguf_weights="held").model.model.layers
     for name, mod, kind in (
         ("blk.0.ffn_up.weight", layers[0].mlp.up_proj, "Q5_0"),  # 576 columns: Q4_K falls back
         ("blk.0.ffn_down.weight", layers[0].mlp.down_proj, "Q6_K"),  # the first layers get more bits

@@ -35,7 +35,7 @@ def demo(
     from specprobe.settings.pipeline import SamplingFlags
 
     opts = gather(ctx, "demo")  # device, dtype and --json checked before anything loads
-    cfg = default_config(max_prompts=opts.max_prompts, max_new_tokens=opts.max_new_tokens, device=opts.device, dtype=opts.dtype)
+    cfg = default_config(max_prompts=opts.max_prompts, max_new_tokens=opts.max_new_tokens, device=opts.device, dtype=opts.dtype, gguf_weights=opts.gguf_weights)
     cfg = replace(cfg, sampling=SamplingFlags(temperature=opts.temperature))
     results = run_demo(cfg, RichProgress(err))
     interrupted = any(r.interrupted for _, r in results)

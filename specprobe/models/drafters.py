@@ -174,11 +174,11 @@ def parse_self_spec(spec: str) -> int | None:
     return int(m.group(1))
 
 
-def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> ModelInfo:
+def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None, gguf_weights: str = "auto") -> ModelInfo:
     """The drafter's tokenizer/config for `check` (no weights)."""
     if is_mixed_spec(spec):  # n-gram types beside a draft model: the model's, checked against the target
         _, model = check_mixed(spec)
-        return drafter_info(model, target_info, progress)
+        return drafter_info(model, target_info, progress, gguf_weights)
     if is_ngram_spec(spec):
         NgramDrafter(spec)  # a bad spec is refused here, before anything loads
         return target_info  # it drafts the target's own tokens
@@ -190,7 +190,7 @@ def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None) -> Mod
                 raise ConfigError(f"{spec} is out of range for a target with {total} decoder layers", f"use 1 ≤ N < {total}")
         return target_info
 
-    return head_info(spec, target_info) or load_info(spec, progress)
+    return head_info(spec, target_info) or load_info(spec, progress, gguf_weights)
 
 
 def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> Drafter | NgramDrafter | MixedDrafter:

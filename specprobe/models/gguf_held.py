@@ -51,6 +51,7 @@ class HeldPlan:
     held: bool
     why: str
     types: tuple[str, ...] = ()
+    float_bytes: int = 0  # every tensor dequantized to fp32, as the fp32 path holds it
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ def held_plan(path: Path) -> HeldPlan:
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     arch, tensors = read_tensors(path)
+    fp32 = 4 * sum(int(np.prod(t.shape, dtype=np.int64)) for t in tensors)
     try:
         from transformers.integrations.gguf.utils import is_gguf_arch_supported
 
@@ -108,15 +110,15 @@ def held_plan(path: Path) -> HeldPlan:
     weights = [t for t in tensors if len(t.shape) == 2 and t.name.startswith("blk.") and t.name.endswith(".weight")]
     block = sorted({t.type for t in weights if t.type not in FLOAT_GGML})
     if newer:
-        return HeldPlan(False, f"transformers loads the {arch} architecture by its newer GGUF path; dequantized to fp32 as it does", tuple(block))
+        return HeldPlan(False, f"transformers loads the {arch} architecture by its newer GGUF path; dequantized to fp32 as it does", tuple(block), fp32)
     proc = TENSOR_PROCESSORS.get(arch, TensorProcessor).__name__
     if proc not in ROW_PROCESSORS:
-        return HeldPlan(False, f"transformers' {proc} for {arch} does more than reorder rows; dequantized to fp32 as it does", tuple(block))
+        return HeldPlan(False, f"transformers' {proc} for {arch} does more than reorder rows; dequantized to fp32 as it does", tuple(block), fp32)
     # a file of floats only is read the same way (its weights cast at load, no fp32 copy first)
     unread = [t for t in block if not ggml_readable(t)]
     if unread:
-        return HeldPlan(False, f"no per-layer dequantizer for ggml type {', '.join(unread)}; dequantized to fp32 as transformers does", tuple(block))
-    return HeldPlan(True, "", tuple(block))
+        return HeldPlan(False, f"no per-layer dequantizer for ggml type {', '.join(unread)}; dequantized to fp32 as transformers does", tuple(block), fp32)
+    return HeldPlan(True, "", tuple(block), fp32)
 
 
 @contextmanager

@@ -320,15 +320,36 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
         raise
 
 
-def checkpoint_dir(resolved: ResolvedSpec, progress: Any = None) -> Path:
-    return gguf_folder(resolved.path, progress)[0] if resolved.kind == "gguf" else resolved.path
+def checkpoint_dir(resolved: ResolvedSpec, progress: Any = None, gguf_weights: str = "auto") -> Path:
+    return gguf_folder(resolved.path, progress, gguf_weights)[0] if resolved.kind == "gguf" else resolved.path
 
 
-def gguf_folder(path: Path, progress: Any = None) -> tuple[Path, bool]:
+# --gguf-weights auto holds a quantized GGUF's blocks only when its fp32 weights would take
+# more than this share of the memory available now: dequantizing every layer at every
+# forward costs time (about 3× a decode step's on a CPU), so a model that fits runs as floats.
+GGUF_FIT_SHARE = 0.5
+
+
+def available_memory() -> int | None:
+    """The memory available to this process now (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def gguf_folder(path: Path, progress: Any = None, weights: str = "auto") -> tuple[Path, bool]:
     """The folder a GGUF's config and tokenizer are read from, and whether its linear
     weights are held as their ggml blocks (specprobe.models.gguf_held): then a folder
     without weights (`ensure_gguf_info`), else the fp32 checkpoint (`ensure_gguf_cached`),
-    with one line saying why a quantized file is not held."""
+    with one line saying why a quantized file is not held. weights (--gguf-weights): held
+    (where it can be), float (the fp32 path), auto (held when the fp32 weights would not
+    fit in GGUF_FIT_SHARE of the available memory; a file of floats only is read
+    directly either way)."""
     from specprobe.models.gguf_held import held_plan
 
     try:
@@ -336,6 +357,13 @@ def gguf_folder(path: Path, progress: Any = None) -> tuple[Path, bool]:
     except Exception as e:  # a header that does not parse, or tensors past the file's end
         _check_gguf_header(path)  # the damage, said as every GGUF load says it
         raise ModelLoadError(f"GGUF file {path} is corrupt or truncated ({type(e).__name__}: {str(e)[:80]})", "download or convert the file again") from e
+    if plan.held and plan.types and weights != "held":
+        free = available_memory()
+        fits = free is not None and plan.float_bytes <= GGUF_FIT_SHARE * free
+        if weights == "float" or fits:
+            if progress and weights == "auto":
+                progress(f"{path.name}: dequantized to fp32 ({plan.float_bytes / 2**20:,.0f} MiB, within the memory available; --gguf-weights held keeps its blocks)")
+            return ensure_gguf_cached(path, progress), False
     if plan.held:
         return ensure_gguf_info(path, progress), True
     if plan.types and progress:
@@ -431,11 +459,12 @@ def _refuse_bare_tokenizer(folder: Path, tokenizer: Any, config: Any) -> None:
         raise _no_vocabulary(folder, True, f" (the tokenizer it makes has {len(tokenizer)} of the model's {vocab} tokens)")
 
 
-def load_info(spec: str, progress: Any = None) -> ModelInfo:
-    """Tokenizer + config + generation config, without loading weights."""
+def load_info(spec: str, progress: Any = None, gguf_weights: str = "auto") -> ModelInfo:
+    """Tokenizer + config + generation config, without loading weights (a GGUF: where its
+    weights will come from, by `gguf_weights`, as `gguf_folder` decides)."""
     _offline()
     resolved = resolve(spec)
-    folder = checkpoint_dir(resolved, progress)
+    folder = checkpoint_dir(resolved, progress, gguf_weights)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     try:
@@ -533,12 +562,12 @@ class LoadedModel:
 
 
 
-def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None, device_map: str | None = None, max_memory: dict[Any, str] | None = None) -> LoadedModel:
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None, device_map: str | None = None, max_memory: dict[Any, str] | None = None, gguf_weights: str = "auto") -> LoadedModel:
     """Weights + tokenizer on the device, eval mode, no grad needed. device_map ("auto",
     "balanced", "cpu", …) and max_memory go to accelerate, for a target larger than one
     GPU: the layers spread over the devices, `device` is where the inputs go (the input
     embeddings'), and the hooks read each layer's output wherever it lives."""
-    info = info or load_info(spec, progress)
+    info = info or load_info(spec, progress, gguf_weights)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if device_map is not None or max_memory is not None:

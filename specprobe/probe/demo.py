@@ -97,7 +97,7 @@ def run_demo(base: DiagnoseConfig, progress: Progress | None = None) -> list[tup
     progress = progress or Progress()
     table = load_table([Path(p) for p in base.rules])
     progress.note(f"loading target {base.target}")
-    tinfo = load_info(base.target, progress)
+    tinfo = load_info(base.target, progress, base.gguf_weights)
     target = load_model(base.target, base.device, base.dtype, progress, info=tinfo)
     shuffled = make_vocab_shuffled(target, cache_root() / "demo" / f"{Path(tinfo.path).name}-vocab-shuffled", progress=progress)
     results: list[tuple[str, Result]] = []

@@ -59,8 +59,8 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
     check_paths(cfg.target if target is None else None, cfg.drafter if drafter is None else None)
     if target is None:
         progress.note(f"loading target {cfg.target}")
-        tinfo = load_info(cfg.target, progress)
-        dinfo = drafter_info(cfg.drafter, tinfo, progress)
+        tinfo = load_info(cfg.target, progress, cfg.gguf_weights)
+        dinfo = drafter_info(cfg.drafter, tinfo, progress, cfg.gguf_weights)
         refuse_draft_serving(cfg, dinfo is tinfo or "head" in dinfo.extra)
         if vet is not None:
             vet(dinfo)
@@ -71,7 +71,7 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
         if cfg.kv_served[0]:
             serve_kv_cache(target, cfg.kv_served[0])
     if drafter is None:
-        dinfo = drafter_info(cfg.drafter, target.info, progress)
+        dinfo = drafter_info(cfg.drafter, target.info, progress, cfg.gguf_weights)
         refuse_draft_serving(cfg, dinfo is target.info or "head" in dinfo.extra)
         progress.note(f"building drafter {cfg.drafter}")
         drafter = build_drafter(cfg.drafter, target, cfg.device, cfg.dtype, progress, info=None if dinfo is target.info else dinfo)

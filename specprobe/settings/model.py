@@ -237,6 +237,8 @@ SETTINGS: tuple[Setting, ...] = (
     # ------------------------------------------------------------------ runtime
     Setting("device", "--device", "auto | cpu | cuda | cuda:N (auto: cuda when available).", str, "auto", commands=RUNS | {DEMO}, file_key="device", file_commands=RUNS),
     Setting("dtype", "--dtype", "auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).", str, "auto", commands=RUNS | {DEMO}, file_key="dtype", file_commands=RUNS, choices=DTYPES),
+    Setting("gguf_weights", "--gguf-weights", "A quantized GGUF's decoder weights: held keeps them as the file's ggml blocks and dequantizes each layer at every forward (a GGUF that fits only quantized; slower, about 3× a decode step on a CPU), float dequantizes the file to fp32 once (cached), auto holds them only when the fp32 weights would take more than half the memory available.",
+            str, "auto", commands=RUNS | {DEMO}, file_key="gguf_weights", file_commands=RUNS, choices=("auto", "held", "float")),
     Setting("device_map", "--device-map", "Spread a target larger than one GPU over the devices with accelerate: auto | balanced | sequential | cpu.", str | None, commands=frozenset({DIAGNOSE}), file_key="device_map", show_default=False),
     Setting("max_memory", "--max-memory", "Memory per device for --device-map, e.g. 0=70GiB,1=70GiB (cpu=… too).", str | None, commands=frozenset({DIAGNOSE}), file_key="max_memory", parse=_P["max_memory"], metavar="DEV=SIZE,…", show_default=False),
     Setting(

@@ -135,6 +135,7 @@ class RunOptions:
             cost_ratio=self.cost_ratio,
             cost_origins={p: self.source(p) for p in ("cost_ratio", "verify_factor") if getattr(self, p) is not None},
             device=self.device,
+            gguf_weights=self.gguf_weights,
             dtype=self.dtype,
             device_map=self.device_map,
             max_memory=self.max_memory,

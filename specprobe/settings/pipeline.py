@@ -79,6 +79,7 @@ class DiagnoseConfig:
     verify_factor: float | None = None  # None: measure v_K on the device
     cost_ratio: float | None = None  # None: measure on the device
     device: str = "auto"
+    gguf_weights: str = "auto"  # a quantized GGUF: held as its blocks, the fp32 path, or auto (held when fp32 would not fit)
     dtype: str = "auto"
     rules: list[str] = field(default_factory=list)
     fail_on: str = "error"
