@@ -316,3 +316,15 @@ def test_prob_ties_leave_the_heap_as_libstdcxx_leaves_them(tmp_path: Path) -> No
                 size += 1
         out = subprocess.run([str(exe)], input="\n".join(ops), capture_output=True, text=True, check=True).stdout.split()
         assert [int(x) for x in out] == mine
+
+
+def test_relaxed_thresholds_with_the_ngram_tree_are_refused() -> None:
+    """SGLang verifies its NGRAM tree with the same kernel as EAGLE's, thresholds included;
+    the padded NGRAM tree is modelled at exact verification only, so thresholds below 1
+    are refused in one line rather than scored as if exact (a model drafter takes them)."""
+    from specprobe.settings.pipeline import DiagnoseConfig
+
+    with pytest.raises(ConfigError, match="sglang-ngram is not modelled"):
+        DiagnoseConfig(target="smollm2", drafter="sglang-ngram:num_draft_tokens=8", engine="sglang", accept_threshold_acc=0.7)
+    DiagnoseConfig(target="smollm2", drafter="self:layers=24", engine="sglang", accept_threshold_acc=0.7)
+    DiagnoseConfig(target="smollm2", drafter="sglang-ngram", engine="sglang")

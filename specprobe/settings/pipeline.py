@@ -129,6 +129,9 @@ class DiagnoseConfig:
                     f"{BY_NAME[name].flag} is SGLang's (--speculative-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} verifies every draft exactly",
                     f"add --engine sglang, or leave {BY_NAME[name].flag} out",
                 )
+        if min(self.thresholds) < 1 and str(self.drafter).split(":", 1)[0] == "sglang-ngram":
+            raise ConfigError("--accept-threshold-single/-acc below 1 with sglang-ngram is not modelled (its padded tree is verified exactly here)",
+                              "leave the thresholds at 1 for an NGRAM drafter, or estimate a model drafter with them")
 
         if self.tree is not None:
             self._check_tree()
