@@ -94,10 +94,12 @@ def test_a_sampled_tree_at_a_stride_is_near_the_full_pass(tiny_pair: Any, tmp_pa
     """T = 1, a dynamic tree, every 2nd start drafted: τ near the full pass's, the shift
     and its standard error reported, τ's one-standard-error range around the estimate."""
     from specprobe.probe.diagnose import run_diagnose
+    from specprobe.report.fmt import tree_lines
 
     cfg = _cfg(tiny_pair, tmp_path, "steps=3,topk=4,tokens=8", 1.0)
     full = run_diagnose(cfg).trees
-    part = run_diagnose(replace(cfg, tree_paths_stride=2)).trees
+    result = run_diagnose(replace(cfg, tree_paths_stride=2))
+    part = result.trees
     assert full is not None and part is not None and full.tree is not None and part.tree is not None
     t = part.tree
     assert t.estimate == "paths" and t.paths_stride == 2 and len(t.paths_shift) == 3 and len(t.paths_shift_se) == 3
@@ -109,6 +111,8 @@ def test_a_sampled_tree_at_a_stride_is_near_the_full_pass(tiny_pair: Any, tmp_pa
     assert t.tau_tokens != full.tree.tau_tokens  # the others are estimated, not drafted
     for shares in t.rank_shares:
         assert sum(x for x in shares if x is not None) == pytest.approx(1.0)
+    said = " ".join(tree_lines(result))
+    assert f"at every 2nd start ({t.paths_starts} of {t.paths_positions})" in said and "within one standard error of that shift" in said
 
 
 def test_the_default_stride_drafts_about_128_starts() -> None:

@@ -192,7 +192,13 @@ def tree_depth_rows(result: Any, none: str = DASH) -> list[list[str]]:
 
 def _tau_range(t: Any) -> str:
     lo, hi = getattr(t, "paths_tau_low_tokens", None), getattr(t, "paths_tau_high_tokens", None)
-    return f"; τ {fixed(lo, '.2f', DASH)}–{fixed(hi, '.2f', DASH)} within one standard error of that shift" if lo is not None and hi is not None else ""
+    return f" (τ {fixed(lo, '.2f', DASH)}–{fixed(hi, '.2f', DASH)} within one standard error of that shift)" if lo is not None and hi is not None else ""
+
+
+def _ordinal(n: int) -> str:
+    """2 -> 2nd, 3 -> 3rd, 11 -> 11th, 21 -> 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def tree_lines(result: Any, none: str = DASH) -> list[str]:
@@ -208,9 +214,9 @@ def tree_lines(result: Any, none: str = DASH) -> list[str]:
                    f"(its chain, K={t.steps}: τ {fixed(t.chain_tau_tokens, '.2f', none)}, {fixed(t.chain_speedup, '.2f', none)}×)")
         if getattr(t, "estimate", None) == "paths":
             stride = getattr(t, "paths_stride", None) or 1
-            where = "at every start" if stride == 1 else (f"at every {stride}th start ({t.paths_starts} of {t.paths_positions}; the others along the reference, "
-                                                          f"shifted by what those measured{_tau_range(t)})")
-            out.append(f"this tree was drafted on its candidate paths {where} (each node's children and acceptance after its own path); "
+            where = "at every start" if stride == 1 else (f"at every {_ordinal(stride)} start ({t.paths_starts} of {t.paths_positions}), the others estimated along "
+                                                          f"the reference shifted by what those measured{_tau_range(t)}")
+            out.append(f"this tree was drafted on its candidate paths (each node's children and acceptance after its own path) {where}; "
                        f"the grid's way, along the reference, gives it τ {fixed(t.tau_reference_tokens, '.2f', none)}")
     bt, bc = tr.best_tree, tr.best_chain
     if bt is not None:
