@@ -25,6 +25,7 @@ from specprobe.simulate import speculate
 from specprobe.simulate import tree as tl
 from specprobe.simulate.procedure import Procedure
 from tests.test_simulate import noisy_copy, rand_prompts, tiny
+from tests.test_tree_paths import _LM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -223,16 +224,6 @@ def test_estimate_on_the_paths_is_the_loops_tau(target: Any, drafter: Any, th: t
     assert exact.paths is not None
     assert est > exact.paths.tau()
     assert abs(est - c.tau_tokens) < 3 * se, (est, c.tau_tokens, se_est, se_loop)
-
-
-class _LM:
-    kind = "independent"
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    def step_model(self) -> Any:
-        return self.model
 
 
 # ----------------------------------------------------------------------------- the pipeline
