@@ -343,7 +343,6 @@ class Shift:
     count: np.ndarray
     se: np.ndarray
 
-
     def moved(self, k: float) -> Shift:
         """The survival's shift k standard errors away (by_rank unchanged)."""
         return Shift(self.survival + k * np.nan_to_num(self.se), self.by_rank, self.count, self.se)

@@ -32,6 +32,7 @@ from specprobe.estimates.tree import (
     dynamic_nodes,
     grid,
     path_probs,
+    reach,
     relaxed,
     round_windows,
     select,
@@ -296,8 +297,8 @@ class TreeAccumulator:
             code[:, j] = np.where(par < 0, 0, code[rows, np.maximum(par, 0)]) * base + nodes.rank[j] + 1
         # as the rank table: a round at t drafts only the depths up to n − 1 − t
         t = rows if at is None else np.asarray(at)
-        reach = nodes.depth[None, :] <= ((n if length is None else length) - 1 - t)[:, None]
-        live = nodes.verified & (nodes.depth[None, :] <= shape.steps) & reach
+        within = nodes.depth[None, :] <= ((n if length is None else length) - 1 - t)[:, None]
+        live = nodes.verified & (nodes.depth[None, :] <= shape.steps) & within
         codes, inv = np.unique(code[live], return_inverse=True)
         w = np.broadcast_to(start[:, None], (n, m))[live]
         ver = np.bincount(inv, weights=w, minlength=len(codes))
@@ -384,8 +385,6 @@ def _sequence_sums(shape: TreeShape, surv: np.ndarray, by_rank: np.ndarray, n: i
         out.window[j - 1] = surv[j, :m].sum()
         out.windows[j - 1] = m
     # a round at t drafts only up to n − 1 − t; the rank table counts depths it drafted
-    t = np.arange(n)
-    reach = (np.arange(1, s + 1)[:, None] <= (n - 1 - t)[None, :])  # [S, n]
-    out.by_rank = np.einsum("drn,n,dn->dr", by_rank, start, reach.astype(float))
+    out.by_rank = np.einsum("drn,n,dn->dr", by_rank, start, reach(s, n).astype(float))
     out.starts = start
     return out
