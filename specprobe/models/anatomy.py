@@ -172,17 +172,26 @@ def supports_logits_to_keep(model: Any) -> bool:
     return "logits_to_keep" in inspect.signature(type(model).forward).parameters
 
 
-def forward_last_hidden(model: Any, input_ids: Any, attention_mask: Any, head: OutputHead | None = None, **kw: Any) -> Any:
+def output_cache(out: Any) -> Any:
+    """The KV cache returned by a forward call, whichever name this version uses."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def forward_last_hidden(model: Any, input_ids: Any, attention_mask: Any, head: OutputHead | None = None, cache_out: list[Any] | None = None, **kw: Any) -> Any:
     """Run the model's own forward; -> the decoder's last hidden state [B, S, H].
 
     Only the last position's logits are computed (when the model supports it); with a head
     given, they are compared with head(hidden) for the last real token of every row that
-    ends at the last column, which proves the head against the forward on every batch."""
+    ends at the last column, which proves the head against the forward on every batch.
+    With `cache_out` (a list), the forward keeps its KV cache and appends it there."""
     import torch
 
     extra = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
     with torch.inference_mode(), capture_last_hidden(model) as box:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra, **kw)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=cache_out is not None, **extra, **kw)
+        if cache_out is not None:
+            cache_out.append(output_cache(out))
         h = box["h"]
         if head is not None:
             rows = attention_mask[:, -1].bool() if attention_mask is not None else torch.ones(h.shape[0], dtype=torch.bool, device=h.device)

@@ -107,8 +107,13 @@ class Stream:
     def repeated(self, rows: int) -> Stream:
         """A new stream of `rows` rows, each a copy of this one's row 0 (cache and slots):
         rounds that share a prefix start from one prefill. This stream is left as it is."""
-        out = Stream(self.model, rows, self.device)
-        idx = torch.zeros(rows, dtype=torch.long, device=self.device)
+        return self.take(torch.zeros(rows, dtype=torch.long, device=self.device))
+
+    def take(self, rows: torch.Tensor) -> Stream:
+        """A new stream whose row i is a copy of this one's row rows[i] (cache and slots;
+        a row may be taken many times). This stream is left as it is."""
+        out = Stream(self.model, len(rows), self.device)
+        idx = rows.to(self.device)
         if self.cache is not None:
             out.cache = copy.deepcopy(self.cache)
             out.cache.batch_select_indices(idx)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
-from specprobe.models.anatomy import forward_last_hidden, output_head
+from specprobe.models.anatomy import forward_last_hidden, output_cache, output_head  # noqa: F401  (output_cache re-exported)
 from specprobe.models.base import ModelInfo
 from specprobe.models.cache_check import entry_problem, manifest
 from specprobe.models.heads.layout import missing_head, split_spec
@@ -525,10 +525,11 @@ class LoadedModel:
             self._head = output_head(self.model, self.name)
         return self._head
 
-    def last_hidden(self, input_ids: Any, attention_mask: Any) -> Any:
+    def last_hidden(self, input_ids: Any, attention_mask: Any, cache_out: list[Any] | None = None) -> Any:
         """The model's own forward over a batch -> the LM head's input [B, S, H]; the
-        forward's last-position logits re-prove the head on every call."""
-        return forward_last_hidden(self.model, input_ids, attention_mask, self.head)
+        forward's last-position logits re-prove the head on every call. With `cache_out`,
+        its KV cache is kept and appended there."""
+        return forward_last_hidden(self.model, input_ids, attention_mask, self.head, cache_out=cache_out)
 
     @property
     def spec(self) -> str:
@@ -638,9 +639,3 @@ def cache_kwarg(model: Any) -> str:
 
     params = inspect.signature(type(model).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
-
-
-def output_cache(out: Any) -> Any:
-    """The KV cache returned by a forward call, whichever name this version uses."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)

@@ -35,7 +35,7 @@ from specprobe.probe.scoring import Scored, score
 from specprobe.probe.served import FullTargetWhatIf, served_differently
 from specprobe.probe.shards import run_shard
 from specprobe.probe.timing import cost_block, timing_settings, tree_grid
-from specprobe.probe.tree import TreeCollector, draft_on_paths, paths_stride, wants_trees
+from specprobe.probe.tree import TreeCollector, paths_collector, wants_trees
 from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
 from specprobe.settings.pipeline import DiagnoseConfig
@@ -160,13 +160,17 @@ def run_diagnose(
         served = served_differently(target) or served_differently(getattr(drafter, "loaded", None))
         whatif = [FullTargetWhatIf(target, drafter, refs.encoded, refs.conts, pair.sampling, cfg.drafting, cfg.batch_size)] if served and drafter.kind in ("independent", "layer_skip") else []
         trees = [TreeCollector(cfg, refs.items)] if wants_trees(cfg) else []
-        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *trees, *extra])
-        scoring_s.append(time.perf_counter() - t_score)  # the cost timing's budget: the scoring's, not the paths pass's
+        # the run's own tree drafted on its candidate paths, from each scoring batch's target pass
+        paths = [p for p in [paths_collector(cfg, target, drafter, pair.sampling.target, refs.encoded, refs.conts, progress)] if p is not None] if trees else []
+        scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *trees, *paths, *extra])
+        # the cost timing's budget: the scoring's time, not the paths drafting's
+        scoring_s.append(time.perf_counter() - t_score - sum(p.seconds for p in paths))
         if trees:
             scored.tree = trees[0].acc  # read by assemble.summarise
-            if cfg.tree_shape is not None and cfg.tree_estimate == "paths" and not scored.interrupted:  # the run's own tree: drafted on its candidate paths
-                scored.interrupted = not draft_on_paths(scored.tree, target, drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress,
-                                                     paths_stride(cfg.tree_paths_stride, refs.conts))
+            if paths and not scored.interrupted:
+                paths[0].finish(scored.tree)
+            elif paths:
+                progress.note("interrupted: the tree keeps the estimate along the reference")
         if whatif:
             scored.served_whatif = whatif[0]  # read by assemble.build_result
         if by_length:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -98,6 +98,13 @@ class Buffered:
         self.tree_width = max((int(getattr(s, "tree_width", 0) or 0) for s in sinks), default=0)
         self.probes: list[Probe] = [p for p in (getattr(s, "probe", None) for s in sinks) if p is not None]
         self.probe = self._probe if self.probes else None
+        self.passes: list[Any] = [s for s in sinks if getattr(s, "wants_pass", False)]
+        self.wants_pass = bool(self.passes)
+
+    def target_pass(self, idx: list[int], tp: Any, cache: Any) -> None:
+        """Handed on at once: the collectors that want it hold it until `batch_done`."""
+        for s in self.passes:
+            s.target_pass(idx, tp, cache)
 
     def _probe(self, chunk: Chunk, target_logits: torch.Tensor, draft_logits: torch.Tensor) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}

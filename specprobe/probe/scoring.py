@@ -316,7 +316,9 @@ def _broken(values: list[np.ndarray], target_logits: torch.Tensor | None, draft_
 # ----------------------------------------------------------------------------- collectors
 class Collector(Protocol):
     """Receives every chunk of a batch, then `batch_done()`; a batch cut by Ctrl-C never
-    gets `batch_done()`, so a collector that commits per batch keeps only whole ones."""
+    gets `batch_done()`, so a collector that commits per batch keeps only whole ones.
+    One with `wants_pass` also gets the batch's target pass before `batch_done()`:
+    `target_pass(prompt indices, TargetPass, its KV cache)`."""
 
     def chunk(self, chunk: Chunk, scores: ChunkScores) -> None: ...
 
@@ -463,9 +465,11 @@ def score_batch(target: LoadedModel, drafter: Drafter, idx: list[int], encoded: 
     step = cfg.chunk_positions
     top, probes = _wants(sinks)
     width = _tree_width(sinks)
+    keepers: list[Any] = [s for s in sinks if getattr(s, "wants_pass", False)]
+    cache_out: list[Any] | None = [] if keepers else None  # a collector that starts from this pass keeps its KV cache
     with torch.inference_mode(), capture_layers(target.model, drafter.target_layers_needed()) as captured:
         # the model's own forward (logits for the last position only: they re-prove `head`)
-        tp = TargetPass(ids, mask, target.last_hidden(ids, mask), dict(captured))
+        tp = TargetPass(ids, mask, target.last_hidden(ids, mask, cache_out=cache_out), dict(captured))
         feats = drafter.hidden(tp)  # depth -> [B, S, H']
         depths = sorted(d for d in feats if 1 <= d <= cfg.k_max)
         vocab: ScoringVocab | None = None
@@ -496,6 +500,8 @@ def score_batch(target: LoadedModel, drafter: Drafter, idx: list[int], encoded: 
             for s in sinks:
                 s.chunk(chunk, scores)
             del tl
+        for s in keepers:
+            s.target_pass(idx, tp, cache_out[0] if cache_out else None)
     return tuple(d for d in depths if d > 1)
 
 

@@ -80,40 +80,32 @@ def paths_stride(stride: int | None, conts: Sequence[Sequence[int]]) -> int:
     return max(1, round(sum(len(c) for c in conts) / PATHS_STARTS))
 
 
-def draft_on_paths(acc: TreeAccumulator, target: Any, drafter: Any, shape: TreeShape, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any,
-                   stride: int = 1) -> bool:  # fmt: skip
-    """The run's own tree with the drafter on every candidate path (`probe.tree_paths`),
-    into `acc.paths` -> False when Ctrl-C stopped it (the tree then keeps the reference's
-    estimate, as the grid's trees do, and the run is marked interrupted).
+def paths_starts(stride: int, conts: Sequence[Sequence[int]]) -> list[np.ndarray | None] | None:
+    """The starts a paths pass drafts at this stride: every stride-th of each reference,
+    offset by the reference's index (so the drafted starts do not line up with positions);
+    None at stride 1 (every start)."""
+    if stride <= 1:
+        return None
+    return [np.arange(i % stride if i % stride < len(c) else 0, len(c), stride) if len(c) else None for i, c in enumerate(conts)]
 
-    stride > 1 drafts every stride-th start of each reference (offset by the reference's
-    index, so the drafted starts do not line up with positions) and estimates the other
-    starts from their rounds along the reference plus the mean difference the drafted
-    starts measured (`estimates.tree.shifted`): about 1/stride of the pass's forwards."""
+
+def add_paths(acc: TreeAccumulator, shape: TreeShape, rounds: Sequence[tuple[int, Any, np.ndarray, np.ndarray]], conts: Sequence[Sequence[int]], stride: int) -> None:
+    """A paths pass's rounds (index, nodes, prob, starts) into `acc.paths`. At stride 1
+    they are every start; at stride > 1 the other starts are estimated from their rounds
+    along the reference plus the mean difference the drafted starts measured
+    (`estimates.tree.shifted`), and τ with the shift one standard error either way is kept
+    beside, for the references the scoring kept (`acc.along`: logits that were numbers)."""
     from specprobe.estimates.tree import mean_shift, shifted, tally
     from specprobe.metrics.tree import rounds_tau
-    from specprobe.probe import tree_paths
 
-    why = tree_paths.why_not(drafter)
-    if why:
-        progress.note(f"--tree: {why}; the tree is estimated along the reference, as the grid is")
-        return True
-    starts: list[np.ndarray | None] | None = None
-    if stride > 1:
-        starts = [np.arange(i % stride if i % stride < len(c) else 0, len(c), stride) if i in acc.along else None for i, c in enumerate(conts)]
-    try:
-        rounds, _ = tree_paths.run(target.model, drafter, shape, sampling, encoded, conts, progress, starts=starts, thresholds=acc.thresholds)
-    except KeyboardInterrupt:
-        progress.note("interrupted while drafting the tree on its candidate paths: the tree keeps the estimate along the reference")
-        return False
-    if starts is None:
+    if stride <= 1:
         for _, nodes, prob, _at in rounds:
             acc.add_rounds(nodes, prob)
-        return True
-    drafted = [(i, nodes, prob, at, tally(shape, nodes, prob)) for i, nodes, prob, at in rounds]
+        return
+    drafted = [(i, nodes, prob, at, tally(shape, nodes, prob)) for i, nodes, prob, at in rounds if i in acc.along]
     pairs = [(acc.along[i], at, got) for i, _, _, at, got in drafted]
     if not pairs:
-        return True
+        return
     shift = mean_shift(pairs)
     for i, nodes, prob, at, got in drafted:
         acc.add_rounds(nodes, prob, shifted(acc.along[i], at, got, shift), at, len(conts[i]))
@@ -121,7 +113,142 @@ def draft_on_paths(acc: TreeAccumulator, target: Any, drafter: Any, shape: TreeS
     lo, hi = (rounds_tau(shape, [(shifted(acc.along[i], at, got, shift.moved(k)), len(conts[i])) for i, _, _, at, got in drafted]) for k in (-1.0, 1.0))
     acc.paths_sampling = {"stride": stride, "starts": int(sum(len(at) for _, _, _, at, _ in drafted)), "of": int(sum(len(conts[i]) for i, *_ in drafted)),
                           "shift": shift.survival.tolist(), "shift_se": shift.se.tolist(), "tau_low": lo, "tau_high": hi}
+
+
+def draft_on_paths(acc: TreeAccumulator, target: Any, drafter: Any, shape: TreeShape, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any,
+                   stride: int = 1) -> bool:  # fmt: skip
+    """The run's own tree with the drafter on every candidate path (`probe.tree_paths`),
+    after the scoring, with a target pass of its own -> False when Ctrl-C stopped it (the
+    tree then keeps the estimate along the reference, as the grid's trees do, and the run
+    is marked interrupted). diagnose drafts during the scoring instead (`PathsCollector`).
+
+    stride > 1 drafts every stride-th start of each reference (`paths_starts`) and
+    estimates the other starts (`add_paths`): about 1/stride of the pass's forwards."""
+    from specprobe.probe import tree_paths
+
+    why = tree_paths.why_not(drafter)
+    if why:
+        progress.note(f"--tree: {why}; the tree is estimated along the reference, as the grid is")
+        return True
+    starts = paths_starts(stride, conts)
+    if starts is not None:
+        starts = [x if i in acc.along else None for i, x in enumerate(starts)]
+    try:
+        rounds, _ = tree_paths.run(target.model, drafter, shape, sampling, encoded, conts, progress, starts=starts, thresholds=acc.thresholds)
+    except KeyboardInterrupt:
+        progress.note("interrupted while drafting the tree on its candidate paths: the tree keeps the estimate along the reference")
+        return False
+    add_paths(acc, shape, rounds, conts, stride)
     return True
+
+
+def paths_collector(cfg: DiagnoseConfig, target: Any, drafter: Any, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any) -> PathsCollector | None:
+    """The collector that drafts the run's own tree on its candidate paths during the
+    scoring (`--tree-estimate paths`, the default with --tree), or None (no tree of the
+    run's own, another estimate, or a drafter that cannot draft it: said in a note)."""
+    from specprobe.probe import tree_paths
+
+    if cfg.tree_shape is None or cfg.tree_estimate != "paths":
+        return None
+    why = tree_paths.why_not(drafter)
+    if why:
+        progress.note(f"--tree: {why}; the tree is estimated along the reference, as the grid is")
+        return None
+    stride = paths_stride(cfg.tree_paths_stride, conts)
+    out = PathsCollector(target, drafter, cfg.tree_shape, sampling, encoded, conts, stride, cfg.thresholds)
+    n = sum(len(c) for c in conts if len(c) >= 2)
+    drafted = n if out.starts is None else sum(len(x) for x, c in zip(out.starts, conts, strict=True) if x is not None and len(c) >= 2)
+    progress.note(f"drafting the tree on its candidate paths with the scoring: {drafted} of {n} starts" + (f" (one start in {stride})" if stride > 1 else ""))
+    return out
+
+
+class PathsCollector:
+    """A scoring collector that drafts the run's tree on its candidate paths from each
+    scoring batch's own target pass (its KV cache and states: `wants_pass`), so the
+    references get no second target prefill; its rounds go to `add_paths` once the scoring
+    is done. A greedy target's argmax along each reference comes from the scoring's own
+    logits (`probe`). Ctrl-C during a batch's drafting stops the scoring there, as Ctrl-C
+    during a batch does."""
+
+    wants_pass = True
+
+    def __init__(self, target: Any, drafter: Any, shape: TreeShape, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], stride: int,
+                 thresholds: tuple[float, float]) -> None:  # fmt: skip
+        from specprobe.probe import tree_paths
+
+        self.paths = tree_paths.PathRounds(target.model, drafter, shape, sampling, thresholds=thresholds)
+        self.shape, self.encoded, self.conts, self.stride = shape, encoded, conts, stride
+        self.starts = paths_starts(stride, conts)
+        self.rounds: list[tuple[int, Any, np.ndarray, np.ndarray]] = []
+        self.seconds = 0.0  # the drafting's own time, inside the scoring's
+        self._pass: tuple[list[int], Any, Any] | None = None
+        self._best: dict[int, np.ndarray] = {}
+        self.probe = self._argmax if sampling.greedy else None
+
+    def _argmax(self, chunk: Any, target_logits: Any, draft_logits: Any) -> dict[str, np.ndarray]:
+        return {"paths_argmax": target_logits.argmax(dim=-1).cpu().numpy()}
+
+    def chunk(self, chunk: Any, scores: Any) -> None:
+        top = scores.extra.get("paths_argmax")
+        if top is None:
+            return
+        for i in np.unique(chunk.prompt):
+            m = chunk.prompt == i
+            row = self._best.setdefault(int(i), np.full(len(self.conts[i]), -1, dtype=np.int64))
+            row[chunk.token_pos[m] - len(self.encoded[i])] = top[m]
+
+    def target_pass(self, idx: list[int], tp: Any, cache: Any) -> None:
+        self._pass = (idx, tp, cache)
+
+    def batch_done(self) -> None:
+        import time
+
+        import torch
+
+        from specprobe.estimates.tree import Nodes
+        from specprobe.probe.memory import _free, is_oom
+        from specprobe.probe.tree_paths import _Ref
+
+        got, self._pass = self._pass, None
+        if got is None:
+            return
+        idx, tp, cache = got
+        keep = [g for g, i in enumerate(idx) if len(self.conts[i]) >= 2 and len(self.encoded[i]) >= 1 and (self.starts is None or self.starts[i] is not None)]
+        best = [self._best.pop(i, None) for i in idx]
+        if not keep or cache is None:
+            return
+        t0 = time.perf_counter()
+        rows = torch.as_tensor(keep, device=tp.input_ids.device)
+        if len(keep) < len(idx):
+            cache.batch_select_indices(rows)
+        pick = (lambda x: x) if len(keep) == len(idx) else (lambda x: x[rows])
+        refs = []
+        for g in keep:
+            i = idx[g]
+            n = len(self.conts[i])
+            at = np.arange(n) if self.starts is None else np.asarray(self.starts[i])
+            refs.append(_Ref([int(x) for x in self.encoded[i]] + [int(x) for x in self.conts[i]], len(self.encoded[i]), n, at))
+        along = [x for x in (best[g] for g in keep) if x is not None] if self.probe is not None else []
+        assert self.probe is None or len(along) == len(keep), "a greedy target's argmax comes with every scored chunk"
+        while True:
+            try:
+                with torch.inference_mode():
+                    out = self.paths.from_pass(refs, pick(tp.input_ids), pick(tp.attention_mask), cache, {k: pick(v) for k, v in tp.layer_hidden.items()}, pick(tp.last_hidden),
+                                               along)  # fmt: skip
+                break
+            except Exception as e:  # out of memory: fewer rounds per forward (the pass itself is not touched)
+                if not is_oom(e) or self.paths.rows <= 1:
+                    raise
+                _free()
+                self.paths.rows = max(1, self.paths.rows // 2)
+        for g, (tree, verified, prob) in zip(keep, out, strict=True):
+            i = idx[g]
+            self.rounds.append((i, Nodes(tree.depth, tree.rank, tree.parent, tree.score, verified), prob, refs[keep.index(g)].at))
+        self.seconds += time.perf_counter() - t0
+
+    def finish(self, acc: TreeAccumulator) -> None:
+        """The rounds into `acc.paths` (`add_paths`)."""
+        add_paths(acc, self.shape, self.rounds, self.conts, self.stride)
 
 
 def _row(shape: TreeShape, sums: TreeSums, cost: float, chain_cost: float | None = None) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,13 +59,44 @@ from specprobe.metrics.sampling import Sampling, probs
 from specprobe.models import tree_attention as ta
 from specprobe.models.heads.chain import HeadDrafter
 from specprobe.models.heads.live import LiveHead, unsupported
-from specprobe.models.kvcache import Stream
+from specprobe.models.kvcache import Stream, right_align
 from specprobe.models.tree_draft import HeadTree, LMTree, Tree, block, draft
 
 # Start positions per batch of tree rounds: each row holds a copy of the reference's caches,
 # so a long reference gets fewer rows, within COPY_BYTES of copies for the batch.
 ROWS = 64
 COPY_BYTES = 1 << 29
+# References of similar length prefill together and share their rounds' forwards: a group
+# holds at most GROUP_TOKENS of padded prefill, and (a greedy target, whose verdicts along
+# the reference are read off the prefill's logits) at most LOGIT_BYTES of those logits.
+GROUP_TOKENS = 4096
+LOGIT_BYTES = 1 << 28
+
+
+@dataclass
+class _Ref:
+    """One reference to draft on: prompt + continuation, the prompt's length p, the
+    continuation's n, and the start positions of its rounds."""
+
+    seq: list[int]
+    p: int
+    n: int
+    at: np.ndarray
+
+
+@dataclass
+class _Pass:
+    """The target over a group of references, as their rounds start from it: its KV cache
+    (a `Stream`), the tokens it saw ids [G, L] and which are real, valid [G, L] (row g's
+    token j at slot off[g] + j), each reference's target argmax along it (a greedy target
+    reading its verdicts off the pass) and, for a head, its states at every position."""
+
+    stream: Stream
+    ids: torch.Tensor
+    valid: torch.Tensor
+    off: np.ndarray
+    best: list[np.ndarray]
+    feats: torch.Tensor | None
 
 
 def cache_bytes(x: Any) -> int:
@@ -111,62 +143,141 @@ class PathRounds:
         node's probability of being on the accepted path) for the rounds starting at
         `starts` (default: all n of them, 0..n − 1, in order), or None when it is too
         short to draft (n < 2)."""
-        p, n = len(prompt), len(cont)
-        if n < 2 or p < 1:
-            return None
-        at = np.arange(n) if starts is None else np.asarray(starts, dtype=np.int64)
-        if len(at) == 0 or at.min() < 0 or at.max() >= n:
-            raise ValueError(f"start positions must lie in 0..{n - 1}")
-        seq = [int(x) for x in prompt] + [int(x) for x in cont]
-        ids = torch.tensor([seq[:-1]], dtype=torch.long, device=self.device)
-        ones = torch.ones_like(ids, dtype=torch.bool)
-        target = Stream(self.target_model, 1, self.device)
-        base_head: LiveHead | None = None
-        base_lm: Stream | None = None
-        # the target's argmax after every prefix of the reference (its last n positions): a
+        return self.references([(prompt, cont, starts)])[0]
+
+    def references(self, items: Sequence[tuple[Sequence[int], Sequence[int], np.ndarray | None]], done: Any = None) -> list[tuple[Tree, np.ndarray, np.ndarray] | None]:
+        """Several references (prompt, continuation, starts) -> `reference`'s answer for
+        each, in order. References of similar length share their prefills and their
+        rounds' forwards (`groups`); `done(k)` is told as each group of k finishes."""
+        refs: list[_Ref | None] = []
+        for prompt, cont, starts in items:
+            p, n = len(prompt), len(cont)
+            if n < 2 or p < 1:
+                refs.append(None)
+                continue
+            at = np.arange(n) if starts is None else np.asarray(starts, dtype=np.int64)
+            if len(at) == 0 or at.min() < 0 or at.max() >= n:
+                raise ValueError(f"start positions must lie in 0..{n - 1}")
+            refs.append(_Ref([int(x) for x in prompt] + [int(x) for x in cont], p, n, at))
+        out: list[tuple[Tree, np.ndarray, np.ndarray] | None] = [None] * len(items)
+        for group in self.groups(refs):
+            for i, got in zip(group, self._group([r for r in (refs[i] for i in group) if r is not None]), strict=True):
+                out[i] = got
+            if done is not None:
+                done(len(group))
+        return out
+
+    def groups(self, refs: Sequence[_Ref | None]) -> list[list[int]]:
+        """The references' indices in groups that prefill together: by length, each group
+        within GROUP_TOKENS of padded prefill and (a greedy target reading its verdicts off
+        the prefill) LOGIT_BYTES of kept logits."""
+        order = sorted((i for i, r in enumerate(refs) if r is not None), key=lambda i: len(refs[i].seq))  # type: ignore[union-attr]
+        keep_logits = self.sampling.greedy and self.read_greedy
+        out: list[list[int]] = []
+        for i in order:
+            r = refs[i]
+            assert r is not None
+            if out:
+                g = [refs[j] for j in out[-1]] + [r]
+                width = max(len(x.seq) - 1 for x in g if x is not None)
+                logits = len(g) * max(x.n for x in g if x is not None) * self.vocab * 4 if keep_logits else 0
+                if len(g) * width <= GROUP_TOKENS and logits <= LOGIT_BYTES:
+                    out[-1].append(i)
+                    continue
+            out.append([i])
+        return out
+
+    def _group(self, refs: list[_Ref]) -> list[tuple[Tree, np.ndarray, np.ndarray]]:
+        """One group's prefill, then its rounds."""
+        return self._rounds(refs, self._prefill(refs))
+
+    def from_pass(self, refs: list[_Ref], ids: torch.Tensor, mask: torch.Tensor, cache: Any, layer_hidden: dict[int, torch.Tensor], last_hidden: torch.Tensor,
+                  best: list[np.ndarray]) -> list[tuple[Tree, np.ndarray, np.ndarray]]:  # fmt: skip
+        """The rounds of references the target has just been run over (the scoring's pass:
+        ids [G, L] prompt + continuation at the left of each row, mask [G, L], its KV cache,
+        its states; `best`: each reference's target argmax along it, for a greedy target)
+        — no prefill of the target's own."""
+        stream = Stream(self.target_model, len(refs), self.device)
+        stream.cache = cache
+        stream.valid = mask.bool().clone()
+        feats = LiveHead(self.drafter, len(refs), self.device).features(ids, layer_hidden, last_hidden) if self.head else None
+        return self._rounds(refs, _Pass(stream, ids, stream.valid, np.zeros(len(refs), dtype=np.int64), best, feats))
+
+    def _prefill(self, refs: list[_Ref]) -> _Pass:
+        """The target over a group's references, right-aligned (holes on the left: row g's
+        token j sits at slot off[g] + j)."""
+        ids, ones = right_align([r.seq[:-1] for r in refs], self.device)
+        width = ids.shape[1]
+        off = np.asarray([width - (len(r.seq) - 1) for r in refs], dtype=np.int64)
+        target = Stream(self.target_model, len(refs), self.device)
+        # the target's argmax after every prefix of each reference (its last n positions): a
         # greedy target's verdict on every node along the reference, without a tree pass
-        tail: dict[str, torch.Tensor] = {}
+        keep_logits = self.sampling.greedy and self.read_greedy
+        best: list[np.ndarray] = []
 
         def prefill() -> torch.Tensor:
-            logits = target.forward(ids, ones, keep=n)
-            tail["best"] = logits[0].argmax(dim=-1).cpu()
+            keep = max(r.n for r in refs) if keep_logits else 1
+            logits = target.forward(ids, ones, keep=keep)
+            if keep_logits:
+                top = logits.argmax(dim=-1).cpu().numpy()
+                best.extend(top[g, keep - r.n :] for g, r in enumerate(refs))
             return logits
 
+        feats = None
         if self.head:
-            base_head = LiveHead(self.drafter, 1, self.device)
-            base_head.watch(ids, prefill)  # the target's states at every position
-            assert base_head._seen is not None
-            feats = base_head._seen[1]  # [1, L, F]
-            base_head._seen = None
-            self._feats = feats
-            if ids.shape[1] > 1:  # slot j: (state at j, token j + 1), as the loop's catch-up feeds them
-                base_head.pending = (feats[:, :-1], ids[:, 1:], ones[:, 1:])
-                base_head.catch_up()
+            probe = LiveHead(self.drafter, len(refs), self.device)
+            probe.watch(ids, prefill)  # the target's states at every position
+            assert probe._seen is not None
+            feats = probe._seen[1]  # [G, L, F]
         else:
             prefill()
-            base_lm = self._shared_prefill(target) or Stream(self.step, 1, self.device)
-            if base_lm.length == 0:
-                base_lm.forward(ids, ones, keep=1)
         self.target_calls += target.calls
+        return _Pass(target, ids, ones, off, best, feats)
+
+    def _rounds(self, refs: list[_Ref], ps: _Pass) -> list[tuple[Tree, np.ndarray, np.ndarray]]:
+        """A group's rounds from its target pass, in chunks of start positions."""
+        target, ids, off, best = ps.stream, ps.ids, ps.off, ps.best
+        base_head: LiveHead | None = None
+        base_lm: Stream | None = None
+        if self.head:
+            assert ps.feats is not None
+            base_head = LiveHead(self.drafter, len(refs), self.device)
+            self._feats = ps.feats
+            if ids.shape[1] > 1:  # slot j: (state at j, token j + 1), as the loop's catch-up feeds them; a hole's state is no slot
+                base_head.pending = (ps.feats[:, :-1], ids[:, 1:], ps.valid[:, :-1] & ps.valid[:, 1:])
+                base_head.catch_up()
+        else:
+            base_lm = self._shared_prefill(target) or Stream(self.step, len(refs), self.device)
+            if base_lm.length == 0:
+                base_lm.forward(ids, ps.valid, keep=1)
         depth_cap = self.shape.steps
         if base_head is not None and base_head.max_depth is not None:  # Medusa: one depth per head
             depth_cap = min(depth_cap, base_head.max_depth)
-        trees: list[Tree] = []
-        verified: list[np.ndarray] = []
-        prob: list[np.ndarray] = []
-        per_row = cache_bytes(target) + cache_bytes(base_head if base_head is not None else base_lm)
+        per_row = (cache_bytes(target) + cache_bytes(base_head if base_head is not None else base_lm)) // len(refs)
         rows = max(1, min(self.rows, COPY_BYTES // max(per_row, 1)))
-        for lo in range(0, len(at), rows):
-            t = at[lo : lo + rows]
+        g_all = np.concatenate([np.full(len(r.at), g, dtype=np.int64) for g, r in enumerate(refs)])
+        t_all = np.concatenate([r.at for r in refs])
+        got: list[tuple[Tree, np.ndarray, np.ndarray]] = []
+        for lo in range(0, len(t_all), rows):
+            g, t = g_all[lo : lo + rows], t_all[lo : lo + rows]
+            n = np.asarray([refs[x].n for x in g])
+            p = np.asarray([refs[x].p for x in g])
             cap = np.minimum(depth_cap, n - 1 - t).astype(np.int64)
             if self.head:
                 cap = np.where(p + t - 2 >= 0, cap, 0)  # a head needs the target's state before the root
-            tr, ver, pr = self._chunk(seq, p, t, cap, target, base_lm, base_head, tail["best"].numpy())
-            trees.append(tr)
-            verified.append(ver)
-            prob.append(pr)
-        tree = Tree(trees[0].depth, trees[0].rank, np.concatenate([x.tok for x in trees]), np.concatenate([x.parent for x in trees]), np.concatenate([x.score for x in trees]))
-        return tree, np.concatenate(verified), np.concatenate(prob)
+            got.append(self._chunk(refs, g, off, t, cap, target, base_lm, base_head, best))
+        self._feats = None
+        tok = np.concatenate([x[0].tok for x in got])
+        parent = np.concatenate([x[0].parent for x in got])
+        score = np.concatenate([x[0].score for x in got])
+        ver = np.concatenate([x[1] for x in got])
+        prob = np.concatenate([x[2] for x in got])
+        depth, rank = got[0][0].depth, got[0][0].rank
+        out = []
+        for gi in range(len(refs)):
+            m = g_all == gi
+            out.append((Tree(depth, rank, tok[m], parent[m], score[m]), ver[m], prob[m]))
+        return out
 
     def _shared_prefill(self, target: Stream) -> Stream | None:
         """A layer-skip self-draft's prefill is the target's first N layers' cache (the
@@ -178,58 +289,62 @@ class PathRounds:
             return None
         if any(getattr(x, "is_sliding", False) or not isinstance(getattr(x, "keys", None), torch.Tensor) for x in layers):
             return None
-        out = Stream(self.step, 1, self.device)
+        out = Stream(self.step, target.valid.shape[0], self.device)
         out.cache = copy.deepcopy(target.cache)
         out.cache.layers = out.cache.layers[:n]
         out.valid = target.valid.clone()
         return out
 
-    def _chunk(self, seq: list[int], p: int, t: np.ndarray, cap: np.ndarray, target: Stream, base_lm: Stream | None, base_head: LiveHead | None, best: np.ndarray) -> tuple[Tree, np.ndarray, np.ndarray]:
-        b = len(t)
-        root = p + t - 1  # the root's index in seq: the last token of the round's context
-        roots = [[seq[r]] for r in root]
+    def _chunk(self, refs: list[_Ref], g: np.ndarray, off: np.ndarray, t: np.ndarray, cap: np.ndarray, target: Stream, base_lm: Stream | None, base_head: LiveHead | None,
+               best: list[np.ndarray]) -> tuple[Tree, np.ndarray, np.ndarray]:  # fmt: skip
+        """The rounds at starts t [B] of group rows g [B]: draft, then verify."""
+        root = np.asarray([refs[x].p for x in g]) + t - 1  # the root's index in its reference: the last token of the round's context
+        slot_root = torch.as_tensor(off[g] + root, device=self.device)  # ... and its slot in the group's caches
+        roots = [[refs[x].seq[r]] for x, r in zip(g, root, strict=True)]
+        take = torch.as_tensor(g, device=self.device)
         src: Any
         if base_head is not None:
-            head = base_head.repeated(b)
+            head = base_head.take(take)
             hslot = torch.arange(head.length, device=self.device)
-            before = torch.as_tensor(np.maximum(root - 1, 0), device=self.device)  # the state before the root
-            head.valid &= hslot[None, :] < before[:, None]
+            # slot s holds the state at s: those before the root's own state (the one it is fed with)
+            head.valid &= hslot[None, :] < (slot_root - 1).clamp(min=0)[:, None]
             src = HeadTree(self.drafter, 1, self.device)
             src.head = head
-            feats = self._features(seq, root)
-            toks = torch.as_tensor([[seq[r]] for r in root], dtype=torch.long, device=self.device)
+            feats = self._features(take, (slot_root - 1).clamp(min=0))
+            toks = torch.as_tensor(roots, dtype=torch.long, device=self.device)
             head.pending = (feats, toks, torch.ones_like(toks, dtype=torch.bool))
         else:
             assert base_lm is not None
             src = LMTree(self.step, roots, self.device)
-            src.stream = base_lm.repeated(b)
+            src.stream = base_lm.take(take)
             dslot = torch.arange(src.stream.length, device=self.device)
-            src.stream.valid &= dslot[None, :] < torch.as_tensor(root, device=self.device)[:, None]
+            src.stream.valid &= dslot[None, :] < slot_root[:, None]
         with torch.inference_mode():
             tree, verified = draft(src, self.shape, cap, self.vocab)
             self.draft_calls += src.calls
             if self.sampling.greedy and self.read_greedy:
-                known = self._greedy_along(tree, verified, seq, t, best)
+                known = self._greedy_along(tree, verified, refs, g, t, best)
                 if known is not None:
                     return tree, verified, known
-            tgt = target.repeated(b)
+            tgt = target.take(take)
             slot = torch.arange(tgt.length, device=self.device)
-            tgt.valid &= slot[None, :] < torch.as_tensor(root, device=self.device)[:, None]
+            tgt.valid &= slot[None, :] < slot_root[:, None]
             blk = block(tgt, roots, tree, verified)
             w = blk.ids.shape[1] - blk.unseen
             logits = finite(ta.forward(tgt, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1))  # [B, 1 + W, V]
         self.target_calls += tgt.calls
         return tree, verified, self._accept(tree, blk.nodes, logits)
 
-    def _greedy_along(self, tree: Tree, verified: np.ndarray, seq: list[int], t: np.ndarray, best: np.ndarray) -> np.ndarray | None:
+    def _greedy_along(self, tree: Tree, verified: np.ndarray, refs: list[_Ref], g: np.ndarray, t: np.ndarray, best: list[np.ndarray]) -> np.ndarray | None:
         """A greedy target's verdicts read off the reference: a node whose ancestors are
         the reference's tokens is accepted when its own token is the target's argmax after
-        that prefix (`best[t + d − 1]`, from the prefill). Exact unless an accepted node
+        that prefix (`best[g][t + d − 1]`, from the prefill). Exact unless an accepted node
         leaves the reference (the target's argmax is not the reference's token there, as
-        with a dataset's responses): then None, and the tree gets its target pass."""
+        with a dataset's responses): then None, and the chunk gets its target pass."""
         b, m = tree.tok.shape
         out = np.zeros((b, m))
         for r in range(b):
+            ref, top = refs[g[r]], best[g[r]]
             for j in np.flatnonzero(verified[r]):
                 par = int(tree.parent[r, j])
                 up = 1.0 if par < 0 else out[r, par]
@@ -237,18 +352,18 @@ class PathRounds:
                     continue
                 d = int(tree.depth[j])
                 tok = int(tree.tok[r, j])
-                if tok != int(best[t[r] + d - 1]):
+                if tok != int(top[t[r] + d - 1]):
                     continue
-                if tok != seq[len(seq) - len(best) + t[r] + d - 1]:
+                if tok != ref.seq[ref.p + t[r] + d - 1]:
                     return None  # accepted off the reference: its children need the target's pass
                 out[r, j] = 1.0
         return out
 
-    def _features(self, seq: list[int], root: np.ndarray) -> torch.Tensor:
-        """The target's states the head reads before each row's root: [B, 1, F]."""
+    def _features(self, rows: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """The target's states the head reads before each round's root (group rows [B],
+        their slots [B] in the group's prefill): [B, 1, F]."""
         assert self._feats is not None
-        idx = torch.as_tensor(np.maximum(root - 1, 0), device=self.device)
-        return self._feats[0, idx][:, None]
+        return self._feats[rows, slot][:, None]
 
     _feats: torch.Tensor | None = None
 
@@ -295,11 +410,10 @@ def run(target_model: Any, drafter: Any, shape: TreeShape, sampling: Sampling, e
     todo = [(i, e, c) for i, (e, c) in enumerate(zip(encoded, conts, strict=True)) if len(c) >= 2 and (starts is None or starts[i] is not None)]
     out: list[tuple[int, Nodes, np.ndarray, np.ndarray]] = []
     with (progress or Progress()).task(f"drafting the tree on its candidate paths ({len(todo)} references)", len(todo)) as advance:
-        for i, e, c in todo:
+        got = pr.references([(e, c, None if starts is None else starts[i]) for i, e, c in todo], done=advance)
+    for (i, _, c), one in zip(todo, got, strict=True):
+        if one is not None:
+            tree, verified, prob = one
             at = None if starts is None else starts[i]
-            got = pr.reference(e, c, at)
-            if got is not None:
-                tree, verified, prob = got
-                out.append((i, Nodes(tree.depth, tree.rank, tree.parent, tree.score, verified), prob, np.arange(len(c)) if at is None else np.asarray(at)))
-            advance(1)
+            out.append((i, Nodes(tree.depth, tree.rank, tree.parent, tree.score, verified), prob, np.arange(len(c)) if at is None else np.asarray(at)))
     return out, pr

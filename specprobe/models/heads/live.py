@@ -183,13 +183,16 @@ class LiveHead:
         layers = self.d.target_layers_needed()
         with capture_layers(model, layers) as cap, capture_last_hidden(model) as box:
             out = forward()
-        if self.kind == "eagle3":
-            emb = model.get_input_embeddings()
-            feats = torch.cat([cap[k] if k >= 1 else emb(ids) for k in self.d.aux], dim=-1)  # [B, T, n·Ht]
-        else:
-            feats = box["h"]  # [B, T, H] final, post-norm
-        self._seen = (ids, feats)
+        self._seen = (ids, self.features(ids, cap, box["h"]))
         return out
+
+    def features(self, ids: torch.Tensor, layer_hidden: dict[int, torch.Tensor], last_hidden: torch.Tensor) -> torch.Tensor:
+        """The states the head reads at every position of a target pass over ids [B, T]
+        (its captured layers, its post-norm last hidden state) -> [B, T, F]."""
+        if self.kind == "eagle3":
+            emb = self.d.target.model.get_input_embeddings()
+            return torch.cat([layer_hidden[k] if k >= 1 else emb(ids) for k in self.d.aux], dim=-1)  # [B, T, n·Ht]
+        return last_hidden  # [B, T, H] final, post-norm
 
     def queue(self, start: torch.Tensor, count: torch.Tensor, nxt: torch.Tensor) -> None:
         """The last verify pass accepted `count[b]` positions of row b from column
@@ -311,8 +314,13 @@ class LiveHead:
     def repeated(self, rows: int) -> LiveHead:
         """A new head of `rows` rows, each a copy of this one's row 0 (its cache, slots and
         state; nothing queued): rounds that share a prefix start from one catch-up."""
-        out = LiveHead(self.d, rows, self.device)
-        idx = torch.zeros(rows, dtype=torch.long, device=self.device)
+        return self.take(torch.zeros(rows, dtype=torch.long, device=self.device))
+
+    def take(self, rows: torch.Tensor) -> LiveHead:
+        """A new head whose row i is a copy of this one's row rows[i] (cache, slots and
+        state; nothing queued; a row may be taken many times)."""
+        out = LiveHead(self.d, len(rows), self.device)
+        idx = rows.to(self.device)
         for mine, theirs in zip(self.kvs, out.kvs, strict=True):
             if mine._k is not None and mine._v is not None:
                 theirs._k, theirs._v, theirs._len = mine._k[idx], mine._v[idx], mine._len
