@@ -110,7 +110,7 @@ def test_a_sampled_tree_at_a_stride_is_near_the_full_pass(tiny_pair: Any, tmp_pa
     assert t.tau_tokens == pytest.approx(full.tree.tau_tokens, rel=0.1)
     assert t.tau_tokens != full.tree.tau_tokens  # the others are estimated, not drafted
     for shares in t.rank_shares:
-        assert sum(x for x in shares if x is not None) == pytest.approx(1.0)
+        assert sum(x for x in shares if x is not None) == pytest.approx(1.0, abs=1e-5)  # shares rounded to 6 places
     said = " ".join(tree_lines(result))
     assert f"at every 2nd start ({t.paths_starts} of {t.paths_positions})" in said and "within one standard error of that shift" in said
 
