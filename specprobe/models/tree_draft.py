@@ -205,7 +205,10 @@ def block(target: Stream, todo: list[list[int]], tree: Tree, verified: np.ndarra
     b = len(todo)
     nodes = [np.flatnonzero(verified[r]).tolist() for r in range(b)]
     w = max((len(n) for n in nodes), default=0)
-    uids, uvalid = right_align(todo, dev)  # [B, U]
+    if any(todo):
+        uids, uvalid = right_align(todo, dev)  # [B, U]
+    else:  # the target has seen the root already: the block is the tree alone
+        uids, uvalid = torch.zeros((b, 0), dtype=torch.long, device=dev), torch.zeros((b, 0), dtype=torch.bool, device=dev)
     u = uids.shape[1]
     tids = torch.zeros((b, w), dtype=torch.long)
     tvalid = torch.zeros((b, w), dtype=torch.bool)
@@ -260,9 +263,12 @@ class LMTree:
 
     max_depth = None
 
-    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], device: Any) -> None:
+    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], device: Any, first: torch.Tensor | None = None) -> None:
         self.stream = Stream(model, len(prompts), device)
         self.todo = [list(p) for p in prompts]
+        # the depth-1 logits [B, V'] when the cache holds the root already (its last valid
+        # slot): the first round feeds nothing
+        self.first = first
         self._l0: int | None = None
         self._root = torch.zeros(len(prompts), dtype=torch.long)
         self._fed = np.zeros((len(prompts), 0), dtype=np.int64)
@@ -279,8 +285,11 @@ class LMTree:
         self._l0 = None
         if not cap.any():
             return None
-        ids, valid = right_align(self.todo, self.stream.device)
-        logits = self.stream.forward(ids, valid, keep=1)[:, -1]
+        if self.first is not None:
+            logits, self.first = self.first, None
+        else:
+            ids, valid = right_align(self.todo, self.stream.device)
+            logits = self.stream.forward(ids, valid, keep=1)[:, -1]
         self._l0 = self.stream.length
         self._root = self.stream.valid.sum(dim=1) - 1  # [B] the root's position
         self._fed = np.full(tree.tok.shape, -1, dtype=np.int64)

@@ -177,6 +177,7 @@ class PathsCollector:
         from specprobe.probe import tree_paths
 
         self.paths = tree_paths.PathRounds(target.model, drafter, shape, sampling, thresholds=thresholds)
+        self.head = getattr(target, "head", None)  # the target's LM head: each root's logits from the pass
         self.shape, self.encoded, self.conts, self.stride = shape, encoded, conts, stride
         self.starts = paths_starts(stride, conts)
         self.rounds: list[tuple[int, Any, np.ndarray, np.ndarray]] = []
@@ -234,7 +235,7 @@ class PathsCollector:
             try:
                 with torch.inference_mode():
                     out = self.paths.from_pass(refs, pick(tp.input_ids), pick(tp.attention_mask), cache, {k: pick(v) for k, v in tp.layer_hidden.items()}, pick(tp.last_hidden),
-                                               along)  # fmt: skip
+                                               along, self.head)  # fmt: skip
                 break
             except Exception as e:  # out of memory: fewer rounds per forward (the pass itself is not touched)
                 if not is_oom(e) or self.paths.rows <= 1:

@@ -22,21 +22,24 @@ its own path:
 A round at t drafts at most n − 1 − t deep (the chain's rule), so the tail of a reference
 drafts shallower trees, as the loop's budget cuts them.
 
-Forwards, bounded per reference of n scored tokens: one prefill of the target and one of
-the drafter over the reference (a layer-skip self-draft's is the target's first layers'
-cache, copied), then per chunk of `ROWS` start positions S drafter
-forwards (the depth-1 step over one token a row, then T beams a row per later step; a
-static tree: one row per depth of its parents) and ONE target forward over each row's
-root and its N − 1 verified nodes. That is n·(1 + (S − 1)·T) drafter tokens and n·N
-target tokens in ⌈n / ROWS⌉·(S + 1) forwards (ROWS starts a batch: fewer, larger forwards run faster on a CPU): a tree of N tokens costs about N target
-tokens per scored token, against one for the chain's estimate. A long reference gets
-fewer start positions per batch, so the copies of its caches stay within COPY_BYTES. A
-greedy target needs no
-tree pass where the references are its own text: a node along the reference is accepted
-when its token is the target's argmax there (read off the prefill), and a node below a
-rejected one never is; only a chunk in which an accepted node leaves the reference (the
-target's argmax is not the reference's token, as with a dataset's responses) gets the
-target pass.
+Forwards. References of similar length share their forwards (a group: GROUP_TOKENS of
+padded prefill at most): one target prefill over the group's references — none in
+diagnose, whose rounds start from each scoring batch's own target pass (its KV cache and
+states: `from_pass`) — and one drafter prefill (a layer-skip self-draft's is the target's
+first layers' cache, copied; a head catches up on the target's states), then per chunk of
+`ROWS` start positions, from any of the group's references, S drafter forwards (the
+depth-1 step over one token a row, then T beams a row per later step; a static tree: one
+row per depth of its parents) and ONE target forward over each row's root and its N − 1
+verified nodes. R rounds cost R·(1 + (S − 1)·T) drafter tokens and R·N target tokens in
+about ⌈R / ROWS⌉·(S + 1) forwards (fewer, larger forwards run faster on a CPU): a tree
+of N tokens costs about N target tokens per round drafted, against one per scored token
+for the chain's estimate — hence diagnose's default stride (`probe.tree.paths_stride`).
+Long references get fewer rows per chunk, so the copies of their caches stay within
+COPY_BYTES. A greedy target needs no tree pass where the references are its own text: a
+node along the reference is accepted when its token is the target's argmax there (read
+off the prefill, or the scoring's logits), and a node below a rejected one never is; only
+a chunk in which an accepted node leaves the reference (the target's argmax is not the
+reference's token, as with a dataset's responses) gets the target pass.
 
 Which drafters: causal LMs (independent, layer-skip self-drafts) read their own KV cache
 and EAGLE-1/3 and MTP heads chain on their own outputs, as the loop runs them (Medusa's
@@ -46,7 +49,7 @@ n-gram drafter drafts no tree."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +60,7 @@ from specprobe.estimates.tree import EXACT, Nodes, TreeShape, relaxed, sibling_a
 from specprobe.metrics.core import finite
 from specprobe.metrics.sampling import Sampling, probs
 from specprobe.models import tree_attention as ta
+from specprobe.models.base import TargetPass
 from specprobe.models.heads.chain import HeadDrafter
 from specprobe.models.heads.live import LiveHead, unsupported
 from specprobe.models.kvcache import Stream, right_align
@@ -97,6 +101,11 @@ class _Pass:
     off: np.ndarray
     best: list[np.ndarray]
     feats: torch.Tensor | None
+    # where the pass saw every token of the references (the scoring's): the target's
+    # logits at (rows [B], slots [B]) -> [B, V], and a layer-skip self-draft's depth-1
+    # logits there -> [B, V'] — the root's own forwards are then not repeated
+    target_root: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    draft_root: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 def cache_bytes(x: Any) -> int:
@@ -192,16 +201,24 @@ class PathRounds:
         return self._rounds(refs, self._prefill(refs))
 
     def from_pass(self, refs: list[_Ref], ids: torch.Tensor, mask: torch.Tensor, cache: Any, layer_hidden: dict[int, torch.Tensor], last_hidden: torch.Tensor,
-                  best: list[np.ndarray]) -> list[tuple[Tree, np.ndarray, np.ndarray]]:  # fmt: skip
+                  best: list[np.ndarray], head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[tuple[Tree, np.ndarray, np.ndarray]]:  # fmt: skip
         """The rounds of references the target has just been run over (the scoring's pass:
         ids [G, L] prompt + continuation at the left of each row, mask [G, L], its KV cache,
         its states; `best`: each reference's target argmax along it, for a greedy target)
-        — no prefill of the target's own."""
+        — no prefill of the target's own. With the target's `head` (its LM head and
+        post-head transform), each round's root is not fed again: its target logits come
+        from the pass's states (and a layer-skip self-draft's depth-1 logits likewise)."""
         stream = Stream(self.target_model, len(refs), self.device)
         stream.cache = cache
         stream.valid = mask.bool().clone()
         feats = LiveHead(self.drafter, len(refs), self.device).features(ids, layer_hidden, last_hidden) if self.head else None
-        return self._rounds(refs, _Pass(stream, ids, stream.valid, np.zeros(len(refs), dtype=np.int64), best, feats))
+        ps = _Pass(stream, ids, stream.valid, np.zeros(len(refs), dtype=np.int64), best, feats)
+        if head is not None:
+            ps.target_root = lambda rows, slot: head(last_hidden[rows, slot])
+            if self._shares_prefill(stream):
+                hid = self.drafter.hidden(TargetPass(ids, mask, last_hidden, layer_hidden))[1]  # [G, L, H] its last layer, normed
+                ps.draft_root = lambda rows, slot: self.drafter.logits(hid[rows, slot], 1)
+        return self._rounds(refs, ps)
 
     def _prefill(self, refs: list[_Ref]) -> _Pass:
         """The target over a group's references, right-aligned (holes on the left: row g's
@@ -236,7 +253,7 @@ class PathRounds:
 
     def _rounds(self, refs: list[_Ref], ps: _Pass) -> list[tuple[Tree, np.ndarray, np.ndarray]]:
         """A group's rounds from its target pass, in chunks of start positions."""
-        target, ids, off, best = ps.stream, ps.ids, ps.off, ps.best
+        target, ids = ps.stream, ps.ids
         base_head: LiveHead | None = None
         base_lm: Stream | None = None
         if self.head:
@@ -265,7 +282,7 @@ class PathRounds:
             cap = np.minimum(depth_cap, n - 1 - t).astype(np.int64)
             if self.head:
                 cap = np.where(p + t - 2 >= 0, cap, 0)  # a head needs the target's state before the root
-            got.append(self._chunk(refs, g, off, t, cap, target, base_lm, base_head, best))
+            got.append(self._chunk(refs, g, t, cap, ps, base_lm, base_head))
         self._feats = None
         tok = np.concatenate([x[0].tok for x in got])
         parent = np.concatenate([x[0].parent for x in got])
@@ -279,25 +296,31 @@ class PathRounds:
             out.append((Tree(depth, rank, tok[m], parent[m], score[m]), ver[m], prob[m]))
         return out
 
+    def _shares_prefill(self, target: Stream) -> bool:
+        """Whether the drafter is a layer-skip self-draft whose cache is the target's first
+        N layers' (plain per-layer keys and values, no sliding window)."""
+        n = getattr(self.drafter, "n_layers", None)
+        layers = getattr(target.cache, "layers", None)
+        if getattr(self.drafter, "kind", None) != "layer_skip" or not n or not layers or len(layers) < n:
+            return False
+        return not any(getattr(x, "is_sliding", False) or not isinstance(getattr(x, "keys", None), torch.Tensor) for x in layers)
+
     def _shared_prefill(self, target: Stream) -> Stream | None:
         """A layer-skip self-draft's prefill is the target's first N layers' cache (the
         same modules on the same tokens): a copy of those layers, or None where the cache
         is not plain per-layer keys and values."""
-        n = getattr(self.drafter, "n_layers", None)
-        layers = getattr(target.cache, "layers", None)
-        if getattr(self.drafter, "kind", None) != "layer_skip" or not n or not layers or len(layers) < n:
+        if not self._shares_prefill(target):
             return None
-        if any(getattr(x, "is_sliding", False) or not isinstance(getattr(x, "keys", None), torch.Tensor) for x in layers):
-            return None
+        n = self.drafter.n_layers
         out = Stream(self.step, target.valid.shape[0], self.device)
         out.cache = copy.deepcopy(target.cache)
         out.cache.layers = out.cache.layers[:n]
         out.valid = target.valid.clone()
         return out
 
-    def _chunk(self, refs: list[_Ref], g: np.ndarray, off: np.ndarray, t: np.ndarray, cap: np.ndarray, target: Stream, base_lm: Stream | None, base_head: LiveHead | None,
-               best: list[np.ndarray]) -> tuple[Tree, np.ndarray, np.ndarray]:  # fmt: skip
+    def _chunk(self, refs: list[_Ref], g: np.ndarray, t: np.ndarray, cap: np.ndarray, ps: _Pass, base_lm: Stream | None, base_head: LiveHead | None) -> tuple[Tree, np.ndarray, np.ndarray]:
         """The rounds at starts t [B] of group rows g [B]: draft, then verify."""
+        off, target, best = ps.off, ps.stream, ps.best
         root = np.asarray([refs[x].p for x in g]) + t - 1  # the root's index in its reference: the last token of the round's context
         slot_root = torch.as_tensor(off[g] + root, device=self.device)  # ... and its slot in the group's caches
         roots = [[refs[x].seq[r]] for x, r in zip(g, root, strict=True)]
@@ -315,10 +338,12 @@ class PathRounds:
             head.pending = (feats, toks, torch.ones_like(toks, dtype=torch.bool))
         else:
             assert base_lm is not None
-            src = LMTree(self.step, roots, self.device)
+            first = None if ps.draft_root is None else ps.draft_root(take, slot_root)
+            # the drafter's cache holds the root already where its depth-1 logits came with the pass
+            src = LMTree(self.step, roots if first is None else [[] for _ in roots], self.device, first=first)
             src.stream = base_lm.take(take)
             dslot = torch.arange(src.stream.length, device=self.device)
-            src.stream.valid &= dslot[None, :] < slot_root[:, None]
+            src.stream.valid &= dslot[None, :] < slot_root[:, None] + (0 if first is None else 1)
         with torch.inference_mode():
             tree, verified = draft(src, self.shape, cap, self.vocab)
             self.draft_calls += src.calls
@@ -328,10 +353,18 @@ class PathRounds:
                     return tree, verified, known
             tgt = target.take(take)
             slot = torch.arange(tgt.length, device=self.device)
-            tgt.valid &= slot[None, :] < slot_root[:, None]
-            blk = block(tgt, roots, tree, verified)
-            w = blk.ids.shape[1] - blk.unseen
-            logits = finite(ta.forward(tgt, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1))  # [B, 1 + W, V]
+            if ps.target_root is None:
+                tgt.valid &= slot[None, :] < slot_root[:, None]
+                blk = block(tgt, roots, tree, verified)
+                w = blk.ids.shape[1] - blk.unseen
+                logits = finite(ta.forward(tgt, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w + 1))  # [B, 1 + W, V]
+            else:  # the pass saw the root and gave its logits: the block is the tree alone
+                tgt.valid &= slot[None, :] <= slot_root[:, None]
+                blk = block(tgt, [[] for _ in roots], tree, verified)
+                w = blk.ids.shape[1]
+                at_root = ps.target_root(take, slot_root)[:, None]  # [B, 1, V]
+                tree_logits = ta.forward(tgt, blk.ids, blk.valid, blk.allowed, blk.pos, keep=w) if w else at_root[:, :0]
+                logits = finite(torch.cat([at_root, tree_logits.to(at_root.dtype)], dim=1))  # [B, 1 + W, V]
         self.target_calls += tgt.calls
         return tree, verified, self._accept(tree, blk.nodes, logits)
 
