@@ -129,12 +129,11 @@ def test_the_stride_pass_puts_each_drafted_start_where_it_belongs() -> None:
     start lands at its own position, every other start keeps its own rounds."""
     import torch
 
-    from specprobe.core.progress import Progress
     from specprobe.estimates.tree import parse, tally
     from specprobe.metrics.sampling import Sampling
     from specprobe.metrics.tree import TreeAccumulator
     from specprobe.probe import tree_paths
-    from specprobe.probe.tree import draft_on_paths
+    from specprobe.probe.tree import add_paths, paths_starts
     from tests.test_simulate import hf_greedy, noisy_copy, rand_prompts, tiny
     from tests.test_tree_paths import _LM
 
@@ -144,9 +143,6 @@ def test_the_stride_pass_puts_each_drafted_start_where_it_belongs() -> None:
     conts = hf_greedy(target, prompts, 14)
     shape, smp = parse("steps=3,topk=3,tokens=6"), Sampling(temperature=0.8)
 
-    class _Target:
-        model = target
-
     with torch.inference_mode():
         rounds, _ = tree_paths.run(target, _LM(drafter), shape, smp, prompts, conts)
         full = TreeAccumulator(3, 8, shape)
@@ -154,7 +150,8 @@ def test_the_stride_pass_puts_each_drafted_start_where_it_belongs() -> None:
             full.add_rounds(nodes, prob)
         part = TreeAccumulator(3, 8, shape)
         part.along = {i: tally(shape, nodes, prob) for i, nodes, prob, _ in rounds}
-        assert draft_on_paths(part, _Target(), _LM(drafter), shape, smp, prompts, conts, Progress(), stride=3)
+        strided, _ = tree_paths.run(target, _LM(drafter), shape, smp, prompts, conts, starts=paths_starts(3, conts))
+        add_paths(part, shape, strided, conts, 3)
     assert full.paths is not None and part.paths is not None and part.paths_sampling is not None
     assert part.paths_sampling["starts"] == sum(len(range(i % 3, len(c), 3)) for i, c in enumerate(conts))
     assert part.paths_sampling["shift"] == pytest.approx([0.0] * 3, abs=1e-6)

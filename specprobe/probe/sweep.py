@@ -288,8 +288,10 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
     wants = [_wants(e.sinks) for e in entries]
     widths = [_tree_width(e.sinks) for e in entries]
     step = cfg.chunk_positions
+    keepers = [s for e in entries for s in e.sinks if getattr(s, "wants_pass", False)]  # drafting trees from this pass
+    cache_out: list[Any] | None = [] if keepers else None
     with torch.inference_mode(), capture_layers(target.model, layers) as captured:
-        tp = TargetPass(ids, mask, target.last_hidden(ids, mask), dict(captured))
+        tp = TargetPass(ids, mask, target.last_hidden(ids, mask, cache_out=cache_out), dict(captured))
         feats = [e.drafter.hidden(tp) for e in entries]  # depth -> [B, S, H'] per drafter
         depths = [sorted(d for d in f if 1 <= d <= cfg.k_max) for f in feats]
         for c0 in range(0, rows.numel(), step):
@@ -307,6 +309,8 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
                 for s in e.sinks:
                     s.chunk(chunk, scores)
             del tl
+        for s in keepers:  # each reads the pass and copies what it changes: one cache serves every drafter
+            s.target_pass(idx, tp, cache_out[0] if cache_out else None)
 
 
 # ----------------------------------------------------------------------------- the pipeline
@@ -330,7 +334,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     from specprobe.probe.ngram import diagnose_ngram
     from specprobe.probe.scoring import Scored, SequenceCollector
     from specprobe.probe.timing import cost_block, timing_settings, tree_grid
-    from specprobe.probe.tree import TreeCollector, draft_on_paths, paths_stride, wants_trees
+    from specprobe.probe.tree import PathsCollector, TreeCollector, paths_collector, wants_trees
 
     if not drafters:
         raise ConfigError("sweep needs at least one drafter", "give DRAFTER arguments or --layers, e.g. --layers 16..29")
@@ -352,6 +356,7 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
     # an n-gram drafter has no model to score: it is walked along the references below
     live = [p for p, spec in zip(pairs, drafters, strict=True) if spec not in stopped and p.drafter.kind != "ngram"]
     scored: dict[str, Scored] = {}
+    paths: dict[str, PathsCollector] = {}
     by_group: dict[str, GroupAccumulators] = {}
     entries = []
 
@@ -368,10 +373,16 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
         trees = [TreeCollector(cfg, refs.items)] if wants_trees(cfg) else []  # each drafter's trees, as diagnose estimates them
         if trees:
             scored[pair.drafter.spec].tree = trees[0].acc
+            # the run's own tree drafted on its candidate paths from the shared target pass
+            found = paths_collector(cfg, target, pair.drafter, pair.sampling.target, refs.encoded, refs.conts, progress)
+            if found is not None:
+                paths[pair.drafter.spec] = found
+                trees.append(cast(Any, found))
         entries.append(_Entry(pair.drafter, pair.sampling, [seq, drill, SequenceCollector(cast(Any, groups), refs.items, False), *trees]))
     t0 = time.perf_counter()
     passes, interrupted = score_many(target, entries, refs.encoded, refs.conts, cfg, progress) if entries else (0, False)
-    per_drafter_s = (time.perf_counter() - t0) / max(len(entries), 1)
+    # each drafter's cost-timing budget: the scoring's time, not the paths drafting's
+    per_drafter_s = (time.perf_counter() - t0 - sum(p.seconds for p in paths.values())) / max(len(entries), 1)
 
     results = []
     estimates: dict[str, dict[tuple[str, str], dict[int, tuple[float, float]]]] = {}
@@ -389,9 +400,8 @@ def run_sweep(cfg: Any, drafters: list[str], progress: Any = None, table: Any = 
             continue
         s = scored[spec]
         s.interrupted = interrupted or refs.interrupted
-        if s.tree is not None and cfg.tree_shape is not None and cfg.tree_estimate == "paths" and not s.interrupted:  # the run's tree on its candidate paths, as diagnose drafts it
-            s.interrupted = interrupted = not draft_on_paths(s.tree, target, pair.drafter, cfg.tree_shape, pair.sampling.target, refs.encoded, refs.conts, progress,
-                                                   paths_stride(cfg.tree_paths_stride, refs.conts))
+        if s.tree is not None and spec in paths and not s.interrupted:  # the run's tree on its candidate paths, as diagnose drafts it
+            paths[spec].finish(s.tree)
         if cfg.cost_ratio is None:
             progress.note(f"measuring the cost ratio of {spec}")
         tree_n, tree_w = tree_grid(cfg.tree_shape or (TreeShape(1, 1, 2) if wants_trees(cfg) else None))

@@ -115,33 +115,6 @@ def add_paths(acc: TreeAccumulator, shape: TreeShape, rounds: Sequence[tuple[int
                           "shift": shift.survival.tolist(), "shift_se": shift.se.tolist(), "tau_low": lo, "tau_high": hi}
 
 
-def draft_on_paths(acc: TreeAccumulator, target: Any, drafter: Any, shape: TreeShape, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any,
-                   stride: int = 1) -> bool:  # fmt: skip
-    """The run's own tree with the drafter on every candidate path (`probe.tree_paths`),
-    after the scoring, with a target pass of its own -> False when Ctrl-C stopped it (the
-    tree then keeps the estimate along the reference, as the grid's trees do, and the run
-    is marked interrupted). diagnose drafts during the scoring instead (`PathsCollector`).
-
-    stride > 1 drafts every stride-th start of each reference (`paths_starts`) and
-    estimates the other starts (`add_paths`): about 1/stride of the pass's forwards."""
-    from specprobe.probe import tree_paths
-
-    why = tree_paths.why_not(drafter)
-    if why:
-        progress.note(f"--tree: {why}; the tree is estimated along the reference, as the grid is")
-        return True
-    starts = paths_starts(stride, conts)
-    if starts is not None:
-        starts = [x if i in acc.along else None for i, x in enumerate(starts)]
-    try:
-        rounds, _ = tree_paths.run(target.model, drafter, shape, sampling, encoded, conts, progress, starts=starts, thresholds=acc.thresholds)
-    except KeyboardInterrupt:
-        progress.note("interrupted while drafting the tree on its candidate paths: the tree keeps the estimate along the reference")
-        return False
-    add_paths(acc, shape, rounds, conts, stride)
-    return True
-
-
 def paths_collector(cfg: DiagnoseConfig, target: Any, drafter: Any, sampling: Any, encoded: Sequence[Sequence[int]], conts: Sequence[Sequence[int]], progress: Any) -> PathsCollector | None:
     """The collector that drafts the run's own tree on its candidate paths during the
     scoring (`--tree-estimate paths`, the default with --tree), or None (no tree of the
@@ -202,6 +175,7 @@ class PathsCollector:
         self._pass = (idx, tp, cache)
 
     def batch_done(self) -> None:
+        import copy
         import time
 
         import torch
@@ -220,7 +194,8 @@ class PathsCollector:
             return
         t0 = time.perf_counter()
         rows = torch.as_tensor(keep, device=tp.input_ids.device)
-        if len(keep) < len(idx):
+        if len(keep) < len(idx):  # a copy: the pass may serve other collectors (sweep: one per drafter)
+            cache = copy.deepcopy(cache)
             cache.batch_select_indices(rows)
         pick = (lambda x: x) if len(keep) == len(idx) else (lambda x: x[rows])
         refs = []
