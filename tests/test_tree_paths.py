@@ -329,7 +329,7 @@ def _group_equals_alone(model: Any, drafter: Any, shape: Any, s: Sampling, items
     rounds of several references in one forward) give each one's rounds alone."""
     with torch.inference_mode():
         together = tree_paths.PathRounds(model, drafter, shape, s, rows=5)
-        assert len(together.groups([tree_paths._Ref([0] * (len(p) + len(c)), len(p), len(c), np.arange(len(c))) for p, c, _ in items])) == 1
+        assert len(together.groups([tree_paths.PathRef([0] * (len(p) + len(c)), len(p), len(c), np.arange(len(c))) for p, c, _ in items])) == 1
         got = together.references(items)
         singles = [tree_paths.PathRounds(model, drafter, shape, s, rows=5) for _ in items]
         alone = [one.reference(*item) for one, item in zip(singles, items, strict=True)]

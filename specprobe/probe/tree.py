@@ -182,7 +182,7 @@ class PathsCollector:
 
         from specprobe.estimates.tree import Nodes
         from specprobe.probe.memory import _free, is_oom
-        from specprobe.probe.tree_paths import _Ref
+        from specprobe.probe.tree_paths import PathRef
 
         got, self._pass = self._pass, None
         if got is None:
@@ -203,7 +203,7 @@ class PathsCollector:
             i = idx[g]
             n = len(self.conts[i])
             at = np.arange(n) if self.starts is None else np.asarray(self.starts[i])
-            refs.append(_Ref([int(x) for x in self.encoded[i]] + [int(x) for x in self.conts[i]], len(self.encoded[i]), n, at))
+            refs.append(PathRef([int(x) for x in self.encoded[i]] + [int(x) for x in self.conts[i]], len(self.encoded[i]), n, at))
         along = [x for x in (best[g] for g in keep) if x is not None] if self.probe is not None else []
         assert self.probe is None or len(along) == len(keep), "a greedy target's argmax comes with every scored chunk"
         while True:

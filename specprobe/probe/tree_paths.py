@@ -78,7 +78,7 @@ LOGIT_BYTES = 1 << 28
 
 
 @dataclass
-class _Ref:
+class PathRef:
     """One reference to draft on: prompt + continuation, the prompt's length p, the
     continuation's n, and the start positions of its rounds."""
 
@@ -158,7 +158,7 @@ class PathRounds:
         """Several references (prompt, continuation, starts) -> `reference`'s answer for
         each, in order. References of similar length share their prefills and their
         rounds' forwards (`groups`); `done(k)` is told as each group of k finishes."""
-        refs: list[_Ref | None] = []
+        refs: list[PathRef | None] = []
         for prompt, cont, starts in items:
             p, n = len(prompt), len(cont)
             if n < 2 or p < 1:
@@ -167,7 +167,7 @@ class PathRounds:
             at = np.arange(n) if starts is None else np.asarray(starts, dtype=np.int64)
             if len(at) == 0 or at.min() < 0 or at.max() >= n:
                 raise ValueError(f"start positions must lie in 0..{n - 1}")
-            refs.append(_Ref([int(x) for x in prompt] + [int(x) for x in cont], p, n, at))
+            refs.append(PathRef([int(x) for x in prompt] + [int(x) for x in cont], p, n, at))
         out: list[tuple[Tree, np.ndarray, np.ndarray] | None] = [None] * len(items)
         for group in self.groups(refs):
             for i, got in zip(group, self._group([r for r in (refs[i] for i in group) if r is not None]), strict=True):
@@ -176,7 +176,7 @@ class PathRounds:
                 done(len(group))
         return out
 
-    def groups(self, refs: Sequence[_Ref | None]) -> list[list[int]]:
+    def groups(self, refs: Sequence[PathRef | None]) -> list[list[int]]:
         """The references' indices in groups that prefill together: by length, each group
         within GROUP_TOKENS of padded prefill and (a greedy target reading its verdicts off
         the prefill) LOGIT_BYTES of kept logits."""
@@ -196,11 +196,11 @@ class PathRounds:
             out.append([i])
         return out
 
-    def _group(self, refs: list[_Ref]) -> list[tuple[Tree, np.ndarray, np.ndarray]]:
+    def _group(self, refs: list[PathRef]) -> list[tuple[Tree, np.ndarray, np.ndarray]]:
         """One group's prefill, then its rounds."""
         return self._rounds(refs, self._prefill(refs))
 
-    def from_pass(self, refs: list[_Ref], ids: torch.Tensor, mask: torch.Tensor, cache: Any, layer_hidden: dict[int, torch.Tensor], last_hidden: torch.Tensor,
+    def from_pass(self, refs: list[PathRef], ids: torch.Tensor, mask: torch.Tensor, cache: Any, layer_hidden: dict[int, torch.Tensor], last_hidden: torch.Tensor,
                   best: list[np.ndarray], head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[tuple[Tree, np.ndarray, np.ndarray]]:  # fmt: skip
         """The rounds of references the target has just been run over (the scoring's pass:
         ids [G, L] prompt + continuation at the left of each row, mask [G, L], its KV cache,
@@ -220,7 +220,7 @@ class PathRounds:
                 ps.draft_root = lambda rows, slot: self.drafter.logits(hid[rows, slot], 1)
         return self._rounds(refs, ps)
 
-    def _prefill(self, refs: list[_Ref]) -> _Pass:
+    def _prefill(self, refs: list[PathRef]) -> _Pass:
         """The target over a group's references, right-aligned (holes on the left: row g's
         token j sits at slot off[g] + j)."""
         ids, ones = right_align([r.seq[:-1] for r in refs], self.device)
@@ -251,7 +251,7 @@ class PathRounds:
         self.target_calls += target.calls
         return _Pass(target, ids, ones, off, best, feats)
 
-    def _rounds(self, refs: list[_Ref], ps: _Pass) -> list[tuple[Tree, np.ndarray, np.ndarray]]:
+    def _rounds(self, refs: list[PathRef], ps: _Pass) -> list[tuple[Tree, np.ndarray, np.ndarray]]:
         """A group's rounds from its target pass, in chunks of start positions."""
         target, ids = ps.stream, ps.ids
         base_head: LiveHead | None = None
@@ -318,7 +318,7 @@ class PathRounds:
         out.valid = target.valid.clone()
         return out
 
-    def _chunk(self, refs: list[_Ref], g: np.ndarray, t: np.ndarray, cap: np.ndarray, ps: _Pass, base_lm: Stream | None, base_head: LiveHead | None) -> tuple[Tree, np.ndarray, np.ndarray]:
+    def _chunk(self, refs: list[PathRef], g: np.ndarray, t: np.ndarray, cap: np.ndarray, ps: _Pass, base_lm: Stream | None, base_head: LiveHead | None) -> tuple[Tree, np.ndarray, np.ndarray]:
         """The rounds at starts t [B] of group rows g [B]: draft, then verify."""
         off, target, best = ps.off, ps.stream, ps.best
         root = np.asarray([refs[x].p for x in g]) + t - 1  # the root's index in its reference: the last token of the round's context
@@ -368,7 +368,7 @@ class PathRounds:
         self.target_calls += tgt.calls
         return tree, verified, self._accept(tree, blk.nodes, logits)
 
-    def _greedy_along(self, tree: Tree, verified: np.ndarray, refs: list[_Ref], g: np.ndarray, t: np.ndarray, best: list[np.ndarray]) -> np.ndarray | None:
+    def _greedy_along(self, tree: Tree, verified: np.ndarray, refs: list[PathRef], g: np.ndarray, t: np.ndarray, best: list[np.ndarray]) -> np.ndarray | None:
         """A greedy target's verdicts read off the reference: a node whose ancestors are
         the reference's tokens is accepted when its own token is the target's argmax after
         that prefix (`best[g][t + d − 1]`, from the prefill). Exact unless an accepted node
