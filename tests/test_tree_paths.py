@@ -430,3 +430,39 @@ def test_diagnose_drafts_a_head_from_the_scoring_pass(layouts: Any, tmp_path: An
                          batch_size=2, k_max=3, cost_ratio=0.1, verify_factor=1.0, engine="sglang", tree="steps=3,topk=2,tokens=6",
                          sampling=SamplingFlags(temperature=0.8), use_cache=False)
     _scored_rounds_equal_a_pass_of_their_own(cfg, monkeypatch)
+
+
+def test_out_of_memory_in_the_drafting_halves_its_rows(tiny_pair: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of memory while drafting a batch's tree: fewer rounds per forward, the same
+    numbers; at one round a forward, one error that says what to do (never an
+    out-of-memory error the scoring would retry after committing its batch)."""
+    from specprobe.core.errors import ConfigError
+    from specprobe.probe.diagnose import run_diagnose
+    from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
+    from tests.helpers.tiny import prompts_file
+
+    cfg = DiagnoseConfig(target=str(tiny_pair["target"]), drafter="self:layers=1", prompts=str(prompts_file(tmp_path / "p.jsonl")), max_new_tokens=10,
+                         batch_size=4, k_max=3, cost_ratio=0.1, verify_factor=1.0, engine="sglang", tree="steps=3,topk=3,tokens=6",
+                         sampling=SamplingFlags(temperature=1.0), use_cache=False)
+    plain = run_diagnose(cfg).trees
+    real = tree_paths.PathRounds.from_pass
+    rows: list[int] = []
+
+    def flaky(self: Any, *a: Any, **k: Any) -> Any:
+        rows.append(self.rows)
+        if len(rows) == 1:
+            raise RuntimeError("CUDA out of memory (a test)")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(tree_paths.PathRounds, "from_pass", flaky)
+    again = run_diagnose(cfg).trees
+    assert rows[:2] == [tree_paths.ROWS, tree_paths.ROWS // 2]
+    assert plain is not None and again is not None and plain.tree is not None and again.tree is not None
+    assert again.tree.tau_tokens == pytest.approx(plain.tree.tau_tokens, abs=1e-6)
+
+    def full(self: Any, *a: Any, **k: Any) -> Any:
+        raise RuntimeError("CUDA out of memory (a test)")
+
+    monkeypatch.setattr(tree_paths.PathRounds, "from_pass", full)
+    with pytest.raises(ConfigError, match="one round per forward"):
+        run_diagnose(cfg)

@@ -180,6 +180,7 @@ class PathsCollector:
 
         import torch
 
+        from specprobe.core.errors import ConfigError
         from specprobe.estimates.tree import Nodes
         from specprobe.probe.memory import _free, is_oom
         from specprobe.probe.tree_paths import PathRef
@@ -213,8 +214,11 @@ class PathsCollector:
                                                along, self.head)  # fmt: skip
                 break
             except Exception as e:  # out of memory: fewer rounds per forward (the pass itself is not touched)
-                if not is_oom(e) or self.paths.rows <= 1:
+                if not is_oom(e):
                     raise
+                if self.paths.rows <= 1:  # not an out-of-memory error for the scoring to retry: its batch was committed
+                    raise ConfigError("out of memory drafting the tree on its candidate paths, at one round per forward",
+                                      "use --tree-estimate reference (no extra forwards) or a smaller --batch-size") from e
                 _free()
                 self.paths.rows = max(1, self.paths.rows // 2)
         for g, (tree, verified, prob) in zip(keep, out, strict=True):
