@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from specprobe.models.loader import cache_kwarg, output_cache
+from specprobe.models.anatomy import output_cache
+from specprobe.models.loader import cache_kwarg
 
 
 def sync(device: Any) -> None:

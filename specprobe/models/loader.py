@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
-from specprobe.models.anatomy import forward_last_hidden, output_cache, output_head  # noqa: F401  (output_cache re-exported)
+from specprobe.models.anatomy import forward_last_hidden, output_head
 from specprobe.models.base import ModelInfo
 from specprobe.models.cache_check import entry_problem, manifest
 from specprobe.models.heads.layout import missing_head, split_spec

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from specprobe.models.anatomy import output_cache
 from specprobe.models.kvcache import Stream, sync
-from specprobe.models.loader import output_cache
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -161,7 +161,8 @@ def run_diagnose(
         whatif = [FullTargetWhatIf(target, drafter, refs.encoded, refs.conts, pair.sampling, cfg.drafting, cfg.batch_size)] if served and drafter.kind in ("independent", "layer_skip") else []
         trees = [TreeCollector(cfg, refs.items)] if wants_trees(cfg) else []
         # the run's own tree drafted on its candidate paths, from each scoring batch's target pass
-        paths = [p for p in [paths_collector(cfg, target, drafter, pair.sampling.target, refs.encoded, refs.conts, progress)] if p is not None] if trees else []
+        found = paths_collector(cfg, target, drafter, pair.sampling.target, refs.encoded, refs.conts, progress) if trees else None
+        paths = [found] if found is not None else []
         scored = score(target, drafter, refs.items, refs.encoded, refs.conts, pair.sampling, cfg, progress, collectors=[drill, *by_length, *whatif, *trees, *paths, *extra])
         # the cost timing's budget: the scoring's time, not the paths drafting's
         scoring_s.append(time.perf_counter() - t_score - sum(p.seconds for p in paths))

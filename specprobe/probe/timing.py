@@ -605,7 +605,7 @@ class _Decoder:
         depth -> logits [B, N, V]; the cache keeps the N slots (the caller crops)."""
         import torch
 
-        from specprobe.models.loader import output_cache
+        from specprobe.models.anatomy import output_cache
 
         s = self.stream
         b, n = int(ids.shape[0]), len(parents)
