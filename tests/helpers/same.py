@@ -10,6 +10,15 @@ from typing import Any
 SKIP = frozenset({"created", "cap_s", "budget_s", "elapsed_s"})
 
 
+# Runs that split the prompts another way (shards, torchrun ranks, other batch sizes)
+# forward each prompt in a batch of another shape: float32 matmuls blocked by that shape
+# differ in the last bits (~1e-7 of each value), and a figure summed over thousands of
+# positions in another order differs by ~1e-6 relative (2.3e-6 seen on one CPU). Equal
+# up to that, not to 1e-9: 1e-5 leaves the arithmetic's room and still catches a lost or
+# doubled prompt (a change of 1e-2 or more).
+REL_OTHER_BATCHING = 1e-5
+
+
 def differences(a: Any, b: Any, path: str = "", rel: float = 1e-9, abs_: float = 1e-9) -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{path}.{k}: only on one side" for k in sorted(set(a) ^ set(b), key=str) if k not in SKIP]
