@@ -1,0 +1,304 @@
+"""A real vLLM (PyPI's CPU build) as a serving engine for the tests and the peer
+benchmark: where its venv lies, a layer-cut self-draft checkpoint it loads as a draft
+model, and an OpenAI-compatible `api_server` on loopback with helpers for its HTTP API.
+
+The venv is made by benchmarks/install_vllm_cpu.sh into `$SPECPROBE_VLLM_DIR` (default
+~/.cache/specprobe/vllm)/<version>/; `SPECPROBE_VLLM_PYTHON` may name its python directly.
+The server runs in that venv (its own transformers and torch), never in the project's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import stop
+from tests.helpers.llamacpp import free_port, http_json, http_text
+
+INSTALL_SCRIPT = "benchmarks/install_vllm_cpu.sh"
+READY = ".specprobe-ready"
+
+
+def vllm_root() -> Path:
+    env = os.environ.get("SPECPROBE_VLLM_DIR")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "specprobe" / "vllm"
+
+
+def find_vllm_python() -> Path | None:
+    """The python of the installed vllm-cpu venv (newest version), or None."""
+    explicit = os.environ.get("SPECPROBE_VLLM_PYTHON")
+    if explicit:
+        p = Path(explicit).expanduser()
+        return p if p.exists() else None
+    root = vllm_root()
+    if not root.is_dir():
+        return None
+    found = [d for d in root.iterdir() if (d / READY).is_file() and (d / "bin" / "python").exists()]
+    if not found:
+        return None
+    key = lambda d: tuple(int(p) if p.isdigit() else -1 for p in d.name.split("."))  # noqa: E731
+    return max(found, key=key) / "bin" / "python"
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def write_self_draft_checkpoint(src: Path, dst: Path, n_layers: int) -> Path:
+    """A copy of a Llama-architecture checkpoint folder cut to its first `n_layers` blocks
+    (same embedding, final norm, head and tokenizer; `num_hidden_layers` = n_layers): the
+    layer-skip self-draft `self:layers=N` computes, as an ordinary HF checkpoint that vLLM
+    loads with `speculative_config.model`. Written whole or not at all."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((src / "config.json").read_text())
+    total = int(cfg["num_hidden_layers"])
+    if not 1 <= n_layers < total:
+        raise ValueError(f"n_layers must be in 1..{total - 1}, got {n_layers}")
+    if (dst / "config.json").is_file():
+        return dst
+    tmp = dst.with_name(dst.name + ".part")
+    tmp.mkdir(parents=True, exist_ok=True)
+    layer = re.compile(r"^model\.layers\.(\d+)\.")
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        for name, t in load_file(str(f)).items():
+            m = layer.match(name)
+            if m is None or int(m.group(1)) < n_layers:
+                tensors[name] = t.contiguous()
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    cfg["num_hidden_layers"] = n_layers
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    for f in src.iterdir():
+        if (
+            f.is_file()
+            and f.suffix != ".safetensors"
+            and f.name not in ("config.json", "specprobe-cache.json")
+        ):
+            (tmp / f.name).write_bytes(f.read_bytes())
+    tmp.replace(dst)
+    return dst
+
+
+# ----------------------------------------------------------------------------- server
+@dataclass
+class VllmServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    model: str
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def complete(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        *,
+        temperature: float = 0.0,
+        seed: int = 0,
+        timeout: float = 300.0,
+    ) -> dict[str, Any]:
+        """One /v1/completions on token ids: greedy at temperature 0; at T > 0 the plain
+        tempered distribution (top_k -1 and top_p 1: both off). No stop at EOS is
+        forced off: the engine stops where a user's request would."""
+        body = {
+            "model": self.model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": 1.0,
+            "top_k": -1,
+            "seed": seed,
+            "return_token_ids": True,
+        }
+        out: dict[str, Any] = http_json(self.base + "/v1/completions", body, timeout=timeout)
+        return out
+
+    def metrics(self) -> str:
+        return http_text(self.base + "/metrics")
+
+
+def server_command(
+    python: Path,
+    target: Path,
+    draft: Path | None,
+    port: int,
+    k: int,
+    *,
+    method: str = "draft_model",
+    draft_sampling: str = "greedy",
+    extra_spec: dict[str, Any] | None = None,
+    max_model_len: int = 2048,
+) -> list[str]:
+    """`api_server` for `target` on loopback with speculative decoding of K tokens:
+    `method` draft_model (with `draft`), ngram, suffix; fp32 as specprobe scores;
+    no prefix caching, so every request drafts from a cold start as `simulate` does."""
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(target),
+        "--served-model-name", "target",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", "float32",
+        "--max-model-len", str(max_model_len),
+        "--no-enable-prefix-caching",
+        "--max-num-seqs", "4",
+        "--enforce-eager",  # no graph compile: minutes less at startup on a CPU
+    ]  # fmt: skip
+    if k:
+        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": k, **(extra_spec or {})}
+        if method == "draft_model":
+            spec["model"] = str(draft)
+            spec["draft_sample_method"] = draft_sampling
+        cmd += ["--speculative-config", json.dumps(spec)]
+    return cmd
+
+
+@contextmanager
+def vllm_server(
+    python: Path,
+    target: Path,
+    draft: Path | None,
+    k: int,
+    log: Path,
+    *,
+    startup_timeout: float = 600.0,
+    expand_fix: bool = True,
+    **kw: Any,
+) -> Iterator[VllmServer]:
+    """Start a vLLM api_server on a free loopback port, wait for /health, stop it on exit
+    (SIGTERM, then SIGKILL after 20 s: one server did not exit within 30 s of SIGTERM).
+    `expand_fix` False: the CPU expand workaround off, vLLM 0.32.0 as shipped."""
+    port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "SPECPROBE_VLLM_EXPAND_FIX": "1" if expand_fix else "0",
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
+    env.pop("PYTHONPATH", None)
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            server_command(python, target, draft, port, k, **kw),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )  # noqa: S603
+    server = VllmServer(proc, port, log, "target")
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"vLLM exited with {proc.returncode} during startup:\n{tail}")
+            try:
+                http_text(server.base + "/health", timeout=5)
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM not healthy after {startup_timeout:.0f}s; log: {log}")
+            time.sleep(1.0)
+        yield server
+    finally:
+        stop(proc, 20)
+
+
+# ----------------------------------------------------------------------------- counters
+SPEC = "vllm:spec_decode_"
+
+
+@dataclass(frozen=True)
+class SpecCounts:
+    """vLLM's speculative-decoding counters (a delta between two scrapes)."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    per_pos: tuple[float, ...]  # accepted at draft position i (vLLM's 0-based label)
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted / self.draft_tokens if self.draft_tokens else float("nan")
+
+    @property
+    def per_pos_rate(self) -> list[float]:
+        """vLLM's per-position acceptance: accepted at position i ÷ drafts."""
+        return [a / self.drafts if self.drafts else float("nan") for a in self.per_pos]
+
+    def __sub__(self, other: SpecCounts) -> SpecCounts:
+        n = max(len(self.per_pos), len(other.per_pos))
+        a = list(self.per_pos) + [0.0] * (n - len(self.per_pos))
+        b = list(other.per_pos) + [0.0] * (n - len(other.per_pos))
+        return SpecCounts(
+            self.drafts - other.drafts,
+            self.draft_tokens - other.draft_tokens,
+            self.accepted - other.accepted,
+            tuple(x - y for x, y in zip(a, b, strict=True)),
+        )
+
+
+def spec_counts(metrics_text: str) -> SpecCounts:
+    """The counters as the server's /metrics text states them, read with specprobe's own
+    exposition parser (so a test on them checks the parser takes vLLM's real text)."""
+    from specprobe.monitor.exposition import parse_exposition
+
+    samples, _ = parse_exposition(metrics_text)
+    tot: dict[str, float] = {}
+    pos: dict[int, float] = {}
+    for s in samples:
+        if not s.name.startswith(SPEC) or not s.name.endswith("_total"):
+            continue
+        if s.name == SPEC + "num_accepted_tokens_per_pos_total":
+            i = int(s.labels["position"])
+            pos[i] = pos.get(i, 0.0) + s.value
+        else:
+            tot[s.name] = tot.get(s.name, 0.0) + s.value
+    n = max(pos) + 1 if pos else 0
+    return SpecCounts(
+        tot.get(SPEC + "num_drafts_total", 0.0),
+        tot.get(SPEC + "num_draft_tokens_total", 0.0),
+        tot.get(SPEC + "num_accepted_tokens_total", 0.0),
+        tuple(pos.get(i, 0.0) for i in range(n)),
+    )
+
+
+def serve_prompts(
+    server: VllmServer,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    *,
+    temperature: float = 0.0,
+    seed: int = 0,
+    deadline_s: float = 1800.0,
+) -> tuple[SpecCounts, list[list[int]]]:
+    """Every prompt once, one request at a time (no batch effects), the counters' delta
+    and the token ids each answer got. Bounded: fails past `deadline_s` in all."""
+    start = time.monotonic()
+    before = spec_counts(server.metrics())
+    answers = []
+    for i, ids in enumerate(prompts):
+        if time.monotonic() - start > deadline_s:
+            raise RuntimeError(
+                f"vLLM took over {deadline_s:.0f}s for {i} of {len(prompts)} prompts"
+            )
+        out = server.complete(ids, max_tokens, temperature=temperature, seed=seed + i)
+        answers.append([int(t) for t in out["choices"][0].get("token_ids") or []])
+    return spec_counts(server.metrics()) - before, answers
