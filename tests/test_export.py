@@ -30,11 +30,16 @@ runner = CliRunner()
 DATA = Path(__file__).parent / "data" / "results" / "v1"
 
 
-def _result(tmp_path: Path, *, kind: str = "independent", spec: str | None = None, drafting: str = "greedy", engine: str = "vllm", beats: bool | None = None, batches: list[tuple[int, int, float]] | None = None, name: str = "result.json") -> tuple[Result, Path]:
+def _result(tmp_path: Path, *, kind: str = "independent", spec: str | None = None, drafting: str = "greedy", engine: str = "vllm", beats: bool | None = None, batches: list[tuple[int, int, float]] | None = None, name: str = "result.json", speedup_scale: float = 1.25) -> tuple[Result, Path]:
     """The stored diagnose result made into the case under test (another drafter, a
-    procedure, an adaptive verdict, costs timed at several batch sizes), written to disk."""
+    procedure, an adaptive verdict, costs timed at several batch sizes), written to disk.
+    Its speedups are scaled by speedup_scale: the stored result's (0.78–0.99×) would be
+    refused as slower than plain decoding; 1.25 makes them 0.97–1.24×, the best K above 1."""
     base = load_result(DATA / "diagnose.json")
     d: dict[str, Any] = json.loads(base.to_json())
+    for row in d["k_table"]:
+        if row.get("speedup") is not None:
+            row["speedup"] *= speedup_scale
     d["drafter"] = {**d["drafter"], "kind": kind, "spec": spec if spec is not None else str(tmp_path / "draft-model")}
     d["procedure"] = {"engine": engine, "engine_label": engine, "drafting": drafting, "acceptance": "p_target(draft token)", "description": f"{drafting} drafts", "adaptive_knob": "--spec-draft-p-min" if engine == "llama.cpp" else None}
     if beats is not None:
@@ -279,3 +284,46 @@ def test_the_config_export_starts_without_torch(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+# ----------------------------------------------------------------------------- slower than plain decoding
+def test_an_export_predicted_slower_than_plain_decoding_is_refused_in_one_line_and_nothing_written(tmp_path: Path) -> None:
+    _, src = _result(tmp_path, speedup_scale=1.0)  # the stored result: 0.989× at its best K
+    out = tmp_path / "serve.yaml"
+    res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.output
+    assert "0.989×" in lines[0] and "SP301" in lines[0] and "would slow this target down" in lines[0] and "--force" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("engine", "name"), [("vllm", "serve.yaml"), ("llama.cpp", "server.args"), ("sglang", "launch.yaml"), ("trtllm", "extra.yaml")])
+def test_force_writes_it_with_the_prediction_it_came_from(tmp_path: Path, engine: str, name: str) -> None:
+    _, src = _result(tmp_path, speedup_scale=1.0, engine=engine)
+    out = tmp_path / name
+    res = runner.invoke(app, ["export", str(src), "--engine", engine, "-o", str(out), "--force"])
+    assert res.exit_code == 0, res.output
+    text = out.read_text(encoding="utf-8")
+    pred = next(ln for ln in text.splitlines() if ln.startswith("# prediction:"))
+    assert "speedup 0.989× at K = 1" in pred and "α = " in pred and "τ = " in pred and str(src.resolve()) in pred and "--force" in pred
+    if engine != "llama.cpp":
+        yaml.safe_load(text)  # the comment leaves the YAML the engine parses intact
+
+
+def test_a_faster_export_records_its_prediction_and_the_vllm_json_stays_vllms_own_keys(tmp_path: Path) -> None:
+    _, src = _result(tmp_path)
+    res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(tmp_path / "spec.json")])
+    assert res.exit_code == 0, res.output
+    assert set(json.loads((tmp_path / "spec.json").read_text(encoding="utf-8"))) <= {"method", "model", "num_speculative_tokens", "draft_sample_method", "num_speculative_tokens_per_batch_size"}
+    assert "note: prediction: speedup 1.24× at K = 1" in res.output  # the JSON has no comments: its prediction on stderr
+    res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(tmp_path / "serve.yaml")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "serve.yaml").read_text(encoding="utf-8").splitlines()[1].startswith("# prediction: speedup 1.24× at K = 1")
+
+
+def test_a_synthetic_export_is_a_benchmark_and_not_refused(tmp_path: Path) -> None:
+    _, src = _result(tmp_path, speedup_scale=1.0)
+    res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "--synthetic", "--k", "2", "-o", str(tmp_path / "synth.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "synth.json").read_text(encoding="utf-8"))["rejection_sample_method"] == "synthetic"

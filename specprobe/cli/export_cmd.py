@@ -21,6 +21,7 @@ def export(
     ctx: typer.Context,
     result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json", readable=False)],
     export_out: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write: the config file (default: stdout), or the folder for --training.", metavar="FILE|DIR", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Write the serving config even where the result predicts it slower than plain decoding (speedup below 1×, SP301); without it such an export is refused with exit code 1.")] = False,
 ) -> None:
     """Turn a result into something to run: the engine's config for the recommended K, its synthetic-acceptance form, or retraining data.
 
@@ -70,9 +71,15 @@ def export(
         err.print(f"wrote {len(written)} files into {export_out}", highlight=False)
         return
 
-    from specprobe.export.engines import export_config
+    from specprobe.export.engines import export_config, slower_than_plain
 
     ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out, tree=opts.tree, tree_given=opts.origins.get("tree", "default") != "default")
+    slow = slower_than_plain(ex)
+    if slow is not None and not force:
+        err.print(f"[bold red]refused:[/] {slow}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    if slow is not None:
+        ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out, tree=opts.tree, tree_given=opts.origins.get("tree", "default") != "default", forced=True)
     for line in ex.note:
         err.print(f"note: {line}", highlight=False, soft_wrap=True)
     if export_out is None:

@@ -31,7 +31,9 @@ TensorRT-LLM (tensorrt_llm/llmapi/llm_args.py, DecodingBaseConfig)
   mean acceptance length over the last acceptance_window finished requests falls below it.
 
 Every export names the numbers it rests on (in comments where the format has them, and
-in `Export.note`)."""
+in `Export.note`), its first line the prediction it comes from (`Plan.prediction`).
+`slower_than_plain` says when that prediction is below 1×: the CLI refuses it unless
+--force."""
 
 from __future__ import annotations
 
@@ -83,6 +85,9 @@ class Plan:
     ngram: dict[str, int | float] = field(default_factory=dict)  # an n-gram drafter's knobs, as the engine spells them
     sampling: dict[str, float] = field(default_factory=dict)  # the target's sampling the result measured
     notes: list[str] = field(default_factory=list)
+    speedup_at: str = ""  # what that speedup is for: "K = 3", "its draft tree"
+    speedup: float | None = None  # the result's predicted speedup for what is written (its K, or its tree)
+    prediction: str = ""  # the prediction the config comes from, one line (written first among its comments)
 
     @property
     def tau_synthetic(self) -> float | None:
@@ -240,6 +245,8 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
     why = "the result's best K" if k is None else f"--k {k}" + (f" (the result's best K is {best})" if best is not None and best != k else "")
     p.notes.append(f"from {source.name} ({result.command}, {result.created}): drafter {result.drafter.spec} → target {result.target.spec}, {result.procedure.description if result.procedure else drafting + ' drafts'}")
     p.notes.append(f"K = {chosen}: {why}; τ({chosen}) = {_f(tau)} tokens per verify step, speedup {_f(speedup)}× at batch {batch} (drafter/target cost c = {_f(cost_ratio)}), α = {_f(alpha)} per token")
+    p.speedup, p.speedup_at = speedup, f"K = {chosen}"
+    p.prediction = f"prediction: speedup {_f(speedup)}× at K = {chosen}, α = {_f(alpha)} per token, τ = {_f(tau)} tokens per verify step, from {source.resolve()}"
 
     # per-batch-size schedule (vLLM, TensorRT-LLM): only for the result's own recommendation
     if engine in (VLLM, TRTLLM) and k is None and not synthetic:
@@ -452,6 +459,16 @@ def write_llamacpp(p: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def slower_than_plain(ex: Export) -> str | None:
+    """The one-line refusal for an export whose predicted speedup is below 1× (SP301's
+    rule: speculative decoding would slow this target down), else None. A synthetic
+    export is exempt: it is a benchmark of the rates, not a serving config."""
+    p = ex.plan
+    if p.rates is not None or p.speedup is None or p.speedup >= 1.0:
+        return None
+    return f"{p.source.name} predicts a speedup of {_f(p.speedup)}× for {p.speedup_at} (SP301 no-speedup: speedup below 1.0, speculative decoding would slow this target down); nothing written — serve without speculation, export a result with a faster drafter, or pass --force to write it anyway"
+
+
 def trtllm_schedule(p: Plan) -> tuple[int, dict[int, int] | None]:
     """(max_draft_len, draft_len_schedule) from the vLLM-shaped ranges: each range's end
     is its key; the first length is max_draft_len and bounds the others; a last range
@@ -534,7 +551,7 @@ def _tree_dict(row: Any, why: str) -> dict[str, Any]:
     return {"steps": row.steps, "topk": row.topk, "tokens": row.tokens, "paths": row.paths, "tau": row.tau_tokens, "speedup": row.speedup, "why": why}
 
 
-def export_config(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False, output: Path | None = None, tree: str | None = None, tree_given: bool = False) -> Export:
+def export_config(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False, output: Path | None = None, tree: str | None = None, tree_given: bool = False, forced: bool = False) -> Export:
     """The engine's config text and the note it rests on. vLLM writes its JSON unless the
     output is a .yaml/.yml file (then a `vllm serve --config` YAML). SGLang and TensorRT-LLM
     get a draft tree where `choose_tree` picks one."""
@@ -549,6 +566,10 @@ def export_config(result: Result, source: Path, engine: str, k: int | None = Non
         p.schedule = None
         shape = f"{len(t['paths'])} static nodes, depth {t['steps']}" if t["paths"] else f"steps {t['steps']}, topk {t['topk']}, {t['tokens']} tokens verified"
         p.notes.append(f"a draft tree ({shape}): {t['why']}; τ {_f(t['tau'])} tokens per verify step, speedup {_f(t['speedup'])}× (the K line above is the chain's)")
+        p.speedup, p.speedup_at = t["speedup"], "its draft tree"
+        p.prediction = f"prediction: speedup {_f(t['speedup'])}× for the draft tree ({shape}), τ = {_f(t['tau'])} tokens per verify step, from {source.resolve()}"
+    if p.prediction:
+        p.notes.insert(0, p.prediction + (" — below 1×, slower than plain decoding (SP301); written only because of --force" if forced else ""))
     if engine == VLLM:
         text = write_vllm(p, as_yaml=output is not None and output.suffix.lower() in (".yaml", ".yml"))
     elif engine == SGLANG:
