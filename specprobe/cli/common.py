@@ -16,7 +16,7 @@ import typer
 from specprobe.core.errors import SpecprobeError
 from specprobe.core.interrupts import shielded, terminate_as_interrupt
 from specprobe.report import terminal
-from specprobe.settings.model import BY_NAME, for_command
+from specprobe.settings.model import BY_NAME, PAIR, for_command
 
 if TYPE_CHECKING:
     from specprobe.core.files import InputPath
@@ -68,7 +68,7 @@ def is_tty() -> bool:
 def option(name: str, command: str) -> Any:
     """The typer annotation of one setting for one command."""
     s = BY_NAME[name]
-    kw: dict[str, Any] = {"help": s.help_for(command), "show_default": s.show_default}
+    kw: dict[str, Any] = {"help": s.help_for(command), "show_default": s.show_default, "rich_help_panel": s.panel or None}
     if s.metavar:
         kw["metavar"] = s.metavar
     if s.argument:
@@ -78,7 +78,7 @@ def option(name: str, command: str) -> Any:
     return Annotated[s.type, typer.Option(s.flag, **kw, readable=False) if s.file_type == list[Path] else typer.Option(s.flag, **kw)]
 
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML or TOML); flags given on the command line override it.", metavar="FILE", readable=False)]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Probe config file (YAML or TOML); flags given on the command line override it.", metavar="FILE", readable=False, rich_help_panel=PAIR)]
 
 
 def takes_settings(command: str) -> Callable[[F], F]:

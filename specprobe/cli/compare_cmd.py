@@ -20,6 +20,7 @@ from specprobe.cli.common import (
     takes_settings,
     write_outputs,
 )
+from specprobe.settings.model import GATE
 
 
 @takes_settings("compare")
@@ -28,9 +29,9 @@ def compare(
     ctx: typer.Context,
     baseline: Annotated[Path | None, typer.Argument(help="The baseline result JSON (the drafter in production). Default: the --config file's baseline.", metavar="BASELINE.json", show_default=False, readable=False)] = None,
     candidate: Annotated[Path | None, typer.Argument(help="The candidate result JSON (the release under test). Default: the --config file's outputs.json, where its diagnose run writes.", metavar="CANDIDATE.json", show_default=False, readable=False)] = None,
-    allow_target_change: Annotated[bool, typer.Option("--allow-target-change", help="Compare even when the two were measured on different target models.")] = False,
-    allow_prompt_change: Annotated[bool, typer.Option("--allow-prompt-change", help="Compare even when the two used different prompt sets.")] = False,
-    allow_procedure_change: Annotated[bool, typer.Option("--allow-procedure-change", help="Compare even when one result follows greedy drafts and the other sampled ones (--draft-sampling).")] = False,
+    allow_target_change: Annotated[bool, typer.Option("--allow-target-change", help="Compare even when the two were measured on different target models.", rich_help_panel=GATE)] = False,
+    allow_prompt_change: Annotated[bool, typer.Option("--allow-prompt-change", help="Compare even when the two used different prompt sets.", rich_help_panel=GATE)] = False,
+    allow_procedure_change: Annotated[bool, typer.Option("--allow-procedure-change", help="Compare even when one result follows greedy drafts and the other sampled ones (--draft-sampling).", rich_help_panel=GATE)] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Compare a candidate drafter's result against a baseline's; exit 1 on a regression.

@@ -20,6 +20,7 @@ from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from specprobe.report import terminal
+from specprobe.settings.model import HELP_GROUP_ABOVE, PANELS
 
 # typer's type labels -> the metavars click users know
 _METAVARS = {
@@ -87,10 +88,15 @@ def _wrapped(console: Any, text: Text, indent: int, first: int, width: int) -> I
         yield Text(" " * (first if k == 0 else indent)) + line
 
 
-def _two_columns(console: Any, rows: list[tuple[str, str]], width: int) -> Iterator[Text]:
+def _column(rows: list[tuple[str, str]], width: int) -> int:
+    """The flag column's width: the longest flag, but at most a third of the screen."""
+    return min(max((len(t) for t, _ in rows), default=0), max(16, width // 3))
+
+
+def _two_columns(console: Any, rows: list[tuple[str, str]], width: int, col: int | None = None) -> Iterator[Text]:
     if not rows:
         return
-    col = min(max(len(t) for t, _ in rows), max(16, width // 3))
+    col = _column(rows, width) if col is None else col
     for term, help_ in rows:
         help_text = Text(_help_text(help_))
         term_text = Text(term, style="bold cyan")
@@ -113,20 +119,22 @@ def render_help(cmd: Any, ctx: Any) -> None:
     if cmd.help:
         out.append(Text(""))
         out.extend(_prose(console, cmd.help, width))
-    args, opts = [], []
+    args: list[tuple[str | None, str, str]] = []  # (panel, term, help)
+    opts: list[tuple[str | None, str, str]] = []
     for p in cmd.get_params(ctx):
         if getattr(p, "hidden", False):
             continue
+        panel = getattr(p, "rich_help_panel", None)
         rec = p.get_help_record(ctx)
         if rec is None:
             if p.param_type_name == "argument":
-                args.append((p.human_readable_name, ""))
+                args.append((panel, p.human_readable_name, ""))
             continue
         term, help_ = rec
         if p.param_type_name == "argument":  # its name is its metavar
-            args.append((_TYPE_RE.sub("", term), help_ or ""))
+            args.append((panel, _TYPE_RE.sub("", term), help_ or ""))
         else:
-            opts.append((_metavar(term), help_ or ""))
+            opts.append((panel, _metavar(term), help_ or ""))
     commands = []
     if isinstance(cmd, TyperGroup) or hasattr(cmd, "list_commands"):
         for name in cmd.list_commands(ctx):
@@ -134,16 +142,35 @@ def render_help(cmd: Any, ctx: Any) -> None:
             if sub is None or getattr(sub, "hidden", False):
                 continue
             commands.append((name, summary(sub.help or "")))
-    for title, rows in (("Arguments", args), ("Options", opts), ("Commands", commands)):
+    sections = _sections(args, opts, grouped=len(opts) - 1 > HELP_GROUP_ABOVE)  # --help itself not counted
+    col = _column([row for _, rows in sections for row in rows], width)  # one flag column for every group
+    for title, rows in [*sections, ("Commands", commands)]:
         if rows:
             out.append(Text(""))
             out.append(Text(f"{title}:", style="bold"))
-            out.extend(_two_columns(console, rows, width))
+            out.extend(_two_columns(console, rows, width, None if title == "Commands" else col))
     if getattr(cmd, "epilog", None):
         out.append(Text(""))
         out.extend(_prose(console, cmd.epilog, width))
     for line in out:
         console.print(line, highlight=False, crop=False, soft_wrap=True)
+
+
+def _sections(args: list[tuple[str | None, str, str]], opts: list[tuple[str | None, str, str]], grouped: bool) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The help's groups of (flag, help) rows. A command with many options shows them by
+    their panel (`rich_help_panel`, from the settings model or the command's own
+    declaration), in the settings model's order of panels, its arguments in theirs; a
+    command with few, or a parameter without a panel (--help), under Arguments / Options."""
+    if not grouped:
+        return [("Arguments", [(t, h) for _, t, h in args]), ("Options", [(t, h) for _, t, h in opts])]
+    by_panel: dict[str, list[tuple[str, str]]] = {}
+    loose_args = [(t, h) for panel, t, h in args if not panel]
+    loose_opts = [(t, h) for panel, t, h in opts if not panel]
+    for panel, term, help_ in [*args, *opts]:
+        if panel:
+            by_panel.setdefault(panel, []).append((term, help_))
+    order = sorted(by_panel, key=lambda p: PANELS.index(p) if p in PANELS else len(PANELS))  # stable: an unknown panel keeps its place after the known
+    return [("Arguments", loose_args), *((p, by_panel[p]) for p in order), ("Options", loose_opts)]
 
 
 def _prose(console: Any, doc: str, width: int) -> Iterator[Text]:

@@ -15,7 +15,7 @@ from specprobe.cli.common import (
     takes_settings,
 )
 from specprobe.core.errors import ConfigError, InputError
-from specprobe.settings.model import check
+from specprobe.settings.model import OUTPUTS_PANEL, RECORDS, SOURCES, WINDOWS, check
 
 
 def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], engine: str, timeout: float, retries: int, follow: bool,
@@ -39,27 +39,27 @@ def _build_sources(urls: list[str], prometheus: str | None, logs: list[str], eng
 @takes_settings("monitor")
 @handle_errors
 def monitor(
-    url: Annotated[list[str] | None, typer.Option("--url", help="An engine's /metrics endpoint (vLLM V1/V0, SGLang or llama.cpp's server); repeatable.")] = None,
-    prometheus: Annotated[str | None, typer.Option("--prometheus", help="A Prometheus server (http://host:9090) scraping the engines: the whole fleet, per model_name.")] = None,
-    log: Annotated[list[str] | None, typer.Option("--log", help="A log file with the engines' spec-decode lines, or '-' for stdin; repeatable.")] = None,
-    requests: Annotated[list[str] | None, typer.Option("--requests", help="Per-request records, one JSON object a line (a gateway's log, saved responses), or '-' for stdin: vLLM's metrics.speculative_decoding, SGLang's meta_info spec_*, llama.cpp's timings.draft_n*, found anywhere in the line; repeatable.", metavar="FILE|-")] = None,
-    group_by: Annotated[str | None, typer.Option("--group-by", help="With --requests: a field of each line (dotted path: task, metadata.tenant) to group by; every group gets its own row, windows and alerts, beside the row of all requests.", metavar="FIELD")] = None,
-    time_field: Annotated[str | None, typer.Option("--time-field", help="With --requests: the field holding each request's time (epoch seconds or ms, ISO 8601); default ts, timestamp, time, then the response's created.", metavar="FIELD")] = None,
-    request_threshold: Annotated[float, typer.Option("--request-threshold", min=0.0, max=1.0, help="With --requests: the per-request acceptance under which a request counts as poor (the share of such requests is shown and is monitor_requests_below_share).")] = 0.5,
-    per_engine: Annotated[bool, typer.Option("--per-engine", help="With --url on vLLM under data parallelism: a row per engine label beside each model's sum.")] = False,
-    drift_window: Annotated[str | None, typer.Option("--drift-window", help="Look for drift (a slow fall, a change point) over this much of the run, e.g. 6h (default: all of it that was seen).", metavar="DURATION")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="auto | vllm | sglang | llamacpp: which engine's metric names to read.")] = "auto",
-    window: Annotated[str, typer.Option("--window", help="Sliding window for the current rates (300s, 5m, 1h), or with --requests a count of drafted tokens (100tok: the newest whole requests holding them).")] = "5m",
-    baseline_window: Annotated[str | None, typer.Option("--baseline-window", help="Trailing baseline window, just before the current one (default 1h; with --window Ntok, 10 × N tokens).")] = None,
-    interval: Annotated[str | None, typer.Option("--interval", help="Time between polls (default 15s; 2s with --once).")] = None,
-    once: Annotated[bool, typer.Option("--once", help="Evaluate one window and exit: 0 healthy, 1 alert (cron/CI). Counters need two scrapes, --interval apart.")] = False,
-    alerts: Annotated[Path | None, typer.Option("--alerts", help="Append alerts as JSON lines to this file (default: stdout).")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="With --once (or log files read to the end): write the evaluated window as JSON — per model accepted and drafted tokens, drafts, rates.", metavar="FILE", show_default=False)] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading --log files (and stdin) as they grow.")] = False,
-    num_spec_tokens: Annotated[int | None, typer.Option("--num-spec-tokens", min=1, help="Draft length K, to turn a mean acceptance length into a rate where the source has no draft-token count (SGLang without accept rate).")] = None,
-    timeout: Annotated[str, typer.Option("--timeout", help="Per-request HTTP timeout.")] = "5s",
-    retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per poll, with doubling backoff, before a source is shown stale.")] = 2,
-    live: Annotated[bool, typer.Option("--live/--no-live", help="Live terminal view on stderr (only when it is a terminal).")] = True,
+    url: Annotated[list[str] | None, typer.Option("--url", help="An engine's /metrics endpoint (vLLM V1/V0, SGLang or llama.cpp's server); repeatable.", rich_help_panel=SOURCES)] = None,
+    prometheus: Annotated[str | None, typer.Option("--prometheus", help="A Prometheus server (http://host:9090) scraping the engines: the whole fleet, per model_name.", rich_help_panel=SOURCES)] = None,
+    log: Annotated[list[str] | None, typer.Option("--log", help="A log file with the engines' spec-decode lines, or '-' for stdin; repeatable.", rich_help_panel=SOURCES)] = None,
+    requests: Annotated[list[str] | None, typer.Option("--requests", help="Per-request records, one JSON object a line (a gateway's log, saved responses), or '-' for stdin: vLLM's metrics.speculative_decoding, SGLang's meta_info spec_*, llama.cpp's timings.draft_n*, found anywhere in the line; repeatable.", metavar="FILE|-", rich_help_panel=SOURCES)] = None,
+    group_by: Annotated[str | None, typer.Option("--group-by", help="With --requests: a field of each line (dotted path: task, metadata.tenant) to group by; every group gets its own row, windows and alerts, beside the row of all requests.", metavar="FIELD", rich_help_panel=RECORDS)] = None,
+    time_field: Annotated[str | None, typer.Option("--time-field", help="With --requests: the field holding each request's time (epoch seconds or ms, ISO 8601); default ts, timestamp, time, then the response's created.", metavar="FIELD", rich_help_panel=RECORDS)] = None,
+    request_threshold: Annotated[float, typer.Option("--request-threshold", min=0.0, max=1.0, help="With --requests: the per-request acceptance under which a request counts as poor (the share of such requests is shown and is monitor_requests_below_share).", rich_help_panel=RECORDS)] = 0.5,
+    per_engine: Annotated[bool, typer.Option("--per-engine", help="With --url on vLLM under data parallelism: a row per engine label beside each model's sum.", rich_help_panel=SOURCES)] = False,
+    drift_window: Annotated[str | None, typer.Option("--drift-window", help="Look for drift (a slow fall, a change point) over this much of the run, e.g. 6h (default: all of it that was seen).", metavar="DURATION", rich_help_panel=WINDOWS)] = None,
+    engine: Annotated[str, typer.Option("--engine", help="auto | vllm | sglang | llamacpp: which engine's metric names to read.", rich_help_panel=SOURCES)] = "auto",
+    window: Annotated[str, typer.Option("--window", help="Sliding window for the current rates (300s, 5m, 1h), or with --requests a count of drafted tokens (100tok: the newest whole requests holding them).", rich_help_panel=WINDOWS)] = "5m",
+    baseline_window: Annotated[str | None, typer.Option("--baseline-window", help="Trailing baseline window, just before the current one (default 1h; with --window Ntok, 10 × N tokens).", rich_help_panel=WINDOWS)] = None,
+    interval: Annotated[str | None, typer.Option("--interval", help="Time between polls (default 15s; 2s with --once).", rich_help_panel=WINDOWS)] = None,
+    once: Annotated[bool, typer.Option("--once", help="Evaluate one window and exit: 0 healthy, 1 alert (cron/CI). Counters need two scrapes, --interval apart.", rich_help_panel=WINDOWS)] = False,
+    alerts: Annotated[Path | None, typer.Option("--alerts", help="Append alerts as JSON lines to this file (default: stdout).", rich_help_panel=OUTPUTS_PANEL)] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="With --once (or log files read to the end): write the evaluated window as JSON — per model accepted and drafted tokens, drafts, rates.", metavar="FILE", show_default=False, rich_help_panel=OUTPUTS_PANEL)] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading --log files (and stdin) as they grow.", rich_help_panel=SOURCES)] = False,
+    num_spec_tokens: Annotated[int | None, typer.Option("--num-spec-tokens", min=1, help="Draft length K, to turn a mean acceptance length into a rate where the source has no draft-token count (SGLang without accept rate).", rich_help_panel=SOURCES)] = None,
+    timeout: Annotated[str, typer.Option("--timeout", help="Per-request HTTP timeout.", rich_help_panel=SOURCES)] = "5s",
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per poll, with doubling backoff, before a source is shown stale.", rich_help_panel=SOURCES)] = 2,
+    live: Annotated[bool, typer.Option("--live/--no-live", help="Live terminal view on stderr (only when it is a terminal).", rich_help_panel=OUTPUTS_PANEL)] = True,
     rules: list[Path] | None = None,
     fail_on: str = "warning",
 ) -> None:

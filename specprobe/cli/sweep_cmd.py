@@ -21,6 +21,7 @@ from specprobe.cli.common import (
 from specprobe.core.errors import ConfigError
 from specprobe.report.fmt import EM_DASH, fixed, pct
 from specprobe.report.terminal import Column, Grid
+from specprobe.settings.model import OUTPUTS_PANEL, PAIR
 
 
 def render_sweep(report: object, console: Console) -> None:
@@ -128,10 +129,10 @@ def render_groups(report: object, console: Console) -> None:
 @handle_errors
 def sweep(
     ctx: typer.Context,
-    drafters: Annotated[list[str] | None, typer.Argument(help="Drafters to compare (checkpoint folders, .gguf files, 'self:layers=N', heads).", metavar="[DRAFTER]...", show_default=False)] = None,
-    layers: Annotated[str | None, typer.Option("--layers", help="Self-draft depths to add: a range '16..29' and/or a list '20,24,28' (self:layers=N each).", metavar="RANGE")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the sweep table as JSON to this file.", metavar="FILE", show_default=False)] = None,
-    results_dir: Annotated[Path | None, typer.Option("--results", help="Also write each drafter's full diagnose result (for 'report' and 'explain') into this folder.", metavar="DIR", show_default=False)] = None,
+    drafters: Annotated[list[str] | None, typer.Argument(help="Drafters to compare (checkpoint folders, .gguf files, 'self:layers=N', heads).", metavar="[DRAFTER]...", show_default=False, rich_help_panel=PAIR)] = None,
+    layers: Annotated[str | None, typer.Option("--layers", help="Self-draft depths to add: a range '16..29' and/or a list '20,24,28' (self:layers=N each).", metavar="RANGE", rich_help_panel=PAIR)] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the sweep table as JSON to this file.", metavar="FILE", show_default=False, rich_help_panel=OUTPUTS_PANEL)] = None,
+    results_dir: Annotated[Path | None, typer.Option("--results", help="Also write each drafter's full diagnose result (for 'report' and 'explain') into this folder.", metavar="DIR", show_default=False, rich_help_panel=OUTPUTS_PANEL)] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Score several drafters on ONE set of references with one target pass per batch:

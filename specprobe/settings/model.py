@@ -1,8 +1,8 @@
 """The one settings model: every setting a run can be given, defined once.
 
-Each `Setting` says its command-line flag, help, type, default and bounds (finite numbers
-only), which commands take it, its key in probe configs (and in serving configs, for the
-sampling ones) and whether the result records it. Everything else comes from this table:
+Each `Setting` says its command-line flag, help, its group in --help (`panel`), type,
+default and bounds (finite numbers only), which commands take it, its key in probe configs
+(and in serving configs, for the sampling ones) and whether the result records it. Everything else comes from this table:
 
 - the typer options of every command (`command_parameters`, used by `cli.common.takes_settings`);
 - the value checks — `check(name, value, where)` refuses a bad value the same way whether
@@ -47,6 +47,15 @@ SEMANTICS = ("vllm", "sglang", "transformers", "llama.cpp")  # whose sampling tr
 FAIL_ON = ("error", "warning", "info", "never")
 QUANT_SCHEMES = ("fp8", "fp8:per-tensor", "fp8-dynamic", "int8", "w8a8-int8", "int4")  # RTN weight (and W8A8 activation) quantization (specprobe.models.quant)
 KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings this simulates
+# --help's groups of options (`Setting.panel`; a command's own options name theirs too), in the
+# order a command with more than HELP_GROUP_ABOVE options shows them: the pair, sampling and
+# outputs before the specialist ones; monitor's own panels beside the ones they resemble
+PAIR, SAMPLING_PANEL, PROMPTS, OUTPUTS_PANEL, GATE = "Target and drafter", "Sampling", "Prompts and references", "Outputs", "Gate"
+PROCEDURE, SHAPE, COST, PRECISION, SCALE = "Engine procedure", "Draft shape", "Cost", "Precision as served", "Scale"
+SOURCES, WINDOWS, RECORDS = "Sources", "Windows", "Per-request records"  # monitor's
+PANELS = (PAIR, SOURCES, SAMPLING_PANEL, PROMPTS, WINDOWS, RECORDS, OUTPUTS_PANEL, GATE, PROCEDURE, SHAPE, COST, PRECISION, SCALE)
+HELP_GROUP_ABOVE = 12  # a command with at most this many options lists them in one group
+
 # llama.cpp's --cache-type-k / --cache-type-v types this simulates (common/arg.cpp's list but iq4_nl)
 GGML_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
@@ -75,6 +84,7 @@ class Setting:
     help: str
     type: Any  # the type typer parses the flag as
     default: Any = None
+    panel: str = ""  # its group in --help, one of PANELS
     commands: frozenset[str] = frozenset()
     # probe-config key ("outputs.json" for a nested one), None: not in probe configs
     file_key: str | None = None
@@ -149,155 +159,155 @@ _TEMP_HINT = "use 0 for greedy or a positive temperature"
 
 SETTINGS: tuple[Setting, ...] = (
     # ------------------------------------------------------------------ the pair
-    Setting("target", "TARGET", "Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", str | None, commands=MODELS, file_key="target", argument=True, show_default=False),
+    Setting("target", "TARGET", "Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", str | None, panel=PAIR, commands=MODELS, file_key="target", argument=True, show_default=False),
     Setting(
         "drafter", "DRAFTER",
         "Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self', 'self:layers=N', or a head: 'eagle3:DIR', 'eagle:DIR', 'medusa:DIR', 'mtp' / 'mtp:DIR'.",
-        str | None, commands=MODELS - {SWEEP}, file_key="drafter", argument=True, show_default=False,
+        str | None, panel=PAIR, commands=MODELS - {SWEEP}, file_key="drafter", argument=True, show_default=False,
     ),
     # ------------------------------------------------------------------ sampling, target side then drafter side
-    Setting("temperature", "--temperature", "Target sampling temperature (0 = greedy). Default: generation_config, else 1.", float | None, commands=MODELS | {DEMO}, file_key="temperature", file_commands=MODELS, serving_keys=("temperature",), ge=0, hint=_TEMP_HINT,
+    Setting("temperature", "--temperature", "Target sampling temperature (0 = greedy). Default: generation_config, else 1.", float | None, panel=SAMPLING_PANEL, commands=MODELS | {DEMO}, file_key="temperature", file_commands=MODELS, serving_keys=("temperature",), ge=0, hint=_TEMP_HINT,
             default_by_command={DEMO: 0.7}, help_by_command={DEMO: "Target (and, but for one row, drafter) temperature."}),
-    Setting("top_k", "--top-k", "Target top-k (0 = off).", int | None, commands=MODELS, file_key="top_k", serving_keys=("top_k",), ge=0, hint="use 0 for off"),
-    Setting("top_p", "--top-p", "Target top-p (1 = off).", float | None, commands=MODELS, file_key="top_p", serving_keys=("top_p",), gt=0, le=1, hint="use e.g. 0.9, or 1 for off"),
-    Setting("min_p", "--min-p", "Target min-p (0 = off).", float | None, commands=MODELS, file_key="min_p", serving_keys=("min_p",), ge=0, lt=1, hint="use e.g. 0.05, or 0 for off"),
-    Setting("draft_temperature", "--draft-temperature", "Drafter temperature. Default: its generation_config, else the target's.", float | None, commands=MODELS, file_key="draft_temperature", serving_keys=("draft_temperature",), ge=0, hint=_TEMP_HINT),
-    Setting("draft_top_k", "--draft-top-k", "Drafter top-k (default: the target's).", int | None, commands=MODELS, file_key="draft_top_k", serving_keys=("draft_top_k",), ge=0, hint="use 0 for off"),
-    Setting("draft_top_p", "--draft-top-p", "Drafter top-p (default: the target's).", float | None, commands=MODELS, file_key="draft_top_p", serving_keys=("draft_top_p",), gt=0, le=1, hint="use e.g. 0.9, or 1 for off"),
+    Setting("top_k", "--top-k", "Target top-k (0 = off).", int | None, panel=SAMPLING_PANEL, commands=MODELS, file_key="top_k", serving_keys=("top_k",), ge=0, hint="use 0 for off"),
+    Setting("top_p", "--top-p", "Target top-p (1 = off).", float | None, panel=SAMPLING_PANEL, commands=MODELS, file_key="top_p", serving_keys=("top_p",), gt=0, le=1, hint="use e.g. 0.9, or 1 for off"),
+    Setting("min_p", "--min-p", "Target min-p (0 = off).", float | None, panel=SAMPLING_PANEL, commands=MODELS, file_key="min_p", serving_keys=("min_p",), ge=0, lt=1, hint="use e.g. 0.05, or 0 for off"),
+    Setting("draft_temperature", "--draft-temperature", "Drafter temperature. Default: its generation_config, else the target's.", float | None, panel=SAMPLING_PANEL, commands=MODELS, file_key="draft_temperature", serving_keys=("draft_temperature",), ge=0, hint=_TEMP_HINT),
+    Setting("draft_top_k", "--draft-top-k", "Drafter top-k (default: the target's).", int | None, panel=SAMPLING_PANEL, commands=MODELS, file_key="draft_top_k", serving_keys=("draft_top_k",), ge=0, hint="use 0 for off"),
+    Setting("draft_top_p", "--draft-top-p", "Drafter top-p (default: the target's).", float | None, panel=SAMPLING_PANEL, commands=MODELS, file_key="draft_top_p", serving_keys=("draft_top_p",), gt=0, le=1, hint="use e.g. 0.9, or 1 for off"),
     Setting(
         "sampling_semantics", "--sampling-semantics",
         "Whose sampling transform to reproduce: vllm | sglang | transformers | llama.cpp (order of the transforms: llama.cpp truncates before the temperature; defaults such as transformers' top-k 50 and do_sample). Default: the --engine's.",
-        str | None, None, commands=MODELS, file_key="sampling_semantics", choices=SEMANTICS, show_default=False,
+        str | None, None, panel=SAMPLING_PANEL, commands=MODELS, file_key="sampling_semantics", choices=SEMANTICS, show_default=False,
     ),
     # ------------------------------------------------------------------ the engine's draft-and-verify procedure
     Setting(
         "engine", "--engine",
         "The serving engine whose draft-and-verify procedure to predict: vllm | sglang | llama.cpp | trtllm | transformers. It sets the sampling transform and how drafts are made and accepted.",
-        str, "vllm", commands=MODELS | {EXPORT}, file_key="engine", file_commands=MODELS, choices=ENGINE_NAMES,
+        str, "vllm", panel=PROCEDURE, commands=MODELS | {EXPORT}, file_key="engine", file_commands=MODELS, choices=ENGINE_NAMES,
         default_by_command={EXPORT: None}, help_by_command={EXPORT: "The engine to write a serving config for: vllm | sglang | llama.cpp | trtllm."},
     ),
     Setting(
         "draft_sampling", "--draft-sampling",
         "How the drafter proposes: greedy (its argmax, accepted with p_target of it; vLLM's default draft_sample_method) or probabilistic (sampled from q, accepted with Σ min(p, q)). Default: the --engine's.",
-        str | None, None, commands=MODELS, file_key="draft_sampling", choices=DRAFT_SAMPLING, show_default=False,
+        str | None, None, panel=PROCEDURE, commands=MODELS, file_key="draft_sampling", choices=DRAFT_SAMPLING, show_default=False,
     ),
     Setting(
         "draft_p_min", "--draft-p-min",
         "llama.cpp's --spec-draft-p-min: every draft stops before the first token whose probability among the drafter's 10 best (temperature 1) is below this; 0 = off. τ, the depth curves and simulate's rounds follow it. --engine llama.cpp only.",
-        float, 0.0, commands=RUNS, file_key="draft_p_min", ge=0, le=1, hint="a probability in [0, 1]; 0 drafts K tokens every round",
+        float, 0.0, panel=PROCEDURE, commands=RUNS, file_key="draft_p_min", ge=0, le=1, hint="a probability in [0, 1]; 0 drafts K tokens every round",
     ),
     Setting(
         "draft_n_min", "--draft-n-min",
         "llama.cpp's --spec-draft-n-min: a draft shorter than this (cut by --draft-p-min or the token budget) is dropped and the round decodes one token; 0 = off. --engine llama.cpp only.",
-        int, 0, commands=RUNS, file_key="draft_n_min", ge=0, le=K_LIMIT, hint=f"use 0 ≤ N ≤ {K_LIMIT}",
+        int, 0, panel=PROCEDURE, commands=RUNS, file_key="draft_n_min", ge=0, le=K_LIMIT, hint=f"use 0 ≤ N ≤ {K_LIMIT}",
     ),
     Setting(
         "accept_threshold_single", "--accept-threshold-single",
         "SGLang's --speculative-accept-threshold-single: a draft whose target probability is at least this is accepted outright; 1 = off (exact). Below 1 the output is no longer the target's distribution. --engine sglang only.",
-        float, 1.0, commands=RUNS, file_key="accept_threshold_single", gt=0, le=1, hint="a probability in (0, 1]; 1 keeps SGLang's exact verification",
+        float, 1.0, panel=PROCEDURE, commands=RUNS, file_key="accept_threshold_single", gt=0, le=1, hint="a probability in (0, 1]; 1 keeps SGLang's exact verification",
     ),
     Setting(
         "accept_threshold_acc", "--accept-threshold-acc",
         "SGLang's --speculative-accept-threshold-acc: a draft is accepted with probability min(1, p_target ÷ this); 1 = off (exact). --engine sglang only.",
-        float, 1.0, commands=RUNS, file_key="accept_threshold_acc", gt=0, le=1, hint="a probability in (0, 1]; 1 keeps SGLang's exact verification",
+        float, 1.0, panel=PROCEDURE, commands=RUNS, file_key="accept_threshold_acc", gt=0, le=1, hint="a probability in (0, 1]; 1 keeps SGLang's exact verification",
     ),
     # ------------------------------------------------------------------ prompts and references
-    Setting("prompts", "--prompts", "'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).", str, "builtin", commands=RUNS, file_key="prompts"),
-    Setting("domains", "--domains", "Comma-separated domains to keep, e.g. code,math.", str | None, commands=RUNS, file_key="domains", file_type=list[str], parse=_P["domains"]),
-    Setting("max_prompts", "--max-prompts", "At most this many prompts, taken round-robin over the file's categories (Spec-Bench's 13), else across domains.", int | None, commands=RUNS | {DEMO}, file_key="max_prompts", file_commands=RUNS, ge=1, hint="leave it out for every prompt",
+    Setting("prompts", "--prompts", "'builtin' or a JSONL file (Spec-Bench/MT-Bench questions, or {prompt, domain} lines).", str, "builtin", panel=PROMPTS, commands=RUNS, file_key="prompts"),
+    Setting("domains", "--domains", "Comma-separated domains to keep, e.g. code,math.", str | None, panel=PROMPTS, commands=RUNS, file_key="domains", file_type=list[str], parse=_P["domains"]),
+    Setting("max_prompts", "--max-prompts", "At most this many prompts, taken round-robin over the file's categories (Spec-Bench's 13), else across domains.", int | None, panel=PROMPTS, commands=RUNS | {DEMO}, file_key="max_prompts", file_commands=RUNS, ge=1, hint="leave it out for every prompt",
             default_by_command={DEMO: 12}, help_by_command={DEMO: "Prompts from the built-in suite (round-robin over 6 domains)."}),
-    Setting("max_new_tokens", "--max-new-tokens", "Reference continuation length per prompt.", int, 64, commands=RUNS | {DEMO}, file_key="max_new_tokens", file_commands=RUNS, ge=1, hint="use a positive integer, e.g. 64",
+    Setting("max_new_tokens", "--max-new-tokens", "Reference continuation length per prompt.", int, 64, panel=PROMPTS, commands=RUNS | {DEMO}, file_key="max_new_tokens", file_commands=RUNS, ge=1, hint="use a positive integer, e.g. 64",
             default_by_command={DEMO: 48}, help_by_command={SIMULATE: "Tokens generated per prompt (and reference length for the estimate).", DEMO: "Reference tokens per prompt."}),
-    Setting("reference", "--reference", "on-policy (sampled from the target, default) or dataset (responses in the prompts file; off-policy).", str, "on-policy", commands=RUNS, file_key="reference", choices=REFERENCES),
-    Setting("seed", "--seed", "Seed for sampling (on-policy references; the simulate loop).", int, 0, commands=RUNS, file_key="seed"),
-    Setting("batch_size", "--batch-size", "Sequences per forward pass.", int, 8, commands=RUNS, file_key="batch_size", ge=1, hint="use a positive integer, e.g. 8",
+    Setting("reference", "--reference", "on-policy (sampled from the target, default) or dataset (responses in the prompts file; off-policy).", str, "on-policy", panel=PROMPTS, commands=RUNS, file_key="reference", choices=REFERENCES),
+    Setting("seed", "--seed", "Seed for sampling (on-policy references; the simulate loop).", int, 0, panel=PROMPTS, commands=RUNS, file_key="seed"),
+    Setting("batch_size", "--batch-size", "Sequences per forward pass.", int, 8, panel=SCALE, commands=RUNS, file_key="batch_size", ge=1, hint="use a positive integer, e.g. 8",
             help_by_command={SIMULATE: "Prompts decoded together; each row advances by its own accepted count."}),
     # ------------------------------------------------------------------ draft lengths and costs
     Setting("batch_sizes", "--batch-sizes", "Also time the costs at these batch sizes, e.g. 1,8,32, and estimate the speedup at each (the run's --batch-size is always timed).", str | None,
-            commands=RUNS, file_key="batch_sizes", file_type=list[int], parse=_P["batch_sizes"], ge=1, hint="list batch sizes such as 1,8,32", show_default=False),
+            panel=COST, commands=RUNS, file_key="batch_sizes", file_type=list[int], parse=_P["batch_sizes"], ge=1, hint="list batch sizes such as 1,8,32", show_default=False),
     Setting("context_lengths", "--context-lengths", "Score prompts built to these token lengths instead of the prompt set as given, e.g. 1k,2k,4k,8k (k = 1,024; one question per domain after documents from the set, or a longer prompt cut to the length) and report α, τ and their decay across lengths by domain (SP209); up to the target's context.", str | None,
-            commands=frozenset({DIAGNOSE}), file_key="context_lengths", file_type=list[int], parse=parse_context_lengths, ge=16, hint="list token lengths such as 1k,2k,4k,8k", show_default=False),
+            panel=PROMPTS, commands=frozenset({DIAGNOSE}), file_key="context_lengths", file_type=list[int], parse=parse_context_lengths, ge=16, hint="list token lengths such as 1k,2k,4k,8k", show_default=False),
     Setting("tree", "--tree", "Estimate (and in simulate, run) a draft tree instead of a chain: SGLang's steps=S,topk=T,tokens=N (depth, candidates per step, nodes verified with the root; EAGLE-2's selection by cumulative draft probability), or a static tree as a JSON list of rank paths ('[[0],[0,0],[1]]', Medusa's medusa_choices, TensorRT-LLM's eagle_choices). topk=1,tokens=S+1 is the chain. --engine sglang or trtllm.",
-            str | None, commands=RUNS | {EXPORT}, file_key="tree", file_commands=RUNS, parse=parse_tree, metavar="steps=S,topk=T,tokens=N", show_default=False,
+            str | None, panel=SHAPE, commands=RUNS | {EXPORT}, file_key="tree", file_commands=RUNS, parse=parse_tree, metavar="steps=S,topk=T,tokens=N", show_default=False,
             help_by_command={EXPORT: "Export this draft tree from the result's tree grid (SGLang's steps=S,topk=T,tokens=N; the result's own static tree as its JSON paths). Default: the result's own tree, else its best tree when that beats its best chain; --k exports the chain of that K."}),
     Setting("tree_estimate", "--tree-estimate", "How diagnose estimates the run's own tree: paths drafts it on its candidate paths at starts of the references (--tree-paths-stride) and verifies it with the target (each node's children and acceptance after its own path; a greedy target on its own text needs no target pass), reference gives every node at depth d the reference's depth-d candidates and target probabilities, as the grid's other trees are estimated (no extra forwards).",
-            str, "paths", commands=RUNS, file_key="tree_estimate", choices=("paths", "reference")),
+            str, "paths", panel=SHAPE, commands=RUNS, file_key="tree_estimate", choices=("paths", "reference")),
     Setting("tree_paths_stride", "--tree-paths-stride", "With --tree-estimate paths: draft the tree on its candidate paths at every N-th start of each reference and estimate the other starts along the reference, shifted by the mean difference the drafted starts measured (its standard error is reported). 1 drafts every start (at T = 0 on the target's own text, exactly what the tree loop accepts); default: about 128 starts in all (N = positions ÷ 128, at least 1), so the pass costs about the same for any number of prompts.",
-            int | None, None, commands=RUNS, file_key="tree_paths_stride", ge=1, hint="use 1 to draft every start, or leave it out for about 128 starts", show_default=False),
-    Setting("k_max", "--k-max", f"Largest draft length K in the estimated τ(K)/speedup table (at most {K_LIMIT}).", int, 8, commands=RUNS, file_key="k_max", ge=1, le=K_LIMIT, hint=f"use 1 ≤ K ≤ {K_LIMIT}"),
-    Setting("k", "--k", "Draft lengths to measure, comma-separated (each at most 32).", str | None, None, commands=frozenset({SIMULATE, COMPARE, EXPORT}), file_key="k", file_commands=frozenset({SIMULATE, COMPARE}), file_type=list[int], parse=_P["ks"], ge=1, le=K_LIMIT, hint="list draft lengths such as 1,2,4",
+            int | None, None, panel=SHAPE, commands=RUNS, file_key="tree_paths_stride", ge=1, hint="use 1 to draft every start, or leave it out for about 128 starts", show_default=False),
+    Setting("k_max", "--k-max", f"Largest draft length K in the estimated τ(K)/speedup table (at most {K_LIMIT}).", int, 8, panel=SHAPE, commands=RUNS, file_key="k_max", ge=1, le=K_LIMIT, hint=f"use 1 ≤ K ≤ {K_LIMIT}"),
+    Setting("k", "--k", "Draft lengths to measure, comma-separated (each at most 32).", str | None, None, panel=SHAPE, commands=frozenset({SIMULATE, COMPARE, EXPORT}), file_key="k", file_commands=frozenset({SIMULATE, COMPARE}), file_type=list[int], parse=_P["ks"], ge=1, le=K_LIMIT, hint="list draft lengths such as 1,2,4",
             default_by_command={SIMULATE: "1,2,4"}, show_default=False,
             help_by_command={COMPARE: "Draft length(s) to compare τ and speedup at, e.g. 4 (default: the baseline's best K); the gate judges the K where τ fell most.",
                              EXPORT: "The draft length K to export (default: the result's best K); a per-batch-size schedule is written only for the result's own K."}),
-    Setting("adaptive_threshold", "--adaptive-threshold", "Also measure adaptive K: stop drafting at the first depth whose drafter confidence max q is below this.", float | None, commands=frozenset({SIMULATE}), file_key="adaptive_threshold",
+    Setting("adaptive_threshold", "--adaptive-threshold", "Also measure adaptive K: stop drafting at the first depth whose drafter confidence max q is below this.", float | None, panel=SHAPE, commands=frozenset({SIMULATE}), file_key="adaptive_threshold",
             ge=0, le=1, hint="it is a drafter confidence max q; use e.g. 0.4"),
-    Setting("verify_factor", "--verify-factor", "Override: a round costs (1 + K·c)·v target steps; default: the verify pass over K+1 tokens timed on the device for every K.", float | None, commands=RUNS, file_key="verify_factor",
+    Setting("verify_factor", "--verify-factor", "Override: a round costs (1 + K·c)·v target steps; default: the verify pass over K+1 tokens timed on the device for every K.", float | None, panel=COST, commands=RUNS, file_key="verify_factor",
             gt=0, hint="use e.g. 1.5, or leave it out to measure it on the device"),
-    Setting("cost_ratio", "--cost-ratio", "Override: drafter/target cost per step c; default: timed on the device.", float | None, commands=RUNS, file_key="cost_ratio", gt=0, hint="leave it out to measure it on the device"),
+    Setting("cost_ratio", "--cost-ratio", "Override: drafter/target cost per step c; default: timed on the device.", float | None, panel=COST, commands=RUNS, file_key="cost_ratio", gt=0, hint="leave it out to measure it on the device"),
     # ------------------------------------------------------------------ runtime
-    Setting("device", "--device", "auto | cpu | cuda | cuda:N (auto: cuda when available).", str, "auto", commands=RUNS | {DEMO}, file_key="device", file_commands=RUNS),
-    Setting("dtype", "--dtype", "auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).", str, "auto", commands=RUNS | {DEMO}, file_key="dtype", file_commands=RUNS, choices=DTYPES),
+    Setting("device", "--device", "auto | cpu | cuda | cuda:N (auto: cuda when available).", str, "auto", panel=PAIR, commands=RUNS | {DEMO}, file_key="device", file_commands=RUNS),
+    Setting("dtype", "--dtype", "auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).", str, "auto", panel=PRECISION, commands=RUNS | {DEMO}, file_key="dtype", file_commands=RUNS, choices=DTYPES),
     Setting("gguf_weights", "--gguf-weights", "A quantized GGUF's decoder weights: held keeps them as the file's ggml blocks and dequantizes each layer at every forward (a GGUF that fits only quantized; slower, about 3× a decode step on a CPU), float dequantizes the file to fp32 once (cached), auto holds them only when the fp32 weights would take more than half the memory available.",
-            str, "auto", commands=RUNS | {DEMO}, file_key="gguf_weights", file_commands=RUNS, choices=("auto", "held", "float")),
-    Setting("device_map", "--device-map", "Spread a target larger than one GPU over the devices with accelerate: auto | balanced | sequential | cpu.", str | None, commands=frozenset({DIAGNOSE}), file_key="device_map", show_default=False),
-    Setting("max_memory", "--max-memory", "Memory per device for --device-map, e.g. 0=70GiB,1=70GiB (cpu=… too).", str | None, commands=frozenset({DIAGNOSE}), file_key="max_memory", parse=_P["max_memory"], metavar="DEV=SIZE,…", show_default=False),
+            str, "auto", panel=SCALE, commands=RUNS | {DEMO}, file_key="gguf_weights", file_commands=RUNS, choices=("auto", "held", "float")),
+    Setting("device_map", "--device-map", "Spread a target larger than one GPU over the devices with accelerate: auto | balanced | sequential | cpu.", str | None, panel=SCALE, commands=frozenset({DIAGNOSE}), file_key="device_map", show_default=False),
+    Setting("max_memory", "--max-memory", "Memory per device for --device-map, e.g. 0=70GiB,1=70GiB (cpu=… too).", str | None, panel=SCALE, commands=frozenset({DIAGNOSE}), file_key="max_memory", parse=_P["max_memory"], metavar="DEV=SIZE,…", show_default=False),
     Setting(
         "target_quant", "--target-quant",
         "Serve the target quantized: fp8 (e4m3, per-output-channel scale) | fp8:per-tensor | fp8-dynamic (fp8 weights and fp8 activations per token, llm-compressor's FP8_DYNAMIC) | "
         "int8 (W8A16, per channel) | w8a8-int8 (int8 weights and int8 activations per token, llm-compressor's W8A8) | int4 (W4A16, groups of 128). "
         "Round-to-nearest onto the grid after loading, held quantized and dequantized per layer at each forward (RTN simulation, not AWQ/GPTQ calibration); the decoder layers' linear weights, not the embeddings or LM head. "
         "A self:layers=N drafter shares these weights.",
-        str | None, commands=MODELS, file_key="target_quant", choices=QUANT_SCHEMES, show_default=False,
+        str | None, panel=PRECISION, commands=MODELS, file_key="target_quant", choices=QUANT_SCHEMES, show_default=False,
     ),
     Setting(
         "draft_quant", "--draft-quant",
         "Serve the drafter model quantized, as --target-quant (an independent drafter model only; a self:layers=N drafter follows --target-quant).",
-        str | None, commands=MODELS, file_key="draft_quant", choices=QUANT_SCHEMES, show_default=False,
+        str | None, panel=PRECISION, commands=MODELS, file_key="draft_quant", choices=QUANT_SCHEMES, show_default=False,
     ),
     Setting(
         "kv_cache_dtype", "--kv-cache-dtype",
         "The KV cache as served: fp8 (vLLM's --kv-cache-dtype fp8) rounds every key and value the attention reads to e4m3 (scales 1.0, vLLM's default without calibrated scales); "
         "llama.cpp's --cache-type-k/-v types f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | f32 round each head's keys and values block by block as ggml stores them (and the query as ggml's K·Q dot product converts it), K/V apart as q8_0/f16; "
         "on the target and the drafter model; auto keeps the compute dtype.",
-        str | None, commands=MODELS, file_key="kv_cache_dtype", parse=parse_kv_cache_dtype, metavar="auto|fp8|GGML_TYPE[/V_TYPE]", show_default=False,
+        str | None, panel=PRECISION, commands=MODELS, file_key="kv_cache_dtype", parse=parse_kv_cache_dtype, metavar="auto|fp8|GGML_TYPE[/V_TYPE]", show_default=False,
     ),
     Setting(
         "draft_kv_cache_dtype", "--draft-kv-cache-dtype",
         "The drafter's own KV-cache dtype (vLLM's speculative_config.kv_cache_dtype, llama-server's --cache-type-k-draft/-v-draft): the values of --kv-cache-dtype; default: --kv-cache-dtype. An independent drafter model only (a self-draft shares the target's attention).",
-        str | None, commands=MODELS, file_key="draft_kv_cache_dtype", parse=parse_kv_cache_dtype, metavar="auto|fp8|GGML_TYPE[/V_TYPE]", show_default=False,
+        str | None, panel=PRECISION, commands=MODELS, file_key="draft_kv_cache_dtype", parse=parse_kv_cache_dtype, metavar="auto|fp8|GGML_TYPE[/V_TYPE]", show_default=False,
     ),
-    Setting("force", "--force", "Run even when alignment errors make the numbers meaningless.", bool, False, commands=RUNS, file_key="force"),
-    Setting("no_cache", "--no-cache", "Regenerate on-policy references instead of reusing the disk cache.", bool, False, commands=RUNS, file_key="no_cache"),
-    Setting("brief", "--brief", "Verdict and findings only.", bool, False, commands=frozenset({DIAGNOSE, SIMULATE, MERGE}), file_key="brief", file_commands=frozenset({DIAGNOSE, SIMULATE, MERGE}), recorded=False),
+    Setting("force", "--force", "Run even when alignment errors make the numbers meaningless.", bool, False, panel=GATE, commands=RUNS, file_key="force"),
+    Setting("no_cache", "--no-cache", "Regenerate on-policy references instead of reusing the disk cache.", bool, False, panel=PROMPTS, commands=RUNS, file_key="no_cache"),
+    Setting("brief", "--brief", "Verdict and findings only.", bool, False, panel=OUTPUTS_PANEL, commands=frozenset({DIAGNOSE, SIMULATE, MERGE}), file_key="brief", file_commands=frozenset({DIAGNOSE, SIMULATE, MERGE}), recorded=False),
     Setting(
         "shard", "--shard",
         "Score shard I of N (whole reference batches, b % N == I) and write its part to --json; `specprobe merge` joins the parts. Under torchrun the ranks shard by themselves.",
-        str | None, commands=frozenset({DIAGNOSE}), file_key="shard", parse=_P["shard"], metavar="I/N", show_default=False, recorded=False,
+        str | None, panel=SCALE, commands=frozenset({DIAGNOSE}), file_key="shard", parse=_P["shard"], metavar="I/N", show_default=False, recorded=False,
     ),
     # ------------------------------------------------------------------ judging and outputs
-    Setting("rules", "--rules", "Extra rules YAML file(s): add rules or override/disable default ones by id.", list[Path] | None, commands=MODELS | {COMPARE, MERGE, MONITOR, RULES, ALERTS}, file_key="rules", file_type=list[Path], file_commands=MODELS | {COMPARE, MERGE}, metavar="FILE"),
-    Setting("fail_on", "--fail-on", "Exit 1 when a finding at or above this severity: error | warning | info | never.", str, "error", commands=MODELS | {COMPARE, MERGE, MONITOR}, file_key="fail_on", file_commands=MODELS | {COMPARE, MERGE}, choices=FAIL_ON,
+    Setting("rules", "--rules", "Extra rules YAML file(s): add rules or override/disable default ones by id.", list[Path] | None, panel=GATE, commands=MODELS | {COMPARE, MERGE, MONITOR, RULES, ALERTS}, file_key="rules", file_type=list[Path], file_commands=MODELS | {COMPARE, MERGE}, metavar="FILE"),
+    Setting("fail_on", "--fail-on", "Exit 1 when a finding at or above this severity: error | warning | info | never.", str, "error", panel=GATE, commands=MODELS | {COMPARE, MERGE, MONITOR}, file_key="fail_on", file_commands=MODELS | {COMPARE, MERGE}, choices=FAIL_ON,
             default_by_command={MONITOR: "warning"}, help_by_command={SWEEP: "Exit 1 when the recommended drafter has a finding at or above this severity: error | warning | info | never."}),
-    Setting("json_path", "--json", "Write the full result as JSON to this file.", str | None, commands=(MODELS - {SWEEP}) | {COMPARE, MERGE, DEMO}, file_key=_OUT + "json", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False),
-    Setting("csv_dir", "--csv", "Write CSV tables (summary, per-position rows, …) into this folder.", str | None, commands=REPORTS | {SWEEP}, file_key=_OUT + "csv", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="DIR", show_default=False, recorded=False,
+    Setting("json_path", "--json", "Write the full result as JSON to this file.", str | None, panel=OUTPUTS_PANEL, commands=(MODELS - {SWEEP}) | {COMPARE, MERGE, DEMO}, file_key=_OUT + "json", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False),
+    Setting("csv_dir", "--csv", "Write CSV tables (summary, per-position rows, …) into this folder.", str | None, panel=OUTPUTS_PANEL, commands=REPORTS | {SWEEP}, file_key=_OUT + "csv", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="DIR", show_default=False, recorded=False,
             help_by_command={COMPARE: "Write the delta tables as CSV into this folder.", SWEEP: "Write the sweep table as CSV (sweep.csv: one row per drafter, τ and speedup per K) into this folder."}),
-    Setting("html", "--html", "Write a self-contained HTML report (inline CSS and SVG; opens offline).", str | None, commands=REPORTS | {SWEEP}, file_key=_OUT + "html", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False,
+    Setting("html", "--html", "Write a self-contained HTML report (inline CSS and SVG; opens offline).", str | None, panel=OUTPUTS_PANEL, commands=REPORTS | {SWEEP}, file_key=_OUT + "html", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False,
             help_by_command={SWEEP: "Write the sweep table as a self-contained HTML page."}),
-    Setting("junit", "--junit", "Write JUnit XML: one testcase per rule evaluated.", str | None, commands=REPORTS, file_key=_OUT + "junit", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False),
-    Setting("markdown", "--markdown", "Write a Markdown summary (for $GITHUB_STEP_SUMMARY or a PR comment).", str | None, commands=REPORTS, file_key=_OUT + "markdown", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False),
+    Setting("junit", "--junit", "Write JUnit XML: one testcase per rule evaluated.", str | None, panel=OUTPUTS_PANEL, commands=REPORTS, file_key=_OUT + "junit", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False),
+    Setting("markdown", "--markdown", "Write a Markdown summary (for $GITHUB_STEP_SUMMARY or a PR comment).", str | None, panel=OUTPUTS_PANEL, commands=REPORTS, file_key=_OUT + "markdown", file_commands=(RUNS - {SWEEP}) | {MERGE}, metavar="FILE", show_default=False, recorded=False),
     Setting(
         "serving_config", "--serving-config",
         "What the engine is launched with (repeatable): vLLM's --speculative-config JSON or vllm serve YAML, an SGLang launch YAML, a TensorRT-LLM "
         "speculative_config YAML, or a launch script / args file (vllm serve, sglang.launch_server, llama-server with its LLAMA_ARG_* variables, trtllm-serve). "
         "Its engine, drafting, sampling, drafter, K and KV-cache dtypes fill what neither a flag nor --config sets.",
-        list[Path] | None, commands=MODELS, file_key="serving_configs", file_type=list[Path], metavar="FILE", recorded=False,
+        list[Path] | None, panel=PAIR, commands=MODELS, file_key="serving_configs", file_type=list[Path], metavar="FILE", recorded=False,
     ),
     # ------------------------------------------------------------------ export
-    Setting("synthetic", "--synthetic", "Write the engine's synthetic-acceptance form (vLLM rejection_sample_method synthetic, llama-server --spec-synth-rates): the engine accepts drafts at the result's per-position rates, so a benchmark measures the speedup such a drafter would give on that hardware.", bool, False, commands=frozenset({EXPORT}), recorded=False),
-    Setting("training", "--training", "Write retraining data instead of a serving config: specforge | speculators (the weakest prompts with the target's own answers, and a manifest).", str | None, commands=frozenset({EXPORT}), choices=("specforge", "speculators"), recorded=False, show_default=False),
-    Setting("budget", "--budget", "--training: how many prompts to export, the weakest first.", int, 64, commands=frozenset({EXPORT}), ge=1, hint="a positive number of prompts", recorded=False),
-    Setting("export_out", "--output", "Where to write: the config file (default: stdout), or the folder for --training.", Path | None, commands=frozenset({EXPORT}), declared_by_command=True, recorded=False, metavar="FILE|DIR", show_default=False),
-    Setting("baseline", "BASELINE.json", "The baseline result JSON (the drafter in production).", Path | None, commands=frozenset({COMPARE}), file_key="baseline", file_type=Path, declared_by_command=True, recorded=False),
+    Setting("synthetic", "--synthetic", "Write the engine's synthetic-acceptance form (vLLM rejection_sample_method synthetic, llama-server --spec-synth-rates): the engine accepts drafts at the result's per-position rates, so a benchmark measures the speedup such a drafter would give on that hardware.", bool, False, panel=OUTPUTS_PANEL, commands=frozenset({EXPORT}), recorded=False),
+    Setting("training", "--training", "Write retraining data instead of a serving config: specforge | speculators (the weakest prompts with the target's own answers, and a manifest).", str | None, panel=OUTPUTS_PANEL, commands=frozenset({EXPORT}), choices=("specforge", "speculators"), recorded=False, show_default=False),
+    Setting("budget", "--budget", "--training: how many prompts to export, the weakest first.", int, 64, panel=OUTPUTS_PANEL, commands=frozenset({EXPORT}), ge=1, hint="a positive number of prompts", recorded=False),
+    Setting("export_out", "--output", "Where to write: the config file (default: stdout), or the folder for --training.", Path | None, panel=OUTPUTS_PANEL, commands=frozenset({EXPORT}), declared_by_command=True, recorded=False, metavar="FILE|DIR", show_default=False),
+    Setting("baseline", "BASELINE.json", "The baseline result JSON (the drafter in production).", Path | None, panel=GATE, commands=frozenset({COMPARE}), file_key="baseline", file_type=Path, declared_by_command=True, recorded=False),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
