@@ -159,44 +159,7 @@ def main() -> None:
     for t, served in rows:
         v = mean_se([c.accept_rate for c in served])
         seeds = range(a.seeds if t > 0 else 1)
-        diag = [
-            k_row(
-                specprobe_run(
-                    "diagnose",
-                    target,
-                    a.layers,
-                    pf,
-                    a.k,
-                    a.max_tokens,
-                    t,
-                    s,
-                    a.drafting,
-                    work / f"d{t}-{s}.json",
-                ),
-                a.k,
-                False,
-            )
-            for s in seeds
-        ]
-        sim = [
-            k_row(
-                specprobe_run(
-                    "simulate",
-                    target,
-                    a.layers,
-                    pf,
-                    a.k,
-                    a.max_tokens,
-                    t,
-                    s,
-                    a.drafting,
-                    work / f"s{t}-{s}.json",
-                ),
-                a.k,
-                True,
-            )
-            for s in seeds
-        ]
+        diag, sim = ([k_row(specprobe_run(cmd, target, a.layers, pf, a.k, a.max_tokens, t, s, a.drafting, work / f"{cmd}-{t}-{s}.json"), a.k, cmd == "simulate") for s in seeds] for cmd in ("diagnose", "simulate"))
         d, sm = mean_se([x[0] for x in diag]), mean_se([x[0] for x in sim])
         vp = [statistics.fmean(c.per_pos_rate[i] for c in served) for i in range(a.k)]
         dp = [statistics.fmean(x[1][i] for x in diag) for i in range(min(a.k, len(diag[0][1])))]

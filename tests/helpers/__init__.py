@@ -3,8 +3,19 @@ stopping the servers a test starts."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+
+def engine_cache(env: str, name: str) -> Path:
+    """Where a peer engine built or installed by benchmarks/ lies: `$env`, else
+    ~/.cache/specprobe/<name> (or under $XDG_CACHE_HOME)."""
+    given = os.environ.get(env)
+    if given:
+        return Path(given).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "specprobe" / name
 
 
 def stop(proc: subprocess.Popen, timeout: float) -> None:  # type: ignore[type-arg]

@@ -22,17 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import stop
+from tests.helpers import engine_cache, stop
 
 BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
 
 
 def server_root() -> Path:
-    env = os.environ.get("SPECPROBE_LLAMA_SERVER_DIR")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "specprobe" / "llama.cpp"
+    return engine_cache("SPECPROBE_LLAMA_SERVER_DIR", "llama.cpp")
 
 
 def _version_key(name: str) -> tuple[int, ...]:

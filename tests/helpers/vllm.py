@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import stop
+from tests.helpers import engine_cache, stop
 from tests.helpers.llamacpp import free_port, http_json, http_text
 
 INSTALL_SCRIPT = "benchmarks/install_vllm_cpu.sh"
@@ -29,11 +29,7 @@ READY = ".specprobe-ready"
 
 
 def vllm_root() -> Path:
-    env = os.environ.get("SPECPROBE_VLLM_DIR")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "specprobe" / "vllm"
+    return engine_cache("SPECPROBE_VLLM_DIR", "vllm")
 
 
 def find_vllm_python() -> Path | None:
