@@ -123,7 +123,7 @@ def test_unknown_key_in_toml_and_in_outputs(tmp_path: Path) -> None:
         ("k: [0, 2]\n", r"bad\.yaml: k \[0, 2\] is outside \[1, 32\]"),
         ("k_max: 64\n", r"bad\.yaml: k_max 64 is out of range \[1, 32\]"),
         ("outputs:\n  markdown: ''\n", r"outputs\.markdown is an empty path"),
-        ("sampling_semantics: tgi\n", r"bad\.yaml: sampling_semantics 'tgi' is not one of vllm, sglang, transformers"),
+        ("sampling_semantics: tgi\n", r"bad\.yaml: sampling_semantics 'tgi' is not one of vllm, sglang, llama.cpp, transformers"),
         ("k: [2, 9]\nk_max: 4\n", r"k lists 9 but k_max is 4"),
         ("max_prompts: many\n", r"max_prompts: Input should be a valid integer"),
         ("- a\n- b\n", r"must be a mapping"),

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from specprobe.core.errors import ConfigError
+from specprobe.engines.llamacpp import DRAFT_TOP_K
 from specprobe.estimates.estimate import renewal_counts, renewal_tau
 from specprobe.metrics.accumulate import Accumulator
-from specprobe.metrics.sampling import llama_cpp_confidence
+from specprobe.metrics.sampling import sampler_top_confidence
 
 
 def brute_rounds(accept: list[bool], conf: list[float], k: int, p_min: float, n_min: int) -> tuple[int, int, int]:
@@ -42,7 +43,7 @@ def brute_rounds(accept: list[bool], conf: list[float], k: int, p_min: float, n_
 def test_llama_cpp_confidence_is_the_top_of_ten_at_temperature_one() -> None:
     logits = torch.tensor([[5.0, 4.0, 3.0] + [-30.0] * 20, [1.0] * 23])
     want0 = 1.0 / (1.0 + np.exp(-1.0) + np.exp(-2.0) + 7 * np.exp(-35.0))
-    got = llama_cpp_confidence(logits)
+    got = sampler_top_confidence(logits, DRAFT_TOP_K)
     assert float(got[0]) == pytest.approx(want0, rel=1e-6) and float(got[1]) == pytest.approx(0.1)  # ten equal bests: 1/10
 
 
@@ -102,7 +103,7 @@ def test_p_min_and_n_min_are_llama_cpps_only() -> None:
     with pytest.raises(ConfigError, match="--draft-n-min 5 is more than --k-max 4: every draft would be dropped"):
         DiagnoseConfig(target="t", drafter="d", engine="llama.cpp", draft_n_min=5, k_max=4)
     cfg = DiagnoseConfig(target="t", drafter="d", engine="llama.cpp", draft_p_min=0.5, draft_n_min=2)
-    assert cfg.to_dict()["draft_p_min"] == 0.5 and cfg.to_dict()["draft_n_min"] == 2 and cfg.confidence == "llama.cpp"
+    assert cfg.to_dict()["draft_p_min"] == 0.5 and cfg.to_dict()["draft_n_min"] == 2 and cfg.confidence == DRAFT_TOP_K
 
 
 def test_a_llama_server_line_sets_the_early_stop(tmp_path) -> None:

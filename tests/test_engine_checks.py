@@ -14,17 +14,16 @@ import torch
 
 from specprobe.core.errors import ConfigError
 from specprobe.core.progress import Progress
+from specprobe.engines.base import shared_vocab_frac
+from specprobe.engines.llamacpp import (
+    VOCAB_MAX_SIZE_DIFFERENCE as LLAMACPP_VOCAB_MAX_SIZE_DIFFERENCE,
+)
+from specprobe.engines.llamacpp import vocab_problems as llamacpp_vocab_problems
 from specprobe.judge.rules import load_table
 from specprobe.models.drafters import drafter_info
 from specprobe.models.heads.checks import rope_settings
 from specprobe.models.loader import load_info
-from specprobe.probe.alignment import (
-    LLAMACPP_VOCAB_MAX_SIZE_DIFFERENCE,
-    compare,
-    effective_sampling,
-    llamacpp_vocab_problems,
-    shared_vocab_frac,
-)
+from specprobe.probe.alignment import compare, effective_sampling
 from specprobe.probe.diagnose import load_pair
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 from tests.conftest import requires_smollm2

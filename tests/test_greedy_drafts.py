@@ -156,11 +156,10 @@ def test_llama_cpp_top_k_keeps_exactly_k_and_greedy_only_at_zero() -> None:
 
 
 def test_the_llama_cpp_engine_applies_its_own_transform() -> None:
-    from specprobe.settings.engines import BY_ENGINE
-    from specprobe.settings.model import SEMANTICS
+    from specprobe.engines import SEMANTICS, get
 
-    assert BY_ENGINE["llama.cpp"].semantics == "llama.cpp" and "llama.cpp" in SEMANTICS
-    assert BY_ENGINE["llama.cpp"].adaptive_knob == "--spec-draft-p-min" and BY_ENGINE["vllm"].adaptive_knob is None
+    assert get("llama.cpp").sampling.name == "llama.cpp" and "llama.cpp" in SEMANTICS
+    assert get("llama.cpp").adaptive_knob == "--spec-draft-p-min" and get("vllm").adaptive_knob is None
     g = torch.Generator().manual_seed(2)
     tl = torch.randn(16, 80, generator=g) * 2
     ts = Sampling(1.5, top_k=20, top_p=0.8, min_p=0.05, semantics="llama.cpp")

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "specprobe"
 # is a package or module prefix (the longest prefix that matches a module wins).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specprobe.core", "specprobe"),  # errors, files, progress, interrupts; the version
+    ("specprobe.engines",),  # what each serving engine does: one package per engine
     ("specprobe.estimates",),  # τ(K), speedup, round costs: pure numbers
     ("specprobe.metrics",),  # per-position maths on tensors, mergeable accumulators
     ("specprobe.judge.catalog", "specprobe.judge.conditions"),  # the metrics' names and the rule grammar

@@ -14,10 +14,11 @@ import pytest
 import torch
 from scipy import stats
 
+from specprobe.engines.llamacpp import DRAFT_TOP_K as LLAMA_CPP_TOP
 from specprobe.metrics.sampling import Sampling, probs
 from specprobe.simulate import DraftRule, speculate, verify_match, verify_sampled
 from specprobe.simulate.draft_source import chain, confidence
-from specprobe.simulate.procedure import LLAMA_CPP_TOP, MAX_Q, REJECTION, SAMPLE_MATCH, Procedure
+from specprobe.simulate.procedure import MAX_Q, REJECTION, SAMPLE_MATCH, Procedure
 from tests.test_simulate import _chi2, _exact_marginals, hf_greedy, noisy_copy, rand_prompts, tiny
 
 GREEDY = Sampling(temperature=0.0)

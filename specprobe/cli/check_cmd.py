@@ -17,6 +17,7 @@ from specprobe.cli.common import (
     takes_settings,
     write_outputs,
 )
+from specprobe.engines import get
 
 
 @takes_settings("check")
@@ -105,7 +106,7 @@ def relaxed_acceptance(report: Any, servings: Any) -> None:
     """TensorRT-LLM's relaxed acceptance for thinking models (use_relaxed_acceptance_for_thinking):
     in the thinking phase a draft in the target's relaxed_topk whose probability is within
     relaxed_delta of the top one is accepted — lossy, and not what specprobe estimates."""
-    on = [sv for sv in servings if sv.engine == "trtllm" and str(sv.extra.get("use_relaxed_acceptance_for_thinking", "")).lower() in ("true", "1", "yes")]
+    on = [sv for sv in servings if get(sv.engine).relaxed_acceptance(sv.extra)]
     report.metrics["relaxed_acceptance_served"] = int(bool(on))
     if on:
         sv = on[0]
@@ -117,7 +118,6 @@ def relaxed_acceptance(report: Any, servings: Any) -> None:
 def _result(opts: Any, target_spec: str, drafter_spec: str, kind: str, tinfo: Any, dinfo: Any, flags: Any, pair: Any, report: Any, table: Any) -> Any:
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.probe.assemble import check_result
-    from specprobe.settings.engines import BY_ENGINE
 
     return check_result(
         config={
@@ -125,7 +125,7 @@ def _result(opts: Any, target_spec: str, drafter_spec: str, kind: str, tinfo: An
             "drafter": drafter_spec,
             **flags.__dict__,
             "engine": opts.engine,
-            "draft_sampling": opts.draft_sampling or BY_ENGINE[opts.engine].draft_sampling,  # resolved, as diagnose records it
+            "draft_sampling": get(opts.engine).drafting(opts.draft_sampling),  # resolved, as diagnose records it
             "rules": [str(r) for r in opts.rules],
             "fail_on": opts.fail_on,
             **{k: getattr(opts, k) for k in ("target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype") if getattr(opts, k)},  # recorded; check loads no weights

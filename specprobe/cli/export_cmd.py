@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from specprobe.cli.common import err, gather, handle_errors, takes_settings
+from specprobe.engines import ENGINES, get
 
 
 @takes_settings("export")
@@ -57,8 +58,8 @@ def export(
         if synthetic or k is not None or opts.tree is not None:
             raise ConfigError(f"--training takes neither {'--synthetic' if synthetic else '--k' if k is not None else '--tree'}", "leave it out, or export a serving config with --engine")
     check("engine", engine, "--engine")
-    if engine == "transformers":
-        raise ConfigError("--engine transformers has no serving config", "use vllm, sglang, llama.cpp or trtllm")
+    if engine is not None and not get(engine).serving_config:
+        raise ConfigError(f"--engine {engine} has no serving config", "use " + ", ".join(e.name for e in ENGINES if e.serving_config))
     # every output checked, and kept off the input, before anything is read or written
     if export_out is not None:
         check_outputs([OutputPath("--output", export_out, "dir" if training else "file")], [InputPath("RESULT.json", result_file)])

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import InputError
+from specprobe.engines import GREEDY, PROBABILISTIC, get
 from specprobe.result import Result
-from specprobe.settings.engines import BY_ENGINE, GREEDY, PROBABILISTIC
 
 VLLM, SGLANG, LLAMA_CPP, TRTLLM = "vllm", "sglang", "llama.cpp", "trtllm"
 EXPORT_ENGINES = (VLLM, SGLANG, LLAMA_CPP, TRTLLM)
@@ -208,14 +208,14 @@ def synthetic_rates(result: Result, k: int) -> list[float]:
 def plan(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False) -> Plan:
     """What to export, checked against what the engine takes (InputError, one line, when
     the result cannot be written for it)."""
-    label = BY_ENGINE[engine].label
+    label = get(engine).label
     if not result.scored or not result.k_table:
         raise InputError(f"{source.name} has no τ(K) table ({result.command}{', stopped: ' + result.stopped if result.stopped else ''})", "export a result of 'specprobe diagnose' or 'simulate' that scored its prompts")
     kind = _kind(result)
     method = METHODS[engine].get(kind)
     if method is None:
         what = {"layer_skip": f"a layer-skip self-draft ({result.drafter.spec})"}.get(kind, f"a {kind or 'unknown'} drafter ({result.drafter.spec})")
-        engines = [BY_ENGINE[e].label for e in EXPORT_ENGINES if kind in METHODS[e]]
+        engines = [get(e).label for e in EXPORT_ENGINES if kind in METHODS[e]]
         hint = f"export it for {', '.join(engines)}" if engines else "the engines serve a layer-skip self-draft only as its own checkpoint: save the target's first layers as a model and diagnose that drafter"
         raise InputError(f"{label} has no method for {what}", hint)
     if synthetic and engine not in (VLLM, LLAMA_CPP):
@@ -236,7 +236,7 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
         p.sampling = {"temperature": float(t.temperature), "top_k": int(t.top_k), "top_p": float(t.top_p), "min_p": float(t.min_p)}
     followed = result.procedure.engine if result.procedure is not None else None
     if followed and followed != engine:
-        p.notes.append(f"the result's numbers follow {BY_ENGINE[followed].label}'s draft-and-verify procedure, not {label}'s: 'specprobe diagnose … --engine {engine}' gives {label}'s")
+        p.notes.append(f"the result's numbers follow {get(followed).label}'s draft-and-verify procedure, not {label}'s: 'specprobe diagnose … --engine {engine}' gives {label}'s")
     row = _k_row(result, chosen)
     tau, speedup = _tau(row), row.speedup if row is not None else None
     alpha = result.metric("accept_prob_engine_mean") or result.metric("accept_prob_mean")
@@ -261,7 +261,7 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
     # the adaptive threshold, in the engine's own knob
     ad = result.adaptive
     if ad is not None and ad.beats_fixed and ad.threshold is not None and not synthetic:
-        knob = BY_ENGINE[engine].adaptive_knob
+        knob = get(engine).adaptive_knob
         if engine == LLAMA_CPP and drafting == GREEDY:
             p.p_min = float(ad.threshold)
             if k is None:  # the threshold's estimate drafts up to the table's deepest K
@@ -521,7 +521,7 @@ def choose_tree(result: Result, source: Path, engine: str, k: int | None, synthe
     the result's own tree or in its grid); without it, the result's own tree, else its
     best tree when that beats the best chain — for engines that verify trees only. An
     explicit --k (or --synthetic) asks for a chain."""
-    label = BY_ENGINE[engine].label
+    label = get(engine).label
     trees = result.trees
     if tree is not None and given:
         if engine not in (SGLANG, TRTLLM):

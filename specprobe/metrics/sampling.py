@@ -3,42 +3,31 @@ applies, shared by the teacher-forced metrics and the real speculative loop, so 
 the distribution the engine samples from.
 
 The engines agree on temperature (logits / T, greedy below a small T) and disagree on
-how the three truncations compose. Read from each engine's sampler:
+how the three truncations compose. Each engine's package (`specprobe.engines`) says which
+way its sampler composes them (`SamplingOrder`), read from its source; this module
+applies the three ways:
 
-vllm (V1 `Sampler.sample`, `MinPLogitsProcessor`, `apply_top_k_top_p`)
-    temperature → min-p → top-k → top-p, each on the distribution the previous step left
-    (renormalised). min-p drops p < min_p · max p; top-k drops logits below the k-th
-    largest (ties with it are kept, so more than k can survive); top-p sorts ascending,
-    drops tokens whose ascending cumulative mass is ≤ 1 − top_p and always keeps the most
-    likely one. Greedy when T < 1e-5.
-transformers (`generate`'s warper list: `TemperatureLogitsWarper`, `TopKLogitsWarper`,
-`TopPLogitsWarper`, `MinPLogitsWarper`, min_tokens_to_keep = 1)
-    temperature → top-k → top-p → min-p, each on the renormalised distribution, with the
-    same top-k and top-p tests as vLLM. Greedy only when do_sample is off (T = 0 here).
-sglang (`top_k_top_p_min_p_sampling_from_probs_torch`, and flashinfer's
-`top_k_top_p_sampling_from_probs(filter_apply_order="joint")`, its default CUDA path)
+sequential
+    temperature, then the truncations one after another, each on the renormalised
+    distribution the previous one left, in the engine's order. min-p drops p < min_p ·
+    max p; top-k drops logits below the k-th largest (ties with it are kept, so more
+    than k can survive); top-p sorts ascending, drops tokens whose ascending cumulative
+    mass is ≤ 1 − top_p and always keeps the most likely one.
+joint
     temperature, then all three filters on the SAME untruncated distribution (a joint
     mask): sort descending, keep the first k positions (exactly k: ties are cut by sort
     order), keep tokens whose mass before them is ≤ top_p, keep p ≥ min_p · max p.
-    Greedy when T < 1e-6. (With min-p set, SGLang's flashinfer path renormalises after
-    top-k before top-p; the torch path modelled here does not. They differ only when
-    top-k, top-p and min-p are all set.)
-llama.cpp (`common_params_sampling.samplers`, built into a chain by
-`common_sampler_init`; the samplers in src/llama-sampler.cpp)
-    penalties → dry → top-n-sigma → top-k → typical-p → top-p → min-p → xtc →
-    temperature → dist: the truncations act on the UNTEMPERED distribution and the
-    temperature divides the surviving logits last. top-k keeps exactly k (sorted;
-    ties with the k-th cut by sort order); top-p takes the softmax of what top-k left,
-    descending, and keeps the shortest prefix whose mass reaches top_p (the crossing
-    token included); min-p keeps logits ≥ max + log(min_p), i.e. p ≥ min_p · max p.
-    Greedy when T ≤ 0. (Typical-p, XTC, DRY and top-n-sigma are off by default and not
-    modelled; llama.cpp's own defaults top_k 40, top_p 0.95, min_p 0.05, T 0.8 apply
-    only where neither the request nor a flag sets them.)
+untempered
+    the truncations act on the UNTEMPERED distribution and the temperature divides the
+    surviving logits last. top-k keeps exactly k (sorted; ties with the k-th cut by sort
+    order); top-p takes the softmax of what top-k left, descending, and keeps the
+    shortest prefix whose mass reaches top_p (the crossing token included); min-p keeps
+    p ≥ min_p · max p.
 
-So with p = [.5, .3, .2], top_k 2, top_p .6: vLLM and transformers keep one token (top-p
-sees [.625, .375]); SGLang keeps two (top-p sees the untruncated .5 + .3). And at T = 2
-with untempered [.64, .2, .16], top_p .5: llama.cpp keeps one token (.64 ≥ .5); vLLM
-tempers first ([.49, .27, .24]) and keeps two.
+So with p = [.5, .3, .2], top_k 2, top_p .6: a sequential order keeps one token (top-p
+sees [.625, .375]); the joint mask keeps two (top-p sees the untruncated .5 + .3). And at
+T = 2 with untempered [.64, .2, .16], top_p .5: the untempered order keeps one token
+(.64 ≥ .5); a tempered one ([.49, .27, .24]) keeps two.
 
 Repetition, frequency and presence penalties are carried for reporting only: they make p
 depend on the text generated so far, which a teacher-forced estimate does not model.
@@ -47,16 +36,14 @@ depend on the text generated so far, which a teacher-forced estimate does not mo
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
-Semantics = Literal["vllm", "sglang", "transformers", "llama.cpp"]
-SEMANTICS: tuple[str, ...] = get_args(Semantics)
-# Temperatures below these sample greedily (vLLM _SAMPLING_EPS 1e-5, SGLang 1e-6;
-# transformers has no such threshold: a temperature of 0 needs do_sample=False;
-# llama.cpp's temperature sampler takes the argmax at T ≤ 0 only).
-_GREEDY_BELOW = {"vllm": 1e-5, "sglang": 1e-6, "transformers": 0.0, "llama.cpp": 0.0}
+from specprobe.engines import DEFAULT_SEMANTICS, SEMANTICS, sampling_order
+from specprobe.engines.base import JOINT, UNTEMPERED
+
+__all__ = ["SEMANTICS", "Sampling", "log_probs", "probs", "sample", "sampler_top_confidence", "truncate_"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +54,7 @@ class Sampling:
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
     min_p: float = 0.0  # 0.0: off
-    semantics: Semantics = "vllm"  # whose transform: see the module docstring
+    semantics: str = DEFAULT_SEMANTICS  # whose transform (`engines.sampling_order`): see the module docstring
     # reported, not applied (they depend on the generated text)
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
@@ -75,7 +62,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.temperature < _GREEDY_BELOW.get(self.semantics, 0.0)
+        return self.temperature <= 0.0 or self.temperature < sampling_order(self.semantics).greedy_below
 
     @property
     def truncates(self) -> bool:
@@ -125,13 +112,13 @@ def _min_p_(p: torch.Tensor, min_p: float) -> None:
 
 
 def _top_k_(p: torch.Tensor, k: int) -> None:
-    """Drop tokens below the k-th largest; ties with it stay (vLLM, transformers)."""
+    """Drop tokens below the k-th largest; ties with it stay (the sequential orders)."""
     kth = torch.topk(p, k, dim=-1).values[..., -1:]  # [N, 1]
     p.masked_fill_(p < kth, 0.0)
 
 
 def _top_p_(p: torch.Tensor, top_p: float) -> None:
-    """vLLM's and transformers' top-p on the renormalised distribution: sort ascending,
+    """The sequential orders' top-p on the renormalised distribution: sort ascending,
     drop tokens whose cumulative mass is ≤ 1 − top_p, always keep the most likely."""
     sorted_p, idx = torch.sort(p, dim=-1, descending=False)  # [N, V]
     sorted_p.div_(sorted_p.sum(dim=-1, keepdim=True))
@@ -154,8 +141,8 @@ def _joint_(p: torch.Tensor, s: Sampling) -> None:
     p.masked_fill_(drop.scatter(-1, idx, drop), 0.0)
 
 
-def _llama_cpp_(p: torch.Tensor, s: Sampling, k: int) -> None:
-    """llama.cpp: top-k, top-p and min-p on the untempered distribution, in that order.
+def _untempered_(p: torch.Tensor, s: Sampling, k: int) -> None:
+    """The untempered order: top-k, top-p and min-p on the untempered distribution, in that order.
     p holds the tempered probabilities; u ∝ p^T is the untempered one (the same order of
     tokens, so top-k is unchanged, but top-p's mass and min-p's ratio are read on u)."""
     u = p if s.temperature == 1.0 else p.pow(s.temperature)
@@ -180,24 +167,19 @@ def truncate_(probs: torch.Tensor, s: Sampling) -> torch.Tensor:
         return probs
     v = probs.shape[-1]
     k = s.top_k if s.top_k and s.top_k < v else 0
-    if s.semantics == "sglang":
+    order = sampling_order(s.semantics)
+    if order.truncation == JOINT:
         _joint_(probs, s)
-    elif s.semantics == "llama.cpp":
-        _llama_cpp_(probs, s, k)
-    elif s.semantics == "transformers":
-        if k:
-            _top_k_(probs, k)
-        if s.top_p < 1.0:
-            _top_p_(probs, s.top_p)
-        if s.min_p > 0.0:
-            _min_p_(probs, s.min_p)
-    else:  # vllm
-        if s.min_p > 0.0:
-            _min_p_(probs, s.min_p)
-        if k:
-            _top_k_(probs, k)
-        if s.top_p < 1.0:
-            _top_p_(probs, s.top_p)
+    elif order.truncation == UNTEMPERED:
+        _untempered_(probs, s, k)
+    else:
+        for step in order.steps:
+            if step == "min_p" and s.min_p > 0.0:
+                _min_p_(probs, s.min_p)
+            elif step == "top_k" and k:
+                _top_k_(probs, k)
+            elif step == "top_p" and s.top_p < 1.0:
+                _top_p_(probs, s.top_p)
     probs.div_(probs.sum(dim=-1, keepdim=True))
     return probs
 
@@ -221,15 +203,9 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
 LOGQ_FLOOR = -1e4
 
 
-# llama.cpp's draft sampler keeps the drafter's 10 best tokens (LLAMA_DRAFT_TOP_K in its
-# common/speculative.cpp) at temperature 1
-LLAMA_CPP_DRAFT_TOP_K = 10
-
-
-def llama_cpp_confidence(logits: torch.Tensor) -> torch.Tensor:
-    """[N, V] drafter logits -> [N] the probability llama.cpp's draft sampler gives its
-    top token: softmax over the drafter's 10 best logits at temperature 1. Drafting stops
-    before a token whose probability is below --spec-draft-p-min."""
-    top = torch.topk(logits.float(), min(LLAMA_CPP_DRAFT_TOP_K, logits.shape[-1]), dim=-1).values  # [N, 10]
+def sampler_top_confidence(logits: torch.Tensor, n: int) -> torch.Tensor:
+    """[N, V] drafter logits -> [N] the probability an engine's draft sampler gives its
+    top token when it keeps the drafter's `n` best tokens at temperature 1
+    (`Engine.confidence_top_n`): an early stop compares it with its threshold."""
+    top = torch.topk(logits.float(), min(n, logits.shape[-1]), dim=-1).values  # [N, n]
     return torch.softmax(top, dim=-1)[:, 0]
-

@@ -4,7 +4,7 @@ chat template, normalizer/pre-tokenizer, context length and sampling settings.
 Produces catalogue metrics plus evidence lines; the rules table (family SP0xx) turns
 them into findings, so every finding carries a rule id and the measured values.
 
-The checks follow the engine the numbers are for (`settings.engines`): whether it drafts
+The checks follow the engine the numbers are for (`specprobe.engines`): whether it drafts
 greedily (then the drafter's temperature changes nothing it proposes), which vocabulary
 differences it accepts (vLLM: equal vocab_size for a draft model unless
 use_heterogeneous_vocab; llama.cpp: `common_speculative_are_compatible`), and the context
@@ -20,23 +20,24 @@ from typing import Any
 import torch
 
 from specprobe.core.errors import ConfigError
-from specprobe.metrics.sampling import SEMANTICS, Sampling
+from specprobe.engines import (
+    DEFAULT,
+    DEFAULT_SEMANTICS,
+    DRAFT_SAMPLING,
+    GREEDY,
+    get,
+    sampling_order,
+)
+from specprobe.metrics.sampling import Sampling
 from specprobe.models.anatomy import final_norm
 from specprobe.models.heads.checks import head_checks
-from specprobe.settings.engines import BY_ENGINE, DRAFT_SAMPLING, ENGINE_NAMES, GREEDY, describe
 from specprobe.settings.pipeline import SamplingFlags
 
 MAX_EXAMPLES = 5
 # Alignment errors after which scoring is meaningless (ids mean other tokens).
 BLOCKING_RULES = ("SP001", "SP003", "SP005", "SP015", "SP016", "SP020", "SP022", "SP027", "SP028")
-# transformers' generate() fills these in when neither the call nor the checkpoint sets
-# them; vLLM and SGLang do not (temperature 1, no truncation, do_sample ignored).
-_TRANSFORMERS_TOP_K = 50
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 _PENALTIES = (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
-# llama.cpp common/speculative.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE, SPEC_VOCAB_CHECK_START_TOKEN_ID
-LLAMACPP_VOCAB_MAX_SIZE_DIFFERENCE = 128
-LLAMACPP_VOCAB_CHECK_START_TOKEN_ID = 5
 
 
 @dataclass
@@ -49,12 +50,12 @@ class SamplingPair:
     draft_own: dict[str, float] | None = None
     # sampling written in config files (probe config, serving configs), by file name
     declared: dict[str, dict[str, float]] = field(default_factory=dict)
-    engine: str = "vllm"  # whose draft-and-verify procedure (settings.engines)
+    engine: str = DEFAULT  # whose draft-and-verify procedure (`specprobe.engines`)
     drafting: str | None = None  # greedy | probabilistic; None: the engine's own
 
     @property
     def resolved_drafting(self) -> str:
-        return self.drafting or BY_ENGINE[self.engine].draft_sampling
+        return get(self.engine).drafting(self.drafting)
 
 
 def _explicit(gen: Any) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def effective_sampling(
     draft_gen: Any | None,
     declared: Mapping[str, Mapping[str, float]] | None = None,
     *,
-    engine: str = "vllm",
+    engine: str = DEFAULT,
     drafting: str | None = None,
 ) -> SamplingPair:
     """The sampling the serving engine will apply: a flag (or serving config, passed as
@@ -107,15 +108,13 @@ def effective_sampling(
     own generation_config (draft_gen; None when the drafter is the target) is only
     recorded in `draft_own`, for an info-level finding. `engine` and `drafting` (greedy |
     probabilistic; None: the engine's own) travel on the pair, resolved, for `compare`."""
-    if engine not in BY_ENGINE:
-        raise ConfigError(f"engine {engine!r} is not one of {', '.join(ENGINE_NAMES)}", "use --engine " + " | ".join(ENGINE_NAMES))
+    eng = get(engine)
     if drafting is not None and drafting not in DRAFT_SAMPLING:
         raise ConfigError(f"draft sampling {drafting!r} is not one of {', '.join(DRAFT_SAMPLING)}", "use --draft-sampling greedy or probabilistic")
     sem = flags.sampling_semantics
-    if sem not in SEMANTICS:
-        raise ConfigError(f"sampling semantics {sem!r} is not one of {', '.join(SEMANTICS)}", "use --sampling-semantics vllm, sglang or transformers")
+    order = sampling_order(sem)
     tg = _explicit(target_gen)
-    src: dict[str, str] = {"semantics": "flag" if sem != "vllm" else "default"}
+    src: dict[str, str] = {"semantics": "flag" if sem != DEFAULT_SEMANTICS else "default"}
 
     def pick(flag: Any, key: str, default: Any, default_src: str = "default") -> Any:
         if flag is not None:
@@ -128,12 +127,12 @@ def effective_sampling(
         return default
 
     t_temp = float(pick(flags.temperature, "temperature", 1.0))
-    # do_sample only matters to transformers: vLLM and SGLang read temperature/top-k/
-    # top-p/min-p from generation_config.json and ignore do_sample
-    if sem == "transformers" and flags.temperature is None and tg.get("do_sample") is not True:
+    # do_sample matters only where the engine's sampling reads it (transformers): the
+    # others read temperature/top-k/top-p/min-p from generation_config.json and ignore it
+    if order.greedy_without_do_sample and flags.temperature is None and tg.get("do_sample") is not True:
         t_temp = 0.0
-        src["target.temperature"] = "generation_config (do_sample=false)" if "do_sample" in tg else "transformers default (do_sample unset)"
-    top_k_default = (_TRANSFORMERS_TOP_K, "transformers default") if sem == "transformers" else (0, "default")
+        src["target.temperature"] = "generation_config (do_sample=false)" if "do_sample" in tg else f"{sem} default (do_sample unset)"
+    top_k_default = (order.top_k_default, f"{sem} default") if order.top_k_default else (0, "default")
     penalties = {k: float(pick(getattr(flags, k), k, d)) for k, d in _PENALTIES}
     target = Sampling(
         temperature=t_temp,
@@ -154,7 +153,7 @@ def effective_sampling(
         **penalties,
     )
     own = None if draft_gen is None else own_sampling(draft_gen)
-    return SamplingPair(target, draft, src, own, {k: dict(v) for k, v in (declared or {}).items()}, engine, drafting or BY_ENGINE[engine].draft_sampling)
+    return SamplingPair(target, draft, src, own, {k: dict(v) for k, v in (declared or {}).items()}, engine, eng.drafting(drafting))
 
 
 @dataclass
@@ -195,14 +194,6 @@ def _special_tokens(tok: Any) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- the engine's procedure
-def _greedy_knob(engine: str, drafting_default: bool) -> str:
-    """Where the engine's greedy drafting is set, for the messages."""
-    if not drafting_default:
-        return "--draft-sampling greedy"
-    knob = BY_ENGINE[engine].knob
-    return knob.split(" (")[0] if " (" in knob else f"{knob}: greedy"
-
-
 def _drafting(sampling: SamplingPair, m: dict[str, Any], ev: dict[str, list[str]], facts: dict[str, Any]) -> None:
     """Under greedy drafting the engine proposes argmax q, which no temperature moves:
     the drafter's temperature (and a greedy drafter against a sampling target) is then the
@@ -213,13 +204,13 @@ def _drafting(sampling: SamplingPair, m: dict[str, Any], ev: dict[str, list[str]
     m["draft_temperature_applies"] = int(not greedy)
     given = sampling.sources.get("draft.temperature") not in (None, "target's")
     m["draft_temperature_ignored"] = int(greedy and given)
-    line = describe(engine, drafting)
+    e = get(engine)
+    line = e.describe(drafting)
     facts["procedure"] = line
     ev["draft_temperature_applies"] = [line]
     ev.setdefault("temperature_abs_diff", []).append(line)
     if greedy:
-        e = BY_ENGINE[engine]
-        knob = _greedy_knob(engine, e.draft_sampling == GREEDY)
+        knob = e.greedy_knob(e.draft_sampling == GREEDY)
         ev["draft_temperature_ignored"] = [
             f"{e.label} drafts the drafter's top token ({knob}): the drafter's temperature does not change its drafts",
             f"drafter temperature {sampling.draft.temperature:g} from {sampling.sources.get('draft.temperature')}; {line}",
@@ -227,114 +218,9 @@ def _drafting(sampling: SamplingPair, m: dict[str, Any], ev: dict[str, list[str]
 
 
 # ----------------------------------------------------------------------------- vocabularies as the engines pair them
-def _vocab_kind(tj: Mapping[str, Any]) -> str | None:
-    """llama.cpp's vocab type as its converter would write it: SentencePiece-style BPE
-    (byte fallback) is SPM, byte-level BPE is BPE, Unigram UGM, WordPiece WPM."""
-    raw = tj.get("model")
-    model: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
-    kind = model.get("type")
-    if kind == "BPE":
-        return "SPM" if model.get("byte_fallback") else "BPE"
-    return {"Unigram": "UGM", "WordPiece": "WPM"}.get(str(kind), str(kind) if kind else None)
-
-
-def _adds(tok: Any) -> tuple[bool, bool]:
-    """Whether the tokenizer puts BOS in front / EOS behind what it encodes (llama.cpp's
-    add_bos / add_eos), read from what it does to one character."""
-    try:
-        ids = list(tok("a")["input_ids"])
-    except Exception:
-        return False, False
-    bos, eos = getattr(tok, "bos_token_id", None), getattr(tok, "eos_token_id", None)
-    return bool(ids and bos is not None and ids[0] == bos), bool(ids and eos is not None and ids[-1] == eos)
-
-
-def llamacpp_vocab_problems(tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any]) -> list[str]:
-    """What llama.cpp's `common_speculative_are_compatible` refuses in this pair, one line
-    per failed check (empty: compatible): the vocab type, BOS (when it is added), EOS
-    (when it is added), a size difference over 128 and the text of each token id from 5
-    up to the smaller vocabulary."""
-    out: list[str] = []
-    kt, kd = _vocab_kind(tj), _vocab_kind(dj)
-    if kt != kd:
-        out.append(f"vocab type: target {kt}, drafter {kd}")
-    (bos_t, eos_t), (bos_d, eos_d) = _adds(tt), _adds(dt)
-    if bos_t != bos_d or (bos_t and tt.bos_token_id != dt.bos_token_id):
-        out.append(f"BOS: target adds {bos_t} (id {tt.bos_token_id}), drafter adds {bos_d} (id {dt.bos_token_id})")
-    if eos_t != eos_d or (eos_t and tt.eos_token_id != dt.eos_token_id):
-        out.append(f"EOS: target adds {eos_t} (id {tt.eos_token_id}), drafter adds {eos_d} (id {dt.eos_token_id})")
-    if abs(vt - vd) > LLAMACPP_VOCAB_MAX_SIZE_DIFFERENCE:
-        out.append(f"vocab sizes {vt} and {vd} differ by {abs(vt - vd)} > {LLAMACPP_VOCAB_MAX_SIZE_DIFFERENCE} (SPEC_VOCAB_MAX_SIZE_DIFFERENCE)")
-    else:
-        # ids past a tokenizer's own tokens are the converter's [PAD{id}] rows
-        it = {i: t for t, i in tt.get_vocab().items()}
-        idr = {i: t for t, i in dt.get_vocab().items()}
-        for i in range(LLAMACPP_VOCAB_CHECK_START_TOKEN_ID, min(vt, vd)):
-            a, b = it.get(i, f"[PAD{i}]"), idr.get(i, f"[PAD{i}]")
-            if a != b:
-                out.append(f"token {i}: target {a!r}, drafter {b!r} (the text of every id from {LLAMACPP_VOCAB_CHECK_START_TOKEN_ID} must agree)")
-                break
-    return out
-
-
-def _space_prefixes(tok: Any) -> tuple[str, ...]:
-    """The mark a tokenizer puts on word-initial spaces (Ġ, ▁), found by encoding ' a'."""
-    try:
-        ids = tok.encode(" a", add_special_tokens=False)
-        piece = tok.convert_ids_to_tokens(ids[0]) if ids else None
-        if isinstance(piece, str) and len(piece) > 1 and piece.endswith("a") and piece[0] not in (" ", "\t"):
-            return (piece[:-1],)
-    except Exception:
-        pass
-    return ("\u0120", "\u2581")
-
-
-def _normalised(tok: Any) -> set[str]:
-    prefixes = _space_prefixes(tok)
-    out: set[str] = set()
-    for t in tok.get_vocab():
-        p = next((x for x in prefixes if t.startswith(x)), None)
-        out.add(" " + t[len(p) :] if p else t)
-    return out
-
-
-def shared_vocab_frac(tt: Any, dt: Any, vt: int) -> float:
-    """Share of the target's vocabulary whose token text (word-initial space marks made
-    alike) the drafter's vocabulary also holds: what vLLM's use_heterogeneous_vocab lets a
-    draft model propose."""
-    return len(_normalised(tt) & _normalised(dt)) / max(vt, 1)
-
-
 def _engine_vocab(engine: str, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
     """Whether the engine pairs the two vocabularies as they are, in its own terms."""
-    m["engine_vocab_incompatible"] = None
-    m["vocab_shared_frac"] = None
-    if engine == "vllm":
-        bad = vt != vd
-        m["engine_vocab_incompatible"] = int(bad)
-        differ = bad or m.get("token_id_mismatch_count", 0) > 0
-        if bad:
-            ev["engine_vocab_incompatible"] = [
-                f"vLLM refuses a draft model whose vocab_size differs from the target's (target {vt}, drafter {vd}): "
-                "'Target and draft model should have the same vocabulary size' unless speculative_config.use_heterogeneous_vocab is true"
-            ]
-        if differ:
-            frac = shared_vocab_frac(tt, dt, vt)
-            m["vocab_shared_frac"] = frac
-            ev["vocab_shared_frac"] = [
-                f"the vocabularies share {100 * frac:.1f}% of the target's {vt} tokens; with use_heterogeneous_vocab vLLM masks the drafter's other tokens "
-                "and drafts greedily (draft_sample_method probabilistic is refused with it)"
-            ]
-        else:
-            m["vocab_shared_frac"] = 1.0
-    elif engine == "llama.cpp":
-        problems = llamacpp_vocab_problems(tt, dt, vt, vd, tj, dj)
-        m["engine_vocab_incompatible"] = int(bool(problems))
-        if problems:
-            ev["engine_vocab_incompatible"] = [f"llama.cpp common_speculative_are_compatible fails: {p}" for p in problems[:MAX_EXAMPLES]] + [
-                "llama-server's draft-simple then refuses the drafter ('draft model vocab type must match target model'); "
-                "builds that translate instead re-tokenise every draft through text"
-            ]
+    get(engine).vocab_findings(tt, dt, vt, vd, tj, dj, m, ev)
 
 
 # ----------------------------------------------------------------------------- the weights' scale (diagnose)

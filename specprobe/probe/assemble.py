@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from specprobe import __version__
 from specprobe.core.environment import environment
+from specprobe.engines import GREEDY, get
 from specprobe.judge.rules import RuleTable, worst_severity
 from specprobe.result import NOTHING_SCORED, Evaluation, Finding, Measured, Result
-from specprobe.settings.engines import BY_ENGINE, GREEDY, describe
 
 if TYPE_CHECKING:
     from specprobe.probe.scoring import Scored
@@ -146,12 +146,12 @@ def procedure_section(engine: str, drafting: str, *, p_min: float = 0.0, n_min: 
     """What the estimates follow: the engine, its drafting and one draft token's acceptance
     law, in words for the headline (with the engine's early stop or relaxed thresholds
     where set), and the engine's own knob for the adaptive threshold."""
-    e = BY_ENGINE[engine]
+    e = get(engine)
     relaxed = drafting == GREEDY and min(thresholds) < 1
     acceptance = "p_target(draft token)" if drafting == GREEDY else "Σ min(p, q)"
     if relaxed:
         acceptance = f"1 where p_target(draft) ≥ {thresholds[0]:g}, else min(1, p_target(draft) ÷ {thresholds[1]:g}) (lossy)"
-    words = describe(engine, drafting)
+    words = e.describe(drafting)
     if relaxed:
         words = f"as {e.label} verifies it: greedy drafts, acceptance = {acceptance}"
     if p_min > 0:

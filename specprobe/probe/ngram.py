@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.core.progress import Progress
+from specprobe.engines import get
 from specprobe.estimates.costs import cost_tables
 from specprobe.judge.rules import RuleTable
 from specprobe.models.ngram import VLLM_NGRAM, NgramDrafter, Slot
@@ -289,7 +290,7 @@ def diagnose_ngram(
     ks = draft_lengths(drafter, cfg.k_max)
     per_k: dict[int, Steps] = {}
     groups: dict[tuple[int, str, str], Steps] = {}
-    eog = end_of_generation(target) if cfg.engine == "llama.cpp" else frozenset()
+    eog = end_of_generation(target) if get(cfg.engine).drafts_stop_at_end_of_generation else frozenset()
     items = [(it, e, c) for it, e, c in zip(refs.items, refs.encoded, refs.conts, strict=True) if c]
     mixed = isinstance(drafter, MixedDrafter)
     traces: list[ModelTrace] = []

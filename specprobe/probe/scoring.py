@@ -31,7 +31,7 @@ from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.blocked import on_workers
 from specprobe.metrics.core import align_vocab, position_metrics
 from specprobe.metrics.dispatch import Head, Scorer, case, pick
-from specprobe.metrics.sampling import llama_cpp_confidence
+from specprobe.metrics.sampling import sampler_top_confidence
 from specprobe.metrics.tree import passing as tree_passing
 from specprobe.models.anatomy import capture_layers
 from specprobe.models.base import Drafter, TargetPass
@@ -49,7 +49,6 @@ from specprobe.models.loader import LoadedModel
 from specprobe.probe.alignment import SamplingPair
 from specprobe.probe.memory import Backoff, Buffered, chunk_for
 from specprobe.prompts import Prompt
-from specprobe.settings.engines import LLAMA_CPP_TOP
 from specprobe.settings.pipeline import DiagnoseConfig
 
 if TYPE_CHECKING:
@@ -203,18 +202,19 @@ def score_head_chunk(
     return out
 
 
-def engine_confidence(drafts: Iterable[tuple[int, torch.Tensor]], confidence: str) -> tuple[Iterable[tuple[int, torch.Tensor]], dict[int, np.ndarray]]:
-    """The drafter confidence an engine's early stop reads, where it is not max q: under
-    llama.cpp its draft sampler's top probability (`llama_cpp_confidence`), taken from each
+def engine_confidence(drafts: Iterable[tuple[int, torch.Tensor]], confidence: int) -> tuple[Iterable[tuple[int, torch.Tensor]], dict[int, np.ndarray]]:
+    """The drafter confidence an engine's early stop reads, where it is not max q (a
+    `confidence` N > 0): its draft sampler's top token's probability among the drafter's
+    N best (`sampler_top_confidence`), taken from each
     depth's logits as they pass to the scorer -> (the same logits, depth -> [N] filled as
     they pass). `with_confidence` puts them in the chunk's scores."""
     seen: dict[int, np.ndarray] = {}
-    if confidence != LLAMA_CPP_TOP:
+    if not confidence:
         return drafts, seen
 
     def passing() -> Iterable[tuple[int, torch.Tensor]]:
         for d, dl in drafts:
-            seen[d] = llama_cpp_confidence(dl).cpu().numpy()
+            seen[d] = sampler_top_confidence(dl, confidence).cpu().numpy()
             yield d, dl
 
     return passing(), seen

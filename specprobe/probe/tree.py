@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from specprobe.engines import GREEDY, get
 from specprobe.estimates.costs import tree_factors, tree_round_cost
 from specprobe.estimates.tree import TreeShape
 from specprobe.metrics.tree import DEFAULT_WIDTH, TreeAccumulator, TreeSums
 from specprobe.prompts import Prompt
-from specprobe.settings.pipeline import TREE_ENGINES, DiagnoseConfig
+from specprobe.settings.pipeline import DiagnoseConfig
 
 
 def wants_trees(cfg: DiagnoseConfig) -> bool:
@@ -23,7 +24,7 @@ def wants_trees(cfg: DiagnoseConfig) -> bool:
     way the estimate models them: greedy drafts (the top candidates; a sampled draft has
     no tree), verified exactly or with SGLang's relaxed thresholds (`--accept-threshold-*`
     below 1: each child's acceptance given its elder siblings, `estimates.tree.sibling_accept`)."""
-    return cfg.tree is not None or (cfg.engine in TREE_ENGINES and cfg.drafting == "greedy")
+    return cfg.tree is not None or (get(cfg.engine).verifies_trees and cfg.drafting == GREEDY)
 
 
 class TreeCollector:

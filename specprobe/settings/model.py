@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ConfigError, OutputError
-from specprobe.settings.engines import DRAFT_SAMPLING, ENGINE_NAMES
+from specprobe.engines import DEFAULT, DRAFT_SAMPLING, NAMES, SEMANTICS
 from specprobe.settings.lengths import parse_context_lengths
 from specprobe.settings.values import (
     K_LIMIT,
@@ -43,7 +43,6 @@ REPORTS = frozenset({DIAGNOSE, SIMULATE, COMPARE, MERGE, REPORT})  # commands th
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 REFERENCES = ("on-policy", "dataset")
-SEMANTICS = ("vllm", "sglang", "transformers", "llama.cpp")  # whose sampling transform and defaults
 FAIL_ON = ("error", "warning", "info", "never")
 QUANT_SCHEMES = ("fp8", "fp8:per-tensor", "fp8-dynamic", "int8", "w8a8-int8", "int4")  # RTN weight (and W8A8 activation) quantization (specprobe.models.quant)
 KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings this simulates
@@ -183,7 +182,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "engine", "--engine",
         "The serving engine whose draft-and-verify procedure to predict: vllm | sglang | llama.cpp | trtllm | transformers. It sets the sampling transform and how drafts are made and accepted.",
-        str, "vllm", panel=PROCEDURE, commands=MODELS | {EXPORT}, file_key="engine", file_commands=MODELS, choices=ENGINE_NAMES,
+        str, DEFAULT, panel=PROCEDURE, commands=MODELS | {EXPORT}, file_key="engine", file_commands=MODELS, choices=NAMES,
         default_by_command={EXPORT: None}, help_by_command={EXPORT: "The engine to write a serving config for: vllm | sglang | llama.cpp | trtllm."},
     ),
     Setting(

@@ -19,8 +19,8 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.core.files import InputPath, OutputPath, check_outputs
+from specprobe.engines import get
 from specprobe.settings.config import load_probe_config
-from specprobe.settings.engines import BY_ENGINE
 from specprobe.settings.model import (
     BY_FILE_KEY,
     BY_NAME,
@@ -101,7 +101,7 @@ class RunOptions:
         return found
 
     def sampling_flags(self) -> SamplingFlags:
-        return SamplingFlags(**{k: getattr(self, k) for k in SAMPLING}, sampling_semantics=self.sampling_semantics or BY_ENGINE[self.engine].semantics)
+        return SamplingFlags(**{k: getattr(self, k) for k in SAMPLING}, sampling_semantics=self.sampling_semantics or get(self.engine).sampling.name)
 
     def sampling_origins(self) -> dict[str, str]:
         """SamplingPair.sources slot → the flag or file that set it (explicit ones only)."""
@@ -211,7 +211,7 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
     if unset("engine"):
         engines = {sv.engine for sv in servings}
         if len(engines) > 1:
-            said = ", ".join(f"{sv.source.name} runs {BY_ENGINE[sv.engine].label}" for sv in servings)
+            said = ", ".join(f"{sv.source.name} runs {get(sv.engine).label}" for sv in servings)
             raise ConfigError(f"the serving configs disagree on the engine ({said})", "say which to predict for with --engine (or engine: in the probe config)")
         if engines:
             values["engine"], origins["engine"] = servings[0].engine, servings[0].where("engine")
@@ -235,10 +235,10 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
                 origins[p] = sv.where(p)
                 filled.add(p)
                 break
-    for p, knob, engine in (("draft_p_min", "p_min", "llama.cpp"), ("draft_n_min", "n_min", "llama.cpp"),
-                            ("accept_threshold_single", "speculative_accept_threshold_single", "sglang"), ("accept_threshold_acc", "speculative_accept_threshold_acc", "sglang")):
-        # an engine's own knobs (llama-server's early stop, SGLang's thresholds), for a run that predicts that engine
-        if unset(p) and values.get("engine") == engine:
+    engine = values.get("engine")
+    for p, knob in (get(engine).serving_knobs if isinstance(engine, str) else {}).items():
+        # the engine's own knobs (llama-server's early stop, SGLang's thresholds), for a run that predicts that engine
+        if unset(p):
             sv_knob = next((sv for sv in servings if sv.engine == engine and sv.extra.get(knob) is not None), None)
             if sv_knob is not None:
                 values[p], origins[p] = sv_knob.extra[knob], sv_knob.where(knob)
@@ -248,7 +248,7 @@ def _with_servings(opts: RunOptions, values: dict[str, Any], origins: dict[str, 
         sv_kv = next((sv for sv in servings if getattr(sv, p) is not None), None)
         if unset(p) and sv_kv is not None:
             values[p], origins[p] = kv_cache_setting(str(getattr(sv_kv, p)), sv_kv.where(p), sv_kv.engine), sv_kv.where(p)
-    if unset("tree") and values.get("engine") in ("sglang", "trtllm"):
+    if unset("tree") and isinstance(engine, str) and get(engine).verifies_trees:
         # the tree an SGLang launch or a TensorRT-LLM decoding config verifies
         trees = [t for t in (tree_setting(sv) for sv in servings if sv.engine == values.get("engine")) if t is not None]
         if trees:

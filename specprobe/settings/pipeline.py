@@ -13,17 +13,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specprobe.core.errors import ConfigError
+from specprobe.engines import DEFAULT, DEFAULT_SEMANTICS, ENGINES, GREEDY, get
 from specprobe.estimates.tree import TreeShape
 from specprobe.estimates.tree import parse as parse_tree_text
-from specprobe.settings.engines import BY_ENGINE, confidence_of
 from specprobe.settings.model import BY_NAME, SAMPLING, check
 
 # Positions per metrics chunk: small enough that the four [chunk, V] float32 scratch
 # buffers stay warm in cache (measured best at 32–64 on a 2-core CPU with V = 49,152).
 DEFAULT_CHUNK_POSITIONS = 64
-# The engines that verify draft trees (vLLM removed tree attention; llama.cpp and
-# transformers verify chains).
-TREE_ENGINES = ("sglang", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ class SamplingFlags:
     min_p: float | None = None
     draft_top_k: int | None = None
     draft_top_p: float | None = None
-    sampling_semantics: str = "vllm"  # vllm | sglang | transformers: whose transform
+    sampling_semantics: str = DEFAULT_SEMANTICS  # whose transform (`engines.SEMANTICS`)
     repetition_penalty: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -60,10 +57,10 @@ class DiagnoseConfig:
     max_new_tokens: int = 64
     reference: str = "on-policy"  # or "dataset"
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
-    engine: str = "vllm"  # whose draft-and-verify procedure the estimates follow
+    engine: str = DEFAULT  # whose draft-and-verify procedure the estimates follow
     draft_sampling: str | None = None  # None: the engine's own drafting
-    draft_p_min: float = 0.0  # llama.cpp's early stop (--spec-draft-p-min); 0: off
-    draft_n_min: int = 0  # llama.cpp's shortest draft (--spec-draft-n-min); 0: off
+    draft_p_min: float = 0.0  # the engine's early stop (`Engine.draft_stops`: --spec-draft-p-min); 0: off
+    draft_n_min: int = 0  # the engine's shortest draft (--spec-draft-n-min); 0: off
     accept_threshold_single: float = 1.0  # SGLang's relaxed acceptance; 1: exact
     accept_threshold_acc: float = 1.0
     # a draft tree (`estimates.tree`): SGLang's "steps=S,topk=T,tokens=N" or static rank
@@ -113,21 +110,24 @@ class DiagnoseConfig:
             check(name, getattr(self, name), BY_NAME[name].flag)
         for name in SAMPLING:
             check(name, getattr(self.sampling, name), BY_NAME[name].flag)
+        engine = get(self.engine)
         for name in ("draft_p_min", "draft_n_min"):
             value = check(name, getattr(self, name), BY_NAME[name].flag)
-            if value and self.engine != "llama.cpp":
+            if value and not engine.draft_stops:
+                owner = next(e for e in ENGINES if e.draft_stops)
                 raise ConfigError(
-                    f"{BY_NAME[name].flag} is llama.cpp's (--spec-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} drafts K tokens every round",
-                    f"add --engine llama.cpp, or leave {BY_NAME[name].flag} out",
+                    f"{BY_NAME[name].flag} is {owner.label}'s (--spec-{name.replace('_', '-')}); {engine.label} drafts K tokens every round",
+                    f"add --engine {owner.name}, or leave {BY_NAME[name].flag} out",
                 )
         if self.draft_n_min > self.k_max:
             raise ConfigError(f"--draft-n-min {self.draft_n_min} is more than --k-max {self.k_max}: every draft would be dropped", "use --draft-n-min at most the longest draft, or raise --k-max")
         for name in ("accept_threshold_single", "accept_threshold_acc"):
             value = check(name, getattr(self, name), BY_NAME[name].flag)
-            if value < 1 and self.engine != "sglang":
+            if value < 1 and not engine.relaxed_thresholds:
+                owner = next(e for e in ENGINES if e.relaxed_thresholds)
                 raise ConfigError(
-                    f"{BY_NAME[name].flag} is SGLang's (--speculative-{name.replace('_', '-')}); {BY_ENGINE[self.engine].label} verifies every draft exactly",
-                    f"add --engine sglang, or leave {BY_NAME[name].flag} out",
+                    f"{BY_NAME[name].flag} is {owner.label}'s (--speculative-{name.replace('_', '-')}); {engine.label} verifies every draft exactly",
+                    f"add --engine {owner.name}, or leave {BY_NAME[name].flag} out",
                 )
         if min(self.thresholds) < 1 and str(self.drafter).split(":", 1)[0] == "sglang-ngram":
             raise ConfigError("--accept-threshold-single/-acc below 1 with sglang-ngram is not modelled (its padded tree is verified exactly here)",
@@ -139,14 +139,15 @@ class DiagnoseConfig:
     def _check_tree(self) -> None:
         shape = self.tree_shape
         assert shape is not None
-        if self.engine not in TREE_ENGINES:
+        if not get(self.engine).verifies_trees:
+            tree_engines = [e.name for e in ENGINES if e.verifies_trees]
             raise ConfigError(
-                f"--tree: {BY_ENGINE[self.engine].label} verifies chains, not trees",
-                "add --engine sglang (or trtllm) for the engine that verifies this tree, or leave --tree out",
+                f"--tree: {get(self.engine).label} verifies chains, not trees",
+                f"add --engine {tree_engines[0]} (or {' or '.join(tree_engines[1:])}) for the engine that verifies this tree, or leave --tree out",
             )
         if shape.steps > self.k_max:
             raise ConfigError(f"--tree steps={shape.steps} is deeper than --k-max {self.k_max}", f"raise --k-max to at least {shape.steps}")
-        if self.drafting != "greedy":
+        if self.drafting != GREEDY:
             raise ConfigError("--tree drafts each step's top candidates (greedy drafting); --draft-sampling probabilistic has no tree",
                               "leave --draft-sampling out for a tree")
 
@@ -180,17 +181,18 @@ class DiagnoseConfig:
     @property
     def lossy(self) -> bool:
         """Whether the verification accepts drafts the target would not sample (SGLang's thresholds below 1)."""
-        return self.engine == "sglang" and self.drafting == "greedy" and min(self.thresholds) < 1
+        return get(self.engine).relaxed_thresholds and self.drafting == GREEDY and min(self.thresholds) < 1
 
     @property
-    def confidence(self) -> str:
-        """Whose drafter confidence the adaptive K and --draft-p-min read (`engines.confidence_of`)."""
-        return confidence_of(self.engine)
+    def confidence(self) -> int:
+        """Whose drafter confidence the adaptive K and --draft-p-min read
+        (`Engine.confidence_top_n`: 0 max q, N the draft sampler's top of N)."""
+        return get(self.engine).confidence_top_n
 
     @property
     def drafting(self) -> str:
         """greedy | probabilistic: --draft-sampling, else the engine's own."""
-        return self.draft_sampling or BY_ENGINE[self.engine].draft_sampling
+        return get(self.engine).drafting(self.draft_sampling)
 
     def cost_batch_sizes(self) -> list[int]:
         """The batch sizes costs are timed at: --batch-sizes and the run's own."""

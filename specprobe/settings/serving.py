@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ConfigError
+from specprobe.engines import PROBABILISTIC, get
 from specprobe.settings.config import normalise_keys, read_mapping, read_text
-from specprobe.settings.engines import BY_ENGINE, PROBABILISTIC
 from specprobe.settings.model import BY_NAME, SAMPLING, Setting, check, check_bounds
 
 # the one bounds check, for knobs that are no setting of specprobe's own
@@ -956,7 +956,7 @@ def _args_file(words: list[str], env: Mapping[str, tuple[str, str]], name: str, 
     if not engines and any(var in _LLAMA_ENV for var in env):
         engines = [LLAMA_CPP]
     if len(engines) > 1:
-        raise ConfigError(f"{name} has flags of {' and '.join(BY_ENGINE[e].label for e in engines)}", "pass one engine's arguments per serving config")
+        raise ConfigError(f"{name} has flags of {' and '.join(get(e).label for e in engines)}", "pass one engine's arguments per serving config")
     if not engines:
         raise ConfigError(
             f"{name} starts no serving engine (vllm serve, python -m sglang.launch_server, llama-server, trtllm-serve) and holds no engine arguments",
@@ -982,7 +982,7 @@ def read_serving_config(path: str | Path) -> ServingConfig:
 
 def describe_serving(sv: ServingConfig) -> str:
     """One line: the engine, drafter, K, drafting and sampling a serving config sets."""
-    engine = BY_ENGINE[sv.engine].label
+    engine = get(sv.engine).label
     method = f" ({sv.method}{', ' + sv.drafter_kind if sv.drafter_kind else ''})" if sv.method else ""
     k_name = sv.where("k").split(": ", 1)[-1]
     k = f"K = {sv.num_speculative_tokens} ({k_name})" if sv.num_speculative_tokens else "K not set"

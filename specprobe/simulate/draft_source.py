@@ -22,8 +22,7 @@ from typing import Protocol
 import torch
 
 from specprobe.metrics.core import align_vocab, finite
-from specprobe.metrics.sampling import Sampling, llama_cpp_confidence, probs
-from specprobe.settings.engines import LLAMA_CPP_TOP, MAX_Q
+from specprobe.metrics.sampling import Sampling, probs, sampler_top_confidence
 
 # (d_{j-1} [B], rows fed [B], depth j) -> logits of depth j [B, V']; other rows sit it out as holes
 Step = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -38,7 +37,7 @@ class DraftRule:
     threshold: float | None  # adaptive K: stop a row at the first depth whose confidence is below it
     vocab: int  # the target's; q is indexed by target ids
     greedy: bool = False  # d_j = the drafter's argmax, q_j one-hot at it; else d_j ~ q_j
-    confidence: str = MAX_Q  # max-q: max of probs(logits_j, sampling); llama.cpp: its draft sampler's top probability
+    confidence: int = 0  # 0: max of probs(logits_j, sampling); N: the engine's draft sampler's top probability among the drafter's N best
     n_min: int = 0  # a row that drafts fewer than this drafts nothing
 
 
@@ -135,11 +134,11 @@ def chain(logits: torch.Tensor, step: Step, cap: torch.Tensor, rule: DraftRule, 
 
 def confidence(logits: torch.Tensor, q: torch.Tensor, rule: DraftRule) -> torch.Tensor:
     """A row's drafter confidence at one depth [B]: max q under the drafter's sampling
-    (1 for a greedy drafter, as in the estimate), or llama.cpp's: its draft sampler keeps
-    the drafter's 10 best tokens at temperature 1 and reads the first one's probability
-    among them."""
-    if rule.confidence == LLAMA_CPP_TOP:
-        return llama_cpp_confidence(logits)
+    (1 for a greedy drafter, as in the estimate), or the engine's draft sampler's
+    (`DraftRule.confidence` N > 0): it keeps the drafter's N best tokens at temperature 1
+    and reads the first one's probability among them."""
+    if rule.confidence:
+        return sampler_top_confidence(logits, rule.confidence)
     if rule.greedy and not rule.sampling.greedy:
         q = probs(logits, rule.sampling)  # the one-hot q drafts; the confidence is the drafter's own
     return q.amax(dim=-1)

@@ -11,6 +11,7 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.core.progress import Progress
+from specprobe.engines import get
 from specprobe.judge.rules import load_table
 from specprobe.models.heads.live import (
     UNSUPPORTED_HINT,
@@ -24,7 +25,6 @@ from specprobe.probe.assemble import simulate_result
 from specprobe.probe.diagnose import load_pair, run_diagnose
 from specprobe.probe.references import load_prompt_set, references_by_turn
 from specprobe.result import Result
-from specprobe.settings.engines import BY_ENGINE
 from specprobe.settings.pipeline import SimulateConfig
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.loop import speculate
@@ -257,7 +257,7 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
         if cfg.adaptive_threshold is not None and not ngram and not mixed and shape is None:  # a deterministic draft's confidence is 1
             run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
             adaptive = run.counters
-            knob = BY_ENGINE[dcfg.engine].adaptive_knob  # the engine's own flag, where it has one
+            knob = get(dcfg.engine).adaptive_knob  # the engine's own flag, where it has one
             gate = f"{knob} {cfg.adaptive_threshold:g}" if knob else f"confidence ≥ {cfg.adaptive_threshold:g}"
             with progress.task(f"adaptive K≤{max(cfg.ks)}, {gate} ({n} prompts)", n) as advance:
                 speculate(target.model, step, encoded, k=max(cfg.ks), threshold=cfg.adaptive_threshold, run=run, advance=advance, **kw)

@@ -21,27 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specprobe.metrics.sampling import LLAMA_CPP_DRAFT_TOP_K
-from specprobe.settings.engines import (
-    BY_ENGINE,
-    GREEDY,
-    LLAMA_CPP_TOP,
-    MAX_Q,
-    PROBABILISTIC,
-    confidence_of,
-)
+from specprobe.engines import GREEDY, PROBABILISTIC, get
+from specprobe.engines.base import REJECTION, SAMPLE_MATCH
 
-REJECTION, SAMPLE_MATCH, THRESHOLD = "rejection", "sample-match", "threshold"
+THRESHOLD = "threshold"  # an engine's relaxed acceptance (thresholds below 1)
+MAX_Q = 0  # `confidence`: max q under the drafter's sampling; N > 0: its draft sampler's top of N
 
-# llama.cpp's p_min is compared with its draft sampler's top probability (the drafter's
-# LLAMA_CPP_DRAFT_TOP_K best tokens at temperature 1), before that token joins the draft
-# (draft-simple; the older `draft` type, --draft-p-min, added it first and stopped after
-# it, one token longer)
-__all__ = ["LLAMA_CPP_DRAFT_TOP_K", "LLAMA_CPP_TOP", "MAX_Q", "REJECTION", "SAMPLE_MATCH", "THRESHOLD", "Procedure"]  # the names the loop imports from here
-
-# llama.cpp (common_sampler_sample_and_accept_n) and TensorRT-LLM verify by sampling the
-# target and comparing; the others run the rejection sampler
-_SAMPLE_MATCH_ENGINES = frozenset({"llama.cpp", "trtllm"})
+__all__ = ["MAX_Q", "REJECTION", "SAMPLE_MATCH", "THRESHOLD", "Procedure"]  # the names the loop imports from here
 
 
 @dataclass(frozen=True)
@@ -50,14 +36,14 @@ class Procedure:
 
     drafting: str = PROBABILISTIC  # greedy | probabilistic
     verify: str = REJECTION  # rejection | sample-match
-    confidence: str = MAX_Q  # max-q | llama.cpp
+    confidence: int = MAX_Q  # 0: max q; N: the draft sampler's top of the drafter's N best (`Engine.confidence_top_n`)
     n_min: int = 0
     engine: str | None = None  # the engine it stands for; None: the textbook procedure
-    p_min: float = 0.0  # llama.cpp's --spec-draft-p-min: every round stops before an unconfident draft
-    thresholds: tuple[float, float] = (1.0, 1.0)  # SGLang's (single, acc); below 1 the verify step is THRESHOLD
+    p_min: float = 0.0  # the engine's early stop (--spec-draft-p-min): every round stops before an unconfident draft
+    thresholds: tuple[float, float] = (1.0, 1.0)  # the engine's relaxed (single, acc); below 1 the verify step is THRESHOLD
 
     def __post_init__(self) -> None:
-        if self.drafting not in (GREEDY, PROBABILISTIC) or self.verify not in (REJECTION, SAMPLE_MATCH, THRESHOLD) or self.confidence not in (MAX_Q, LLAMA_CPP_TOP):
+        if self.drafting not in (GREEDY, PROBABILISTIC) or self.verify not in (REJECTION, SAMPLE_MATCH, THRESHOLD) or self.confidence < 0:
             raise ValueError(f"unknown procedure {self}")
         if self.verify == SAMPLE_MATCH and self.drafting != GREEDY:
             # a sampled draft compared with a target sample is accepted with Σ p·q, which
@@ -69,12 +55,13 @@ class Procedure:
         """The engine's procedure, with its drafting overridden by `drafting` when given.
         Sampled drafts are verified by rejection sampling whatever the engine: that is
         what --draft-sampling probabilistic promises (acceptance Σ min(p, q))."""
-        d = drafting or BY_ENGINE[engine].draft_sampling
-        relaxed = engine == "sglang" and d == GREEDY and min(thresholds) < 1
+        e = get(engine)
+        d = e.drafting(drafting)
+        relaxed = e.relaxed_thresholds and d == GREEDY and min(thresholds) < 1
         return cls(
             drafting=d,
-            verify=THRESHOLD if relaxed else SAMPLE_MATCH if engine in _SAMPLE_MATCH_ENGINES and d == GREEDY else REJECTION,
-            confidence=confidence_of(engine),
+            verify=THRESHOLD if relaxed else e.greedy_verify if d == GREEDY else REJECTION,
+            confidence=e.confidence_top_n,
             n_min=n_min,
             engine=engine,
             p_min=p_min,
@@ -98,9 +85,9 @@ class Procedure:
         else:
             how = "sampled drafts (x ~ q), accepted with min(1, p/q), else the next token from norm(max(0, p − q))"
         if self.p_min > 0:
-            how += f"; every draft stops before a token whose probability among the drafter's {LLAMA_CPP_DRAFT_TOP_K} best tokens (temperature 1) is below --spec-draft-p-min {self.p_min:g}"
-        elif self.confidence == LLAMA_CPP_TOP:
-            how += f"; adaptive K as --spec-draft-p-min: drafting stops before a draft whose probability among the drafter's {LLAMA_CPP_DRAFT_TOP_K} best tokens (temperature 1) is below the threshold"
+            how += f"; every draft stops before a token whose probability among the drafter's {self.confidence} best tokens (temperature 1) is below --spec-draft-p-min {self.p_min:g}"
+        elif self.confidence:
+            how += f"; adaptive K as --spec-draft-p-min: drafting stops before a draft whose probability among the drafter's {self.confidence} best tokens (temperature 1) is below the threshold"
         if self.n_min > 1:
             how += f"; drafts shorter than {self.n_min} dropped"
-        return how if self.engine is None else f"as {BY_ENGINE[self.engine].label} runs it: {how}"
+        return how if self.engine is None else f"as {get(self.engine).label} runs it: {how}"

@@ -1,0 +1,138 @@
+"""What a serving engine is to specprobe: the interface every engine module fills in.
+
+An engine is a dialect. Its module (one per engine, beside this file) holds what that
+engine does, read from its source: the sampling transform and the order its truncations
+compose in, how it drafts and verifies by default, which of its own knobs stand for
+specprobe's settings, and what it refuses. The rest of specprobe asks the engine object
+(`specprobe.engines.get(name)`) and never compares engine names.
+
+This module and the engine modules import nothing heavier than `specprobe.core`: the
+metrics, the settings, the pipelines and the torch-free commands all ask them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+# how an engine drafts (`--draft-sampling`)
+GREEDY, PROBABILISTIC = "greedy", "probabilistic"
+DRAFT_SAMPLING = (GREEDY, PROBABILISTIC)
+# how it verifies greedy drafts: the rejection sampler with a one-hot q, or by sampling
+# the target at each draft position and accepting while the sample is the draft
+REJECTION, SAMPLE_MATCH = "rejection", "sample-match"
+# how its sampling truncations (top-k, top-p, min-p) compose (`metrics.sampling`):
+# one after another, each on what the previous one left, renormalised, in `steps`' order;
+# all three on the same tempered distribution (a joint mask); or on the UNTEMPERED
+# distribution before the temperature divides what survives
+SEQUENTIAL, JOINT, UNTEMPERED = "sequential", "joint", "untempered"
+
+
+@dataclass(frozen=True)
+class SamplingOrder:
+    """How one engine turns logits into the distribution it samples from."""
+
+    name: str  # the name `--sampling-semantics` takes and the result records
+    truncation: str  # SEQUENTIAL | JOINT | UNTEMPERED
+    steps: tuple[str, ...] = ()  # SEQUENTIAL's order of "min_p", "top_k", "top_p"
+    greedy_below: float = 0.0  # temperatures below this sample greedily (0: only T ≤ 0)
+    top_k_default: int = 0  # the top-k a request gets when nothing sets one (0: off)
+    # the temperature is greedy unless generation_config's do_sample says otherwise
+    greedy_without_do_sample: bool = False
+
+    def __post_init__(self) -> None:
+        if self.truncation not in (SEQUENTIAL, JOINT, UNTEMPERED) or (self.truncation == SEQUENTIAL and sorted(self.steps) != ["min_p", "top_k", "top_p"]):
+            raise ValueError(f"unknown sampling order {self}")
+
+
+class Engine:
+    """One serving engine. Subclasses set the class attributes; the methods are the
+    engine's own answers, with the textbook defaults here."""
+
+    name: ClassVar[str]  # as --engine takes it
+    label: ClassVar[str]  # as people write it
+    sampling: ClassVar[SamplingOrder]  # whose sampling transform it applies
+    draft_sampling: ClassVar[str] = GREEDY  # its default drafting
+    knob: ClassVar[str]  # where the engine sets its drafting, for the messages
+    adaptive_knob: ClassVar[str | None] = None  # its own flag for the adaptive-K threshold
+    greedy_verify: ClassVar[str] = REJECTION  # how it verifies greedy drafts
+    # the drafter confidence its adaptive K (or early stop) reads: 0 is max q under the
+    # drafter's sampling; N > 0 is its draft sampler's: the top token's probability among
+    # the drafter's N best tokens at temperature 1
+    confidence_top_n: ClassVar[int] = 0
+    verifies_trees: ClassVar[bool] = False  # whether it verifies draft trees (else chains)
+    relaxed_thresholds: ClassVar[bool] = False  # accept thresholds below 1 (lossy) are its knob
+    draft_stops: ClassVar[bool] = False  # it stops drafts early (p_min) and drops short ones (n_min)
+    drafts_stop_at_end_of_generation: ClassVar[bool] = False  # an n-gram draft stops at an end-of-generation token
+    serving_config: ClassVar[bool] = True  # it has a serving config `export` can write
+    # its own knobs a serving config may set, as settings: setting name -> the key its
+    # serving config reader files them under (`ServingConfig.extra`)
+    serving_knobs: ClassVar[Mapping[str, str]] = {}
+
+    def describe(self, draft_sampling: str) -> str:
+        """'as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)'."""
+        return f"as {self.label} verifies it: {procedure(draft_sampling)}"
+
+    def drafting(self, draft_sampling: str | None) -> str:
+        """greedy | probabilistic: the given drafting, else the engine's own."""
+        return draft_sampling or self.draft_sampling
+
+    def greedy_knob(self, drafting_default: bool) -> str:
+        """Where the engine's greedy drafting is set, for the messages."""
+        if not drafting_default:
+            return "--draft-sampling greedy"
+        return self.knob.split(" (")[0] if " (" in self.knob else f"{self.knob}: greedy"
+
+    def vocab_findings(self, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
+        """Whether the engine pairs the two vocabularies (tokenizers `tt`, `dt`; sizes
+        `vt`, `vd`; their tokenizer.json descriptions `tj`, `dj`) as they are, in its own
+        terms: sets `engine_vocab_incompatible` and `vocab_shared_frac` in `m` (None where
+        the engine has no rule of its own) and their evidence lines in `ev`."""
+        m["engine_vocab_incompatible"] = None
+        m["vocab_shared_frac"] = None
+
+    def relaxed_acceptance(self, extra: Mapping[str, Any]) -> bool:
+        """Whether a serving config's own keys (`extra`) turn on a lossy acceptance that
+        specprobe does not estimate (TensorRT-LLM's relaxed acceptance for thinking)."""
+        return False
+
+    def __repr__(self) -> str:
+        return f"<engine {self.name}>"
+
+
+def procedure(draft_sampling: str) -> str:
+    """The acceptance law of one draft token under a drafting, in words."""
+    if draft_sampling == GREEDY:
+        return "greedy drafts, acceptance = p_target(draft token)"
+    return "sampled drafts, acceptance = Σ min(p, q)"
+
+
+# ----------------------------------------------------------------------------- vocabularies, as several engines read them
+def space_prefixes(tok: Any) -> tuple[str, ...]:
+    """The mark a tokenizer puts on word-initial spaces (Ġ, ▁), found by encoding ' a'."""
+    try:
+        ids = tok.encode(" a", add_special_tokens=False)
+        piece = tok.convert_ids_to_tokens(ids[0]) if ids else None
+        if isinstance(piece, str) and len(piece) > 1 and piece.endswith("a") and piece[0] not in (" ", "\t"):
+            return (piece[:-1],)
+    except Exception:
+        pass
+    return ("\u0120", "\u2581")
+
+
+def normalised_vocab(tok: Any) -> set[str]:
+    """A tokenizer's token texts with its word-initial space mark written as a space."""
+    prefixes = space_prefixes(tok)
+    out: set[str] = set()
+    for t in tok.get_vocab():
+        p = next((x for x in prefixes if t.startswith(x)), None)
+        out.add(" " + t[len(p) :] if p else t)
+    return out
+
+
+def shared_vocab_frac(tt: Any, dt: Any, vt: int) -> float:
+    """Share of the target's vocabulary whose token text (word-initial space marks made
+    alike) the drafter's vocabulary also holds: what a draft model with its own
+    vocabulary can propose."""
+    return len(normalised_vocab(tt) & normalised_vocab(dt)) / max(vt, 1)

@@ -1,0 +1,57 @@
+"""vLLM, as specprobe reads it from its source.
+
+Sampling (V1 `Sampler.sample`, `MinPLogitsProcessor`, `apply_top_k_top_p`): temperature →
+min-p → top-k → top-p, each on the distribution the previous step left (renormalised).
+min-p drops p < min_p · max p; top-k drops logits below the k-th largest (ties with it
+are kept, so more than k can survive); top-p sorts ascending, drops tokens whose
+ascending cumulative mass is ≤ 1 − top_p and always keeps the most likely one. Greedy
+when T < 1e-5 (`_SAMPLING_EPS`).
+
+Drafting and verifying: `speculative_config.draft_sample_method`, default "greedy": the
+proposal is the drafter's argmax, a one-hot q for the rejection sampler, so a draft
+token is accepted with probability p_target(argmax q); "probabilistic" samples the draft
+from q and accepts with min(1, p/q) — acceptance Σ min(p, q).
+
+Vocabularies: a draft model whose vocab_size differs from the target's is refused
+('Target and draft model should have the same vocabulary size') unless
+`speculative_config.use_heterogeneous_vocab` is true, which masks the drafter's other
+tokens and drafts greedily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specprobe.engines.base import GREEDY, SEQUENTIAL, Engine, SamplingOrder, shared_vocab_frac
+
+
+class VLLM(Engine):
+    name = "vllm"
+    label = "vLLM"
+    sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
+    draft_sampling = GREEDY
+    knob = "speculative_config.draft_sample_method"
+
+    def vocab_findings(self, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
+        bad = vt != vd
+        m["engine_vocab_incompatible"] = int(bad)
+        m["vocab_shared_frac"] = None
+        differ = bad or m.get("token_id_mismatch_count", 0) > 0
+        if bad:
+            ev["engine_vocab_incompatible"] = [
+                f"vLLM refuses a draft model whose vocab_size differs from the target's (target {vt}, drafter {vd}): "
+                "'Target and draft model should have the same vocabulary size' unless speculative_config.use_heterogeneous_vocab is true"
+            ]
+        if differ:
+            frac = shared_vocab_frac(tt, dt, vt)
+            m["vocab_shared_frac"] = frac
+            ev["vocab_shared_frac"] = [
+                f"the vocabularies share {100 * frac:.1f}% of the target's {vt} tokens; with use_heterogeneous_vocab vLLM masks the drafter's other tokens "
+                "and drafts greedily (draft_sample_method probabilistic is refused with it)"
+            ]
+        else:
+            m["vocab_shared_frac"] = 1.0
+
+
+ENGINE = VLLM()
