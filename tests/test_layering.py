@@ -5,12 +5,16 @@ an import inside a function counts as much as one at the top of a module."""
 from __future__ import annotations
 
 import ast
+from fnmatch import fnmatchcase
 from pathlib import Path
+
+from specprobe.engines import NAMES as ENGINE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent / "specprobe"
 
 # Lowest first; a module may import from its own floor or any floor below it. Each entry
-# is a package or module prefix (the longest prefix that matches a module wins).
+# is a package or module prefix (the longest prefix that matches a module wins); a `*`
+# stands for one name, so "specprobe.engines.*.serving" is every engine's serving module.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specprobe.core", "specprobe"),  # errors, files, progress, interrupts; the version
     ("specprobe.engines",),  # what each serving engine does: one package per engine
@@ -86,7 +90,7 @@ def _floor(module: str) -> int:
     best, floor = -1, -1
     for i, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+            if (fnmatchcase(module, prefix) or fnmatchcase(module, prefix + ".*")) and len(prefix) > best:
                 best, floor = len(prefix), i
     assert floor >= 0, f"{module} is on no floor of LAYERS"
     return floor
@@ -136,3 +140,49 @@ def test_imports_point_down_the_layering() -> None:
 def test_the_top_level_holds_packages_only() -> None:
     loose = sorted(p.name for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert not loose, f"modules at the top of specprobe/ (put each in the package that owns it): {loose}"
+
+
+# Modules outside engines/ that still hold an engine's own knowledge, each with where it goes.
+ENGINE_KNOWLEDGE_PENDING: dict[str, str] = {
+    "specprobe.settings.serving": "each engine's serving-config reader → engines/<engine>/serving.py",
+    "specprobe.export.engines": "each engine's serving-config writer → engines/<engine>/export.py",
+    "specprobe.monitor.exposition": "each engine's metric names → engines/<engine>/monitor.py",
+    "specprobe.monitor.logs": "each engine's log lines → engines/<engine>/monitor.py",
+    "specprobe.monitor.requests": "each engine's request records → engines/<engine>/monitor.py",
+    "specprobe.monitor.prometheus": "each engine's metric names → engines/<engine>/monitor.py",
+    "specprobe.monitor.promrules": "each engine's metric names → engines/<engine>/monitor.py",
+}
+# Not an engine: the checkpoint layout vLLM's Medusa model reads is called "vllm" by
+# its files, as the speculators format is called "speculators".
+NOT_AN_ENGINE = {("specprobe.models.heads.medusa", "vllm")}
+
+
+def _names_an_engine(node: ast.AST) -> str | None:
+    """The engine name a comparison or a table key spells out, if any."""
+    def spelled(n: ast.AST) -> str | None:
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in ENGINE_NAMES:
+            return n.value
+        if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+            return next((x for x in map(spelled, n.elts) if x), None)
+        return None
+
+    if isinstance(node, ast.Compare):
+        return next((x for x in map(spelled, [node.left, *node.comparators]) if x), None)
+    if isinstance(node, ast.Dict):  # a table keyed by engine (one such key may be a package's name)
+        keys = [x for x in map(spelled, [k for k in node.keys if k is not None]) if x]
+        return keys[0] if len(keys) > 1 else None
+    return None
+
+
+def test_only_the_engines_compare_engine_names() -> None:
+    """Every layer asks the engine object (`specprobe.engines.get(name)`); no module
+    outside engines/ compares an engine's name or keys a table by it."""
+    found = []
+    for m, p in _modules().items():
+        if m.startswith("specprobe.engines") or m in ENGINE_KNOWLEDGE_PENDING:
+            continue
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            name = _names_an_engine(node)
+            if name and (m, name) not in NOT_AN_ENGINE:
+                found.append(f"{m}:{node.lineno} names {name!r}")  # type: ignore[attr-defined]
+    assert not found, "ask the engine object instead: " + "; ".join(found)

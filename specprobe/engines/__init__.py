@@ -25,6 +25,11 @@ SEMANTICS: tuple[str, ...] = tuple(_ORDERS)
 DEFAULT, DEFAULT_SEMANTICS = NAMES[0], ENGINES[0].sampling.name
 
 
+def eagle3_engine(fmt: str) -> Engine:
+    """The engine whose EAGLE-3 capture convention a head checkpoint's format was made for."""
+    return next((e for e in ENGINES if e.eagle3_format == fmt), None) or next(e for e in ENGINES if e.eagle3_default_for_other_formats)
+
+
 def get(name: str) -> Engine:
     """The engine called `name` (as --engine takes it)."""
     try:

@@ -69,6 +69,12 @@ class Engine:
     # its own knobs a serving config may set, as settings: setting name -> the key its
     # serving config reader files them under (`ServingConfig.extra`)
     serving_knobs: ClassVar[Mapping[str, str]] = {}
+    # EAGLE-3: how it reads a head's aux layer ids (hidden_states[id + offset]; None: it
+    # runs no EAGLE-3 head of its own capture), and the checkpoint format trained with
+    # its convention (None: any other format, where `eagle3_default_for_other_formats`)
+    eagle3_aux_offset: ClassVar[int | None] = None
+    eagle3_format: ClassVar[str | None] = None
+    eagle3_default_for_other_formats: ClassVar[bool] = False
 
     def describe(self, draft_sampling: str) -> str:
         """'as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)'."""

@@ -29,6 +29,10 @@ class SGLang(Engine):
     knob = "its EAGLE candidates (top tokens by draft score)"
     verifies_trees = True
     relaxed_thresholds = True
+    # EAGLE-3 heads: it captures the output of layer id, hidden_states[id + 1] (SpecForge's
+    # checkpoints and EAGLE's own are trained that way)
+    eagle3_aux_offset = 1
+    eagle3_default_for_other_formats = True
     serving_knobs = {"accept_threshold_single": "speculative_accept_threshold_single", "accept_threshold_acc": "speculative_accept_threshold_acc"}
 
 

@@ -32,6 +32,9 @@ class VLLM(Engine):
     sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
     draft_sampling = GREEDY
     knob = "speculative_config.draft_sample_method"
+    # EAGLE-3 heads: the aux layer ids as written index hidden_states (speculators format)
+    eagle3_aux_offset = 0
+    eagle3_format = "speculators"
 
     def vocab_findings(self, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
         bad = vt != vd

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from specprobe.engines import get
 from specprobe.models.heads.layout import EAGLE3_LAYER_TYPES, HeadLayout, aux_layers_by_engine
 from specprobe.models.heads.medusa import block_names
 from specprobe.models.heads.vocab import d2t_problems
@@ -111,16 +112,17 @@ def _eagle3(layout: HeadLayout, target_info: Any, ht: int, vt: int, nl: int, r: 
 
     # aux layers: what each engine reads
     by = aux_layers_by_engine(ids, nl)
-    engine = "vLLM" if d["aux_engine"] == "vllm" else "SGLang"
+    engine = get(d["aux_engine"]).label
     bad = [k for k in by[d["aux_engine"]] if not 0 <= k <= nl]
     r.add("aux_layer_out_of_range", len(bad), *([f"{d['aux_key'] or 'default ids'} = {list(ids) if ids else '(2, L//2, L−3)'}: {engine} reads hidden_states{list(by[d['aux_engine']])}, which must lie in [0, {nl}] for a target of {nl} layers"] if bad else []))
-    differ = by["vllm"] != by["sglang"]
+    differ = len(set(by.values())) > 1
     r.add("aux_layers_engines_differ", int(differ))
     r.evidence["aux_layers_engines_differ"] = [
         f"{d['aux_key'] or 'no ids: default (2, L//2, L−3)'} {list(ids) if ids else ''}".rstrip()
-        + f"; vLLM reads hidden_states{list(by['vllm'])}, SGLang hidden_states{list(by['sglang'])}; specprobe scores with {engine}'s (the convention the {d['format']} format is trained with)"
+        + "; " + ", ".join(f"{get(name).label}{' reads' if i == 0 else ''} hidden_states{list(v)}" for i, (name, v) in enumerate(by.items()))
+        + f"; specprobe scores with {engine}'s (the convention the {d['format']} format is trained with)"
     ]
-    r.facts["aux_layers"] = {"ids": list(ids) if ids else None, "vllm": list(by["vllm"]), "sglang": list(by["sglang"]), "scored": list(by[d["aux_engine"]])}
+    r.facts["aux_layers"] = {"ids": list(ids) if ids else None, **{name: list(v) for name, v in by.items()}, "scored": list(by[d["aux_engine"]])}
 
     if d["format"] == "speculators":
         unset = d["norm_before_residual_declared"] is None

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
+from specprobe.engines import eagle3_engine
 from specprobe.models.heads.chain import (
     MAX_CHAIN,
     ChainedFeatures,
@@ -84,7 +85,7 @@ def describe_eagle3(files: HeadFiles) -> HeadLayout | None:
         "aux_ids": aux,
         "aux_key": aux_key if aux else None,
         # the engine whose capture convention the checkpoint was made for
-        "aux_engine": "vllm" if fmt == "speculators" else "sglang",
+        "aux_engine": eagle3_engine(fmt).name,
         "norm_before_residual": nbr,
         "norm_before_residual_declared": nbr_declared,
         "verifier": verifier,

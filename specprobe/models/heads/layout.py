@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ConfigError, ModelLoadError
+from specprobe.engines import ENGINES
 from specprobe.models.heads.files import HeadFiles
 
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
@@ -82,10 +83,11 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 
 def aux_layers_by_engine(ids: tuple[int, ...] | None, num_layers: int) -> dict[str, tuple[int, ...]]:
     """hidden_states indices each engine feeds the head, for ids as written (None: default)."""
+    capture = [e for e in ENGINES if e.eagle3_aux_offset is not None]
     if not ids:
         d = default_aux_layers(num_layers)
-        return {"vllm": d, "sglang": d}
-    return {"vllm": tuple(ids), "sglang": tuple(i + 1 for i in ids)}
+        return {e.name: d for e in capture}
+    return {e.name: tuple(i + (e.eagle3_aux_offset or 0) for i in ids) for e in capture}
 
 
 def int_tuple(v: Any) -> tuple[int, ...] | None:
