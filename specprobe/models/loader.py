@@ -161,7 +161,7 @@ def _missing(spec: str, kind: str | None = None) -> ModelLoadError:
         )
     if kind is not None:
         return missing_head(kind, spec)
-    return ModelLoadError(f"model path {spec} does not exist", "pass a checkpoint folder, a .gguf file, a Hugging Face repo id in the local cache, or a built-in name: " + ", ".join(BUILTIN))
+    return ModelLoadError(f"model path {spec} does not exist", "pass a checkpoint folder, a .gguf file, a Hugging Face repo id, or a built-in name: " + ", ".join(BUILTIN))
 
 
 def check_paths(target: str | None, drafter: str | None) -> None:

@@ -159,7 +159,7 @@ _TEMP_HINT = "use 0 for greedy or a positive temperature"
 
 SETTINGS: tuple[Setting, ...] = (
     # ------------------------------------------------------------------ the pair
-    Setting("target", "TARGET", "Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", str | None, panel=PAIR, commands=MODELS, file_key="target", argument=True, show_default=False),
+    Setting("target", "TARGET", "Target model: a checkpoint folder, a .gguf file, a Hugging Face repo id (downloaded unless cached), or 'smollm2' (built-in).", str | None, panel=PAIR, commands=MODELS, file_key="target", argument=True, show_default=False),
     Setting(
         "drafter", "DRAFTER",
         "Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self', 'self:layers=N', or a head: 'eagle3:DIR', 'eagle:DIR', 'medusa:DIR', 'mtp' / 'mtp:DIR'.",
