@@ -65,8 +65,11 @@ def check(
     from specprobe.models.drafters import drafter_info, drafter_kind_of
     from specprobe.models.loader import load_info, local_spec
 
-    tinfo = load_info(local_spec(target_spec), err.print)
-    dinfo = drafter_info(local_spec(drafter_spec), tinfo, err.print)
+    # a Hugging Face repo id: its snapshot folder, downloaded unless cached or --offline (models.hub)
+    target_local = local_spec(target_spec, opts.revision, opts.offline, err.print)
+    drafter_local = local_spec(drafter_spec, opts.draft_revision, opts.offline, err.print)
+    tinfo = load_info(target_local, err.print)
+    dinfo = drafter_info(drafter_local, tinfo, err.print)
     if "head" in dinfo.extra:  # a head: the serving K is checked against its heads / MTP layers
         dinfo.extra["serving_k"] = next((sv.num_speculative_tokens for sv in servings if sv.num_speculative_tokens), None)
     pair = effective_sampling(
@@ -75,7 +78,7 @@ def check(
     pair.sources = relabel_sources(pair.sources, opts.sampling_origins())
     report = compare(tinfo, dinfo, pair, serving_context=next((sv.context_length for sv in servings if sv.context_length), None))
     relaxed_acceptance(report, servings)
-    kind = drafter_kind_of(local_spec(drafter_spec))
+    kind = drafter_kind_of(drafter_local)
     result = _result(opts, target_spec, drafter_spec, kind, tinfo, dinfo, flags, pair, report, table)
 
     from specprobe.report.console import render

@@ -41,12 +41,11 @@ _GGUF_MAGIC = b"GGUF"
 
 
 def _offline() -> None:
-    # Never let transformers or huggingface_hub try the hub.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # transformers reads local folders only here (local_files_only): a repo id became its
+    # snapshot folder before (specprobe.models.hub, the one place that downloads), so the
+    # hub is not turned off for the process, which would refuse a later download
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         from transformers.utils import logging as hf_logging
 
@@ -130,16 +129,26 @@ def hub_snapshot(repo_id: str) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def local_spec(spec: str) -> str:
-    """A model or drafter spec with a Hugging Face repo id (bare, or after a head's
-    `kind:`) replaced by its cached snapshot folder, so every reader below sees a path;
-    any other spec as given."""
-    kind, path = split_spec(spec) if spec not in BUILTIN and spec != "self" and not spec.startswith("self:") else (None, spec)
+def local_spec(spec: str, revision: str | None = None, offline: bool | None = None, progress: Any = None) -> str:
+    """A model or drafter spec with a Hugging Face repo id (bare, after a head's `kind:`,
+    or after an n-gram drafter's `TYPES+`) replaced by its snapshot folder, so every reader
+    below sees a path; any other spec as given. `offline` None: the cache only, a repo not
+    in it left as given (for check_paths to name); else a repo not in the cache is
+    downloaded at `revision` unless `offline` or HF_HUB_OFFLINE (specprobe.models.hub)."""
+    if "+" in spec and is_ngram_spec(spec.partition("+")[0].strip()):  # n-gram types + a draft model
+        head, _, model = spec.partition("+")
+        return f"{head}+{local_spec(model.strip(), revision, offline, progress)}"
+    kind, path = split_spec(spec) if spec not in BUILTIN and spec != "self" and not spec.startswith("self:") and not is_ngram_spec(spec) else (None, spec)
     if not path or not looks_like_repo_id(path):
         return spec
-    snap = hub_snapshot(path)
-    if snap is None:
-        return spec
+    if offline is None:
+        snap = hub_snapshot(path)
+        if snap is None:
+            return spec
+    else:
+        from specprobe.models.hub import fetch
+
+        snap = fetch(path, revision, offline, progress)
     return str(snap) if kind is None else spec[: len(spec) - len(path)] + str(snap)
 
 
@@ -152,7 +161,7 @@ def _missing(spec: str, kind: str | None = None) -> ModelLoadError:
         )
     if kind is not None:
         return missing_head(kind, spec)
-    return ModelLoadError(f"model path {spec} does not exist", "pass a checkpoint folder, a .gguf file, a Hugging Face repo id in the local cache, or a built-in name: " + ", ".join(BUILTIN))
+    return ModelLoadError(f"model path {spec} does not exist", "pass a checkpoint folder, a .gguf file, a Hugging Face repo id, or a built-in name: " + ", ".join(BUILTIN))
 
 
 def check_paths(target: str | None, drafter: str | None) -> None:

@@ -18,7 +18,7 @@ from specprobe.estimates.tree import TreeShape
 from specprobe.judge.rules import RuleTable, load_table
 from specprobe.models.drafters import build_drafter, drafter_info
 from specprobe.models.kv_served import serve_kv_cache
-from specprobe.models.loader import check_paths, load_info, load_model
+from specprobe.models.loader import check_paths, load_info, load_model, local_spec
 from specprobe.models.quant import serve_quantized
 from specprobe.probe import long_context
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
@@ -55,26 +55,30 @@ def load_pair(cfg: DiagnoseConfig, progress: Progress, target: Any = None, draft
     """Load target + drafter and run the alignment check (no forward pass yet). `vet`
     receives the drafter's info (configs and headers, no weights) before the target
     loads, to refuse what the caller cannot run (simulate: an MTP head with > 1 layer)."""
+    # a Hugging Face repo id: its snapshot folder, downloaded unless cached (models.hub); the
+    # result records the specs as given
+    tspec = local_spec(cfg.target, cfg.revision, cfg.offline, progress.note) if target is None else cfg.target
+    dspec = local_spec(cfg.drafter, cfg.draft_revision, cfg.offline, progress.note) if drafter is None else cfg.drafter
     # a drafter path that does not exist is refused before the target loads (minutes, for a big one)
-    check_paths(cfg.target if target is None else None, cfg.drafter if drafter is None else None)
+    check_paths(tspec if target is None else None, dspec if drafter is None else None)
     if target is None:
         progress.note(f"loading target {cfg.target}")
-        tinfo = load_info(cfg.target, progress, cfg.gguf_weights)
-        dinfo = drafter_info(cfg.drafter, tinfo, progress, cfg.gguf_weights)
+        tinfo = load_info(tspec, progress, cfg.gguf_weights)
+        dinfo = drafter_info(dspec, tinfo, progress, cfg.gguf_weights)
         refuse_draft_serving(cfg, dinfo is tinfo or "head" in dinfo.extra)
         if vet is not None:
             vet(dinfo)
         max_memory = parse_max_memory(cfg.max_memory) if cfg.max_memory else None  # a larger-than-one-GPU target
-        target = load_model(cfg.target, cfg.device, cfg.dtype, progress, info=tinfo, device_map=cfg.device_map, max_memory=max_memory)
+        target = load_model(tspec, cfg.device, cfg.dtype, progress, info=tinfo, device_map=cfg.device_map, max_memory=max_memory)
         if cfg.target_quant:  # the original weights kept aside for the full-precision what-if
             serve_quantized(target, cfg.target_quant, keep=True, progress=progress)
         if cfg.kv_served[0]:
             serve_kv_cache(target, cfg.kv_served[0])
     if drafter is None:
-        dinfo = drafter_info(cfg.drafter, target.info, progress, cfg.gguf_weights)
+        dinfo = drafter_info(dspec, target.info, progress, cfg.gguf_weights)
         refuse_draft_serving(cfg, dinfo is target.info or "head" in dinfo.extra)
         progress.note(f"building drafter {cfg.drafter}")
-        drafter = build_drafter(cfg.drafter, target, cfg.device, cfg.dtype, progress, info=None if dinfo is target.info else dinfo)
+        drafter = build_drafter(dspec, target, cfg.device, cfg.dtype, progress, info=None if dinfo is target.info else dinfo)
         if cfg.draft_quant:
             serve_quantized(drafter.loaded, cfg.draft_quant, keep=True, progress=progress)
         if cfg.kv_served[1] and getattr(drafter, "loaded", None) is not None:

@@ -158,11 +158,26 @@ _TEMP_HINT = "use 0 for greedy or a positive temperature"
 
 SETTINGS: tuple[Setting, ...] = (
     # ------------------------------------------------------------------ the pair
-    Setting("target", "TARGET", "Target model: a checkpoint folder, a .gguf file, or 'smollm2' (built-in).", str | None, panel=PAIR, commands=MODELS, file_key="target", argument=True, show_default=False),
+    Setting("target", "TARGET", "Target model: a checkpoint folder, a .gguf file, a Hugging Face repo id (downloaded unless cached), or 'smollm2' (built-in).", str | None, panel=PAIR, commands=MODELS, file_key="target", argument=True, show_default=False),
     Setting(
         "drafter", "DRAFTER",
         "Drafter: a checkpoint folder, a .gguf file, 'smollm2', 'self', 'self:layers=N', or a head: 'eagle3:DIR', 'eagle:DIR', 'medusa:DIR', 'mtp' / 'mtp:DIR'.",
         str | None, panel=PAIR, commands=MODELS - {SWEEP}, file_key="drafter", argument=True, show_default=False,
+    ),
+    Setting(
+        "revision", "--revision",
+        "The target's revision on the Hugging Face hub (a branch, tag or commit hash) when TARGET is a repo id, downloaded unless the cache holds it. Default: main.",
+        str | None, panel=PAIR, commands=MODELS, file_key="revision", metavar="REV", show_default=False,
+    ),
+    Setting(
+        "draft_revision", "--draft-revision",
+        "The drafter's revision on the Hugging Face hub when DRAFTER is (or names) a repo id, as --revision. Default: main.",
+        str | None, panel=PAIR, commands=MODELS - {SWEEP}, file_key="draft_revision", metavar="REV", show_default=False,
+    ),
+    Setting(
+        "offline", "--offline",
+        "Never download: a Hugging Face repo id must be in the local cache (as HF_HUB_OFFLINE=1). Without it a repo id not cached is downloaded.",
+        bool, False, panel=PAIR, commands=MODELS, file_key="offline", recorded=False,
     ),
     # ------------------------------------------------------------------ sampling, target side then drafter side
     Setting("temperature", "--temperature", "Target sampling temperature (0 = greedy). Default: generation_config, else 1.", float | None, panel=SAMPLING_PANEL, commands=MODELS | {DEMO}, file_key="temperature", file_commands=MODELS, serving_keys=("temperature",), ge=0, hint=_TEMP_HINT,

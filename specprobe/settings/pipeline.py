@@ -75,6 +75,11 @@ class DiagnoseConfig:
     k_max: int = 8
     verify_factor: float | None = None  # None: measure v_K on the device
     cost_ratio: float | None = None  # None: measure on the device
+    # a repo id's revision on the Hugging Face hub (None: main; recorded only when given) and
+    # whether downloads are off (--offline; not recorded: it changes nothing measured)
+    revision: str | None = None
+    draft_revision: str | None = None
+    offline: bool = False
     device: str = "auto"
     gguf_weights: str = "auto"  # a quantized GGUF: held as its blocks, the fp32 path, or auto (held when fp32 would not fit)
     dtype: str = "auto"
@@ -204,7 +209,8 @@ class DiagnoseConfig:
         d.pop("cost_origins")
         d.pop("shard")
         d.pop("part_path")
-        for k in ("device_map", "max_memory", "target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype"):
+        d.pop("offline")
+        for k in ("revision", "draft_revision", "device_map", "max_memory", "target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype"):
             if d[k] is None:
                 d.pop(k)
         d.update(d.pop("sampling"))

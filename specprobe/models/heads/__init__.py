@@ -128,7 +128,10 @@ def head_info(spec: str, target_info: ModelInfo, layout: HeadLayout | None = Non
         max_position_embeddings=lc.get("max_position_embeddings") if layout.kind in ("eagle", "eagle3") else getattr(target_info.config, "max_position_embeddings", None),
         model_type=f"{layout.kind} head",
     )
-    name = target_info.name + " MTP" if spec == MTP_SPEC else layout.path.name
+    from specprobe.models.loader import _snapshot_repo  # deferred: the loader imports this package
+
+    # a head in the hub cache is named by its repo, not by the revision hash its folder is called
+    name = target_info.name + " MTP" if spec == MTP_SPEC else (_snapshot_repo(layout.path) or layout.path.name)
     return ModelInfo(spec, name, layout.path, config, target_info.tokenizer, None, {"head": layout})
 
 
