@@ -31,6 +31,49 @@ _TRUE = {"1", "ON", "YES", "TRUE"}  # as huggingface_hub reads its boolean varia
 _TOKENIZER = ("*.model", "*.tiktoken", "merges.txt", "vocab.txt")
 
 
+# ----------------------------------------------------------------------------- the cache on disk
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hub_cache() -> Path:
+    """The Hugging Face hub cache, found as huggingface_hub finds it: HF_HUB_CACHE (or
+    the older HUGGINGFACE_HUB_CACHE), else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The cached snapshot of `org/name` (models--org--name/snapshots/<rev>, the revision
+    refs/main points to), read from disk only; None when it is not in the cache. A
+    cache without refs/main (a snapshot downloaded by revision) is used when it holds
+    exactly one snapshot, since that one is all an offline run could load."""
+    if not REPO_ID.match(repo_id):
+        return None
+    repo = hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        rev = ref.read_text(encoding="utf-8").strip()
+        folder = snapshots / rev
+        return folder if rev and folder.is_dir() else None
+    found = [p for p in snapshots.iterdir() if p.is_dir()] if snapshots.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
+def snapshot_repo(folder: Path) -> str | None:
+    """The model's name for a folder inside the hub cache (…/models--org--name/snapshots/<rev>),
+    whose own name is a revision hash."""
+    parts = folder.expanduser().absolute().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].split("--")[-1]
+    return None
+
+
 
 def offline_by_env() -> str | None:
     """The variable that turns the hub off (HF_HUB_OFFLINE, or transformers' older
@@ -188,8 +231,6 @@ def download(repo_id: str, revision: str | None, cache: Path, progress: Any = No
 def fetch(repo_id: str, revision: str | None = None, offline: bool = False, progress: Any = None) -> Path:
     """The local snapshot folder of `repo_id` at `revision` (None: main): the cached one
     (no network call), else downloaded, unless downloads are off."""
-    from specprobe.models.loader import hub_cache, hub_snapshot
-
     cache = hub_cache()
     off = offline or offline_by_env()
     snap = cached_snapshot(repo_id, revision, cache)

