@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from specprobe.core.progress import Progress
+from specprobe.drafters.base import Drafter, TargetPass
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.blocked import on_workers
 from specprobe.metrics.core import align_vocab, position_metrics
@@ -34,7 +35,6 @@ from specprobe.metrics.dispatch import Head, Scorer, case, pick
 from specprobe.metrics.sampling import llama_cpp_confidence
 from specprobe.metrics.tree import passing as tree_passing
 from specprobe.models.anatomy import capture_layers
-from specprobe.models.base import Drafter, TargetPass
 from specprobe.models.heads.chain import HeadDrafter
 from specprobe.models.heads.vocab import (
     DepthScores,

@@ -27,9 +27,9 @@ from pydantic import Field
 from specprobe import __version__
 from specprobe.core.errors import ConfigError
 from specprobe.core.progress import Progress
+from specprobe.drafters.base import TargetPass
 from specprobe.judge.rules import load_table
 from specprobe.models.anatomy import capture_layers
-from specprobe.models.base import TargetPass
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
 from specprobe.probe.references import load_prompt_set, references_by_turn
 from specprobe.result import Document, Num, Part, Result

@@ -1,5 +1,5 @@
 """Weight and KV-cache quantization simulated on the fly: round-to-nearest (RTN) onto the
-served format's grid, the weights then held in that format (specprobe.models.qlinear:
+served format's grid, the weights then held in that format (specprobe.precision.qlinear:
 fp8 as torch.float8_e4m3fn, int8, int4 two to a byte, with their scales) and dequantized
 per layer at each forward, so each matmul runs in the compute dtype on the served weights.
 
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from specprobe.models.qlinear import QuantLinear, pack_int4, set_child
+from specprobe.precision.qlinear import QuantLinear, pack_int4, set_child
 from specprobe.settings.model import QUANT_SCHEMES
 
 SCHEMES = QUANT_SCHEMES  # the --target-quant / --draft-quant choices
@@ -158,7 +158,7 @@ class Quantized:
         out = {"scheme": self.scheme, "method": "rtn", "layers": len(self.layers), "weight_rel_error": round(self.rel_error, 6), "note": NOTE}
         act = ACTIVATIONS.get(self.scheme)
         if act is not None:
-            from specprobe.models.quant_checkpoint import activation_words
+            from specprobe.precision.quant_checkpoint import activation_words
 
             out["activations"] = activation_words(act)
             out["note"] = NOTE + f"; input activations {out['activations']} as vLLM quantizes them"
@@ -232,7 +232,7 @@ def serve_quantized(loaded: Any, scheme: str, keep: bool = False, progress: Any 
     if on_disk is not None and getattr(getattr(loaded, "info", None), "extra", {}).get("gguf_held"):
         # a GGUF held as its blocks: the scheme is simulated on its dequantized weights, as
         # on any float model (each layer read back as the fp32 path reads it)
-        from specprobe.models.qlinear import float_layers
+        from specprobe.precision.qlinear import float_layers
 
         if progress:
             progress(f"{loaded.name}: its GGUF layers dequantized to the compute dtype for the {scheme} simulation")
@@ -353,7 +353,7 @@ def checkpoint_quantization(config: Any) -> dict[str, Any] | None:
 
 def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype, in_memory: bool = True) -> tuple[Any, dict[str, Any]]:
     """A quantized checkpoint read without its engine (compressed-tensors fp8, int and
-    packed int; GPTQ; AWQ GEMM: specprobe.models.quant_checkpoint). Each decoder layer's
+    packed int; GPTQ; AWQ GEMM: specprobe.precision.quant_checkpoint). Each decoder layer's
     linear weights stay as the safetensors files store them, in a QuantLinear that
     dequantizes them per forward (in_memory=False: every weight dequantized to `dtype` at
     load, the reference path); the model is built without weights first, so no float copy
@@ -366,7 +366,7 @@ def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype, in_m
     from transformers import AutoModelForCausalLM
 
     from specprobe.core.errors import ModelLoadError
-    from specprobe.models.quant_checkpoint import (
+    from specprobe.precision.quant_checkpoint import (
         check_format,
         checkpoint_layers,
         dequantize_checkpoint,

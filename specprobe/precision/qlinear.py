@@ -12,10 +12,10 @@ quantized size plus one layer's float weight rather than its full-precision size
         padded to whole groups)
   ct, gptq, awq  a quantized checkpoint's own tensors exactly as stored in its safetensors
         files (compressed-tensors int32 `weight_packed`, GPTQ/AWQ `qweight` and `qzeros`,
-        scales, zero points, g_idx: specprobe.models.quant_checkpoint.Layer)
+        scales, zero points, g_idx: specprobe.precision.quant_checkpoint.Layer)
   ggml  a GGUF's linear weight as the file stores it: `blocks`, uint8 [out, bytes per
         row], its ggml type in meta (Q8_0, Q4_K, …), read back as transformers' GGUF
-        loader reads it (specprobe.models.gguf_held, ggml_blocks.dequantize_ggml)
+        loader reads it (specprobe.precision.gguf_held, ggml_blocks.dequantize_ggml)
 
 Its weight is the one the dequantize-at-load path computes, by the same arithmetic, and
 its matmul is `nn.Linear`'s, so its output is bit-for-bit the same.
@@ -141,11 +141,11 @@ class QuantLinear(torch.nn.Module):
             q = unpack_int4(stored)[:, : scale.shape[1] * g] if self.meta["bits"] == 4 else stored
             grouped = q.float().reshape(self.out_features, -1, g)
             return (grouped * scale.unsqueeze(2)).reshape(self.out_features, -1)[:, :n].to(self.compute_dtype)
-        if self.form == "ggml":  # a GGUF's rows of blocks (specprobe.models.gguf_held)
-            from specprobe.models.ggml_blocks import dequantize_ggml
+        if self.form == "ggml":  # a GGUF's rows of blocks (specprobe.precision.gguf_held)
+            from specprobe.precision.ggml_blocks import dequantize_ggml
 
             return dequantize_ggml(self.parts()["blocks"], self.meta["type"], self.out_features, self.in_features).to(self.compute_dtype)
-        from specprobe.models.quant_checkpoint import Layer, layer_weight
+        from specprobe.precision.quant_checkpoint import Layer, layer_weight
 
         return layer_weight(Layer(self.form, self.parts(), self.meta, self.kind), self.compute_dtype)
 
