@@ -387,7 +387,8 @@ def test_head_scoring_path_equals_the_mapped_reference(case) -> None:
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.heads.vocab import scoring_vocab
     from specprobe.probe.alignment import SamplingPair
-    from specprobe.probe.scoring import ROW_FIELDS, _plain_head, score_chunk, score_head_chunk
+    from specprobe.probe.chunks import ROW_FIELDS
+    from specprobe.probe.scoring import _plain_head, score_chunk, score_head_chunk
 
     warm = Sampling(temperature=0.7)
     sides = {

@@ -267,8 +267,8 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
 
     # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.metrics.tree import passing as tree_passing
+    from specprobe.probe.chunks import Chunk
     from specprobe.probe.scoring import (
-        Chunk,
         _pad_id,
         _right_padded,
         _tree_width,
