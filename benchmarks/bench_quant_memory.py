@@ -99,8 +99,8 @@ def write_checkpoint(folder: Path) -> Path:
     from safetensors.torch import save_file
 
     from specprobe.models.loader import load_info, load_model
-    from specprobe.precision.qlinear import float_layers
-    from specprobe.precision.quant import decoder_linears, int_parts
+    from specprobe.precision.qlinear import decoder_linears, float_layers
+    from specprobe.precision.quant import int_parts
 
     info = load_info("smollm2")
     loaded = load_model("smollm2", device="cpu", dtype="float32", info=info)
@@ -139,7 +139,7 @@ def resident(ckpt: Path | None, ggufs: dict[str, Path]) -> dict[str, float]:
     import torch
 
     from specprobe.models.loader import load_model
-    from specprobe.precision import quant
+    from specprobe.precision import qlinear, quant
     from specprobe.precision.qlinear import float_layers, weight_bytes
 
     out: dict[str, float] = {}
@@ -159,7 +159,7 @@ def resident(ckpt: Path | None, ggufs: dict[str, Path]) -> dict[str, float]:
             out[cond + " (quantized alone)"] = weight_bytes(m.model) / 2**20
             out[cond] = (weight_bytes(m.model) + extra) / 2**20
         else:
-            linear = sum(mod.weight.numel() * 4 for _, mod in quant.decoder_linears(m.model))
+            linear = sum(mod.weight.numel() * 4 for _, mod in qlinear.decoder_linears(m.model))
             out["int4-old"] = (weight_bytes(m.model) + linear) / 2**20  # the originals beside a dequantized float copy
         del m
     if ckpt is not None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specprobe.core.errors import ConfigError, ModelLoadError
-from specprobe.precision import quant
+from specprobe.precision import qlinear, quant
 
 
 def _w(out: int = 6, inp: int = 256, seed: int = 0) -> torch.Tensor:
@@ -156,19 +156,19 @@ def test_held_quantized_equals_dequantized_at_load(scheme: str) -> None:
     from specprobe.precision.qlinear import quant_linears, weight_bytes
 
     ref, held = _tiny_llama(), _tiny_llama()
-    for _, mod in quant.decoder_linears(ref):
+    for _, mod in qlinear.decoder_linears(ref):
         mod.weight.data = quant.quantize_weight(mod.weight.data, scheme)
     full_bytes = weight_bytes(held)
     quant.quantize_model(held, scheme)
     stored = {"fp8": torch.float8_e4m3fn, "fp8:per-tensor": torch.float8_e4m3fn, "int8": torch.int8, "int4": torch.uint8}[scheme]
     layers = dict(quant_linears(held))
     assert len(layers) == 14 and all(m.q.dtype == stored for m in layers.values())
-    for name, mod in quant.decoder_linears(ref):
+    for name, mod in qlinear.decoder_linears(ref):
         assert torch.equal(layers["model." + name].weight_float(), mod.weight), name
     x = torch.tensor([[1, 5, 9, 2, 7, 3], [4, 4, 8, 1, 0, 6]])
     with torch.no_grad():
         assert torch.equal(held(x).logits, ref(x).logits)
-    linear_bytes = sum(m.weight.numel() * 4 for _, m in quant.decoder_linears(ref))
+    linear_bytes = sum(m.weight.numel() * 4 for _, m in qlinear.decoder_linears(ref))
     saved = full_bytes - weight_bytes(held)  # fp32 -> 1 byte (fp8, int8) or half a byte (int4), plus the scales
     assert saved > linear_bytes * (0.6 if scheme == "int4" else 0.5), (saved, linear_bytes)
 
@@ -331,7 +331,7 @@ def _write_fp8_checkpoint(src, folder, strategy: str = "channel", acts=None):
 
     src.save_pretrained(folder, safe_serialization=True)
     state = {k: v.clone().contiguous() for k, v in src.state_dict().items()}
-    for name, _mod in quant.decoder_linears(src):
+    for name, _mod in qlinear.decoder_linears(src):
         key = f"model.{name}.weight"
         w = state[key].float()
         amax = w.abs().amax() if strategy == "tensor" else w.abs().amax(dim=1, keepdim=True)
@@ -366,7 +366,7 @@ def test_compressed_tensors_fp8_checkpoint_reads_as_served(tmp_path, strategy) -
     assert held.model.layers[1].self_attn.o_proj.weight.dtype == torch.float8_e4m3fn  # the stored tensor, as stored
     # the weights are exactly what the simulation produces from the full-precision model
     simulated = _tiny_llama()
-    for _, mod in quant.decoder_linears(simulated):
+    for _, mod in qlinear.decoder_linears(simulated):
         mod.weight.data = quant.quantize_weight(mod.weight.data, "fp8" if strategy == "channel" else "fp8:per-tensor")
     for (k, v), (k2, v2) in zip(model.state_dict().items(), simulated.state_dict().items(), strict=True):
         assert k == k2 and torch.allclose(v, v2, rtol=1e-6, atol=1e-7), k

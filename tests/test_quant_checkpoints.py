@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specprobe.core.errors import ModelLoadError
-from specprobe.precision import quant
+from specprobe.precision import qlinear, quant
 from specprobe.precision.quant_checkpoint import AWQ_ORDER, unpack_bits
 
 GROUP = 16
@@ -76,7 +76,7 @@ def _load(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 def _linears(src: Any) -> list[tuple[str, int, int]]:
-    return [(f"model.{name}", mod.out_features, mod.in_features) for name, mod in quant.decoder_linears(src)]
+    return [(f"model.{name}", mod.out_features, mod.in_features) for name, mod in qlinear.decoder_linears(src)]
 
 
 def _plain(src: Any, quantized: set[str]) -> dict[str, torch.Tensor]:

@@ -37,7 +37,7 @@ import torch
 
 from specprobe.core.errors import ModelLoadError
 from specprobe.precision.ggml_blocks import FLOAT_GGML, ggml_readable
-from specprobe.precision.qlinear import QuantLinear, set_child
+from specprobe.precision.qlinear import QuantLinear, _decoder_linears, _load_state, set_child
 
 # transformers' tensor processors that only reorder rows of a linear weight (or nothing)
 ROW_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor")
@@ -151,8 +151,6 @@ def load_gguf_held(path: Path, config: Any, dtype: torch.dtype, folder: Any = No
         TensorProcessor,
         get_gguf_hf_weights_map,
     )
-
-    from specprobe.precision.quant import _decoder_linears, _load_state
 
     where = folder or path
     plain = copy.deepcopy(config)

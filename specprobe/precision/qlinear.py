@@ -177,6 +177,24 @@ def quant_linears(model: Any) -> Iterator[tuple[str, QuantLinear]]:
             yield name, mod
 
 
+def _decoder_linears(model: Any) -> Iterator[tuple[str, Any, str, torch.nn.Linear]]:
+    """(name, decoder layer, its submodule's name, nn.Linear): the layers held quantized."""
+    from specprobe.models.anatomy import decoder_layers
+
+    layers, _ = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        for name, mod in list(layer.named_modules()):
+            if isinstance(mod, torch.nn.Linear):
+                yield f"layers.{i}.{name}", layer, name, mod
+
+
+def decoder_linears(model: Any) -> Iterator[tuple[str, torch.nn.Linear]]:
+    """Every nn.Linear inside the decoder layers (attention and MLP projections); the
+    embeddings and the LM head are outside them."""
+    for full, _, _, mod in _decoder_linears(model):
+        yield full, mod
+
+
 def logical_params(model: Any) -> int:
     """The model's parameter count with each quantized layer's weight counted as the
     out × in values it stands for (its buffers are no parameters)."""
@@ -240,3 +258,22 @@ def set_child(root: Any, dotted: str, module: Any) -> Any:
     old = getattr(parent, leaf)
     setattr(parent, leaf, module)
     return old
+
+
+def _load_state(model: Any, state: dict[str, torch.Tensor], config: Any, folder: Any, held: set[str]) -> Any:
+    """`state` into a model built without weights whose `held` layers are QuantLinear
+    modules already (a quantized checkpoint, `quant.load_quantized_checkpoint`; a GGUF,
+    `gguf_held`): every other parameter must come from it, tied ones aside."""
+    from specprobe.core.errors import ModelLoadError
+
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if k.rpartition(".")[0] not in held]
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise ModelLoadError(f"{folder}: the quantized checkpoint's tensors do not match its config ({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(list(missing) + list(unexpected))[0]})", "check that config.json belongs to these safetensors files")
+    if tied:
+        model.tie_weights()
+    left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if left:
+        raise ModelLoadError(f"{folder}: the quantized checkpoint has no tensor for {left[0]}", "check that the safetensors files are complete")
+    return model

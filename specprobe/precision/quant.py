@@ -46,7 +46,14 @@ from typing import Any
 
 import torch
 
-from specprobe.precision.qlinear import QuantLinear, pack_int4, set_child
+from specprobe.precision.qlinear import (
+    QuantLinear,
+    _decoder_linears,
+    _load_state,
+    float_layers,
+    pack_int4,
+    set_child,
+)
 from specprobe.settings.model import QUANT_SCHEMES
 
 SCHEMES = QUANT_SCHEMES  # the --target-quant / --draft-quant choices
@@ -165,23 +172,6 @@ class Quantized:
         return out
 
 
-def _decoder_linears(model: Any) -> Iterator[tuple[str, Any, str, torch.nn.Linear]]:
-    from specprobe.models.anatomy import decoder_layers
-
-    layers, _ = decoder_layers(model)
-    for i, layer in enumerate(layers):
-        for name, mod in list(layer.named_modules()):
-            if isinstance(mod, torch.nn.Linear):
-                yield f"layers.{i}.{name}", layer, name, mod
-
-
-def decoder_linears(model: Any) -> Iterator[tuple[str, torch.nn.Linear]]:
-    """Every nn.Linear inside the decoder layers (attention and MLP projections); the
-    embeddings and the LM head are outside them."""
-    for full, _, _, mod in _decoder_linears(model):
-        yield full, mod
-
-
 @torch.no_grad()
 def quantize_model(model: Any, scheme: str, keep: bool = False) -> Quantized:
     """Replace the decoder layers' nn.Linear modules in place by QuantLinear modules that
@@ -232,8 +222,6 @@ def serve_quantized(loaded: Any, scheme: str, keep: bool = False, progress: Any 
     if on_disk is not None and getattr(getattr(loaded, "info", None), "extra", {}).get("gguf_held"):
         # a GGUF held as its blocks: the scheme is simulated on its dequantized weights, as
         # on any float model (each layer read back as the fp32 path reads it)
-        from specprobe.precision.qlinear import float_layers
-
         if progress:
             progress(f"{loaded.name}: its GGUF layers dequantized to the compute dtype for the {scheme} simulation")
         float_layers(loaded.model)
@@ -407,19 +395,3 @@ def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype, in_m
         held.add(prefix)
     record["note"] = record["note"].replace("dequantized to the compute dtype as the format's reference dequantizer does", "held as stored and dequantized per layer at each forward as the format's reference dequantizer does")
     return _load_state(model, state, plain, folder, held), record
-
-
-def _load_state(model: Any, state: dict[str, torch.Tensor], config: Any, folder: Any, held: set[str]) -> Any:
-    from specprobe.core.errors import ModelLoadError
-
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [k for k in missing if k.rpartition(".")[0] not in held]
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - tied:
-        raise ModelLoadError(f"{folder}: the quantized checkpoint's tensors do not match its config ({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(list(missing) + list(unexpected))[0]})", "check that config.json belongs to these safetensors files")
-    if tied:
-        model.tie_weights()
-    left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
-    if left:
-        raise ModelLoadError(f"{folder}: the quantized checkpoint has no tensor for {left[0]}", "check that the safetensors files are complete")
-    return model
