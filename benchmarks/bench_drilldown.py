@@ -38,9 +38,9 @@ def synthetic_section(n_prompts: int, n_tokens: int, vocab: int = 49_152, seed: 
     """The drill-down section the real collector makes from synthetic chunks of
     n_prompts × n_tokens positions (Zipf-distributed token ids, random α and KL)."""
     from specprobe.metrics.sampling import Sampling
+    from specprobe.probe.chunks import ROW_FIELDS, Chunk, ChunkScores
     from specprobe.probe.counterfactual import TEMPERATURE_GRID
     from specprobe.probe.drilldown import TOP, DrillCollector
-    from specprobe.probe.scoring import ROW_FIELDS, Chunk, ChunkScores
 
     rng = np.random.default_rng(seed)
     ids = lambda *shape: np.minimum(rng.zipf(1.3, size=shape), vocab - 1).astype(np.int64)  # noqa: E731

@@ -70,10 +70,10 @@ def _spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.3f}") -> str:
 def overhead(repeats: int, k: int = 4, draft_vocab: int = 32000, top: int = 0, head_path: str | None = None, block: int = 0) -> None:
     import torch
 
+    from specprobe.drafters.base import TargetPass
     from specprobe.metrics import core
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.anatomy import capture_layers
-    from specprobe.models.base import TargetPass
     from specprobe.models.drafters import build_drafter, drafter_info
     from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model

@@ -125,9 +125,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.bench_llamacpp_peer import encoded_prompts
-    from specprobe.models.kv_served import serve_kv_cache
     from specprobe.models.loader import builtin_gguf_path, load_model
-    from specprobe.models.quant import as_loaded
+    from specprobe.precision.kv_served import serve_kv_cache
+    from specprobe.precision.quant import as_loaded
     from tests.helpers.gguf_quant import write_gguf_at
     from tests.helpers.llamacpp import BUILD_SCRIPT, find_llama_server
 

@@ -146,9 +146,9 @@ def replay(target: Path, drafter: Path, prompts: list[list[int]], texts: list[li
     import torch
 
     from benchmarks.bench_llamacpp_peer import replay_greedy
-    from specprobe.models.kv_served import serve_kv_cache
     from specprobe.models.loader import load_model
-    from specprobe.models.quant import as_loaded
+    from specprobe.precision.kv_served import serve_kv_cache
+    from specprobe.precision.quant import as_loaded
 
     tl = load_model(str(target), device="cpu", dtype="float32")
     dl = load_model(str(drafter), device="cpu", dtype="float32")

@@ -1,5 +1,5 @@
 """Peer comparison for the n-gram drafters: llama-server's own `--spec-type ngram-*` against
-specprobe's reimplementation (specprobe.models.ngram), request by request.
+specprobe's reimplementation (specprobe.drafters.ngram), request by request.
 
 Target: SmolLM2-135M-Instruct (the built-in GGUF, Q4_1, in llama-server; dequantised to
 fp32 in specprobe), greedy, the built-in suite's code and summarization prompts (tokenised
@@ -102,7 +102,7 @@ def end_of_generation() -> frozenset[int]:
 
 
 def replay(spec: str, encoded: list[list[int]], responses: list[dict[str, Any]], max_new: int) -> list[tuple[int, int]]:
-    from specprobe.models.ngram import NgramDrafter
+    from specprobe.drafters.ngram import NgramDrafter
     from specprobe.probe.ngram import walk
 
     slot = NgramDrafter(spec).slot()  # one slot across the requests, as -np 1 keeps it
@@ -115,8 +115,8 @@ def replay(spec: str, encoded: list[list[int]], responses: list[dict[str, Any]],
 
 
 def simulate(spec: str, encoded: list[list[int]], max_new: int, eos: set[int]) -> tuple[int, int, int]:
+    from specprobe.drafters.ngram import NgramDrafter
     from specprobe.metrics.sampling import Sampling
-    from specprobe.models.ngram import NgramDrafter
     from specprobe.simulate import Procedure, speculate
 
     model = _model()

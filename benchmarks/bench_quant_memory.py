@@ -1,5 +1,5 @@
 """Peak memory of `diagnose` with the target served quantized: weights held quantized in
-memory (models/qlinear) against full precision and against the dequantize-everything code
+memory (precision/qlinear) against full precision and against the dequantize-everything code
 this replaced.
 
 The built-in SmolLM2-135M (float32 on the CPU) with its 24-layer self-draft, the first
@@ -11,7 +11,7 @@ Conditions (pick with --conditions):
               once into a float32 checkpoint that every run loads (how every GGUF loaded
               before its layers were held as their blocks)
   held        the same GGUF held as its ggml blocks, dequantized per layer at each forward
-              (models/gguf_held: the default)
+              (precision/gguf_held: the default)
   q8_0, q4_k_m            SmolLM2-135M quantized by llama.cpp's own llama-quantize from its
                           F32 weights (benchmarks/build_llama_quantize.sh; skipped when it
                           is not built), held as their blocks
@@ -52,7 +52,7 @@ from pathlib import Path
 _CHILD = r"""
 import dataclasses, json, os, resource, sys, time
 if os.environ.get("BENCH_GGUF_FP32"):  # the fp32 path for a GGUF that would be held as its blocks
-    import specprobe.models.gguf_held as held
+    import specprobe.precision.gguf_held as held
     _plan = held.held_plan
     held.held_plan = lambda path: dataclasses.replace(_plan(path), held=False, why="the fp32 path (benchmark)")
 from specprobe.core.openmp import shorten_spin
@@ -93,14 +93,14 @@ def make_ggufs(folder: Path, which: list[str]) -> dict[str, Path]:
 
 def write_checkpoint(folder: Path) -> Path:
     """SmolLM2's decoder linears as a compressed-tensors pack-quantized W4A16 checkpoint:
-    symmetric int4 RTN in groups of GROUP (specprobe.models.quant.int_parts), each row's
+    symmetric int4 RTN in groups of GROUP (specprobe.precision.quant.int_parts), each row's
     values stored as q + 8, eight input columns a little-endian int32 word."""
     import torch
     from safetensors.torch import save_file
 
     from specprobe.models.loader import load_info, load_model
-    from specprobe.models.qlinear import float_layers
-    from specprobe.models.quant import decoder_linears, int_parts
+    from specprobe.precision.qlinear import decoder_linears, float_layers
+    from specprobe.precision.quant import int_parts
 
     info = load_info("smollm2")
     loaded = load_model("smollm2", device="cpu", dtype="float32", info=info)
@@ -138,9 +138,9 @@ def resident(ckpt: Path | None, ggufs: dict[str, Path]) -> dict[str, float]:
     """The weights' bytes in memory (MB) as each condition holds them, in this process."""
     import torch
 
-    from specprobe.models import quant
     from specprobe.models.loader import load_model
-    from specprobe.models.qlinear import float_layers, weight_bytes
+    from specprobe.precision import qlinear, quant
+    from specprobe.precision.qlinear import float_layers, weight_bytes
 
     out: dict[str, float] = {}
     for spec, name in [("smollm2", "held"), *((str(f), c) for c, f in ggufs.items())]:
@@ -159,7 +159,7 @@ def resident(ckpt: Path | None, ggufs: dict[str, Path]) -> dict[str, float]:
             out[cond + " (quantized alone)"] = weight_bytes(m.model) / 2**20
             out[cond] = (weight_bytes(m.model) + extra) / 2**20
         else:
-            linear = sum(mod.weight.numel() * 4 for _, mod in quant.decoder_linears(m.model))
+            linear = sum(mod.weight.numel() * 4 for _, mod in qlinear.decoder_linears(m.model))
             out["int4-old"] = (weight_bytes(m.model) + linear) / 2**20  # the originals beside a dequantized float copy
         del m
     if ckpt is not None:

@@ -134,7 +134,7 @@ def test_adaptive_threshold_on_an_engine_without_the_knob_is_a_note(tmp_path: Pa
     [("vllm", "ngram:min=2,max=4", "spec.json"), ("llama.cpp", "ngram-simple:size_n=4,size_m=8", "n.args"), ("llama.cpp", "ngram-mod,ngram-simple", "m.args")],
 )
 def test_an_ngram_drafter_reads_back_as_the_same_drafter(tmp_path: Path, engine: str, spec: str, name: str) -> None:
-    from specprobe.models.ngram import parse_spec
+    from specprobe.drafters.ngram import parse_spec
 
     r, src = _result(tmp_path, kind="ngram", spec=spec, engine=engine)
     sv = read_serving_config(_write(tmp_path, export_config(r, src, engine).text, name))

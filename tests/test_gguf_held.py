@@ -1,4 +1,4 @@
-"""A GGUF held as its ggml blocks (specprobe.models.gguf_held): against the fp32 path
+"""A GGUF held as its ggml blocks (specprobe.precision.gguf_held): against the fp32 path
 (transformers' GGUF loader dequantizing every tensor, saved and loaded as a float
 checkpoint) on a tiny llama GGUF written with GGUFWriter, weight for weight and logit for
 logit, bit for bit; the bytes the model holds are the file's blocks, the q/k rows in the
@@ -42,7 +42,7 @@ def test_per_layer_dequantizer_is_ggufs_bit_for_bit(name: str) -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import GGML_QUANT_SIZES, dequantize
 
-    from specprobe.models.ggml_blocks import dequantize_ggml, ggml_readable
+    from specprobe.precision.ggml_blocks import dequantize_ggml, ggml_readable
 
     qtype = GGMLQuantizationType[name]
     elems, size = GGML_QUANT_SIZES[qtype]
@@ -82,7 +82,7 @@ def test_held_gguf_is_the_fp32_path_bit_for_bit(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))  # this test's own: no fp32 entry from another
 
     from specprobe.models.loader import cache_root, load_info, load_model
-    from specprobe.models.qlinear import QuantLinear, quant_linears, weight_bytes
+    from specprobe.precision.qlinear import QuantLinear, quant_linears, weight_bytes
 
     path = write_tiny_gguf(tmp_path / f"tiny-{linear}.gguf", linear)
     info = load_info(str(path))
@@ -128,7 +128,7 @@ def test_float_gguf_loads_without_the_fp32_checkpoint(tmp_path: Path) -> None:
     """An F16 file: read from the file too (no layer held: its weights are floats, cast at
     load), the fp32 path's values."""
     from specprobe.models.loader import load_model
-    from specprobe.models.qlinear import quant_linears
+    from specprobe.precision.qlinear import quant_linears
 
     path = write_tiny_gguf(tmp_path / "tiny-F16.gguf", "F16", embed_type="F16")
     loaded = load_model(str(path), "cpu", "float32")
@@ -147,7 +147,7 @@ def test_float_state_dict_is_the_fp32_checkpoints(tmp_path: Path) -> None:
     """What a consumer that writes weights reads (the demo's vocab-shuffled twin): each
     held layer as its float weight, every key the fp32 checkpoint has."""
     from specprobe.models.loader import load_model
-    from specprobe.models.qlinear import float_state_dict
+    from specprobe.precision.qlinear import float_state_dict
 
     path = write_tiny_gguf(tmp_path / "tiny-Q4_0.gguf", "Q4_0")
     state = float_state_dict(load_model(str(path), "cpu", "float32").model)
@@ -161,7 +161,7 @@ def test_an_architecture_it_cannot_hold_takes_the_fp32_path_with_a_note(tmp_path
     import gguf
     from gguf.quants import quantize
 
-    from specprobe.models.gguf_held import held_plan
+    from specprobe.precision.gguf_held import held_plan
 
     path = tmp_path / "g.gguf"
     w = gguf.GGUFWriter(str(path), arch="gemma2")
@@ -202,9 +202,9 @@ def test_diagnose_says_the_target_is_held_and_simulates_on_its_float_weights(tmp
 
 
 def test_a_simulated_scheme_on_a_held_gguf_quantizes_the_fp32_paths_weights(tmp_path: Path) -> None:
-    from specprobe.models import quant
     from specprobe.models.loader import load_model
-    from specprobe.models.qlinear import quant_linears
+    from specprobe.precision import quant
+    from specprobe.precision.qlinear import quant_linears
 
     path = write_tiny_gguf(tmp_path / "tiny-Q4_0.gguf", "Q4_0")
     loaded = load_model(str(path), "cpu", "float32")
@@ -231,7 +231,7 @@ def smollm2_f32(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("file_type", ["Q8_0", "Q4_K_M"])
 def test_smollm2_by_llama_quantize_held_is_the_fp32_path(smollm2_f32: Path, file_type: str) -> None:
     from specprobe.models.loader import load_model
-    from specprobe.models.qlinear import quant_linears
+    from specprobe.precision.qlinear import quant_linears
     from tests.helpers.gguf_quant import llama_quantize
 
     assert QUANTIZE is not None
@@ -257,7 +257,7 @@ def test_spread_over_devices_loads_the_fp32_checkpoint(tmp_path: Path, monkeypat
     """--device-map: accelerate spreads a float checkpoint, so a held GGUF goes the fp32 way
     (said in a line), with the same logits."""
     from specprobe.models.loader import cache_root, load_model
-    from specprobe.models.qlinear import quant_linears
+    from specprobe.precision.qlinear import quant_linears
 
     monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
     path = write_tiny_gguf(tmp_path / "tiny-Q8_0.gguf", "Q8_0")
@@ -277,7 +277,7 @@ def test_gguf_weights_auto_holds_only_what_would_not_fit(tmp_path: Path, monkeyp
     and holds it as its blocks when they would not; held and float say which; a file of
     floats only is read directly either way."""
     from specprobe.models import loader
-    from specprobe.models.gguf_held import held_plan
+    from specprobe.precision.gguf_held import held_plan
 
     monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(loader, "GGUF_FIT_SHARE", 0.5)

@@ -254,7 +254,7 @@ def test_medusa_oracle_and_head_indexing(tiny_pair, tmp_path, prompts) -> None:
     """Medusa heads cannot see the next token: the oracle target is a unigram model (every
     position has the same distribution). Indexing: depth d at position s is head d−1 on
     the target's state at s−1."""
-    from specprobe.models.base import TargetPass
+    from specprobe.drafters.base import TargetPass
     from specprobe.models.drafters import build_drafter, drafter_info
     from specprobe.models.loader import load_model
     from specprobe.probe.diagnose import run_diagnose
@@ -302,10 +302,10 @@ def test_vocab_ceiling_closed_form_and_oracle(bigram, tmp_path) -> None:
     """The ceiling c_t = Σ_{v in draft vocab} p_t(v) under the target's sampling, read from
     the head's mapped logits (−inf outside its vocabulary); an oracle head cut to Vd ids
     proposes p renormalised on them, so α_t = c_t exactly, at every depth."""
+    from specprobe.drafters.base import TargetPass
     from specprobe.metrics.core import position_metrics
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.anatomy import capture_layers
-    from specprobe.models.base import TargetPass
     from specprobe.models.drafters import build_drafter, drafter_info
     from specprobe.models.heads.vocab import map_logits
     from specprobe.models.loader import load_model
@@ -387,7 +387,8 @@ def test_head_scoring_path_equals_the_mapped_reference(case) -> None:
     from specprobe.metrics.sampling import Sampling
     from specprobe.models.heads.vocab import scoring_vocab
     from specprobe.probe.alignment import SamplingPair
-    from specprobe.probe.scoring import ROW_FIELDS, _plain_head, score_chunk, score_head_chunk
+    from specprobe.probe.chunks import ROW_FIELDS
+    from specprobe.probe.scoring import _plain_head, score_chunk, score_head_chunk
 
     warm = Sampling(temperature=0.7)
     sides = {

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from specprobe.core.errors import ConfigError, ModelLoadError
-from specprobe.models import ggml_blocks
-from specprobe.models.kv_served import ggml_kv_cache, kv_types
+from specprobe.precision import ggml_blocks
+from specprobe.precision.kv_served import ggml_kv_cache, kv_types
 from specprobe.settings.model import GGML_KV_TYPES, for_command, parse_kv_cache_dtype
 from specprobe.settings.options import merge
 from specprobe.settings.serving import read_serving_config

@@ -1,6 +1,7 @@
 """The package's import graph: no cycles, and every import points down the layering that
 docs/architecture.md draws. Read from the source with `ast` (nothing is imported), so
-an import inside a function counts as much as one at the top of a module."""
+an import inside a function, or under `if TYPE_CHECKING:` for annotations only, counts
+as much as one at the top of a module."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specprobe.judge",),  # the rules engine over the result's numbers; the regression gate
     ("specprobe.settings",),  # the settings model, probe and serving configs
     ("specprobe.prompts",),
+    ("specprobe.drafters",),  # the Drafter interface; the drafters that need no model
+    ("specprobe.models.anatomy",),  # where a model keeps its layers: walked by precision and models alike
+    ("specprobe.precision",),  # the weights and KV cache as served
     ("specprobe.models",),  # the only code that reads weights
     ("specprobe.probe",),  # the diagnose pipeline: alignment → references → scoring → assembly
     ("specprobe.simulate",),  # the real draft → verify loop
@@ -60,11 +64,8 @@ def _imports(mods: dict[str, Path], packages: bool = False) -> dict[str, set[str
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for m, p in mods.items():
         tree = ast.parse(p.read_text(encoding="utf-8"))
-        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
         package = m if p.name == "__init__.py" else m.rpartition(".")[0]
         for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

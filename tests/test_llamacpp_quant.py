@@ -79,7 +79,7 @@ def test_q4_0_file_is_ggmls_reference_and_specprobe_loads_its_closed_form(files:
     inv = np.where(dd == 0, np.float32(0), np.float32(1) / np.where(dd == 0, np.float32(1), dd)).astype(np.float32)
     assert np.array_equal(q, np.minimum(15, np.trunc(x * inv[:, None] + np.float32(8.5))).astype(np.int32))
     loaded = load_model(str(target), device="cpu", dtype="float32", gguf_weights="held").model
-    got = loaded.model.layers[0].mlp.up_proj.weight_float()  # held as its Q4_0 blocks (models.gguf_held), read back
+    got = loaded.model.layers[0].mlp.up_proj.weight_float()  # held as its Q4_0 blocks (precision.gguf_held), read back
     assert torch.equal(got, torch.from_numpy(w.reshape(got.shape)))
     assert not torch.equal(got, torch.from_numpy(x.reshape(got.shape)))  # the 4-bit copy, not the F32 weights
 

@@ -99,7 +99,7 @@ def test_q4_k_m_is_loaded_as_its_bytes_dequantize(q4_k_m: Path) -> None:
         t = tensors[name]
         assert t.tensor_type.name == kind, (name, t.tensor_type.name)
         want = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        got = mod.weight_float()  # held as its blocks (models.gguf_held), read back
+        got = mod.weight_float()  # held as its blocks (precision.gguf_held), read back
         assert torch.equal(got, torch.from_numpy(want.reshape(got.shape))), name
 
 

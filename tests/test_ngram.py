@@ -1,4 +1,4 @@
-"""The n-gram drafters (specprobe.models.ngram) on hand-made token sequences whose
+"""The n-gram drafters (specprobe.drafters.ngram) on hand-made token sequences whose
 proposals are known, spec parsing and bounds, and properties: every prompt-lookup
 proposal continues an earlier occurrence of the context's suffix, and vLLM's rule
 (longest n-gram, then earliest occurrence) is the one its prefix-function search finds."""
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specprobe.core.errors import ConfigError
-from specprobe.models.ngram import (
+from specprobe.drafters.ngram import (
     CACHE,
     MAP_K,
     MOD,

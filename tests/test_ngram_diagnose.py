@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from specprobe.drafters.ngram import NgramDrafter
 from specprobe.metrics.sampling import Sampling
-from specprobe.models.ngram import NgramDrafter
 from specprobe.probe.ngram import Steps, verify_cost, walk
 from specprobe.simulate import speculate
 from tests.test_simulate import hf_greedy, rand_prompts, tiny

@@ -1,4 +1,4 @@
-"""llama.cpp's n-gram types beside a draft model (models.ngram_mix; spec `types+model`):
+"""llama.cpp's n-gram types beside a draft model (drafters.ngram_mix; spec `types+model`):
 the spec and its refusals, the engine's order (an n-gram draft first, the model only when
 none drafted), the walk against the real loop under greedy decoding (token-identical
 output, equal counts), and the serving-config reader of `-md … --spec-type
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from specprobe.core.errors import ConfigError
+from specprobe.drafters.ngram import NgramDrafter
+from specprobe.drafters.ngram_mix import MixedDrafter, check_mixed, is_mixed_spec
 from specprobe.metrics.sampling import Sampling
-from specprobe.models.ngram import NgramDrafter
-from specprobe.models.ngram_mix import MixedDrafter, check_mixed, is_mixed_spec
 from specprobe.probe.ngram import ModelTrace, Steps, model_trace, walk, walk_mixed
 from specprobe.settings.serving import read_serving_config
 from tests.test_simulate import hf_greedy, rand_prompts, tiny

@@ -55,8 +55,8 @@ def _per_request(log: str) -> list[dict[str, tuple[int, int, int]]]:
 
 def test_drafts_and_acceptances_match_the_servers_by_type(tmp_path: Path) -> None:
     from benchmarks.bench_ngram_peer import end_of_generation, prompts
+    from specprobe.drafters.ngram import NgramDrafter
     from specprobe.models.loader import builtin_gguf_path, load_model
-    from specprobe.models.ngram import NgramDrafter
     from specprobe.probe.ngram import model_trace, walk_mixed
     from tests.helpers.llamacpp import llama_server, write_self_draft_gguf
 

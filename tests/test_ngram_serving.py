@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specprobe.core.errors import ConfigError
-from specprobe.models.ngram import NgramDrafter
+from specprobe.drafters.ngram import NgramDrafter
 from specprobe.settings.serving import read_serving_config
 
 

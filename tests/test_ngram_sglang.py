@@ -1,4 +1,4 @@
-"""SGLang's NGRAM (models.sglang_ngram; spec `sglang-ngram[:…]`): trees on hand-made token
+"""SGLang's NGRAM (drafters.sglang_ngram; spec `sglang-ngram[:…]`): trees on hand-made token
 sequences worked out by hand (no match, several match windows merged, BFS by recency
 against PROB by frequency, the breadth and branch-length limits, capacity's LRU
 eviction, the token-0 padding), what the cache is fed (after each verify step, across
@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specprobe.core.errors import ConfigError
+from specprobe.drafters.ngram import NgramDrafter
+from specprobe.drafters.sglang_ngram import NgramTree, TrieCache
 from specprobe.metrics.sampling import Sampling
-from specprobe.models.ngram import NgramDrafter
-from specprobe.models.sglang_ngram import NgramTree, TrieCache
 from specprobe.probe.ngram import Steps, walk
 from specprobe.settings.serving import read_serving_config
 
@@ -293,7 +293,7 @@ def test_prob_ties_leave_the_heap_as_libstdcxx_leaves_them(tmp_path: Path) -> No
     import shutil
     import subprocess
 
-    from specprobe.models.sglang_ngram import _Heap
+    from specprobe.drafters.sglang_ngram import _Heap
 
     gxx = shutil.which("g++")
     if gxx is None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specprobe.drafters.ngram import NgramDrafter
 from specprobe.metrics.sampling import Sampling, probs
-from specprobe.models.ngram import NgramDrafter
 from specprobe.simulate import Procedure, speculate
 from tests.test_simulate import hf_greedy, rand_prompts, tiny
 

@@ -1,4 +1,4 @@
-"""vLLM's suffix decoding (models.suffix; spec `suffix[:…]`): proposals on hand-made
+"""vLLM's suffix decoding (drafters.suffix; spec `suffix[:…]`): proposals on hand-made
 sequences whose drafts are worked out by hand (the match length that wins, the draft
 cap max_spec_factor × match length, min_token_prob pruning, the children's order on
 ties), the tree's counts against brute force (and after a sequence is removed), the
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from specprobe.core.errors import ConfigError
-from specprobe.models.ngram import NgramDrafter
-from specprobe.models.suffix import SuffixCache, SuffixTree
+from specprobe.drafters.ngram import NgramDrafter
+from specprobe.drafters.suffix import SuffixCache, SuffixTree
 from specprobe.probe.ngram import Steps, walk
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -214,8 +214,8 @@ def test_export_writes_method_suffix_that_reads_back(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from specprobe.cli.main import app
+    from specprobe.drafters.ngram import parse_spec
     from specprobe.export.engines import export_config
-    from specprobe.models.ngram import parse_spec
     from specprobe.settings.serving import read_serving_config
     from tests.test_export import _result
 

@@ -94,7 +94,7 @@ def test_temperature_mismatch_follows_the_engines_drafting(tiny_pair, tmp_path) 
 def test_layer_skip_matches_a_real_truncated_model(tiny_pair) -> None:
     import torch
 
-    from specprobe.models.base import TargetPass
+    from specprobe.drafters.base import TargetPass
     from specprobe.models.drafters import build_drafter
     from specprobe.models.loader import load_model
 
@@ -151,7 +151,7 @@ def test_head_style_drafter_scores_each_depth(tiny_pair, tmp_path) -> None:
     interface: an oracle head that sees the target's state at the predicted position is
     accepted at every depth; a head that is right only at depth 1 decays to chance."""
     from specprobe.core.progress import Progress
-    from specprobe.models.base import Drafter
+    from specprobe.drafters.base import Drafter
     from specprobe.probe.diagnose import load_pair
 
     class OracleHeads(Drafter):

@@ -1,4 +1,4 @@
-"""The RTN weight quantizer (specprobe.models.quant) against closed forms: the e4m3 grid
+"""The RTN weight quantizer (specprobe.precision.quant) against closed forms: the e4m3 grid
 and its saturation, per-channel and per-tensor scales, int8/int4 ranges, the int4 group
 reshape, error bounds against the original weights, and the swap back to full precision."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specprobe.core.errors import ConfigError, ModelLoadError
-from specprobe.models import quant
+from specprobe.precision import qlinear, quant
 
 
 def _w(out: int = 6, inp: int = 256, seed: int = 0) -> torch.Tensor:
@@ -119,7 +119,7 @@ def _tiny_llama():
 
 
 def test_model_decoder_linears_only_and_swap_back() -> None:
-    from specprobe.models.qlinear import QuantLinear
+    from specprobe.precision.qlinear import QuantLinear
 
     m = _tiny_llama()
     before = {k: v.clone() for k, v in m.state_dict().items()}
@@ -153,28 +153,28 @@ def test_held_quantized_equals_dequantized_at_load(scheme: str) -> None:
     """The weights held quantized (fp8 as float8_e4m3fn, int8, int4 two to a byte)
     dequantize to exactly the weights the dequantize-everything path writes, and the model
     gives the same logits; without keep the float weights are gone."""
-    from specprobe.models.qlinear import quant_linears, weight_bytes
+    from specprobe.precision.qlinear import quant_linears, weight_bytes
 
     ref, held = _tiny_llama(), _tiny_llama()
-    for _, mod in quant.decoder_linears(ref):
+    for _, mod in qlinear.decoder_linears(ref):
         mod.weight.data = quant.quantize_weight(mod.weight.data, scheme)
     full_bytes = weight_bytes(held)
     quant.quantize_model(held, scheme)
     stored = {"fp8": torch.float8_e4m3fn, "fp8:per-tensor": torch.float8_e4m3fn, "int8": torch.int8, "int4": torch.uint8}[scheme]
     layers = dict(quant_linears(held))
     assert len(layers) == 14 and all(m.q.dtype == stored for m in layers.values())
-    for name, mod in quant.decoder_linears(ref):
+    for name, mod in qlinear.decoder_linears(ref):
         assert torch.equal(layers["model." + name].weight_float(), mod.weight), name
     x = torch.tensor([[1, 5, 9, 2, 7, 3], [4, 4, 8, 1, 0, 6]])
     with torch.no_grad():
         assert torch.equal(held(x).logits, ref(x).logits)
-    linear_bytes = sum(m.weight.numel() * 4 for _, m in quant.decoder_linears(ref))
+    linear_bytes = sum(m.weight.numel() * 4 for _, m in qlinear.decoder_linears(ref))
     saved = full_bytes - weight_bytes(held)  # fp32 -> 1 byte (fp8, int8) or half a byte (int4), plus the scales
     assert saved > linear_bytes * (0.6 if scheme == "int4" else 0.5), (saved, linear_bytes)
 
 
 def test_int4_packing_two_to_a_byte() -> None:
-    from specprobe.models.qlinear import pack_int4, unpack_int4
+    from specprobe.precision.qlinear import pack_int4, unpack_int4
 
     q = torch.tensor([[-8, 7, 0, -1, 3, -3]])
     packed = pack_int4(q)
@@ -195,7 +195,7 @@ def _linear(w: torch.Tensor, bias: bool = False) -> torch.nn.Linear:
 def test_fp8_dynamic_per_token_activations_closed_form() -> None:
     """fp8-dynamic (llm-compressor's FP8_DYNAMIC, vLLM's W8A8 fp8): fp8 weights per channel
     and each token's activations scaled by amax / 448 onto the e4m3 grid, then the product."""
-    from specprobe.models.qlinear import FP8_MIN_SCALE, quantize_activations
+    from specprobe.precision.qlinear import FP8_MIN_SCALE, quantize_activations
 
     w = _w(8, 64)
     lin = _linear(w, bias=True)
@@ -220,7 +220,7 @@ def test_fp8_dynamic_per_token_activations_closed_form() -> None:
 def test_w8a8_int8_per_token_activations_closed_form() -> None:
     """w8a8-int8 (llm-compressor's W8A8, vLLM's W8A8 int8): int8 weights per channel and each
     token's activations symmetric int8 with scale amax / 127, rounded half to even."""
-    from specprobe.models.qlinear import quantize_activations
+    from specprobe.precision.qlinear import quantize_activations
 
     w = _w(8, 64)
     held = quant.quantized_linear(_linear(w), "w8a8-int8")
@@ -240,7 +240,7 @@ def test_w8a8_int8_per_token_activations_closed_form() -> None:
 def test_int8_asymmetric_and_static_activations() -> None:
     """vLLM's asymmetric dynamic int8 (scale (max − min) / 255, azp = round(−128 − min/scale))
     and the static schemes (a checkpoint's input_scale and zero point)."""
-    from specprobe.models.qlinear import quantize_activations
+    from specprobe.precision.qlinear import quantize_activations
 
     x = torch.tensor([[0.0, 1.0, 2.55, 0.5]])  # min 0, max 2.55: scale 0.01, azp −128
     got = quantize_activations(x, {"type": "int", "strategy": "token", "dynamic": True, "symmetric": False})
@@ -256,7 +256,7 @@ def test_int8_asymmetric_and_static_activations() -> None:
 
 
 def test_per_group_activations() -> None:
-    from specprobe.models.qlinear import quantize_activations
+    from specprobe.precision.qlinear import quantize_activations
 
     x = torch.cat([torch.full((1, 4), 0.001), torch.full((1, 4), 100.0)], dim=1)
     x[0, 0], x[0, 4] = 0.002, 200.0
@@ -331,7 +331,7 @@ def _write_fp8_checkpoint(src, folder, strategy: str = "channel", acts=None):
 
     src.save_pretrained(folder, safe_serialization=True)
     state = {k: v.clone().contiguous() for k, v in src.state_dict().items()}
-    for name, _mod in quant.decoder_linears(src):
+    for name, _mod in qlinear.decoder_linears(src):
         key = f"model.{name}.weight"
         w = state[key].float()
         amax = w.abs().amax() if strategy == "tensor" else w.abs().amax(dim=1, keepdim=True)
@@ -366,7 +366,7 @@ def test_compressed_tensors_fp8_checkpoint_reads_as_served(tmp_path, strategy) -
     assert held.model.layers[1].self_attn.o_proj.weight.dtype == torch.float8_e4m3fn  # the stored tensor, as stored
     # the weights are exactly what the simulation produces from the full-precision model
     simulated = _tiny_llama()
-    for _, mod in quant.decoder_linears(simulated):
+    for _, mod in qlinear.decoder_linears(simulated):
         mod.weight.data = quant.quantize_weight(mod.weight.data, "fp8" if strategy == "channel" else "fp8:per-tensor")
     for (k, v), (k2, v2) in zip(model.state_dict().items(), simulated.state_dict().items(), strict=True):
         assert k == k2 and torch.allclose(v, v2, rtol=1e-6, atol=1e-7), k

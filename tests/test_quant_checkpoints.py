@@ -1,4 +1,4 @@
-"""Quantized checkpoints from disk (specprobe.models.quant_checkpoint): tiny checkpoints
+"""Quantized checkpoints from disk (specprobe.precision.quant_checkpoint): tiny checkpoints
 written from each format's specification — compressed-tensors pack-quantized (int4
 symmetric and asymmetric with activation-ordered groups, int8 per channel) and
 int-quantized, GPTQ v1 / v2 (4-, 3- and 8-bit, desc_act), AWQ GEMM — with the fields the
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from specprobe.core.errors import ModelLoadError
-from specprobe.models import quant
-from specprobe.models.quant_checkpoint import AWQ_ORDER, unpack_bits
+from specprobe.precision import qlinear, quant
+from specprobe.precision.quant_checkpoint import AWQ_ORDER, unpack_bits
 
 GROUP = 16
 
@@ -76,7 +76,7 @@ def _load(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 def _linears(src: Any) -> list[tuple[str, int, int]]:
-    return [(f"model.{name}", mod.out_features, mod.in_features) for name, mod in quant.decoder_linears(src)]
+    return [(f"model.{name}", mod.out_features, mod.in_features) for name, mod in qlinear.decoder_linears(src)]
 
 
 def _plain(src: Any, quantized: set[str]) -> dict[str, torch.Tensor]:

@@ -63,7 +63,7 @@ def test_quantized_target_greedy_speculation_equals_its_own_decoding() -> None:
 
     import torch
 
-    from specprobe.models.quant import quantize_model
+    from specprobe.precision.quant import quantize_model
     from specprobe.simulate import speculate
     from tests.test_simulate import GREEDY, hf_greedy, rand_prompts, tiny
 

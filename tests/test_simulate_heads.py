@@ -123,8 +123,8 @@ def _replay(t: Any, d: Any, prompt: list[int], k: int = 3) -> tuple[int, int, fl
     """Run the loop (batch of one, greedy) recording every logits the head returns, then
     compare each with the teacher-forced scorer's at the same position -> (logits
     compared, of which at depth > 1, acceptance)."""
+    from specprobe.drafters.base import TargetPass
     from specprobe.models.anatomy import capture_layers
-    from specprobe.models.base import TargetPass
 
     calls: list[tuple[int, torch.Tensor]] = []
     real = d.logits

@@ -299,9 +299,9 @@ def _ngram(p: Plan, spec: str, label: str, synthetic: bool) -> None:
     """An n-gram drafter's knobs in the engine's words: vLLM's prompt lookup
     (prompt_lookup_min/max) and suffix decoding (suffix_decoding_*), llama-server's
     --spec-type ngram-* with --spec-ngram-*."""
-    from specprobe.models.ngram import SGLANG as SGLANG_NGRAM
-    from specprobe.models.ngram import SUFFIX, VLLM_NGRAM, parse_spec
-    from specprobe.models.ngram_mix import check_mixed, is_mixed_spec
+    from specprobe.drafters.ngram import SGLANG as SGLANG_NGRAM
+    from specprobe.drafters.ngram import SUFFIX, VLLM_NGRAM, parse_spec
+    from specprobe.drafters.ngram_mix import check_mixed, is_mixed_spec
 
     if is_mixed_spec(spec):  # llama.cpp's n-gram types beside a draft model: -md and draft-simple after them
         if p.engine != LLAMA_CPP:

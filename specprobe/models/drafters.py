@@ -13,7 +13,7 @@ Specs:  self                 the target itself (sanity check: α = 1)
         eagle3:PATH | eagle:PATH | medusa:PATH | mtp | a head's folder
                              a head drafter (specprobe.models.heads)
         ngram[:…] | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod | ngram-cache
-                             an engine's n-gram drafter, no model (specprobe.models.ngram)
+                             an engine's n-gram drafter, no model (specprobe.drafters.ngram)
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import re
 from typing import Any
 
 from specprobe.core.errors import ConfigError
+from specprobe.drafters.base import Drafter, ModelInfo, TargetPass
+from specprobe.drafters.ngram import NgramDrafter, is_ngram_spec
+from specprobe.drafters.ngram_mix import MixedDrafter, check_mixed, is_mixed_spec
 from specprobe.models.anatomy import decoder_layers, final_norm, layer_view
-from specprobe.models.base import Drafter, ModelInfo, TargetPass
 from specprobe.models.heads import build_head, head_info, head_kind
 from specprobe.models.loader import LoadedModel, load_info, load_model
-from specprobe.models.ngram import NgramDrafter, is_ngram_spec
-from specprobe.models.ngram_mix import MixedDrafter, check_mixed, is_mixed_spec
 
 
 class SelfDrafter(Drafter):
@@ -194,7 +194,7 @@ def drafter_info(spec: str, target_info: ModelInfo, progress: Any = None, gguf_w
 
 
 def build_drafter(spec: str, target: LoadedModel, device: str = "auto", dtype: str = "auto", progress: Any = None, info: ModelInfo | None = None) -> Drafter | NgramDrafter | MixedDrafter:
-    if is_mixed_spec(spec):  # llama.cpp's n-gram types beside a draft model (models.ngram_mix)
+    if is_mixed_spec(spec):  # llama.cpp's n-gram types beside a draft model (drafters.ngram_mix)
         ngram, model = check_mixed(spec)
         return MixedDrafter(spec, NgramDrafter(ngram.spec, info=target.info), build_drafter(model, target, device, dtype, progress, info))
     if is_ngram_spec(spec):

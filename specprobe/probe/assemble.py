@@ -99,7 +99,7 @@ def kv_note(kv: str) -> str:
 
 def served(loaded: Any) -> dict[str, Any]:
     """{"quant": …} for a model served quantized or with an fp8 KV cache
-    (specprobe.models.quant), else nothing."""
+    (specprobe.precision.quant), else nothing."""
     q = getattr(loaded, "quant", None)
     kv = getattr(loaded, "kv_cache_dtype", None)
     on_disk = getattr(loaded, "checkpoint_quant", None)  # a quantized checkpoint, dequantized as loaded

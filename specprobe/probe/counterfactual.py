@@ -101,7 +101,7 @@ def vocab_ceiling(target_logits: Any, draft_logits: Any, target_sampling: Any, n
 
 
 class CounterfactualProbe:
-    """A scoring probe (`scoring.Probe`): on the rows of every `every`-th prompt, α under
+    """A scoring probe (`chunks.Probe`): on the rows of every `every`-th prompt, α under
     one what-if setting and the vocabulary ceiling, as [N] arrays (NaN elsewhere).
 
     The what-ifs take turns over the sampled prompts — the drafter at the target's

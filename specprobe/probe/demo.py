@@ -58,7 +58,7 @@ def make_vocab_shuffled(target: Any, dest: Path, seed: int = 1234, progress: Pro
     new_emb = torch.empty_like(emb)
     new_emb[perm] = emb
     with atomic_dir(dest) as tmp:
-        from specprobe.models.qlinear import float_state_dict
+        from specprobe.precision.qlinear import float_state_dict
 
         state = float_state_dict(model)  # a layer held quantized (a GGUF target) as its float weight
         state["model.embed_tokens.weight"] = new_emb

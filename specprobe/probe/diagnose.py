@@ -17,9 +17,9 @@ from specprobe.core.progress import Progress
 from specprobe.estimates.tree import TreeShape
 from specprobe.judge.rules import RuleTable, load_table
 from specprobe.models.drafters import build_drafter, drafter_info
-from specprobe.models.kv_served import serve_kv_cache
 from specprobe.models.loader import check_paths, load_info, load_model, local_spec
-from specprobe.models.quant import serve_quantized
+from specprobe.precision.kv_served import serve_kv_cache
+from specprobe.precision.quant import serve_quantized
 from specprobe.probe import long_context
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from specprobe.probe.chunks import ROW_FIELDS, Chunk, ChunkScores, _runs
 from specprobe.probe.counterfactual import (
     Chain,
     CounterfactualProbe,
@@ -25,7 +26,6 @@ from specprobe.probe.counterfactual import (
     what_if_metrics,
     what_if_rows,
 )
-from specprobe.probe.scoring import ROW_FIELDS, Chunk, ChunkScores, _runs
 
 TOP = 5  # both sides' top-k handed over per position
 WORST = 25  # worst positions kept, by α and by KL
@@ -70,7 +70,7 @@ class _Dense:
 
 
 class DrillCollector:
-    """A `scoring.Collector` (with `top_k` and a `probe`) for the drill-down."""
+    """A `chunks.Collector` (with `top_k` and a `probe`) for the drill-down."""
 
     top_k = TOP
 

@@ -139,7 +139,7 @@ def _take(x: Any, m: np.ndarray) -> Any:
 
 
 class LengthCollector:
-    """A scoring collector (`probe.scoring.Collector`): every chunk's positions go to the
+    """A scoring collector (`probe.chunks.Collector`): every chunk's positions go to the
     accumulator of their prompt's (context length, domain); `section` turns them into the
     result's table and the metrics SP209 reads."""
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from specprobe.probe.scoring import Chunk, ChunkScores, Collector, Probe
+    from specprobe.probe.chunks import Chunk, ChunkScores, Collector, Probe
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""diagnose for an n-gram drafter (`models.ngram`): its proposals, teacher-forced over
+"""diagnose for an n-gram drafter (`drafters.ngram`): its proposals, teacher-forced over
 the target's own references, priced with the target's measured verify pass.
 
 The walk. For each reference (prompt + the target's continuation), the engine's steps
@@ -16,7 +16,7 @@ accepted count is the longest tree path the continuation goes on with — at T =
 greedy tree verification exactly; at T > 0 SGLang's target-only tree sampling accepts
 child c with probability p(c) (one coin against the children's summed target
 probabilities) and emits a token distributed as p, so coupling it with the reference
-sample is exact in distribution too (`models.sglang_ngram`: all but its token-0 padding,
+sample is exact in distribution too (`drafters.sglang_ngram`: all but its token-0 padding,
 which it biases). Its steps all verify the whole padded tree, matched or not. What it counts, per request, category
 and domain: the verify steps, the steps that proposed anything, the proposed and
 accepted tokens, and the time the matching took.
@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.core.progress import Progress
+from specprobe.drafters.ngram import VLLM_NGRAM, NgramDrafter, Slot
+from specprobe.drafters.ngram_mix import MixedDrafter
 from specprobe.engines import get
 from specprobe.estimates.costs import cost_tables
 from specprobe.judge.rules import RuleTable
-from specprobe.models.ngram import VLLM_NGRAM, NgramDrafter, Slot
-from specprobe.models.ngram_mix import MixedDrafter
 from specprobe.probe.assemble import evaluate_rules, verdict_fields
 from specprobe.probe.references import references_by_turn
 from specprobe.probe.timing import cost_block, timing_settings
@@ -193,7 +193,7 @@ def walk_mixed(
     slot: Slot, trace: ModelTrace, prompt: Sequence[int], continuation: Sequence[int], max_new_tokens: int, k: int,
     p_min: float = 0.0, n_min: int = 0, eog: Collection[int] = (),
 ) -> Steps:
-    """`walk` for n-gram types beside a draft model (`models.ngram_mix`): each step the
+    """`walk` for n-gram types beside a draft model (`drafters.ngram_mix`): each step the
     n-gram types draft first; when none does, the draft model drafts its top tokens from
     the reference so far — at most min(k, remaining − 1), stopping before one under p_min,
     none when fewer than n_min. While its tokens match the reference its inputs are the

@@ -5,7 +5,7 @@ self; a drafter served quantized against the same drafter in full precision.
 
 The full-precision logits come from a second forward over each scoring batch with the
 original nn.Linear modules swapped back in for the quantized ones (the weights as loaded,
-kept beside their quantized form: no second float copy; specprobe.models.quant) and the
+kept beside their quantized form: no second float copy; specprobe.precision.quant) and the
 attention as loaded; nothing runs for sides served as loaded. A quantized checkpoint from
 disk has no full-precision weights to swap in, so it gets no what-if. A self-draft is the target's own layers, so the full-precision
 system is the full target with its full-precision first layers. Its metrics:
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from specprobe.metrics.core import position_metrics
-from specprobe.models.quant import as_loaded
+from specprobe.precision.quant import as_loaded
 from specprobe.probe.scoring import _pad_id, _right_padded
 
 
@@ -94,8 +94,8 @@ class FullTargetWhatIf:
         return out
 
     def _forward(self, batch: list[int]) -> None:
+        from specprobe.drafters.base import TargetPass
         from specprobe.models.anatomy import capture_layers
-        from specprobe.models.base import TargetPass
 
         seqs = [list(self.encoded[i]) + list(self.conts[i]) for i in batch]
         ids, mask = _right_padded(seqs, _pad_id(self.target.tokenizer), self.target.device)  # as the scoring pass pads them

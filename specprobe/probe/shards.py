@@ -37,9 +37,10 @@ from specprobe.models.loader import cache_root, load_info
 from specprobe.probe import distributed, long_context
 from specprobe.probe.alignment import SamplingPair
 from specprobe.probe.assemble import build_result
+from specprobe.probe.chunks import ROW_FIELDS, Chunk, ChunkScores, _runs
 from specprobe.probe.drilldown import DrillCollector
 from specprobe.probe.references import TurnReferences
-from specprobe.probe.scoring import ROW_FIELDS, Chunk, ChunkScores, Scored, SequenceCollector, _runs
+from specprobe.probe.scoring import Scored, SequenceCollector
 from specprobe.prompts import Prompt
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 from specprobe.settings.values import Shard
@@ -61,7 +62,7 @@ def owns(prompt_index: int, batch_size: int, shard: Shard | None) -> bool:
 
 # ----------------------------------------------------------------------------- what a shard keeps
 class RecordCollector:
-    """A `scoring.Collector` that keeps each item's per-position scores (token order)
+    """A `chunks.Collector` that keeps each item's per-position scores (token order)
     for the part file; items keyed by their index in the run's item list."""
 
     def __init__(self) -> None:

@@ -27,9 +27,9 @@ from pydantic import Field
 from specprobe import __version__
 from specprobe.core.errors import ConfigError
 from specprobe.core.progress import Progress
+from specprobe.drafters.base import TargetPass
 from specprobe.judge.rules import load_table
 from specprobe.models.anatomy import capture_layers
-from specprobe.models.base import TargetPass
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
 from specprobe.probe.references import load_prompt_set, references_by_turn
 from specprobe.result import Document, Num, Part, Result
@@ -267,8 +267,8 @@ def _batch(target: Any, entries: list[_Entry], idx: list[int], encoded: list[lis
 
     # deferred: loads torch, which the torch-free commands that import this module never need
     from specprobe.metrics.tree import passing as tree_passing
+    from specprobe.probe.chunks import Chunk
     from specprobe.probe.scoring import (
-        Chunk,
         _pad_id,
         _right_padded,
         _tree_width,

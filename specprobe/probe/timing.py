@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from specprobe.drafters.base import TargetPass
 from specprobe.estimates.costs import (
     MIN_REPEATS,
     Clock,
@@ -35,7 +36,6 @@ from specprobe.estimates.costs import (
     budget_for,
     interleaved,
 )
-from specprobe.models.base import TargetPass
 from specprobe.models.kvcache import Stream, crop, sync
 from specprobe.settings.lengths import label
 
@@ -208,7 +208,7 @@ def step_params(model: Any) -> int:
     """Parameters one decode step reads: every weight but the input embedding table (a
     lookup reads one row of it) — unless it is tied to the LM head, which reads it all."""
     # a layer held quantized counts the weights it stands for
-    from specprobe.models.qlinear import logical_params
+    from specprobe.precision.qlinear import logical_params
 
     total = logical_params(model)
     emb, out = model.get_input_embeddings(), model.get_output_embeddings()

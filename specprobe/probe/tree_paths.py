@@ -56,11 +56,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from specprobe.drafters.base import TargetPass
 from specprobe.estimates.tree import EXACT, Nodes, TreeShape, relaxed, sibling_accept
 from specprobe.metrics.core import finite
 from specprobe.metrics.sampling import Sampling, probs
 from specprobe.models import tree_attention as ta
-from specprobe.models.base import TargetPass
 from specprobe.models.heads.chain import HeadDrafter
 from specprobe.models.heads.live import LiveHead, unsupported
 from specprobe.models.kvcache import Stream, right_align

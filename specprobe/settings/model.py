@@ -44,7 +44,7 @@ REPORTS = frozenset({DIAGNOSE, SIMULATE, COMPARE, MERGE, REPORT})  # commands th
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 REFERENCES = ("on-policy", "dataset")
 FAIL_ON = ("error", "warning", "info", "never")
-QUANT_SCHEMES = ("fp8", "fp8:per-tensor", "fp8-dynamic", "int8", "w8a8-int8", "int4")  # RTN weight (and W8A8 activation) quantization (specprobe.models.quant)
+QUANT_SCHEMES = ("fp8", "fp8:per-tensor", "fp8-dynamic", "int8", "w8a8-int8", "int4")  # RTN weight (and W8A8 activation) quantization (specprobe.precision.quant)
 KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings this simulates
 # --help's groups of options (`Setting.panel`; a command's own options name theirs too), in the
 # order a command with more than HELP_GROUP_ABOVE options shows them: the pair, sampling and

@@ -1,4 +1,4 @@
-"""llama.cpp's n-gram types beside a draft model (`models.ngram_mix`) as one `DraftSource`:
+"""llama.cpp's n-gram types beside a draft model (`drafters.ngram_mix`) as one `DraftSource`:
 each round the n-gram slots draft first (`NgramDraft`); the rows none of them drafted
 for are drafted by the model (`LMDraft`, at most the run's K, its --spec-draft-n-max),
 the others cap 0 for it. The model's cache takes in every verified token whoever drafted
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specprobe.models.ngram_mix import MixedDrafter
+from specprobe.drafters.ngram_mix import MixedDrafter
 from specprobe.simulate.draft_source import DraftRule, Proposal
 from specprobe.simulate.ngram_source import NgramDraft
 

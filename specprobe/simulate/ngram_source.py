@@ -1,4 +1,4 @@
-"""An n-gram drafter (`models.ngram`) as a `DraftSource`: no model, no cache; each row
+"""An n-gram drafter (`drafters.ngram`) as a `DraftSource`: no model, no cache; each row
 keeps its sequence so far and its own drafter slot.
 
 Round 1 proposes nothing: the engines draft only after the prompt's pass has sampled
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specprobe.models.ngram import NgramDrafter, Slot
+from specprobe.drafters.ngram import NgramDrafter, Slot
 from specprobe.simulate.draft_source import DraftRule, Proposal
 
 

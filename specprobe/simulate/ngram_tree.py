@@ -1,4 +1,4 @@
-"""The real loop with SGLang's NGRAM drafter (`models.sglang_ngram`): each round every
+"""The real loop with SGLang's NGRAM drafter (`drafters.sglang_ngram`): each round every
 live row's slot builds its tree from the server's trie, and ONE target forward verifies
 all of it under a tree attention mask (`models.tree_attention`), as SGLang's NGRAM worker
 does.
@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from specprobe.drafters.ngram import NgramDrafter, Slot
+from specprobe.drafters.sglang_ngram import NgramTree
 from specprobe.metrics.core import finite
 from specprobe.metrics.sampling import Sampling
 from specprobe.models import tree_attention as ta
 from specprobe.models.kvcache import Stream
-from specprobe.models.ngram import NgramDrafter, Slot
-from specprobe.models.sglang_ngram import NgramTree
 from specprobe.models.tree_draft import Tree, block
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.draft_source import Proposal

@@ -11,6 +11,8 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.core.progress import Progress
+from specprobe.drafters.ngram import NgramDrafter
+from specprobe.drafters.ngram_mix import MixedDrafter
 from specprobe.engines import get
 from specprobe.judge.rules import load_table
 from specprobe.models.heads.live import (
@@ -19,8 +21,6 @@ from specprobe.models.heads.live import (
     refuse_unsupported,
     unsupported,
 )
-from specprobe.models.ngram import NgramDrafter
-from specprobe.models.ngram_mix import MixedDrafter
 from specprobe.probe.assemble import simulate_result
 from specprobe.probe.diagnose import load_pair, run_diagnose
 from specprobe.probe.references import load_prompt_set, references_by_turn

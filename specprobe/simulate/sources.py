@@ -4,7 +4,7 @@
     LMDraft   a causal LM with its own KV cache (`models.kvcache.Stream`)
     HeadDraft a head drafter (EAGLE-1/2, EAGLE-3, Medusa, MTP; `models.heads.live.LiveHead`)
               that reads the target's states from every verify pass
-    NgramDraft an n-gram drafter (`models.ngram`, no model; `ngram_source`)"""
+    NgramDraft an n-gram drafter (`drafters.ngram`, no model; `ngram_source`)"""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from specprobe.drafters.ngram import NgramDrafter
+from specprobe.drafters.ngram_mix import MixedDrafter
 from specprobe.models.heads.chain import HeadDrafter
 from specprobe.models.heads.live import LiveHead
 from specprobe.models.kvcache import Stream, right_align
-from specprobe.models.ngram import NgramDrafter
-from specprobe.models.ngram_mix import MixedDrafter
 from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, chain
 from specprobe.simulate.ngram_mix_source import MixedDraft
 from specprobe.simulate.ngram_source import NgramDraft

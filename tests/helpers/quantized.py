@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from specprobe.models.qlinear import QuantLinear, quant_linears
+from specprobe.precision.qlinear import QuantLinear, quant_linears
 
 STORED = (torch.float8_e4m3fn, torch.int8, torch.uint8, torch.int32)
 
@@ -17,7 +17,7 @@ def same_as_reference(held: Any, ref: Any, stored: tuple[torch.dtype, ...] = STO
     `ref`'s weight bit for bit and whose weight is kept in one of `stored`'s dtypes (no
     float copy of the layer), every other tensor equals `ref`'s, and both models give
     the same logits. -> the number of QuantLinear layers."""
-    from specprobe.models.quant import decoder_linears
+    from specprobe.precision.qlinear import decoder_linears
 
     ref_linears = dict(decoder_linears(ref))
     layers = 0

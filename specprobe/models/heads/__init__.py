@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from specprobe.core.errors import ModelLoadError
-from specprobe.models.base import ModelInfo
+from specprobe.drafters.base import ModelInfo
 from specprobe.models.heads.eagle import (
     Eagle1Drafter,
     Eagle3Drafter,

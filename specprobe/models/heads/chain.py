@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from specprobe.models.base import Drafter, ModelInfo, TargetPass
+from specprobe.drafters.base import Drafter, ModelInfo, TargetPass
 from specprobe.models.heads.layout import header_params
 from specprobe.models.heads.vocab import map_logits, scoring_vocab, vocab_mask
 

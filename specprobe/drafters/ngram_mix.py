@@ -17,7 +17,7 @@ caught up whoever drafted. The verify step's accepted count goes to the type tha
 n-gram types' own state (ngram-map's accepted lengths, ngram-mod's low-acceptance streak)
 moves only with their own drafts, as in a list without a model.
 
-The spec: the n-gram types (a llama.cpp comma list, `models.ngram`), `+`, then the model
+The spec: the n-gram types (a llama.cpp comma list, `drafters.ngram`), `+`, then the model
 drafter's own spec (a checkpoint folder, a .gguf, a built-in name, `self:layers=N`), e.g.
 `ngram-simple:size_n=4,ngram-mod+./draft.gguf`. The model's n_max is the run's K."""
 
@@ -27,7 +27,7 @@ import copy
 from typing import Any
 
 from specprobe.core.errors import ConfigError
-from specprobe.models.ngram import LLAMA_CPP_ORDER, NgramDrafter, is_ngram_spec
+from specprobe.drafters.ngram import LLAMA_CPP_ORDER, NgramDrafter, is_ngram_spec
 
 SEP = "+"
 HINT = "write the llama.cpp n-gram types, '+', then the draft model: e.g. ngram-simple,ngram-mod+./draft.gguf"
@@ -73,7 +73,7 @@ class MixedDrafter:
     def __init__(self, spec: str, ngram: NgramDrafter, model: Any) -> None:
         self.spec = spec
         self.ngram = ngram
-        self.model = model  # a models.base.Drafter with a step model (draft-simple)
+        self.model = model  # a drafters.base.Drafter with a step model (draft-simple)
         self.info = getattr(model, "info", None)
         self.engine = "llama.cpp"
         self.model_k: int | None = None  # the model's n_max in a simulate run (`with_k`)

@@ -1,6 +1,6 @@
 """A GGUF model held as llama.cpp serves it: each decoder layer's quantized linear weights
 (attention q/k/v/o, MLP gate/up/down) stay as the file's ggml blocks in a QuantLinear
-(form "ggml": uint8 [rows, bytes per row], specprobe.models.qlinear) and are dequantized
+(form "ggml": uint8 [rows, bytes per row], specprobe.precision.qlinear) and are dequantized
 per layer at each forward; the model is built from its config with empty weights and
 filled from the file's tensors, so the fp32 model is never made.
 
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from specprobe.core.errors import ModelLoadError
-from specprobe.models.ggml_blocks import FLOAT_GGML, ggml_readable
-from specprobe.models.qlinear import QuantLinear, set_child
+from specprobe.precision.ggml_blocks import FLOAT_GGML, ggml_readable
+from specprobe.precision.qlinear import QuantLinear, _decoder_linears, _load_state, set_child
 
 # transformers' tensor processors that only reorder rows of a linear weight (or nothing)
 ROW_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor")
@@ -151,8 +151,6 @@ def load_gguf_held(path: Path, config: Any, dtype: torch.dtype, folder: Any = No
         TensorProcessor,
         get_gguf_hf_weights_map,
     )
-
-    from specprobe.models.quant import _decoder_linears, _load_state
 
     where = folder or path
     plain = copy.deepcopy(config)

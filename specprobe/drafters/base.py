@@ -1,8 +1,9 @@
 """What every model and drafter is, whatever its kind: a model's facts read without its
 weights (`ModelInfo`), the `Drafter` base class (an independent model, a layer-skip
 self-draft, Medusa/MTP/EAGLE heads) and the target's teacher-forced outputs it reads
-(`TargetPass`). The kinds live in `drafters` (models
-with a KV cache) and `heads/` (heads over the target's hidden states)."""
+(`TargetPass`), and what a drafter reads of its target (`Target`). The kinds built on a
+model live in `models/drafters.py` (models with a KV cache) and `models/heads/` (heads
+over the target's hidden states); the n-gram drafters beside this module need no model."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # annotations only: the loader imports the heads, which build on this module
-    from specprobe.models.loader import LoadedModel
+from typing import Any, Protocol
 
 
 @dataclass
@@ -33,7 +31,7 @@ class Drafter(ABC):
     #: depths the drafter predicts directly; None means autoregressive (depth 1 chained)
     head_depths: tuple[int, ...] | None = None
 
-    def __init__(self, spec: str, target: LoadedModel) -> None:
+    def __init__(self, spec: str, target: Target) -> None:
         self.spec = spec
         self.target = target
 
@@ -81,3 +79,40 @@ class ModelInfo:
     tokenizer: Any
     generation_config: Any
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Target(Protocol):
+    """What a drafter reads of the target it is paired with: `models.loader.LoadedModel`
+    is the one kind. A protocol, so this module imports nothing from `models/` (the loader
+    reads `ModelInfo` from here)."""
+
+    info: ModelInfo
+    model: Any  # a transformers causal LM in eval mode
+    device: str
+    dtype: Any
+
+    @property
+    def head(self) -> Any: ...
+
+    def last_hidden(self, input_ids: Any, attention_mask: Any, cache_out: list[Any] | None = None) -> Any: ...
+
+    @property
+    def spec(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> Any: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def params(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...

@@ -161,7 +161,7 @@ def block_of(type_name: str) -> int:
 
 
 # ----------------------------------------------------------------------------- a GGUF's weight blocks
-# A GGUF model's weights (specprobe.models.gguf_held): rows of ggml blocks as the file
+# A GGUF model's weights (specprobe.precision.gguf_held): rows of ggml blocks as the file
 # stores them, uint8 [rows, bytes per row], read back as transformers' GGUF loader reads
 # them — the `gguf` package's dequantizer (gguf.quants.dequantize, numpy), or for the types
 # transformers' torch dequantizer covers (transformers.integrations.gguf.dequant: Q4_0,

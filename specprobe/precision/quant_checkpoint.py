@@ -373,7 +373,7 @@ def activation_words(act: dict[str, Any]) -> str:
 
 def dequantize_checkpoint(tensors: dict[str, torch.Tensor], qc: dict[str, Any], folder: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """A quantized checkpoint's tensors as a plain state dict in `dtype` (every layer
-    dequantized at once: the reference the in-memory form, specprobe.models.qlinear, is
+    dequantized at once: the reference the in-memory form, specprobe.precision.qlinear, is
     tested against), and its record."""
     layers, rest, record = checkpoint_layers(tensors, qc, folder)
     state = {name: v.to(dtype) if v.is_floating_point() else v for name, v in rest.items()}

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from specprobe.models import ggml_blocks
+from specprobe.precision import ggml_blocks
 
 # transformers model types whose q_proj/k_proj llama.cpp's converter permutes (its LLAMA
 # rope runs on adjacent pairs; transformers' GGUF loader undoes the permutation): their
@@ -48,7 +48,7 @@ def ggml_kv_cache(model: Any, dtype: str) -> str:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from specprobe.core.errors import ModelLoadError
-    from specprobe.models.quant import _attention_modules
+    from specprobe.precision.quant import _attention_modules
 
     attn = _attention_modules(model)
     if not attn:
@@ -103,7 +103,7 @@ def ggml_kv_cache(model: Any, dtype: str) -> str:
 def serve_kv_cache(loaded: Any, dtype: str) -> None:
     """A loaded model's KV cache served as `dtype` (fp8, or a ggml type / K/V pair), noted on
     `loaded.kv_cache_dtype`; `quant.as_loaded` restores the model's own attention."""
-    from specprobe.models.quant import serve_fp8_kv
+    from specprobe.precision.quant import serve_fp8_kv
 
     if dtype == "fp8":
         serve_fp8_kv(loaded)

@@ -12,10 +12,10 @@ quantized size plus one layer's float weight rather than its full-precision size
         padded to whole groups)
   ct, gptq, awq  a quantized checkpoint's own tensors exactly as stored in its safetensors
         files (compressed-tensors int32 `weight_packed`, GPTQ/AWQ `qweight` and `qzeros`,
-        scales, zero points, g_idx: specprobe.models.quant_checkpoint.Layer)
+        scales, zero points, g_idx: specprobe.precision.quant_checkpoint.Layer)
   ggml  a GGUF's linear weight as the file stores it: `blocks`, uint8 [out, bytes per
         row], its ggml type in meta (Q8_0, Q4_K, …), read back as transformers' GGUF
-        loader reads it (specprobe.models.gguf_held, ggml_blocks.dequantize_ggml)
+        loader reads it (specprobe.precision.gguf_held, ggml_blocks.dequantize_ggml)
 
 Its weight is the one the dequantize-at-load path computes, by the same arithmetic, and
 its matmul is `nn.Linear`'s, so its output is bit-for-bit the same.
@@ -141,11 +141,11 @@ class QuantLinear(torch.nn.Module):
             q = unpack_int4(stored)[:, : scale.shape[1] * g] if self.meta["bits"] == 4 else stored
             grouped = q.float().reshape(self.out_features, -1, g)
             return (grouped * scale.unsqueeze(2)).reshape(self.out_features, -1)[:, :n].to(self.compute_dtype)
-        if self.form == "ggml":  # a GGUF's rows of blocks (specprobe.models.gguf_held)
-            from specprobe.models.ggml_blocks import dequantize_ggml
+        if self.form == "ggml":  # a GGUF's rows of blocks (specprobe.precision.gguf_held)
+            from specprobe.precision.ggml_blocks import dequantize_ggml
 
             return dequantize_ggml(self.parts()["blocks"], self.meta["type"], self.out_features, self.in_features).to(self.compute_dtype)
-        from specprobe.models.quant_checkpoint import Layer, layer_weight
+        from specprobe.precision.quant_checkpoint import Layer, layer_weight
 
         return layer_weight(Layer(self.form, self.parts(), self.meta, self.kind), self.compute_dtype)
 
@@ -175,6 +175,24 @@ def quant_linears(model: Any) -> Iterator[tuple[str, QuantLinear]]:
     for name, mod in model.named_modules():
         if isinstance(mod, QuantLinear):
             yield name, mod
+
+
+def _decoder_linears(model: Any) -> Iterator[tuple[str, Any, str, torch.nn.Linear]]:
+    """(name, decoder layer, its submodule's name, nn.Linear): the layers held quantized."""
+    from specprobe.models.anatomy import decoder_layers
+
+    layers, _ = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        for name, mod in list(layer.named_modules()):
+            if isinstance(mod, torch.nn.Linear):
+                yield f"layers.{i}.{name}", layer, name, mod
+
+
+def decoder_linears(model: Any) -> Iterator[tuple[str, torch.nn.Linear]]:
+    """Every nn.Linear inside the decoder layers (attention and MLP projections); the
+    embeddings and the LM head are outside them."""
+    for full, _, _, mod in _decoder_linears(model):
+        yield full, mod
 
 
 def logical_params(model: Any) -> int:
@@ -240,3 +258,22 @@ def set_child(root: Any, dotted: str, module: Any) -> Any:
     old = getattr(parent, leaf)
     setattr(parent, leaf, module)
     return old
+
+
+def _load_state(model: Any, state: dict[str, torch.Tensor], config: Any, folder: Any, held: set[str]) -> Any:
+    """`state` into a model built without weights whose `held` layers are QuantLinear
+    modules already (a quantized checkpoint, `quant.load_quantized_checkpoint`; a GGUF,
+    `gguf_held`): every other parameter must come from it, tied ones aside."""
+    from specprobe.core.errors import ModelLoadError
+
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if k.rpartition(".")[0] not in held]
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise ModelLoadError(f"{folder}: the quantized checkpoint's tensors do not match its config ({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(list(missing) + list(unexpected))[0]})", "check that config.json belongs to these safetensors files")
+    if tied:
+        model.tie_weights()
+    left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if left:
+        raise ModelLoadError(f"{folder}: the quantized checkpoint has no tensor for {left[0]}", "check that the safetensors files are complete")
+    return model

@@ -15,17 +15,17 @@ Specs (knobs after a colon, comma-separated; every knob has the engine's default
            min_bfs_breadth=1,max_bfs_breadth=10,match_type=BFS,branch_length=18,
            capacity=10000000]    SGLang's NGRAM (--speculative-ngram-*, and
                                   --speculative-num-draft-tokens); a tree drafter
-                                  verified as a tree (`models.sglang_ngram`)
+                                  verified as a tree (`drafters.sglang_ngram`)
     suffix[:max_tree_depth=24,max_cached_requests=10000,max_spec_factor=1.0,
            min_token_prob=0.1,k=K]    vLLM suffix decoding (suffix_decoding_*; k is
                                   num_speculative_tokens, vLLM's default the tree depth;
-                                  `models.suffix`)
+                                  `drafters.suffix`)
 
 and llama.cpp's comma lists of types, e.g. `ngram-simple:size_n=4,ngram-mod`: the types
 are tried in the engine's priority order (simple, map-k, map-k4v, mod, cache), whatever
 order they were written in, and the first that drafts anything drafts this step. A draft
 model after them (`types+model`, llama.cpp's `-md` with draft-simple in the list) drafts
-only when none did: `models.ngram_mix`.
+only when none did: `drafters.ngram_mix`.
 
 How the engines call them, and so how `Slot.propose` is called: after each verify step,
 with the sequence so far (prompt + accepted tokens) whose last token is the one just
@@ -54,14 +54,14 @@ from typing import Any
 import numpy as np
 
 from specprobe.core.errors import ConfigError
-from specprobe.models.sglang_ngram import DEFAULTS as SGLANG_DEFAULTS
-from specprobe.models.sglang_ngram import MATCH_TYPES, NgramTree, SglangSlot, TrieCache, check
-from specprobe.models.suffix import SuffixCache, SuffixSlot
+from specprobe.drafters.sglang_ngram import DEFAULTS as SGLANG_DEFAULTS
+from specprobe.drafters.sglang_ngram import MATCH_TYPES, NgramTree, SglangSlot, TrieCache, check
+from specprobe.drafters.suffix import SuffixCache, SuffixSlot
 
 VLLM_NGRAM = "ngram"
 SIMPLE, MAP_K, MAP_K4V, MOD, CACHE = "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"
-SUFFIX = "suffix"  # vLLM's suffix decoding (models.suffix)
-SGLANG = "sglang-ngram"  # SGLang's NGRAM, a tree drafter (models.sglang_ngram)
+SUFFIX = "suffix"  # vLLM's suffix decoding (drafters.suffix)
+SGLANG = "sglang-ngram"  # SGLang's NGRAM, a tree drafter (drafters.sglang_ngram)
 VLLM_METHODS = (VLLM_NGRAM, SUFFIX)  # one method per vLLM server: never in a list
 SINGLE = (*VLLM_METHODS, SGLANG)  # one method per server (only llama.cpp lists types)
 # llama.cpp's priority (common_speculative_init): the first listed that drafts, drafts
@@ -102,7 +102,7 @@ NOT_IMPLEMENTED = {
 
 def is_ngram_spec(spec: str) -> bool:
     """Whether a drafter spec names an n-gram drafter (no model to load; n-gram types
-    beside a draft model, `types+model`, are `models.ngram_mix`'s)."""
+    beside a draft model, `types+model`, are `drafters.ngram_mix`'s)."""
     if "+" in spec:
         return False
     head = spec.split(":", 1)[0].split(",", 1)[0].strip().lower()

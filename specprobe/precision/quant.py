@@ -1,5 +1,5 @@
 """Weight and KV-cache quantization simulated on the fly: round-to-nearest (RTN) onto the
-served format's grid, the weights then held in that format (specprobe.models.qlinear:
+served format's grid, the weights then held in that format (specprobe.precision.qlinear:
 fp8 as torch.float8_e4m3fn, int8, int4 two to a byte, with their scales) and dequantized
 per layer at each forward, so each matmul runs in the compute dtype on the served weights.
 
@@ -46,7 +46,14 @@ from typing import Any
 
 import torch
 
-from specprobe.models.qlinear import QuantLinear, pack_int4, set_child
+from specprobe.precision.qlinear import (
+    QuantLinear,
+    _decoder_linears,
+    _load_state,
+    float_layers,
+    pack_int4,
+    set_child,
+)
 from specprobe.settings.model import QUANT_SCHEMES
 
 SCHEMES = QUANT_SCHEMES  # the --target-quant / --draft-quant choices
@@ -158,28 +165,11 @@ class Quantized:
         out = {"scheme": self.scheme, "method": "rtn", "layers": len(self.layers), "weight_rel_error": round(self.rel_error, 6), "note": NOTE}
         act = ACTIVATIONS.get(self.scheme)
         if act is not None:
-            from specprobe.models.quant_checkpoint import activation_words
+            from specprobe.precision.quant_checkpoint import activation_words
 
             out["activations"] = activation_words(act)
             out["note"] = NOTE + f"; input activations {out['activations']} as vLLM quantizes them"
         return out
-
-
-def _decoder_linears(model: Any) -> Iterator[tuple[str, Any, str, torch.nn.Linear]]:
-    from specprobe.models.anatomy import decoder_layers
-
-    layers, _ = decoder_layers(model)
-    for i, layer in enumerate(layers):
-        for name, mod in list(layer.named_modules()):
-            if isinstance(mod, torch.nn.Linear):
-                yield f"layers.{i}.{name}", layer, name, mod
-
-
-def decoder_linears(model: Any) -> Iterator[tuple[str, torch.nn.Linear]]:
-    """Every nn.Linear inside the decoder layers (attention and MLP projections); the
-    embeddings and the LM head are outside them."""
-    for full, _, _, mod in _decoder_linears(model):
-        yield full, mod
 
 
 @torch.no_grad()
@@ -232,8 +222,6 @@ def serve_quantized(loaded: Any, scheme: str, keep: bool = False, progress: Any 
     if on_disk is not None and getattr(getattr(loaded, "info", None), "extra", {}).get("gguf_held"):
         # a GGUF held as its blocks: the scheme is simulated on its dequantized weights, as
         # on any float model (each layer read back as the fp32 path reads it)
-        from specprobe.models.qlinear import float_layers
-
         if progress:
             progress(f"{loaded.name}: its GGUF layers dequantized to the compute dtype for the {scheme} simulation")
         float_layers(loaded.model)
@@ -353,7 +341,7 @@ def checkpoint_quantization(config: Any) -> dict[str, Any] | None:
 
 def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype, in_memory: bool = True) -> tuple[Any, dict[str, Any]]:
     """A quantized checkpoint read without its engine (compressed-tensors fp8, int and
-    packed int; GPTQ; AWQ GEMM: specprobe.models.quant_checkpoint). Each decoder layer's
+    packed int; GPTQ; AWQ GEMM: specprobe.precision.quant_checkpoint). Each decoder layer's
     linear weights stay as the safetensors files store them, in a QuantLinear that
     dequantizes them per forward (in_memory=False: every weight dequantized to `dtype` at
     load, the reference path); the model is built without weights first, so no float copy
@@ -366,7 +354,7 @@ def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype, in_m
     from transformers import AutoModelForCausalLM
 
     from specprobe.core.errors import ModelLoadError
-    from specprobe.models.quant_checkpoint import (
+    from specprobe.precision.quant_checkpoint import (
         check_format,
         checkpoint_layers,
         dequantize_checkpoint,
@@ -407,19 +395,3 @@ def load_quantized_checkpoint(folder: Any, config: Any, dtype: torch.dtype, in_m
         held.add(prefix)
     record["note"] = record["note"].replace("dequantized to the compute dtype as the format's reference dequantizer does", "held as stored and dequantized per layer at each forward as the format's reference dequantizer does")
     return _load_state(model, state, plain, folder, held), record
-
-
-def _load_state(model: Any, state: dict[str, torch.Tensor], config: Any, folder: Any, held: set[str]) -> Any:
-    from specprobe.core.errors import ModelLoadError
-
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [k for k in missing if k.rpartition(".")[0] not in held]
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - tied:
-        raise ModelLoadError(f"{folder}: the quantized checkpoint's tensors do not match its config ({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(list(missing) + list(unexpected))[0]})", "check that config.json belongs to these safetensors files")
-    if tied:
-        model.tie_weights()
-    left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
-    if left:
-        raise ModelLoadError(f"{folder}: the quantized checkpoint has no tensor for {left[0]}", "check that the safetensors files are complete")
-    return model
