@@ -37,3 +37,7 @@ class AlignmentError(SpecprobeError):
 
 class OutputError(SpecprobeError):
     """An output path that cannot be written."""
+
+
+class ServerError(SpecprobeError):
+    """A serving engine's HTTP API answered with an error, or not at all."""

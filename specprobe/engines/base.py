@@ -12,9 +12,12 @@ metrics, the settings, the pipelines and the torch-free commands all ask them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from specprobe.core.errors import ConfigError
 
 # how an engine drafts (`--draft-sampling`)
 GREEDY, PROBABILISTIC = "greedy", "probabilistic"
@@ -44,6 +47,72 @@ class SamplingOrder:
     def __post_init__(self) -> None:
         if self.truncation not in (SEQUENTIAL, JOINT, UNTEMPERED) or (self.truncation == SEQUENTIAL and sorted(self.steps) != ["min_p", "top_k", "top_p"]):
             raise ValueError(f"unknown sampling order {self}")
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """An engine's speculative-decoding counters as one scrape of its metrics states them
+    (totals since it started), or the difference of two scrapes."""
+
+    drafts: float  # rounds that drafted
+    draft_tokens: float  # tokens drafted
+    accepted: float  # draft tokens accepted
+    per_pos: tuple[float, ...] = ()  # accepted at draft position i (0-based), as the engine counts
+
+    @property
+    def accept_rate(self) -> float:
+        """Accepted ÷ drafted (nan when nothing was drafted)."""
+        return self.accepted / self.draft_tokens if self.draft_tokens else math.nan
+
+    @property
+    def per_pos_rate(self) -> list[float]:
+        """Per-position acceptance as vLLM states it: accepted at position i ÷ drafts."""
+        return [a / self.drafts if self.drafts else math.nan for a in self.per_pos]
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        n = max(len(self.per_pos), len(other.per_pos))
+        a = list(self.per_pos) + [0.0] * (n - len(self.per_pos))
+        b = list(other.per_pos) + [0.0] * (n - len(other.per_pos))
+        return SpecCounters(self.drafts - other.drafts, self.draft_tokens - other.draft_tokens, self.accepted - other.accepted, tuple(x - y for x, y in zip(a, b, strict=True)))
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """A fact about some releases of an engine that changes what it measures."""
+
+    id: str
+    versions: tuple[str, ...]  # the releases it is known in ("0.32.0")
+    platform: str  # where: "cpu", "cuda", "any"
+    sampled_only: bool  # only when the target samples (T > 0)
+    summary: str  # what goes wrong, in one line
+    workaround: str  # what to do
+
+    def applies(self, version: str | None, temperature: float) -> bool:
+        """Whether a server of `version` may be affected at this temperature (the
+        platform is not visible from its API: the message names it)."""
+        if version is None or (self.sampled_only and temperature <= 0):
+            return False
+        return version.split("+")[0] in self.versions
+
+
+class LiveServer:
+    """A running server of one engine, reached over its HTTP API: what `diagnose
+    --against` sends the run's prompts to. Subclasses talk the engine's own API."""
+
+    engine: Engine
+    url: str
+    model: str
+    version: str | None
+
+    def counters(self) -> SpecCounters:
+        """Its speculative-decoding counters now (totals since it started)."""
+        raise NotImplementedError
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, sampling: Mapping[str, float], seed: int, timeout: float) -> list[int]:
+        """One completion of `prompt` (token ids, sent as ids: nothing re-tokenised) with
+        the target's sampling (temperature, top_k, top_p, min_p as specprobe holds them);
+        the token ids it generated."""
+        raise NotImplementedError
 
 
 class Engine:
@@ -97,6 +166,14 @@ class Engine:
         the engine has no rule of its own) and their evidence lines in `ev`."""
         m["engine_vocab_incompatible"] = None
         m["vocab_shared_frac"] = None
+
+    # releases of it whose measured acceptance is not the target's distribution
+    known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
+
+    def live_server(self, url: str, model: str | None = None, timeout: float = 30.0) -> LiveServer:
+        """A client for a running server of this engine at `url`, serving `model` (None:
+        the one model it serves)."""
+        raise ConfigError(f"--against: specprobe cannot read {self.label}'s speculative-decoding counters from a live server yet", "use --engine vllm with a vLLM server, or compare with 'specprobe monitor' on its metrics")
 
     def relaxed_acceptance(self, extra: Mapping[str, Any]) -> bool:
         """Whether a serving config's own keys (`extra`) turn on a lossy acceptance that

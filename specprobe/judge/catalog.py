@@ -173,6 +173,12 @@ _METRICS: list[Metric] = [
     # --- end compare ---
     # --- monitoring (monitor, SP4xx): the serving engine's own counters per model_name, ---
     # --- over a sliding window against the trailing baseline window before it ---
+    # --- predicted against served (diagnose --against) ------------------------------
+    _m("live_accept_rate", "frac", True, "diagnose", "The live server's accepted ÷ drafted over the run's prompts (diagnose --against)."),
+    _m("live_accept_rate_predicted", "frac", True, "diagnose", "The prediction at the live server's K: the renewal estimate's accepted ÷ drafted."),
+    _m("live_gap_rel", "ratio", None, "diagnose", "(live − predicted) ÷ predicted acceptance: below 0 the server accepts less than the pair predicts."),
+    _m("live_gap_z", "ratio", None, "diagnose", "(live − predicted) acceptance in standard errors of the difference (both sides' over prompts)."),
+    _m("live_known_issue", "bool", False, "diagnose", "1 when the live server's release has a known issue that changes its acceptance at this temperature."),
     _m("monitor_accept_rate", "frac", True, "monitor", "Accepted ÷ drafted tokens over the current window (engine counters or log lines)."),
     _m("monitor_accept_rate_baseline", "frac", True, "monitor", "Accepted ÷ drafted tokens over the trailing baseline window before the current one."),
     _m("monitor_accept_rate_drop_rel", "frac", False, "monitor", "1 − current ÷ baseline acceptance (accepted tokens per draft when only lengths are known)."),

@@ -81,6 +81,12 @@ class Accumulator:
     renewal_rounds: np.ndarray = field(default_factory=lambda: np.zeros(0))
     renewal_accepted: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     renewal_drafted: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    # the renewal counters' spread over prompts, for their standard errors (`renewal_se`):
+    # per K (row K−1), over sequences, Σ A², Σ A·D and Σ D² of each sequence's accepted
+    # tokens A and drafted tokens D; per (K, depth i), Σ a_i², Σ a_i·d and Σ d² of its rounds
+    # accepting depths 1..i (a_i) and its drafts (d). Sums again, so shards still merge.
+    renewal_sq: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    renewal_pos_sq: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3)))
 
     def __post_init__(self) -> None:
         if self.drafting not in _ACCEPT:
@@ -92,6 +98,9 @@ class Accumulator:
             self.renewal_rounds = np.zeros(self.k_max)
             self.renewal_accepted = np.zeros((self.k_max, self.k_max))
             self.renewal_drafted = np.zeros((self.k_max, self.k_max))
+        if len(self.renewal_sq) != self.k_max:
+            self.renewal_sq = np.zeros((self.k_max, 3))
+            self.renewal_pos_sq = np.zeros((self.k_max, self.k_max, 3))
 
     # ------------------------------------------------------------------ adding
     @staticmethod
@@ -180,6 +189,10 @@ class Accumulator:
         self.renewal_rounds += ren.rounds
         self.renewal_accepted += ren.accepted
         self.renewal_drafted += ren.drafted
+        a, d = ren.accepted.sum(axis=1), ren.drafted.sum(axis=1)  # [K] accepted, drafted tokens
+        self.renewal_sq += np.stack([a * a, a * d, d * d], axis=1)
+        drafts = ren.drafted[:, :1]  # [K, 1] rounds that drafted (depth 1)
+        self.renewal_pos_sq += np.stack([ren.accepted**2, ren.accepted * drafts, np.broadcast_to(drafts**2, ren.accepted.shape)], axis=2)
 
     def relaxed(self, p: np.ndarray) -> np.ndarray:
         """SGLang's acceptance of a greedy draft whose target probability is p
@@ -238,6 +251,8 @@ class Accumulator:
         self.renewal_rounds += other.renewal_rounds
         self.renewal_accepted += other.renewal_accepted
         self.renewal_drafted += other.renewal_drafted
+        self.renewal_sq += other.renewal_sq
+        self.renewal_pos_sq += other.renewal_pos_sq
         return self
 
     def to_state(self) -> dict[str, Any]:
@@ -265,6 +280,8 @@ class Accumulator:
             "renewal_rounds": self.renewal_rounds.tolist(),
             "renewal_accepted": self.renewal_accepted.tolist(),
             "renewal_drafted": self.renewal_drafted.tolist(),
+            "renewal_sq": self.renewal_sq.tolist(),
+            "renewal_pos_sq": self.renewal_pos_sq.tolist(),
         }
 
     @classmethod
@@ -291,6 +308,12 @@ class Accumulator:
             acc.renewal_rounds = np.asarray(s["renewal_rounds"], dtype=float)
             acc.renewal_accepted = np.asarray(s["renewal_accepted"], dtype=float).reshape(acc.k_max, acc.k_max)
             acc.renewal_drafted = np.asarray(s["renewal_drafted"], dtype=float).reshape(acc.k_max, acc.k_max)
+        if "renewal_sq" in s:  # states saved before the standard errors existed: none (nan)
+            acc.renewal_sq = np.asarray(s["renewal_sq"], dtype=float).reshape(acc.k_max, 3)
+            acc.renewal_pos_sq = np.asarray(s["renewal_pos_sq"], dtype=float).reshape(acc.k_max, acc.k_max, 3)
+        else:
+            acc.renewal_sq = np.full((acc.k_max, 3), np.nan)
+            acc.renewal_pos_sq = np.full((acc.k_max, acc.k_max, 3), np.nan)
         return acc
 
     # ------------------------------------------------------------------ reading
@@ -389,6 +412,26 @@ class Accumulator:
             return np.full(self.k_max, math.nan)
         # under an early stop drafts vary in length: tokens per draft, as llama-server counts
         return renewal_tau(self.renewal_accepted, self.renewal_drafted, per_draft=self.p_min > 0 or self.n_min > 1)
+
+    def renewal_se(self) -> tuple[np.ndarray, np.ndarray]:
+        """Standard errors over prompts of the renewal counters' ratios, prompts taken as
+        the independent units (a ratio estimator's linearised variance, as a bootstrap over
+        prompts approximates it): ([K] accepted ÷ drafted at each K, [K, K] rounds accepting
+        depths 1..i ÷ drafts, vLLM's per-position rate, row K−1). nan where fewer than two
+        prompts were scored or the sums are unavailable."""
+        n = self.num_prompts
+        if not self._renewal_complete() or n < 2:
+            return np.full(self.k_max, math.nan), np.full((self.k_max, self.k_max), math.nan)
+
+        def se(num: np.ndarray, den: np.ndarray, sq: np.ndarray) -> np.ndarray:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = num / den
+                resid = np.maximum(sq[..., 0] - 2 * r * sq[..., 1] + r * r * sq[..., 2], 0.0)  # Σ (A − r·D)²
+                return np.sqrt(n / (n - 1) * resid) / den
+
+        rate = se(self.renewal_accepted.sum(axis=1), self.renewal_drafted.sum(axis=1), self.renewal_sq)
+        pos = se(self.renewal_accepted, np.broadcast_to(self.renewal_drafted[:, :1], self.renewal_accepted.shape), self.renewal_pos_sq)
+        return rate, pos
 
     def renewal_tokens_per_verify(self) -> np.ndarray:
         """[K] Σ tokens ÷ Σ expected rounds, final short rounds included; nan when unavailable."""

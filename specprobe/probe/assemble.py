@@ -199,8 +199,14 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
     whatif = scored.served_whatif  # a target served quantized (probe.served)
     if whatif is not None:
         metrics.update(whatif.metrics())
+    families: tuple[str, ...] = DIAGNOSE_FAMILIES
+    if scored.live is not None:  # diagnose --against: the live server beside the prediction (probe.live)
+        sections["live"], live_metrics, live_evidence = scored.live
+        metrics.update(live_metrics)
+        evidence = {**evidence, **live_evidence}
+        families = (*DIAGNOSE_FAMILIES, "serving")
     metrics["alignment_errors"] = alignment_errors(table, metrics, kind)
-    findings, evals = evaluate_rules(table, metrics, kind, evidence)
+    findings, evals = evaluate_rules(table, metrics, kind, evidence, families=families)
     if nothing_scored(metrics):
         findings, evals = _alignment_only(table, metrics, kind, evidence, findings, evals)
     return _nothing_scored(Result.model_validate({

@@ -20,7 +20,7 @@ from specprobe.models.drafters import build_drafter, drafter_info
 from specprobe.models.loader import check_paths, load_info, load_model, local_spec
 from specprobe.precision.kv_served import serve_kv_cache
 from specprobe.precision.quant import serve_quantized
-from specprobe.probe import long_context
+from specprobe.probe import live, long_context
 from specprobe.probe.alignment import BLOCKING_RULES, compare, effective_sampling
 from specprobe.probe.assemble import build_result, evaluate_rules, result_header, stopped_result
 from specprobe.probe.counterfactual import default_every
@@ -139,6 +139,12 @@ def run_diagnose(
     blocking = [f for f in findings0 if f.rule_id in BLOCKING_RULES and f.severity == "error"]
     if blocking and not cfg.force:
         return stopped_result(header, metrics, table, drafter.kind, align.evidence, [f.rule_id for f in blocking])
+    server = None
+    if cfg.against is not None:  # a live server to compare with: reached now, before any compute
+        if drafter.kind == "ngram" or cfg.shard is not None:
+            raise ConfigError("--against compares a model drafter's estimate from one process", "leave out --shard, or use a model drafter")
+        server = live.connect(cfg.engine, cfg.against, cfg.against_model)
+        progress.note(f"--against: {server.engine.label} {server.version or ''} at {server.url} serving {server.model}")
     if drafter.kind == "ngram":  # no model to score: its proposals walked along the references
         return diagnose_ngram(cfg, pair, prompt_set, header, metrics, table, align.evidence, progress, on_references)
 
@@ -196,6 +202,11 @@ def run_diagnose(
 
         ids = [p.id for p in prompt_set.prompts]
         refs, scored, record_cost = run_shard(cfg, pair, header, metrics, ids, progress, references_and_scores, drafter.kind, align.evidence, drill_every)
+    if server is not None and not scored.interrupted:
+        run = live.send(server, refs.encoded, pair.sampling.target, cfg.max_new_tokens, cfg.seed, cfg.against_timeout, progress)
+        if run.stopped:
+            progress.note(f"--against: {run.stopped}")
+        scored.live = live.compare(run, scored.acc, pair.sampling.target)
     # costs are timed at the context these prompts reach, within a budget set by the
     # scoring's time (a shard reused from disk: this run's time)
     # a run estimating trees also times the tree's passes (its own N and topk, and the grid's)

@@ -323,6 +323,26 @@ def batch_table(result: Result) -> Grid | None:
     return g
 
 
+def live_table(result: Result) -> Grid | None:
+    """diagnose --against: the live server's acceptance beside the prediction, per
+    position and overall, each ± its standard error over prompts."""
+    v = result.live
+    if v is None:
+        return None
+
+    def pm(x: float | None, se: float | None) -> str:
+        return f"{_pct(x)} ± {_pct(se)}" if se is not None else _pct(x)
+
+    title = (f"against the live server: {v.engine} {v.engine_version or ''} at {v.url}, K = {v.k}, {v.requests} of {v.prompts} prompts"
+             f"{' (' + v.stopped + ')' if v.stopped else ''}")
+    g = Grid([Column(""), Column("served", justify="right"), Column("predicted", justify="right"), Column("gap", justify="right")], title=title)
+    for i, (s, sse, p, pse) in enumerate(zip(v.per_position, v.per_position_se, v.predicted_per_position, v.predicted_per_position_se, strict=False), start=1):
+        g.add(f"position {i}", pm(s, sse), pm(p, pse), "")
+    gap = EM_DASH if v.gap_rel is None else f"{v.gap_rel:+.1%} ({_f(v.gap_z, '+.1f')} SE)"
+    g.add("accepted ÷ drafted", pm(v.accept_rate, v.accept_rate_se), pm(v.predicted_accept_rate, v.predicted_accept_rate_se), gap)
+    return g
+
+
 def cost_line(result: Result) -> str | None:
     """How the speedups were priced: what was timed (where, how often, how noisy) and
     what was given."""
@@ -449,6 +469,9 @@ def render(result: Result, console: Console, full: bool = True) -> None:
         bt = batch_table(result)
         if bt is not None:
             console.print(bt)
+    lt = live_table(result)
+    if lt is not None:
+        console.print(lt)
     law = f"one draft token's acceptance = {result.procedure.acceptance}" if result.procedure else "acceptance = α"
     console.print(f"[dim]τ, speedups and adaptive K follow the procedure ({law}); α = Σ min(p, q) is the alignment measure the drafter-quality findings read. KL is computed on the untruncated tempered softmax (T=1 when greedy) so it stays finite; both use each side's sampling distribution.[/]", highlight=False)
 

@@ -557,6 +557,36 @@ class TreeBatch(Part):
     best_chain: TreeRow | None = None
 
 
+class LiveCheck(Part):
+    """diagnose --against: the run's prompts on the user's live server, its counters beside
+    the prediction at the server's K. Per-position lists are indexed from draft position 1
+    (vLLM's per-position rate: accepted at that position ÷ drafts); *_se are standard errors
+    over prompts (served: over requests, one per prompt)."""
+
+    url: str
+    model: str
+    engine: str
+    engine_version: str | None = Field(default=None, description="The release the server reports (vLLM: /version).")
+    k: int = Field(description="The K the server drafts: its draft tokens ÷ drafts.")
+    prompts: int = Field(description="Prompts there were to send.")
+    requests: int = Field(description="Requests answered (one per prompt, one at a time).")
+    stopped: str | None = Field(default=None, description="Why fewer than all prompts were sent (deadline, Ctrl-C, a server error).")
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    accept_rate: Num = Field(description="The server's accepted ÷ drafted over these requests.")
+    accept_rate_se: Num = None
+    per_position: list[Num] = Field(default_factory=list)
+    per_position_se: list[Num] = Field(default_factory=list)
+    predicted_accept_rate: Num = Field(description="The renewal estimate's accepted ÷ drafted at the server's K (the K table's accept_rate_renewal).")
+    predicted_accept_rate_se: Num = None
+    predicted_per_position: list[Num] = Field(default_factory=list)
+    predicted_per_position_se: list[Num] = Field(default_factory=list)
+    gap_rel: Num = Field(description="(served − predicted) ÷ predicted.")
+    gap_z: Num = Field(description="(served − predicted) ÷ √(se_predicted² + se_served²).")
+    known_issues: list[str] = Field(default_factory=list, description="Ids of the engine release's known issues that apply at this temperature.")
+
+
 class Trees(Part):
     """Draft trees (diagnose): the run's tree when it has one, and the grid the
     recommendation compares, with the best tree beside the best chain."""
@@ -606,6 +636,7 @@ class Result(Document):
     drilldown: DrillDown | None = Field(default=None, description="Token-level evidence and what-ifs (diagnose, simulate).")
     context_lengths: list[LengthRow] = Field(default_factory=list, description="Acceptance by context length and domain (diagnose --context-lengths); accept_prob_long_context_ratio is read from it.")
     trees: Trees | None = Field(default=None, description="Draft trees (diagnose --tree, or an engine that verifies trees): the run's tree, the grid, the best tree and chain.")
+    live: LiveCheck | None = Field(default=None, description="diagnose --against: the live server's measured acceptance beside the prediction.")
     # ---- new sections go here, one optional field each (default None), e.g. renewal τ,
     # per-category tables, token-level drill-down, head coverage, shard provenance.
     verdict: str

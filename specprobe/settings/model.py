@@ -175,6 +175,21 @@ SETTINGS: tuple[Setting, ...] = (
         str | None, panel=PAIR, commands=MODELS - {SWEEP}, file_key="draft_revision", metavar="REV", show_default=False,
     ),
     Setting(
+        "against", "--against",
+        "A live server of --engine serving this pair (e.g. http://127.0.0.1:8000): after the estimate, send it the run's prompts (as token ids, with the run's sampling and seeds, one at a time) and set its measured acceptance beside the prediction (rules SP7xx). Today: vLLM.",
+        str | None, panel=PROCEDURE, commands=frozenset({DIAGNOSE}), file_key="against", metavar="URL", show_default=False,
+    ),
+    Setting(
+        "against_model", "--against-model",
+        "The model name the --against server serves the target as (its /v1/models id). Default: the one model it serves.",
+        str | None, panel=PROCEDURE, commands=frozenset({DIAGNOSE}), file_key="against_model", metavar="NAME", show_default=False,
+    ),
+    Setting(
+        "against_timeout", "--against-timeout",
+        "Seconds the --against exchange may take in all; what the server answered by then is compared.",
+        float, 900.0, panel=PROCEDURE, commands=frozenset({DIAGNOSE}), file_key="against_timeout", gt=0, metavar="S",
+    ),
+    Setting(
         "offline", "--offline",
         "Never download: a Hugging Face repo id must be in the local cache (as HF_HUB_OFFLINE=1). Without it a repo id not cached is downloaded.",
         bool, False, panel=PAIR, commands=MODELS, file_key="offline", recorded=False,

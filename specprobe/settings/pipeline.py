@@ -79,6 +79,10 @@ class DiagnoseConfig:
     # whether downloads are off (--offline; not recorded: it changes nothing measured)
     revision: str | None = None
     draft_revision: str | None = None
+    # diagnose --against: a live server of the engine to compare the prediction with
+    against: str | None = None
+    against_model: str | None = None
+    against_timeout: float = 900.0
     offline: bool = False
     device: str = "auto"
     gguf_weights: str = "auto"  # a quantized GGUF: held as its blocks, the fp32 path, or auto (held when fp32 would not fit)
@@ -210,6 +214,9 @@ class DiagnoseConfig:
         d.pop("shard")
         d.pop("part_path")
         d.pop("offline")
+        if d["against"] is None:  # recorded only when a server was compared with
+            for k in ("against", "against_model", "against_timeout"):
+                d.pop(k)
         for k in ("revision", "draft_revision", "device_map", "max_memory", "target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype"):
             if d[k] is None:
                 d.pop(k)

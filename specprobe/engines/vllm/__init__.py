@@ -23,7 +23,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specprobe.engines.base import GREEDY, SEQUENTIAL, Engine, SamplingOrder, shared_vocab_frac
+from specprobe.engines.base import (
+    GREEDY,
+    SEQUENTIAL,
+    Engine,
+    KnownIssue,
+    LiveServer,
+    SamplingOrder,
+    shared_vocab_frac,
+)
+from specprobe.engines.vllm.client import VllmServer
+
+# vLLM 0.32.0's CPU build: the rejection sampler's CPU fallback for `expand_kernel`
+# (vllm/utils/cpu_triton_utils.py) hands the C++ op an int64 copy of its float output,
+# so per-token temperature and top_p reach the sampler uninitialised whenever T > 0.
+# Measured with a SmolLM2 pair at T = 0.7: 0.1 % of drafts accepted against 8.3 % with
+# a pure-torch expand (the project's test harness carries one as a vLLM plugin).
+CPU_EXPAND = KnownIssue(
+    "vllm-cpu-expand",
+    ("0.32.0",),
+    "cpu",
+    True,
+    "vLLM 0.32.0's CPU build leaves the rejection sampler's per-token temperature and top_p uninitialised at T > 0 (its CPU expand_kernel fallback writes into a copy): "
+    "served acceptance, and the sampled text, are not the target's distribution",
+    "on a CPU server, serve at temperature 0, or replace vllm.utils.cpu_triton_utils' expand fallback (a vllm.general_plugins plugin) until a fixed release",
+)
 
 
 class VLLM(Engine):
@@ -32,6 +56,7 @@ class VLLM(Engine):
     sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
     draft_sampling = GREEDY
     knob = "speculative_config.draft_sample_method"
+    known_issues = (CPU_EXPAND,)
     # EAGLE-3 heads: the aux layer ids as written index hidden_states (speculators format)
     eagle3_aux_offset = 0
     eagle3_format = "speculators"
@@ -55,6 +80,9 @@ class VLLM(Engine):
             ]
         else:
             m["vocab_shared_frac"] = 1.0
+
+    def live_server(self, url: str, model: str | None = None, timeout: float = 30.0) -> LiveServer:
+        return VllmServer(self, url, model, timeout)
 
 
 ENGINE = VLLM()

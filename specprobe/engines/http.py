@@ -1,0 +1,82 @@
+"""The one HTTP client the engines' server clients share: JSON and text over HTTP with a
+timeout on every request, a bounded number of retries with backoff on the answers that
+mean "try again" (429, 503, a reset connection), and one-line errors (`ServerError`)
+that name the URL and what to check. Standard library only, so a command that talks to a
+server imports nothing heavy."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from specprobe.core.errors import ServerError
+
+RETRY_STATUS = frozenset({429, 502, 503, 504})
+RETRIES = 3  # tries after the first, for the answers above and dropped connections
+BACKOFF_S = 0.5  # the first wait; doubled each try
+
+
+def _body_of(e: urllib.error.HTTPError) -> str:
+    try:
+        text = e.read().decode(errors="replace")
+    except Exception:  # noqa: BLE001 - the error body is only for the message
+        return ""
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text.strip()[:300]
+    if isinstance(parsed, dict):
+        err = parsed.get("error", parsed.get("detail", parsed.get("message", parsed)))
+        if isinstance(err, dict):
+            err = err.get("message", err)
+        return str(err)[:300]
+    return str(parsed)[:300]
+
+
+def request(url: str, body: dict[str, Any] | None = None, *, timeout: float = 60.0, retries: int = RETRIES, what: str = "the server") -> bytes:
+    """GET (no body) or POST JSON; the raw answer. Retries what is worth retrying, then
+    raises ServerError with the status and the server's own message."""
+    data = None if body is None else json.dumps(body).encode()
+    wait = BACKOFF_S
+    for attempt in range(retries + 1):
+        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data is not None else {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own server
+                out: bytes = resp.read()
+                return out
+        except urllib.error.HTTPError as e:
+            if e.code in RETRY_STATUS and attempt < retries:
+                time.sleep(wait)
+                wait *= 2
+                continue
+            raise ServerError(f"{what} at {url} answered HTTP {e.code}: {_body_of(e) or e.reason}", "check the request's settings against the server's (model name, max_model_len, max_logprobs)") from None
+        except (ConnectionResetError, ConnectionRefusedError, TimeoutError, urllib.error.URLError) as e:
+            reason = getattr(e, "reason", e)
+            if attempt < retries:
+                time.sleep(wait)
+                wait *= 2
+                continue
+            raise ServerError(f"{what} at {url} did not answer ({reason})", "check that the server is running and the URL (scheme, host, port) is right") from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def get_json(url: str, *, timeout: float = 30.0, what: str = "the server") -> Any:
+    return _parse(request(url, timeout=timeout, what=what), url, what)
+
+
+def post_json(url: str, body: dict[str, Any], *, timeout: float = 600.0, what: str = "the server") -> Any:
+    return _parse(request(url, body, timeout=timeout, what=what), url, what)
+
+
+def get_text(url: str, *, timeout: float = 30.0, what: str = "the server") -> str:
+    return request(url, timeout=timeout, what=what).decode(errors="replace")
+
+
+def _parse(raw: bytes, url: str, what: str) -> Any:
+    try:
+        return json.loads(raw.decode())
+    except ValueError:
+        raise ServerError(f"{what} at {url} answered something that is not JSON ({raw[:80]!r})", "is this the engine's HTTP API? check the URL and port") from None

@@ -1,0 +1,88 @@
+"""vLLM's OpenAI-compatible server (`vllm serve`, `python -m vllm.entrypoints.openai.api_server`)
+as a live server: its models (`/v1/models`), release (`/version`), speculative-decoding
+counters (`/metrics`) and completions on token ids (`/v1/completions` takes a list of ids
+as the prompt, so the server sees exactly the ids specprobe scored).
+
+The counters are vLLM V1's `vllm:spec_decode_num_drafts`, `…_num_draft_tokens`,
+`…_num_accepted_tokens` and `…_num_accepted_tokens_per_pos` (label `position`, 0-based),
+summed over every label set the server exposes (one per model and engine index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from specprobe.core.errors import ConfigError, ServerError
+from specprobe.engines import http  # the engines' shared HTTP client
+from specprobe.engines.base import Engine, LiveServer, SpecCounters
+
+PREFIX = "vllm:spec_decode_"
+DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS = (PREFIX + n for n in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos"))
+
+
+def counters_from_text(text: str) -> SpecCounters:
+    """The counters as vLLM's /metrics text states them (Prometheus text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    tot = {DRAFTS: 0.0, DRAFT_TOKENS: 0.0, ACCEPTED: 0.0}
+    pos: dict[int, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if not s.name.endswith("_total"):
+                    continue
+                base = s.name[: -len("_total")]
+                if base == PER_POS:
+                    i = int(s.labels.get("position", 0))
+                    pos[i] = pos.get(i, 0.0) + float(s.value)
+                elif base in tot:
+                    tot[base] += float(s.value)
+    except ValueError as e:
+        raise ServerError(f"vLLM's /metrics is not Prometheus text ({e})", "check the URL: it must be the vLLM server itself") from None
+    n = max(pos) + 1 if pos else 0
+    return SpecCounters(tot[DRAFTS], tot[DRAFT_TOKENS], tot[ACCEPTED], tuple(pos.get(i, 0.0) for i in range(n)))
+
+
+class VllmServer(LiveServer):
+    def __init__(self, engine: Engine, url: str, model: str | None, timeout: float) -> None:
+        self.engine, self.url, self.timeout = engine, url.rstrip("/"), timeout
+        listed = http.get_json(self.url + "/v1/models", timeout=timeout, what="vLLM")
+        served = [str(m.get("id")) for m in (listed.get("data") or []) if isinstance(m, dict)] if isinstance(listed, dict) else []
+        if model is None:
+            if len(served) != 1:
+                raise ConfigError(f"the server at {self.url} serves {len(served)} models ({', '.join(served) or 'none'})", "name one with --against-model")
+            model = served[0]
+        elif model not in served:
+            raise ConfigError(f"the server at {self.url} does not serve {model!r} (it serves {', '.join(served) or 'nothing'})", "pass one of its models with --against-model")
+        self.model = model
+        try:
+            got = http.get_json(self.url + "/version", timeout=timeout, what="vLLM")
+            self.version = str(got.get("version")) if isinstance(got, dict) and got.get("version") else None
+        except ServerError:
+            self.version = None  # an older server without /version: no known-issue check
+
+    def counters(self) -> SpecCounters:
+        text = http.get_text(self.url + "/metrics", timeout=self.timeout, what="vLLM")
+        c = counters_from_text(text)
+        if PREFIX + "num_drafts" not in text:
+            raise ConfigError(f"the server at {self.url} reports no speculative decoding (no {DRAFTS} in /metrics)", "start it with --speculative-config (and without --disable-log-stats)")
+        return c
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, sampling: Mapping[str, float], seed: int, timeout: float) -> list[int]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": [int(t) for t in prompt],
+            "max_tokens": int(max_tokens),
+            "temperature": float(sampling.get("temperature", 1.0)),
+            "top_p": float(sampling.get("top_p", 1.0)),
+            "top_k": int(sampling.get("top_k", 0)) or -1,  # vLLM: -1 is off
+            "min_p": float(sampling.get("min_p", 0.0)),
+            "seed": int(seed),
+            "return_token_ids": True,
+        }
+        out = http.post_json(self.url + "/v1/completions", body, timeout=timeout, what="vLLM")
+        try:
+            return [int(t) for t in out["choices"][0].get("token_ids") or []]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ServerError(f"vLLM at {self.url} answered a completion without choices ({str(out)[:120]})", "check the server's log") from None

@@ -1,0 +1,203 @@
+"""`diagnose --against URL`: predicted against served, the last triage step.
+
+Once the drafter is right, what can still lose acceptance is the serving stack. The run's
+own prompts — the same token ids, chat template applied, that it scored — go to the
+user's live server one request at a time, with the run's sampling and seeds, and the
+server's speculative-decoding counters are read after each request. The server's
+accepted ÷ drafted, and its per-position rates, are set beside what the pair predicts for
+that engine at the server's K, each with a standard error over prompts:
+
+    predicted  the renewal estimate's expected counters (the same figures as the K table's
+               accept_rate_renewal), standard error from their spread over prompts
+               (`Accumulator.renewal_se`);
+    served     Σ accepted ÷ Σ drafted over the requests, standard error over requests
+               (one request is one prompt: a ratio estimator's linearised variance).
+
+gap_rel = (served − predicted) ÷ predicted; z = (served − predicted) ÷ √(se_p² + se_s²).
+The rules (SP7xx) read both: served far below the prediction's band means the stack loses
+acceptance the drafter has (config drift, sampling set twice, the engine's release and its
+known bugs); far above means the prediction is pessimistic, by gap_rel.
+
+Bounded: every request has a timeout, the whole exchange a deadline; Ctrl-C or a server
+that dies part-way keeps what was measured and says so."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specprobe.core.errors import ConfigError, ServerError
+from specprobe.core.progress import Progress
+from specprobe.engines import get
+from specprobe.engines.base import LiveServer, SpecCounters
+from specprobe.metrics.accumulate import Accumulator
+from specprobe.metrics.sampling import Sampling
+
+REQUEST_TIMEOUT_S = 300.0  # one completion
+
+
+@dataclass
+class LiveRun:
+    """What the server measured: one counters delta per request, in prompt order."""
+
+    url: str
+    model: str
+    engine: str
+    version: str | None
+    requests: list[SpecCounters] = field(default_factory=list)
+    prompts: int = 0  # prompts there were to send
+    stopped: str | None = None  # why fewer than all were sent (deadline, Ctrl-C, a server error)
+
+    @property
+    def total(self) -> SpecCounters:
+        out = SpecCounters(0.0, 0.0, 0.0, ())
+        for r in self.requests:
+            out = SpecCounters(out.drafts + r.drafts, out.draft_tokens + r.draft_tokens, out.accepted + r.accepted,
+                               tuple(a + b for a, b in zip(_pad(out.per_pos, len(r.per_pos)), _pad(r.per_pos, len(out.per_pos)), strict=True)))
+        return out
+
+    @property
+    def k(self) -> int | None:
+        """The K the server drafts: draft tokens ÷ drafts (vLLM drafts K every round)."""
+        t = self.total
+        return round(t.draft_tokens / t.drafts) if t.drafts else None
+
+
+def _pad(xs: tuple[float, ...], n: int) -> tuple[float, ...]:
+    return xs + (0.0,) * max(0, n - len(xs))
+
+
+def sampling_request(s: Sampling) -> dict[str, float]:
+    """The target's sampling as a request states it (greedy: temperature 0)."""
+    return {"temperature": 0.0 if s.greedy else s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p}
+
+
+def connect(engine: str, url: str, model: str | None) -> LiveServer:
+    """The live server, checked before any compute: it answers, serves the model, and
+    reports speculative decoding."""
+    server = get(engine).live_server(url, model)
+    server.counters()  # no speculative decoding, or no metrics: said now, not after the scoring
+    return server
+
+
+def send(server: LiveServer, encoded: list[list[int]], sampling: Sampling, max_new_tokens: int, seed: int, deadline_s: float, progress: Progress) -> LiveRun:
+    """Every prompt once, one request at a time (no batch effects), the counters' delta
+    after each. Stops at the deadline, on Ctrl-C or on a server error, keeping what it
+    measured."""
+    run = LiveRun(server.url, server.model, server.engine.name, server.version, prompts=len(encoded))
+    request = sampling_request(sampling)
+    start = time.monotonic()
+    try:
+        before = server.counters()
+        with progress.task(f"the run's {len(encoded)} prompts on {server.engine.label} at {server.url}", len(encoded)) as advance:
+            for i, ids in enumerate(encoded):
+                left = deadline_s - (time.monotonic() - start)
+                if left <= 0:
+                    run.stopped = f"the deadline ({deadline_s:g} s, --against-timeout) passed after {i} of {len(encoded)} prompts"
+                    break
+                server.complete(ids, max_new_tokens, request, seed + i, timeout=min(REQUEST_TIMEOUT_S, left))
+                now = server.counters()
+                run.requests.append(now - before)
+                before = now
+                advance()
+    except KeyboardInterrupt:
+        run.stopped = f"interrupted after {len(run.requests)} of {len(encoded)} prompts"
+    except ServerError as e:
+        if not run.requests:
+            raise
+        run.stopped = f"the server failed after {len(run.requests)} of {len(encoded)} prompts: {e.one_line()}"
+    return run
+
+
+def _ratio_se(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """(Σ num ÷ Σ den, its standard error over the units), units as independent."""
+    n = len(num)
+    total = float(den.sum())
+    if n < 1 or total <= 0:
+        return math.nan, math.nan
+    r = float(num.sum()) / total
+    if n < 2:
+        return r, math.nan
+    return r, math.sqrt(n / (n - 1) * float(((num - r * den) ** 2).sum())) / total
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[str]]]:
+    """The live run beside the prediction -> (the result's `live` section, its metrics,
+    their evidence)."""
+    k = run.k
+    if k is None:
+        raise ConfigError(f"the server at {run.url} drafted nothing over {len(run.requests)} requests", "check that its speculative decoding is on for this model, and that the prompts leave room for max_new_tokens")
+    if k > acc.k_max:
+        raise ConfigError(f"the server drafts K = {k} but this run estimated up to K = {acc.k_max}", f"rerun with --k-max {k} (or more)")
+    t = run.total
+    a = np.array([r.accepted for r in run.requests])
+    d = np.array([r.draft_tokens for r in run.requests])
+    drafts = np.array([r.drafts for r in run.requests])
+    served, served_se = _ratio_se(a, d)
+    pos = [_ratio_se(np.array([_pad(r.per_pos, k)[i] for r in run.requests]), drafts) for i in range(k)]
+
+    rate_se, pos_se = acc.renewal_se()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        predicted = float(acc.renewal_accepted[k - 1].sum() / acc.renewal_drafted[k - 1].sum())
+        predicted_pos = (acc.renewal_accepted[k - 1, :k] / acc.renewal_drafted[k - 1, 0]).tolist()
+    predicted_se = float(rate_se[k - 1])
+    both = math.sqrt(predicted_se**2 + served_se**2) if not (math.isnan(predicted_se) or math.isnan(served_se)) else math.nan
+    gap = served - predicted
+    gap_rel = gap / predicted if predicted > 0 else math.nan
+    z = gap / both if both and both > 0 else math.nan
+
+    engine = get(run.engine)
+    issues = [i for i in engine.known_issues if i.applies(run.version, 0.0 if sampling.greedy else sampling.temperature)]
+    metrics = {
+        "live_accept_rate": _num(served),
+        "live_accept_rate_predicted": _num(predicted),
+        "live_gap_rel": _num(gap_rel),
+        "live_gap_z": _num(z),
+        "live_known_issue": int(bool(issues)),
+    }
+    said = f"{engine.label} {run.version or '(release unknown)'} at {run.url} serving {run.model}, K = {k}, {len(run.requests)} of {run.prompts} prompts, {sampling.describe()}"
+    lines = [
+        f"served {served:.4f} ± {served_se:.4f} (accepted {t.accepted:g} of {t.draft_tokens:g} drafted, {t.drafts:g} drafts); "
+        f"predicted {predicted:.4f} ± {predicted_se:.4f} (the renewal estimate at K = {k}); gap {gap_rel:+.1%}, {z:+.1f} standard errors",
+        said,
+    ]
+    if run.stopped:
+        lines.append(f"stopped early: {run.stopped}")
+    evidence = {"live_accept_rate": lines, "live_gap_rel": lines, "live_gap_z": lines}
+    if issues:
+        evidence["live_known_issue"] = [f"{i.id}: {i.summary} — {i.workaround}" for i in issues]
+    else:
+        evidence["live_known_issue"] = [f"no known issue of {engine.label} {run.version or '(release unknown)'} at this temperature"]
+    section = {
+        "url": run.url,
+        "model": run.model,
+        "engine": run.engine,
+        "engine_version": run.version,
+        "k": k,
+        "prompts": run.prompts,
+        "requests": len(run.requests),
+        "stopped": run.stopped,
+        "drafts": t.drafts,
+        "draft_tokens": t.draft_tokens,
+        "accepted": t.accepted,
+        "accept_rate": _num(served),
+        "accept_rate_se": _num(served_se),
+        "per_position": [_num(p[0]) for p in pos],
+        "per_position_se": [_num(p[1]) for p in pos],
+        "predicted_accept_rate": _num(predicted),
+        "predicted_accept_rate_se": _num(predicted_se),
+        "predicted_per_position": [_num(x) for x in predicted_pos],
+        "predicted_per_position_se": [_num(x) for x in pos_se[k - 1, :k].tolist()],
+        "gap_rel": _num(gap_rel),
+        "gap_z": _num(z),
+        "known_issues": [i.id for i in issues],
+    }
+    return section, metrics, evidence
