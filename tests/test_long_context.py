@@ -105,20 +105,13 @@ def test_diagnose_reports_acceptance_by_context_length(tiny_pair: Any, tmp_path:
 
 
 def test_two_shards_merged_give_the_one_shot_context_length_table(tiny_pair: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.helpers.same import REL_OTHER_BATCHING, differences
+    from tests.helpers.same import REL_OTHER_BATCHING, differences, whole_and_merged
 
     monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
     prompts = prompts_file(tmp_path / "p.jsonl", n=6, words=8)
     args = ["diagnose", str(tiny_pair["target"]), str(tiny_pair["random"]), "--prompts", str(prompts), "--context-lengths", "64,128",
             "--max-new-tokens", "8", "--batch-size", "2", "--cost-ratio", "0.1", "--verify-factor", "1", "--fail-on", "never"]
-    whole = runner.invoke(app, [*args, "--json", str(tmp_path / "whole.json")])
-    assert whole.exit_code == 0, whole.output
-    for i in range(2):
-        r = runner.invoke(app, [*args, "--shard", f"{i}/2", "--json", str(tmp_path / f"part{i}.json")])
-        assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["merge", str(tmp_path / "part1.json"), str(tmp_path / "part0.json"), "--json", str(tmp_path / "merged.json"), "--fail-on", "never"])
-    assert r.exit_code == 0, r.output
-    one, merged = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("whole", "merged"))
+    one, merged = whole_and_merged(args, tmp_path)
     assert len(one["context_lengths"]) == 8  # 3 domains + all, at 2 lengths
     assert differences(one["context_lengths"], merged["context_lengths"], rel=REL_OTHER_BATCHING) == []
     assert merged["metrics"]["accept_prob_long_context_ratio"] == pytest.approx(one["metrics"]["accept_prob_long_context_ratio"], rel=REL_OTHER_BATCHING)

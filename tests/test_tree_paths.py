@@ -236,27 +236,14 @@ def test_diagnose_drafts_its_own_tree_on_the_paths(tiny_pair: Any, tmp_path: Any
 def test_two_shards_merged_give_the_one_shot_trees(tiny_pair: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """--shard parts carry the tree sums (the grid's and the run's own on its paths):
     merged, the trees section is the one-shot run's."""
-    import json
-
-    from typer.testing import CliRunner
-
-    from specprobe.cli.main import app
-    from tests.helpers.same import REL_OTHER_BATCHING, differences
+    from tests.helpers.same import REL_OTHER_BATCHING, differences, whole_and_merged
     from tests.helpers.tiny import prompts_file
 
-    runner = CliRunner()
     monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
     args = ["diagnose", str(tiny_pair["target"]), "self:layers=1", "--prompts", str(prompts_file(tmp_path / "p.jsonl", n=6, words=8)),
             "--engine", "sglang", "--tree", "steps=2,topk=2,tokens=4", "--k-max", "2", "--temperature", "1",
             "--max-new-tokens", "8", "--batch-size", "2", "--cost-ratio", "0.1", "--verify-factor", "1", "--fail-on", "never"]
-    whole = runner.invoke(app, [*args, "--json", str(tmp_path / "whole.json")])
-    assert whole.exit_code == 0, whole.output
-    for i in range(2):
-        r = runner.invoke(app, [*args, "--shard", f"{i}/2", "--json", str(tmp_path / f"part{i}.json")])
-        assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["merge", str(tmp_path / "part1.json"), str(tmp_path / "part0.json"), "--json", str(tmp_path / "merged.json"), "--fail-on", "never"])
-    assert r.exit_code == 0, r.output
-    one, merged = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("whole", "merged"))
+    one, merged = whole_and_merged(args, tmp_path)
     assert one["trees"]["tree"]["estimate"] == "paths"
     assert differences(one["trees"], merged["trees"], rel=REL_OTHER_BATCHING) == []
 

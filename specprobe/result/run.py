@@ -91,7 +91,17 @@ class Served(Part):
     note: str = ""
 
 
-class Target(Part):
+class _Side(Part):
+    """Target and Drafter: `quant` is written only for a side served quantized. The field
+    is each subclass's own (declared here, pydantic would write it first)."""
+
+    @model_serializer(mode="wrap")
+    def _only_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        d = handler(self)
+        return d if getattr(self, "quant", None) is not None else {k: v for k, v in d.items() if k != "quant"}
+
+
+class Target(_Side):
     spec: str
     name: str | None = None
     num_layers: int | None = None
@@ -99,26 +109,14 @@ class Target(Part):
     params: int | None = None
     quant: Served | None = None
 
-    @model_serializer(mode="wrap")
-    def _only_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # `quant` is written only for a side served quantized
-        d = handler(self)
-        return d if self.quant is not None else {k: v for k, v in d.items() if k != "quant"}
 
-
-class Drafter(Part):
+class Drafter(_Side):
     spec: str
     kind: str | None = None
     name: str | None = None
     num_layers: int | None = None
     params: int | None = None
     quant: Served | None = None
-
-    @model_serializer(mode="wrap")
-    def _only_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # `quant` is written only for a side served quantized
-        d = handler(self)
-        return d if self.quant is not None else {k: v for k, v in d.items() if k != "quant"}
 
 
 class PromptSetInfo(Part):

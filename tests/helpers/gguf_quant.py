@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.helpers.gguf_tiny import rewrite_gguf
+
 # GGUF `general.file_type` (llama_ftype) for the file types written here
 FILE_TYPE = {"F32": 0, "Q8_0": 7, "Q4_0": 2}
 
@@ -61,40 +63,13 @@ def write_gguf_at(src: Path, dst: Path, file_type: str) -> Path:
     if file_type not in FILE_TYPE:
         raise ValueError(f"file type must be one of {', '.join(FILE_TYPE)}, got {file_type!r}")
     reader = gguf.GGUFReader(str(src))
-    arch = reader.fields["general.architecture"].contents()
-    names = {t.name for t in reader.tensors}
-    tied = "output.weight" not in names
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".part")
-    try:
-        writer = gguf.GGUFWriter(str(tmp), arch=arch)
-        for field in reader.fields.values():
-            if field.name == "general.architecture" or field.name.startswith("GGUF."):
-                continue
-            vtype = field.types[0]
-            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            value = FILE_TYPE[file_type] if field.name == "general.file_type" else field.contents()
-            writer.add_key_value(field.name, value, vtype, sub_type=sub)
-        if "general.file_type" not in reader.fields:
-            writer.add_file_type(FILE_TYPE[file_type])
-        out: list[tuple[str, np.ndarray, Any]] = []
-        for t in reader.tensors:
-            w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # [.., row]
-            qtype = tensor_type(t.name, len(t.shape), int(w.shape[-1]), file_type, tied)
-            out.append((t.name, np.ascontiguousarray(quantize(w, qtype)), qtype))
-        for name, data, qtype in out:
-            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for _, data, _ in out:
-            writer.write_tensor_data(data)
-        writer.close()
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(dst)
-    return dst
+    tied = "output.weight" not in {t.name for t in reader.tensors}
+    out: list[tuple[str, np.ndarray, Any]] = []
+    for t in reader.tensors:
+        w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # [.., row]
+        qtype = tensor_type(t.name, len(t.shape), int(w.shape[-1]), file_type, tied)
+        out.append((t.name, np.ascontiguousarray(quantize(w, qtype)), qtype))
+    return rewrite_gguf(reader, dst, out, {"general.file_type": FILE_TYPE[file_type]})
 
 
 def tensor_types(path: Path) -> dict[str, int]:

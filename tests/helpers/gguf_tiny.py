@@ -8,7 +8,9 @@ F32; the embeddings and the LM head in `embed_type`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -98,3 +100,38 @@ def write_tiny_gguf(path: Path, linear_type: str = "Q8_0", embed_type: str = "Q8
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def rewrite_gguf(reader: Any, dst: Path, tensors: Sequence[tuple[str, np.ndarray, Any]], values: Mapping[str, int]) -> Path:
+    """Write a GGUF at `dst` with `reader`'s metadata (a field named in `values` takes
+    that value instead, added as uint32 where the source has none) and `tensors`
+    ((name, data, ggml type), in that order). Written to a sibling and renamed into place,
+    so a half-written file never remains next to the destination."""
+    import gguf
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".part")
+    try:
+        writer = gguf.GGUFWriter(str(tmp), arch=reader.fields["general.architecture"].contents())
+        for field in reader.fields.values():
+            if field.name == "general.architecture" or field.name.startswith("GGUF."):
+                continue
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, values.get(field.name, field.contents()), vtype, sub_type=sub)
+        for name, value in values.items():
+            if name not in reader.fields:
+                writer.add_uint32(name, value)
+        for name, data, qtype in tensors:
+            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for _, data, _ in tensors:
+            writer.write_tensor_data(data)
+        writer.close()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(dst)
+    return dst

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import engine_cache, stop
+from tests.helpers.gguf_tiny import rewrite_gguf
 
 BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
 
@@ -65,37 +66,12 @@ def write_self_draft_gguf(src: Path, dst: Path, n_layers: int) -> Path:
     total = int(reader.fields[count_key].contents())
     if not 1 <= n_layers < total:
         raise ValueError(f"n_layers must be in 1..{total - 1}, got {n_layers}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".part")
-    try:
-        writer = gguf.GGUFWriter(str(tmp), arch=arch)
-        for field in reader.fields.values():
-            if field.name == "general.architecture" or field.name.startswith("GGUF."):
-                continue
-            vtype = field.types[0]
-            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            value = n_layers if field.name == count_key else field.contents()
-            writer.add_key_value(field.name, value, vtype, sub_type=sub)
 
-        def keep(name: str) -> bool:
-            if not name.startswith("blk."):
-                return True
-            return int(name.split(".")[1]) < n_layers
+    def keep(name: str) -> bool:
+        return not name.startswith("blk.") or int(name.split(".")[1]) < n_layers
 
-        tensors = [t for t in reader.tensors if keep(t.name)]
-        for t in tensors:
-            writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for t in tensors:
-            writer.write_tensor_data(t.data)
-        writer.close()
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # never leave half a GGUF next to the destination
-        raise
-    tmp.replace(dst)
-    return dst
+    tensors = [(t.name, t.data, t.tensor_type) for t in reader.tensors if keep(t.name)]
+    return rewrite_gguf(reader, dst, tensors, {count_key: n_layers})
 
 
 # ----------------------------------------------------------------------------- server

@@ -3,7 +3,9 @@ another order differ in the last digits)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 # when it was made, and the cost measurement's time budget (set from the time scoring took)
@@ -35,3 +37,22 @@ def differences(a: Any, b: Any, path: str = "", rel: float = 1e-9, abs_: float =
             return []
         return [] if math.isclose(a, b, rel_tol=rel, abs_tol=abs_) else [f"{path}: {a!r} vs {b!r}"]
     return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
+
+
+def whole_and_merged(args: list[str], tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run a diagnose command line once whole, then as two shards merged (the parts given
+    to merge out of order) -> (the one-shot result, the merged one), both exiting 0."""
+    from typer.testing import CliRunner
+
+    from specprobe.cli.main import app
+
+    runner = CliRunner()
+    whole = runner.invoke(app, [*args, "--json", str(tmp_path / "whole.json")])
+    assert whole.exit_code == 0, whole.output
+    for i in range(2):
+        r = runner.invoke(app, [*args, "--shard", f"{i}/2", "--json", str(tmp_path / f"part{i}.json")])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["merge", str(tmp_path / "part1.json"), str(tmp_path / "part0.json"), "--json", str(tmp_path / "merged.json"), "--fail-on", "never"])
+    assert r.exit_code == 0, r.output
+    one, merged = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("whole", "merged"))
+    return one, merged
