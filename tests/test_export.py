@@ -16,11 +16,11 @@ import yaml
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
-from specprobe.export.engines import (
+from specprobe.engines.trtllm.export import trtllm_schedule
+from specprobe.export.serving import (
     export_config,
     schedule_from_costs,
     synthetic_rates,
-    trtllm_schedule,
 )
 from specprobe.report.load import load_result
 from specprobe.result import Result
@@ -187,7 +187,7 @@ def test_trtllm_draft_len_schedule_is_what_trtllm_validates(tmp_path: Path) -> N
 
 
 def test_trtllm_schedule_never_exceeds_the_first_length() -> None:
-    from specprobe.export.engines import Plan
+    from specprobe.engines.export import Plan
 
     p = Plan(engine="trtllm", source=Path("r.json"), kind="eagle3", method="Eagle3", target=None, drafter=None, k=5, drafting="greedy", schedule=[(1, 2, 3), (3, 8, 5), (9, 40, 0)])
     assert trtllm_schedule(p) == (3, {2: 3, 8: 3})
@@ -197,7 +197,7 @@ def test_trtllm_acceptance_floor_is_the_break_even_length(tmp_path: Path) -> Non
     r, src = _result(tmp_path, kind="eagle3", spec=f"eagle3:{tmp_path / 'head'}")
     row = next(x for x in r.k_table if x.k == r.best_k)
     tau = row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
-    from specprobe.export.engines import acceptance_floor
+    from specprobe.engines.trtllm.export import acceptance_floor
 
     assert acceptance_floor(r) == ("SP202", 0.30)  # the default table's error band: α < 0.30
     tau_floor = sum(0.30**j for j in range(r.best_k + 1))

@@ -44,7 +44,7 @@ def _args(text: str) -> list[str]:
 def test_llama_server_runs_the_exported_synthetic_rates(tmp_path: Path) -> None:
     import json as _json
 
-    from specprobe.export.engines import export_config
+    from specprobe.export.serving import export_config
     from specprobe.models.loader import builtin_gguf_path
     from specprobe.result import Result
 

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specprobe.probe",),  # the diagnose pipeline: alignment → references → scoring → assembly
     ("specprobe.simulate",),  # the real draft → verify loop
     ("specprobe.report",),  # renders saved results; never computes
+    ("specprobe.engines.*.export", "specprobe.engines.export"),  # each engine's serving-config writer (reads results)
     ("specprobe.export",),  # saved results → engine configs and retraining data
     ("specprobe.monitor",),
     ("specprobe.cli", "specprobe.__main__"),
@@ -146,7 +147,6 @@ def test_the_top_level_holds_packages_only() -> None:
 # Modules outside engines/ that still hold an engine's own knowledge, each with where it goes.
 ENGINE_KNOWLEDGE_PENDING: dict[str, str] = {
     "specprobe.settings.serving": "each engine's serving-config reader → engines/<engine>/serving.py",
-    "specprobe.export.engines": "each engine's serving-config writer → engines/<engine>/export.py",
     "specprobe.monitor.exposition": "each engine's metric names → engines/<engine>/monitor.py",
     "specprobe.monitor.logs": "each engine's log lines → engines/<engine>/monitor.py",
     "specprobe.monitor.requests": "each engine's request records → engines/<engine>/monitor.py",

@@ -112,7 +112,7 @@ def test_a_llama_server_mix_reads_as_the_mixed_spec(tmp_path: Path) -> None:
 
 def test_a_mixed_result_exports_as_the_llama_server_launch(tmp_path: Path) -> None:
     from specprobe.core.errors import InputError
-    from specprobe.export.engines import export_config
+    from specprobe.export.serving import export_config
     from tests.test_export import _result
 
     r, src = _result(tmp_path, kind="ngram", spec="ngram-simple:size_n=4,size_m=8+d.gguf", engine="llama.cpp")

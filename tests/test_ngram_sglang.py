@@ -251,7 +251,7 @@ def test_diagnose_prices_every_step_at_the_tree(tiny_pair, tmp_path) -> None:
     import yaml
 
     from specprobe.core.errors import InputError
-    from specprobe.export.engines import export_config
+    from specprobe.export.serving import export_config
 
     src = tmp_path / "r.json"
     src.write_text(r.model_dump_json())

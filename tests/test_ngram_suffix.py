@@ -215,7 +215,7 @@ def test_export_writes_method_suffix_that_reads_back(tmp_path: Path) -> None:
 
     from specprobe.cli.main import app
     from specprobe.drafters.ngram import parse_spec
-    from specprobe.export.engines import export_config
+    from specprobe.export.serving import export_config
     from specprobe.settings.serving import read_serving_config
     from tests.test_export import _result
 

@@ -72,7 +72,7 @@ def export(
         err.print(f"wrote {len(written)} files into {export_out}", highlight=False)
         return
 
-    from specprobe.export.engines import export_config, slower_than_plain
+    from specprobe.export.serving import export_config, slower_than_plain
 
     ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out, tree=opts.tree, tree_given=opts.origins.get("tree", "default") != "default")
     slow = slower_than_plain(ex)
