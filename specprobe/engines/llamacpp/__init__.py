@@ -53,7 +53,7 @@ class LlamaCpp(Engine):
     serving_knobs = {"draft_p_min": "p_min", "draft_n_min": "n_min"}
 
     def vocab_findings(self, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
-        m["vocab_shared_frac"] = None
+        super().vocab_findings(tt, dt, vt, vd, tj, dj, m, ev)  # both keys, in the order every engine writes them
         problems = vocab_problems(tt, dt, vt, vd, tj, dj)
         m["engine_vocab_incompatible"] = int(bool(problems))
         if problems:

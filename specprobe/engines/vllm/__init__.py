@@ -62,9 +62,9 @@ class VLLM(Engine):
     eagle3_format = "speculators"
 
     def vocab_findings(self, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
+        super().vocab_findings(tt, dt, vt, vd, tj, dj, m, ev)  # both keys, in the order every engine writes them
         bad = vt != vd
         m["engine_vocab_incompatible"] = int(bad)
-        m["vocab_shared_frac"] = None
         differ = bad or m.get("token_id_mismatch_count", 0) > 0
         if bad:
             ev["engine_vocab_incompatible"] = [
