@@ -1,5 +1,5 @@
 """What every engine's serving-config reader shares: the `ServingConfig` they return,
-where each value was written (`_Places`), and the reading of numbers, counts, context
+where each value was written (`Places`), and the reading of numbers, counts, context
 lengths, sampling settings and nested mappings, each held to the bounds of the setting it
 is (`settings.model.check`) or of the engine knob (`_KNOBS`).
 
@@ -36,6 +36,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,7 +51,7 @@ from specprobe.settings.shell import split_flags
 _SPEC_OF_KIND = {"independent": "{}", "eagle3": "eagle3:{}", "eagle": "eagle:{}", "medusa": "medusa:{}"}
 
 
-_TARGET_SAMPLING = tuple(k for k in SAMPLING if not k.startswith("draft_"))  # as engines spell them
+TARGET_SAMPLING = tuple(k for k in SAMPLING if not k.startswith("draft_"))  # as engines spell them
 
 
 # engine knobs that are no setting of specprobe's, bounded as the engine takes them
@@ -76,11 +77,12 @@ def reader(name: str) -> ModuleType:
     return importlib.import_module(type(get(name)).__module__ + ".serving")
 
 
-def readers() -> list[ModuleType]:
+@cache
+def readers() -> tuple[ModuleType, ...]:
     """Every engine's serving-config reader, in the registry's order (an engine without a
     serving config has none)."""
     names = [type(e).__module__ + ".serving" for e in ENGINES]
-    return [importlib.import_module(n) for n in names if importlib.util.find_spec(n) is not None]
+    return tuple(importlib.import_module(n) for n in names if importlib.util.find_spec(n) is not None)
 
 
 @dataclass(frozen=True)
@@ -136,11 +138,11 @@ class ServingConfig:
             return ngram(self) if ngram else None
         pattern = _SPEC_OF_KIND.get(self.drafter_kind or "")
         spec = pattern.format(self.drafter) if pattern and self.drafter else None
-        beside = getattr(reader(self.engine), "model_spec", None)  # what the engine drafts beside the model (llama.cpp's n-gram types)
-        return beside(self, spec) if spec and beside else spec
+        mixed = getattr(reader(self.engine), "model_spec", None)  # what the engine drafts beside the model (llama.cpp's n-gram types)
+        return mixed(self, spec) if spec and mixed else spec
 
 
-class _Places:
+class Places:
     """Where each key of one mapping was written, as `FILE: key` with the key spelled as
     the file spells it; a key it does not know is named under `prefix`."""
 
@@ -156,10 +158,10 @@ class _Places:
         return self(key) + "."
 
 
-def _normal(data: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], _Places]:
+def normalised(data: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], Places]:
     """Keys with - or _ (a key given under both spellings is refused), and where each was written."""
     out = normalise_keys(data, prefix.rstrip(". :") or "config")
-    return out, _Places(prefix, {str(k).replace("-", "_"): f"{prefix}{k}" for k in data})
+    return out, Places(prefix, {str(k).replace("-", "_"): f"{prefix}{k}" for k in data})
 
 
 def _json_value(value: Any, where: str) -> Any:
@@ -172,14 +174,14 @@ def _json_value(value: Any, where: str) -> Any:
     return value
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+def as_mapping(value: Any, where: str) -> Mapping[str, Any]:
     value = _json_value(value, where)
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where} must be a mapping, not {type(value).__name__}", "write it as a JSON object or a YAML mapping")
     return value
 
 
-def _number(value: Any, where: str, integer: bool = False) -> float | int:
+def read_number(value: Any, where: str, integer: bool = False) -> float | int:
     """A number as a config or a command line writes it ('0.7', 4, '.nan'); the bounds are the caller's."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{where} {value!r} is not a number", "write a number")
@@ -202,11 +204,11 @@ def _number(value: Any, where: str, integer: bool = False) -> float | int:
     return x
 
 
-def _count(name: str, value: Any, where: str) -> int | None:
+def read_count(name: str, value: Any, where: str) -> int | None:
     """K or a knob that counts tokens, checked with the setting's (or knob's) bounds."""
     if value is None:
         return None
-    x = _number(value, where, integer=True)
+    x = read_number(value, where, integer=True)
     if name in _KNOBS:
         check_bounds(_KNOBS[name], x, where)
     else:
@@ -217,7 +219,7 @@ def _count(name: str, value: Any, where: str) -> int | None:
 _SIZED = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG])$")
 
 
-def _context(value: Any, where: str) -> int | None:
+def read_context(value: Any, where: str) -> int | None:
     """A served context length: vLLM writes 32k (10³) or 32K (2¹⁰) as well; -1, 0 and
     'auto' leave it to the model's own."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("auto", "-1", "0")) or value in (-1, 0):
@@ -226,50 +228,50 @@ def _context(value: Any, where: str) -> int | None:
     if m:
         power = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
         value = int(float(m.group(1)) * power)
-    return _count("context_length", value, where)
+    return read_count("context_length", value, where)
 
 
-def _knob(name: str, value: Any, where: str) -> float:
-    x = float(_number(value, where))
+def read_knob(name: str, value: Any, where: str) -> float:
+    x = float(read_number(value, where))
     check_bounds(_KNOBS[name], x, where)
     return x
 
 
-def _sampling(d: Mapping[str, Any], places: _Places, prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
+def read_sampling(d: Mapping[str, Any], places: Places, prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
     """The sampling values a mapping sets (`prefix` draft_: the drafter's), each held to
     its setting's bounds — a serving config's temperature is refused in --temperature's
     words — and where each was written, by setting name."""
     out: dict[str, float] = {}
     where: dict[str, str] = {}
-    for k in _TARGET_SAMPLING:
+    for k in TARGET_SAMPLING:
         v = d.get(prefix + k)
         if v is None:
             continue
         at = places(prefix + k)
         name = prefix + k if prefix + k in BY_NAME else k  # draft_min_p: the target's bounds
         if k == "top_k":
-            n = _number(v, at, integer=True)
+            n = read_number(v, at, integer=True)
             x: float = 0.0 if n == -1 else float(n)  # -1: the engines' own spelling of "off"
         else:
-            x = float(_number(v, at))
+            x = float(read_number(v, at))
         out[k] = float(check(name, x, at))
         where[prefix + k] = at
     return out, where
 
 
-def _drafting(value: Any, where: str) -> str | None:
+def read_drafting(value: Any, where: str) -> str | None:
     return None if value is None else str(check("draft_sampling", value, where))
 
 
-def _truthy(value: Any) -> bool:
+def truthy(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"))
 
 
-def _text(value: Any) -> str | None:
+def as_text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _beside(script: Path, named: str) -> Path:
+def beside(script: Path, named: str) -> Path:
     """A file a launch script names, relative to the script's folder."""
     p = Path(named).expanduser()
     p = p if p.is_absolute() else script.parent / p
@@ -278,15 +280,15 @@ def _beside(script: Path, named: str) -> Path:
     return p
 
 
-def _replace(cfg: ServingConfig, **changes: Any) -> ServingConfig:
+def replace_config(cfg: ServingConfig, **changes: Any) -> ServingConfig:
     return ServingConfig(**{**cfg.__dict__, **changes})
 
 
-def _engine_config(args: list[str], name: str, source: Path) -> tuple[dict[str, Any], _Places]:
+def engine_config(args: list[str], name: str, source: Path) -> tuple[dict[str, Any], Places]:
     """The --config YAML a vLLM or SGLang command line names: its flags go over it, as the engines do."""
     flags, _ = split_flags(args, frozenset({"--config"}), frozenset())
     named = next((v for f, v, _w in flags if f == "--config" and isinstance(v, str)), None)
     if named is None:
-        return {}, _Places(f"{name}: ")
-    path = _beside(source, named)
-    return _normal(read_mapping(path), f"{path.name}: ")
+        return {}, Places(f"{name}: ")
+    path = beside(source, named)
+    return normalised(read_mapping(path), f"{path.name}: ")

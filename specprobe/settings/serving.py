@@ -2,38 +2,15 @@
 
 `read_serving_config(path)` returns a `ServingConfig`: the engine, the target and drafter,
 the engine's own method name, K, how it drafts (greedy | probabilistic, where the config
-says), the sampling it applies to requests that set none, and the engine's knobs. The
-shapes each engine accepts, read from its argument parser:
+says), the sampling it applies to requests that set none, and the engine's knobs.
 
-vLLM (vllm/config/speculative.py, vllm/engine/arg_utils.py, vllm/utils/argparse_utils.py)
-  the `--speculative-config` JSON {"method", "model", "num_speculative_tokens",
-  "draft_sample_method": "greedy" | "probabilistic", …}; a `vllm serve --config` YAML
-  (`model:`, `speculative-config:` as a mapping or as that JSON string,
-  `override-generation-config:`, the shorthands `spec-method/-model/-tokens:` and the
-  older `speculative-model:` / `num-speculative-tokens:`); a command line — `vllm serve
-  MODEL` or `python -m vllm.entrypoints.openai.api_server --model MODEL` with
-  `--speculative-config '{…}'`, `-sc`, `--speculative-config={…}`, the dotted
-  `--speculative-config.num_speculative_tokens 3`, `--spec-method/--spec-model/--spec-tokens`,
-  `--speculative-model/--num-speculative-tokens`, `--override-generation-config`, `--config`.
-SGLang (python/sglang/srt/server_args.py)
-  a `--config` YAML or a `python -m sglang.launch_server` command line: --model-path
-  (--model), --speculative-algorithm, --speculative-draft-model-path (-model),
-  --speculative-num-steps (K, the chain depth), --speculative-eagle-topk,
-  --speculative-num-draft-tokens, --speculative-accept-threshold-single/-acc,
-  --speculative-use-rejection-sampling (drafts sampled, accepted by rejection
-  sampling), --preferred-sampling-params '{"temperature": …}'.
-llama.cpp (common/arg.cpp, docs/speculative.md)
-  a llama-server command line in a launch script or an args file: -m/--model,
-  -md/--model-draft/--spec-draft-model, -hf/-hfd, --spec-type, --spec-draft-n-max (K),
-  --spec-draft-n-min, --spec-draft-p-min, --spec-draft-p-split, and the older
-  --draft-max/--draft/--draft-n, --draft-min/--draft-n-min, --draft-p-min, --draft-p-split;
-  --temp/--temperature, --top-k, --top-p, --min-p; `--flag value` or `--flag=value`; the
-  LLAMA_ARG_* variables of a script's `export`, of a command's env prefix or of an env file
-  (a flag on the command line wins: llama-server reads the environment first).
-TensorRT-LLM (tensorrt_llm/llmapi/llm_args.py)
-  the YAML of `trtllm-serve --extra_llm_api_options` with `speculative_config:
-  {decoding_type: Eagle3 | Eagle | MTP | Medusa | DraftTarget | NGram | …, max_draft_len,
-  speculative_model}`; a trtllm-serve command line is read through the YAML it names.
+Each engine's reader is its package's `serving` module (`specprobe.engines.<engine>.serving`:
+vLLM's JSON, serve YAML and command lines; SGLang's --config YAML and launch_server
+command lines; llama-server's command lines, args and env files; TensorRT-LLM's
+--extra_llm_api_options YAML and trtllm-serve command lines), with the surface
+`settings.served` describes. This front asks every engine the registry holds which file
+is its own: a mapping goes to the reader that claims it most surely, a command line to the
+reader whose program starts it, an args file to the one whose flags it holds.
 
 Every number is held to the bounds of the setting it is (`settings.model.check`: K as
 --k, a temperature as --temperature) or of the engine's knob, and refused naming where it
@@ -52,11 +29,8 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.engines import get
 from specprobe.settings.config import read_mapping, read_text
-from specprobe.settings.served import ServingConfig, _normal, reader, readers
+from specprobe.settings.served import ServingConfig, normalised, reader, readers
 from specprobe.settings.shell import ASSIGN, NAME, Command, commands, is_flag, split_flags
-
-__all__ = ["ServingConfig", "describe_serving", "kv_cache_setting", "read_serving_config", "served_tree", "tree_setting"]
-
 
 # KV-cache dtypes as the engines spell them, as --kv-cache-dtype takes them: vLLM's
 # CacheDType (vllm/config/cache.py; its "fp8" is e4m3 on CUDA) and SGLang's
@@ -84,7 +58,7 @@ def kv_cache_setting(value: str, where: str, engine: str | None = None) -> str:
 # ----------------------------------------------------------------------------- files that are mappings
 def _from_mapping(data: Mapping[str, Any], path: Path, source: Path | None = None) -> ServingConfig:
     src = source or path
-    d, dp = _normal(data, f"{path.name}: ")
+    d, dp = normalised(data, f"{path.name}: ")
     ranked = [(rank, i, r) for i, r in enumerate(readers()) if (rank := r.mapping_rank(d, dp)) is not None]
     if ranked:
         return min(ranked, key=lambda x: x[:2])[2].read_mapping(d, dp, src)

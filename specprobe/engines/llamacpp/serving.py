@@ -18,15 +18,15 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.engines.llamacpp import ENGINE
 from specprobe.settings.served import (
+    Places,
     ServingConfig,
-    _context,
-    _count,
-    _knob,
-    _number,
-    _Places,
-    _sampling,
-    _text,
-    _truthy,
+    as_text,
+    read_context,
+    read_count,
+    read_knob,
+    read_number,
+    read_sampling,
+    truthy,
 )
 from specprobe.settings.shell import split_flags
 
@@ -131,9 +131,9 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     for flag, value, written in flags:
         if flag in _LLAMA_FLAGS:  # llama-server keeps the last of a flag given twice
             vals[_LLAMA_FLAGS[flag]], at[_LLAMA_FLAGS[flag]] = value, f"{name}: {written}"
-    places = _Places(f"{name}: ", at)
+    places = Places(f"{name}: ", at)
     types = [t.strip() for t in str(vals.get("spec_type") or "").split(",") if t.strip()]
-    if _truthy(vals.get("spec_default")) and not types:
+    if truthy(vals.get("spec_default")) and not types:
         types = ["ngram-mod"]  # --spec-default: llama-server's default speculation
     drafted = [t for t in types if t.startswith("draft")]
     drafter = vals.get("model_draft") or _repo(vals.get("hf_repo_draft"))
@@ -142,16 +142,16 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     extra: dict[str, Any] = {"spec_type": ",".join(types)} if types else {}
     for knob in ("p_min", "p_split"):
         if vals.get(knob) is not None:
-            extra[knob] = _knob(knob, vals[knob], places(knob))
+            extra[knob] = read_knob(knob, vals[knob], places(knob))
     if vals.get("n_min") is not None:
-        extra["n_min"] = _count("n_min", vals["n_min"], places("n_min"))
+        extra["n_min"] = read_count("n_min", vals["n_min"], places("n_min"))
     for key in (k2 for k2 in vals if k2.startswith("ngram-")):  # --spec-ngram-<type>-<knob>
-        x = int(_number(vals[key], places(key), integer=True))
+        x = int(read_number(vals[key], places(key), integer=True))
         low = 0 if key.endswith(("n_min", "n_max")) else 1  # common/arg.cpp's bounds
         if x < low or (not key.endswith("min_hits") and x > 1024):
             raise ConfigError(f"{places(key)} {x} is out of range", f"llama-server takes {low} to 1024" if not key.endswith("min_hits") else "llama-server takes at least 1")
         extra[key] = x
-    k = _count("k", vals.get("n_max"), places("n_max"))
+    k = read_count("k", vals.get("n_max"), places("n_max"))
     if k is None and (method or "").startswith("draft"):  # the draft types share one n_max
         k, places.written["n_max"] = LLAMA_SERVER_N_MAX, f"{_LLAMA_DEFAULT_AT} --spec-draft-n-max {LLAMA_SERVER_N_MAX}"
     if k is not None:
@@ -161,7 +161,7 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     for key, default in LLAMA_SERVER_DEFAULTS.items():
         if vals.get(key) is None:  # the server's sampler, unless the requests say otherwise
             vals[key], places.written[key] = default, f"{_LLAMA_DEFAULT_AT} {key} {default:g} (a request's own value replaces it)"
-    sampling, s_at = _sampling(vals, places)
+    sampling, s_at = read_sampling(vals, places)
     target = vals.get("model") or _repo(vals.get("hf_repo"))
     cfg_places = {"engine": f"{name}: {prog}" if prog else next(iter(at.values()), name), "k": places("n_max"), "p_min": places("p_min"), "n_min": places("n_min"), **s_at}
     if target:
@@ -177,21 +177,21 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     return ServingConfig(
         engine=ENGINE.name,
         source=source,
-        target=_text(target),
-        drafter=_text(drafter),
+        target=as_text(target),
+        drafter=as_text(drafter),
         method=method,
         drafter_kind=kind,
         num_speculative_tokens=k,
         sampling=sampling,
         extra=extra,
-        context_length=_context(vals.get("ctx_size"), places("ctx_size")),  # 0: the model's own
+        context_length=read_context(vals.get("ctx_size"), places("ctx_size")),  # 0: the model's own
         kv_cache_dtype=kv,
         draft_kv_cache_dtype=draft_kv,
         places={**cfg_places, "context_length": places("ctx_size"), **kv_places},
     )
 
 
-def _llama_kv(vals: Mapping[str, Any], places: _Places, side: str) -> tuple[str | None, str | None]:
+def _llama_kv(vals: Mapping[str, Any], places: Places, side: str) -> tuple[str | None, str | None]:
     """One model's KV-cache types from llama-server's --cache-type-k/-v (side "") or the
     draft model's --cache-type-k-draft/-v-draft (side "_draft"), as `K/V` ("q8_0" when
     both are the same) and where they were written; (None, None) when neither is set.
@@ -244,12 +244,12 @@ def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     return _llamacpp(args, env, name, prog, source)
 
 
-def mapping_rank(d: Mapping[str, Any], dp: _Places) -> int | None:
+def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
     """llama-server has no config file of its own."""
     return None
 
 
-def read_mapping(d: Mapping[str, Any], dp: _Places, source: Path) -> ServingConfig:
+def read_mapping(d: Mapping[str, Any], dp: Places, source: Path) -> ServingConfig:
     raise ConfigError(f"{source.name}: llama-server reads no config file", "pass its launch script, args file or env file")
 
 

@@ -17,18 +17,18 @@ from specprobe.core.errors import ConfigError
 from specprobe.engines import PROBABILISTIC
 from specprobe.engines.sglang import ENGINE
 from specprobe.settings.served import (
+    Places,
     ServingConfig,
-    _context,
-    _count,
-    _engine_config,
-    _knob,
-    _mapping,
-    _normal,
-    _number,
-    _Places,
-    _sampling,
-    _text,
-    _truthy,
+    as_mapping,
+    as_text,
+    engine_config,
+    normalised,
+    read_context,
+    read_count,
+    read_knob,
+    read_number,
+    read_sampling,
+    truthy,
 )
 from specprobe.settings.shell import split_flags
 
@@ -70,14 +70,14 @@ def _ngram_knob(key: str, value: Any, where: str) -> int | str:
         if str(value).strip().upper() not in ("BFS", "PROB"):
             raise ConfigError(f"{where} {value!r} is neither BFS nor PROB", "SGLang's NGRAM matches by BFS (recency) or PROB (frequency)")
         return str(value).strip().upper()
-    x = int(_number(value, where, integer=True))
+    x = int(read_number(value, where, integer=True))
     low = 2 if key == "branch_length" else 1
     if x < low:
         raise ConfigError(f"{where} {x} is below {low}", f"SGLang's NGRAM takes {key} of at least {low}")
     return x
 
 
-def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> ServingConfig:
+def _sglang(d: Mapping[str, Any], dp: Places, source: Path, engine_at: str) -> ServingConfig:
     algo = d.get("speculative_algorithm")
     places: dict[str, str] = {}
     drafter_key = "speculative_draft_model_path" if "speculative_draft_model_path" in d else "speculative_draft_model"
@@ -85,7 +85,7 @@ def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> 
     extra: dict[str, Any] = {}
     for key, knob in _SGLANG_KNOBS.items():
         if d.get(key) is not None:
-            extra[key] = _count(knob, d[key], dp(key)) if knob in ("topk", "num_draft_tokens") else _knob(knob, d[key], dp(key))
+            extra[key] = read_count(knob, d[key], dp(key)) if knob in ("topk", "num_draft_tokens") else read_knob(knob, d[key], dp(key))
     for key in ("speculative_token_map", "speculative_draft_model_revision", "speculative_dflash_block_size", "speculative_adaptive"):
         if key in d:
             extra[key] = d[key]
@@ -95,14 +95,14 @@ def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> 
             extra[name] = _ngram_knob(key, d[name], dp(name))
             places[name] = dp(name)
     # rejection sampling needs the drafter's probabilities: the drafts are sampled from q
-    rejection = _truthy(d.get("speculative_use_rejection_sampling"))
+    rejection = truthy(d.get("speculative_use_rejection_sampling"))
     if rejection:
         extra["speculative_use_rejection_sampling"] = True
     sampling: dict[str, float] = {}
     at: dict[str, str] = {}
     if d.get("preferred_sampling_params") is not None:
-        prefs, pp = _normal(_mapping(d["preferred_sampling_params"], dp("preferred_sampling_params")), dp.inside("preferred_sampling_params"))
-        sampling, at = _sampling(prefs, pp)
+        prefs, pp = normalised(as_mapping(d["preferred_sampling_params"], dp("preferred_sampling_params")), dp.inside("preferred_sampling_params"))
+        sampling, at = read_sampling(prefs, pp)
     places = {**places, "engine": engine_at, "k": dp("speculative_num_steps"), "drafting": dp("speculative_use_rejection_sampling"), **{key: dp(key) for key in _SGLANG_KNOBS}, **at}
     if d.get(target_key) is not None:
         places["target"] = dp(target_key)
@@ -111,18 +111,18 @@ def _sglang(d: Mapping[str, Any], dp: _Places, source: Path, engine_at: str) -> 
     return ServingConfig(
         engine=ENGINE.name,
         source=source,
-        target=_text(d.get(target_key)),
-        drafter=_text(d.get(drafter_key)),
+        target=as_text(d.get(target_key)),
+        drafter=as_text(d.get(drafter_key)),
         method=str(algo) if algo else None,
         drafter_kind=_SGLANG_KINDS.get(str(algo).upper()) if algo else None,
         # SGLang's chain depth is num_steps; num_draft_tokens counts the whole tree
-        num_speculative_tokens=_count("k", d.get("speculative_num_steps"), dp("speculative_num_steps")),
+        num_speculative_tokens=read_count("k", d.get("speculative_num_steps"), dp("speculative_num_steps")),
         sampling=sampling,
         extra=extra,
         drafting=PROBABILISTIC if rejection else None,
-        context_length=_context(d.get("context_length"), dp("context_length")),
-        kv_cache_dtype=_text(d.get("kv_cache_dtype")),
-        draft_kv_cache_dtype=_text(d.get("speculative_draft_kv_cache_dtype")),  # unset: --kv-cache-dtype's
+        context_length=read_context(d.get("context_length"), dp("context_length")),
+        kv_cache_dtype=as_text(d.get("kv_cache_dtype")),
+        draft_kv_cache_dtype=as_text(d.get("speculative_draft_kv_cache_dtype")),  # unset: --kv-cache-dtype's
         places={**places, "context_length": dp("context_length"), "kv_cache_dtype": dp("kv_cache_dtype"), "draft_kv_cache_dtype": dp("speculative_draft_kv_cache_dtype")},
     )
 
@@ -136,8 +136,8 @@ _SGLANG_VALUE = frozenset({"--model-path", "--model", "--speculative-algorithm",
 _SGLANG_BOOL = frozenset({"--speculative-use-rejection-sampling", "--trust-remote-code", "--enable-metrics", "--speculative-adaptive"})
 
 
-def _sglang_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: _Places, source: Path) -> ServingConfig:
-    d, dp = dict(base), _Places(bp.prefix, bp.written)
+def _sglang_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: Places, source: Path) -> ServingConfig:
+    d, dp = dict(base), Places(bp.prefix, bp.written)
     flags, _ = split_flags(args, _SGLANG_VALUE, _SGLANG_BOOL)
     for flag, value, written in flags:
         if flag.startswith("--") and flag != "--config":
@@ -162,11 +162,11 @@ def program(words: list[str], i: int) -> tuple[int, str] | None:
 
 def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path, read_file: Callable[[Path, Path], ServingConfig]) -> ServingConfig:
     """An SGLang command line over the --config YAML it names."""
-    base, bp = _engine_config(args, name, source)
+    base, bp = engine_config(args, name, source)
     return _sglang_args(args, name, prog, base, bp, source)
 
 
-def mapping_rank(d: Mapping[str, Any], dp: _Places) -> int | None:
+def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
     """2: a launch config's own keys; 4: any other speculative_* key."""
     if any(k in d for k in _SGLANG_MARKS):
         return 2
@@ -175,7 +175,7 @@ def mapping_rank(d: Mapping[str, Any], dp: _Places) -> int | None:
     return None
 
 
-def read_mapping(d: Mapping[str, Any], dp: _Places, source: Path) -> ServingConfig:
+def read_mapping(d: Mapping[str, Any], dp: Places, source: Path) -> ServingConfig:
     if any(k in d for k in _SGLANG_MARKS):
         return _sglang(d, dp, source, dp(next(k for k in _SGLANG_MARKS if k in d)))
     return _sglang(d, dp, source, dp(next(k for k in d if k.startswith("speculative_"))))

@@ -15,16 +15,16 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.engines.trtllm import ENGINE
 from specprobe.settings.served import (
+    Places,
     ServingConfig,
-    _beside,
-    _context,
-    _count,
-    _mapping,
-    _normal,
-    _Places,
-    _replace,
-    _text,
-    _truthy,
+    as_mapping,
+    as_text,
+    beside,
+    normalised,
+    read_context,
+    read_count,
+    replace_config,
+    truthy,
 )
 from specprobe.settings.shell import split_flags
 
@@ -32,7 +32,7 @@ from specprobe.settings.shell import split_flags
 _TRTLLM_KINDS = {"eagle3": "eagle3", "eagle": "eagle3", "mtp": "mtp", "medusa": "medusa", "drafttarget": "independent", "draft_target": "independent"}
 
 
-def _trtllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _Places, source: Path) -> ServingConfig:
+def _trtllm(spec: Mapping[str, Any], sp: Places, top: Mapping[str, Any], tp: Places, source: Path) -> ServingConfig:
     decoding = str(spec.get("decoding_type") or "")
     kind = _TRTLLM_KINDS.get(decoding.lower())
     # Medusa's max_draft_len counts the tree's tokens; its chain is one token per head
@@ -40,12 +40,12 @@ def _trtllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _P
     if kind == "mtp" and spec.get("max_draft_len") is None and "num_nextn_predict_layers" in spec:
         k_key = "num_nextn_predict_layers"
     drafter_key = "speculative_model" if "speculative_model" in spec else "speculative_model_dir"
-    kv_cfg = _mapping(top["kv_cache_config"], tp("kv_cache_config")) if top.get("kv_cache_config") is not None else {}
+    kv_cfg = as_mapping(top["kv_cache_config"], tp("kv_cache_config")) if top.get("kv_cache_config") is not None else {}
     extra = {k2: v for k2, v in spec.items() if k2 not in ("decoding_type", k_key, drafter_key)}
     if spec.get("max_total_draft_tokens") is not None:
-        extra["max_total_draft_tokens"] = _count("draft_tokens", spec["max_total_draft_tokens"], sp("max_total_draft_tokens"))
+        extra["max_total_draft_tokens"] = read_count("draft_tokens", spec["max_total_draft_tokens"], sp("max_total_draft_tokens"))
     if k_key != "max_draft_len" and spec.get("max_draft_len") is not None:
-        extra["max_draft_len"] = _count("draft_tokens", spec["max_draft_len"], sp("max_draft_len"))
+        extra["max_draft_len"] = read_count("draft_tokens", spec["max_draft_len"], sp("max_draft_len"))
     places = {"engine": sp("decoding_type"), "k": sp(k_key)}
     if top.get("model") is not None:
         places["target"] = tp("model")
@@ -54,16 +54,16 @@ def _trtllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _P
     return ServingConfig(
         engine=ENGINE.name,
         source=source,
-        target=_text(top.get("model")),
-        drafter=_text(spec.get(drafter_key)),
+        target=as_text(top.get("model")),
+        drafter=as_text(spec.get(drafter_key)),
         method=decoding or None,
         drafter_kind=kind,
-        num_speculative_tokens=_count("k", spec.get(k_key), sp(k_key)),
+        num_speculative_tokens=read_count("k", spec.get(k_key), sp(k_key)),
         extra=extra,
-        context_length=_context(top.get("max_seq_len"), tp("max_seq_len")),
+        context_length=read_context(top.get("max_seq_len"), tp("max_seq_len")),
         # kv_cache_config.dtype (llmapi KvCacheConfig: "auto" | "fp8" …), the one cache of
         # target and draft alike
-        kv_cache_dtype=_text(kv_cfg.get("dtype")),
+        kv_cache_dtype=as_text(kv_cfg.get("dtype")),
         places={**places, "context_length": tp("max_seq_len"), **({"kv_cache_dtype": tp.inside("kv_cache_config") + "dtype"} if kv_cfg.get("dtype") is not None else {})},
     )
 
@@ -89,32 +89,32 @@ def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     named = next(((v, w) for f, v, w in flags if f in _TRTLLM_CONFIG and isinstance(v, str)), None)
     if named is None:
         raise ConfigError(f"{name} runs trtllm-serve without --extra_llm_api_options", "its speculative_config is in that YAML: pass it with --extra_llm_api_options, or pass the YAML as the serving config")
-    yaml_path = _beside(source, named[0])
+    yaml_path = beside(source, named[0])
     cfg = read_file(yaml_path, source)
     if cfg.engine != ENGINE.name:
         raise ConfigError(f"{name}: {named[1]} {yaml_path.name} holds no speculative_config with a decoding_type", "write speculative_config: {decoding_type: …, max_draft_len: …} in it")
     seq = next(((v, w) for f, v, w in flags if f == "--max-seq-len"), None)
     if seq is not None:  # trtllm-serve's flag over its YAML's
-        cfg = _replace(cfg, context_length=_context(seq[0], f"{name}: {seq[1]}"), places={**cfg.places, "context_length": f"{name}: {seq[1]}"})
+        cfg = replace_config(cfg, context_length=read_context(seq[0], f"{name}: {seq[1]}"), places={**cfg.places, "context_length": f"{name}: {seq[1]}"})
     if positional and cfg.target is None:
-        return _replace(cfg, target=positional[0], places={**cfg.places, "target": f"{name}: {prog} MODEL"})
+        return replace_config(cfg, target=positional[0], places={**cfg.places, "target": f"{name}: {prog} MODEL"})
     return cfg
 
 
-def mapping_rank(d: Mapping[str, Any], dp: _Places) -> int | None:
+def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
     """0: a speculative_config with a decoding_type (or max_draft_len), or a decoding config itself."""
     spec = d.get("speculative_config")
-    inner = _mapping(spec, dp("speculative_config")) if spec is not None else None
+    inner = as_mapping(spec, dp("speculative_config")) if spec is not None else None
     if inner is not None and any(str(k).replace("-", "_") in ("decoding_type", "max_draft_len") for k in inner):
         return 0
     return 0 if "decoding_type" in d else None
 
 
-def read_mapping(d: Mapping[str, Any], dp: _Places, source: Path) -> ServingConfig:
+def read_mapping(d: Mapping[str, Any], dp: Places, source: Path) -> ServingConfig:
     spec = d.get("speculative_config")
-    inner = _mapping(spec, dp("speculative_config")) if spec is not None else None
+    inner = as_mapping(spec, dp("speculative_config")) if spec is not None else None
     if inner is not None and any(str(k).replace("-", "_") in ("decoding_type", "max_draft_len") for k in inner):
-        s, sp = _normal(inner, dp.inside("speculative_config"))
+        s, sp = normalised(inner, dp.inside("speculative_config"))
         return _trtllm(s, sp, d, dp, source)
     return _trtllm(d, dp, {}, dp, source)
 
@@ -130,7 +130,7 @@ def tree_setting(sv: ServingConfig) -> tuple[str, str] | None:
         if choices:
             text = choices if isinstance(choices, str) else json.dumps(choices)
             return parse_tree(text, f"{sv.source.name}: {key}"), f"{sv.source.name}: {key}"
-    if _truthy(sv.extra.get("use_dynamic_tree")) and sv.extra.get("dynamic_tree_max_topK") and sv.num_speculative_tokens:
+    if truthy(sv.extra.get("use_dynamic_tree")) and sv.extra.get("dynamic_tree_max_topK") and sv.num_speculative_tokens:
         total = sv.extra.get("max_total_draft_tokens")
         if total is None:
             return None

@@ -19,17 +19,17 @@ from typing import Any
 
 from specprobe.engines.vllm import ENGINE
 from specprobe.settings.served import (
-    _TARGET_SAMPLING,
+    TARGET_SAMPLING,
+    Places,
     ServingConfig,
-    _context,
-    _count,
-    _drafting,
-    _engine_config,
-    _mapping,
-    _normal,
-    _Places,
-    _sampling,
-    _text,
+    as_mapping,
+    as_text,
+    engine_config,
+    normalised,
+    read_context,
+    read_count,
+    read_drafting,
+    read_sampling,
 )
 from specprobe.settings.shell import split_flags
 
@@ -53,23 +53,23 @@ _VLLM_KINDS = {
 }
 
 
-def _vllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _Places, source: Path, engine_at: str) -> ServingConfig:
+def _vllm(spec: Mapping[str, Any], sp: Places, top: Mapping[str, Any], tp: Places, source: Path, engine_at: str) -> ServingConfig:
     method = spec.get("method")
     model = spec.get("model")
     if method is None and model is not None:
         method = "draft_model"  # vLLM infers the method from the model; a plain LM is a draft model
     places = {"engine": engine_at, "k": sp("num_speculative_tokens"), "drafting": sp("draft_sample_method")}
-    k = _count("k", spec.get("num_speculative_tokens"), sp("num_speculative_tokens"))
-    drafting = _drafting(spec.get("draft_sample_method"), sp("draft_sample_method"))
-    sampling, at = _sampling(spec, sp)
+    k = read_count("k", spec.get("num_speculative_tokens"), sp("num_speculative_tokens"))
+    drafting = read_drafting(spec.get("draft_sample_method"), sp("draft_sample_method"))
+    sampling, at = read_sampling(spec, sp)
     if top.get("override_generation_config") is not None:
         gp = tp.inside("override_generation_config")
-        gen, gen_places = _normal(_mapping(top["override_generation_config"], tp("override_generation_config")), gp)
-        more, more_at = _sampling(gen, gen_places)
+        gen, gen_places = normalised(as_mapping(top["override_generation_config"], tp("override_generation_config")), gp)
+        more, more_at = read_sampling(gen, gen_places)
         sampling = {**more, **sampling}  # the speculative config's own setting, where it has one
         at = {**more_at, **at}
-    draft_sampling, draft_at = _sampling(spec, sp, prefix="draft_")
-    used = {"method", "model", "num_speculative_tokens", "draft_sample_method", "kv_cache_dtype", *_TARGET_SAMPLING, *(f"draft_{k2}" for k2 in _TARGET_SAMPLING)}
+    draft_sampling, draft_at = read_sampling(spec, sp, prefix="draft_")
+    used = {"method", "model", "num_speculative_tokens", "draft_sample_method", "kv_cache_dtype", *TARGET_SAMPLING, *(f"draft_{k2}" for k2 in TARGET_SAMPLING)}
     if "model" in top:
         places["target"] = tp("model")
     if model is not None:
@@ -81,8 +81,8 @@ def _vllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _Pla
     return ServingConfig(
         engine=ENGINE.name,
         source=source,
-        target=_text(top.get("model")),
-        drafter=_text(model),
+        target=as_text(top.get("model")),
+        drafter=as_text(model),
         method=str(method) if method else None,
         drafter_kind=_VLLM_KINDS.get(str(method)) if method else None,
         num_speculative_tokens=k,
@@ -90,9 +90,9 @@ def _vllm(spec: Mapping[str, Any], sp: _Places, top: Mapping[str, Any], tp: _Pla
         draft_sampling=draft_sampling,
         extra={k2: v for k2, v in spec.items() if k2 not in used},
         drafting=drafting,
-        context_length=_context(top.get("max_model_len"), tp("max_model_len")),
-        kv_cache_dtype=_text(top.get("kv_cache_dtype")),
-        draft_kv_cache_dtype=_text(spec.get("kv_cache_dtype")),
+        context_length=read_context(top.get("max_model_len"), tp("max_model_len")),
+        kv_cache_dtype=as_text(top.get("kv_cache_dtype")),
+        draft_kv_cache_dtype=as_text(spec.get("kv_cache_dtype")),
         places={**places, **at, **draft_at},
     )
 
@@ -110,12 +110,12 @@ _VLLM_SPEC_ARGS = {
 }
 
 
-def _vllm_serve(top: Mapping[str, Any], tp: _Places, source: Path, engine_at: str) -> ServingConfig:
+def _vllm_serve(top: Mapping[str, Any], tp: Places, source: Path, engine_at: str) -> ServingConfig:
     """`vllm serve`'s arguments as a mapping (its --config YAML, or its command line)."""
     spec: dict[str, Any] = {}
-    sp = _Places(tp.prefix)
+    sp = Places(tp.prefix)
     if top.get("speculative_config") is not None:
-        spec, sp = _normal(_mapping(top["speculative_config"], tp("speculative_config")), tp.inside("speculative_config"))
+        spec, sp = normalised(as_mapping(top["speculative_config"], tp("speculative_config")), tp.inside("speculative_config"))
     for arg, key in _VLLM_SPEC_ARGS.items():
         if arg in top:
             spec[key] = top[arg]
@@ -137,8 +137,8 @@ def _dotted(value: str) -> Any:
 _VLLM_VALUE = frozenset({"--model", "--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens", "--speculative-model", "--num-speculative-tokens", "--override-generation-config", "--generation-config", "--config"})
 
 
-def _vllm_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: _Places, source: Path) -> ServingConfig:
-    top, tp = dict(base), _Places(bp.prefix, bp.written)
+def _vllm_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: Places, source: Path) -> ServingConfig:
+    top, tp = dict(base), Places(bp.prefix, bp.written)
     flags, positional = split_flags(args, _VLLM_VALUE, frozenset())
     if positional:
         top["model"], tp.written["model"] = positional[0], f"{name}: {prog} MODEL"
@@ -181,11 +181,11 @@ def program(words: list[str], i: int) -> tuple[int, str] | None:
 
 def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path, read_file: Callable[[Path, Path], ServingConfig]) -> ServingConfig:
     """A vLLM command line over the --config YAML it names."""
-    base, bp = _engine_config(args, name, source)
+    base, bp = engine_config(args, name, source)
     return _vllm_args(args, name, prog, base, bp, source)
 
 
-def mapping_rank(d: Mapping[str, Any], dp: _Places) -> int | None:
+def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
     """1: a serve config's speculative_config; 3: its shorthands; 5: a --speculative-config JSON."""
     if "speculative_config" in d:
         return 1
@@ -196,7 +196,7 @@ def mapping_rank(d: Mapping[str, Any], dp: _Places) -> int | None:
     return None
 
 
-def read_mapping(d: Mapping[str, Any], dp: _Places, source: Path) -> ServingConfig:
+def read_mapping(d: Mapping[str, Any], dp: Places, source: Path) -> ServingConfig:
     if "speculative_config" in d:
         return _vllm_serve(d, dp, source, dp("speculative_config"))
     if any(k in d for k in ("speculative_model", "spec_method", "spec_model", "spec_tokens")):
