@@ -42,7 +42,7 @@ from types import ModuleType
 from typing import Any
 
 from specprobe.core.errors import ConfigError
-from specprobe.engines import ENGINES, get
+from specprobe.engines import ENGINES
 from specprobe.settings.config import normalise_keys, read_mapping
 from specprobe.settings.model import BY_NAME, SAMPLING, Setting, check, check_bounds
 from specprobe.settings.shell import split_flags
@@ -72,17 +72,26 @@ _KNOBS: dict[str, Setting] = {
 
 
 
-def reader(name: str) -> ModuleType:
-    """The serving-config reader of the engine called `name`: its package's `serving` module."""
-    return importlib.import_module(type(get(name)).__module__ + ".serving")
+def reader(name: str) -> ModuleType | None:
+    """The serving-config reader of the engine called `name` (None: it reads none)."""
+    return _readers().get(name)
+
+
+def readers() -> tuple[ModuleType, ...]:
+    """Every engine's serving-config reader, in the registry's order."""
+    return tuple(_readers().values())
 
 
 @cache
-def readers() -> tuple[ModuleType, ...]:
-    """Every engine's serving-config reader, in the registry's order (an engine without a
-    serving config has none)."""
-    names = [type(e).__module__ + ".serving" for e in ENGINES]
-    return tuple(importlib.import_module(n) for n in names if importlib.util.find_spec(n) is not None)
+def _readers() -> dict[str, ModuleType]:
+    """Engine name → its package's `serving` module, for each engine that has one (an
+    engine without a serving config has none)."""
+    found = {}
+    for e in ENGINES:
+        module = type(e).__module__ + ".serving"
+        if importlib.util.find_spec(module) is not None:
+            found[e.name] = importlib.import_module(module)
+    return found
 
 
 @dataclass(frozen=True)
