@@ -24,6 +24,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specprobe.judge.catalog", "specprobe.judge.conditions"),  # the metrics' names and the rule grammar
     ("specprobe.result",),  # the typed result every report renders
     ("specprobe.judge",),  # the rules engine over the result's numbers; the regression gate
+    ("specprobe.settings.model", "specprobe.settings.lengths", "specprobe.settings.values", "specprobe.settings.config", "specprobe.settings.shell", "specprobe.settings.served"),  # the settings table, its files and what every serving-config reader shares
+    ("specprobe.engines.*.serving",),  # each engine's serving-config reader
     ("specprobe.settings",),  # the settings model, probe and serving configs
     ("specprobe.prompts",),
     ("specprobe.drafters",),  # the Drafter interface; the drafters that need no model
@@ -146,7 +148,6 @@ def test_the_top_level_holds_packages_only() -> None:
 
 # Modules outside engines/ that still hold an engine's own knowledge, each with where it goes.
 ENGINE_KNOWLEDGE_PENDING: dict[str, str] = {
-    "specprobe.settings.serving": "each engine's serving-config reader → engines/<engine>/serving.py",
     "specprobe.monitor.exposition": "each engine's metric names → engines/<engine>/monitor.py",
     "specprobe.monitor.logs": "each engine's log lines → engines/<engine>/monitor.py",
     "specprobe.monitor.requests": "each engine's request records → engines/<engine>/monitor.py",

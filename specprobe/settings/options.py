@@ -34,12 +34,8 @@ from specprobe.settings.model import (
     from_text,
 )
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags, SimulateConfig
-from specprobe.settings.serving import (
-    ServingConfig,
-    kv_cache_setting,
-    read_serving_config,
-    tree_setting,
-)
+from specprobe.settings.served import ServingConfig
+from specprobe.settings.serving import kv_cache_setting, read_serving_config, tree_setting
 
 # where effective_sampling() files each sampling setting: a draft_* one under "draft.", the rest under "target."
 SAMPLING_SLOT = {k: ("draft." + k[len("draft_"):]) if k.startswith("draft_") else "target." + k for k in SAMPLING}

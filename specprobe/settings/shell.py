@@ -2,7 +2,8 @@
 read them: a script's simple commands word by word (quotes, line continuations,
 comments, `$VAR` and `${VAR:-default}`, redirections), and a command's flags in
 `--flag value` and `--flag=value` forms. Engine-free: which program a command starts and
-what its flags mean is `settings.serving`'s business."""
+what its flags mean is each engine's serving-config reader's business
+(`specprobe.engines.<engine>.serving`)."""
 
 from __future__ import annotations
 
