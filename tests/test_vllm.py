@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 
 from tests.helpers.vllm import (
     INSTALL_SCRIPT,
+    VllmServer,
     find_vllm_python,
     serve_prompts,
     spec_counts,
@@ -74,23 +76,18 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def served(vllm_python: Path, pair: dict[str, Any]) -> dict[str, Any]:
+def server(vllm_python: Path, pair: dict[str, Any]) -> Iterator[VllmServer]:
+    """vLLM with the harness's CPU expand workaround: its sampling is the target's."""
+    with vllm_server(vllm_python, pair["target"], pair["draft"], K, pair["work"] / "vllm.log", startup_timeout=900) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def served(server: VllmServer, pair: dict[str, Any]) -> dict[str, Any]:
     """The server's counters over the prompts at T = 0, and its /metrics text."""
-    with vllm_server(
-        vllm_python,
-        pair["target"],
-        pair["draft"],
-        K,
-        pair["work"] / "vllm.log",
-        startup_timeout=900,
-    ) as server:
-        counts, answers = serve_prompts(
-            server, pair["ids"], MAX_TOKENS, temperature=0.0, deadline_s=600
-        )
-        text = server.metrics()
-    (pair["work"] / "metrics.txt").write_text(
-        text
-    )  # the real text, to refresh tests/data's sample from
+    counts, answers = serve_prompts(server, pair["ids"], MAX_TOKENS, temperature=0.0, deadline_s=600)
+    text = server.metrics()
+    (pair["work"] / "metrics.txt").write_text(text)  # the real text, to refresh tests/data's sample from
     return {"counts": counts, "answers": answers, "metrics": text}
 
 
@@ -144,3 +141,36 @@ def test_diagnose_and_simulate_predict_vllm_greedy(
     assert measured["accept_rate"] == pytest.approx(vllm.accept_rate, rel=0.05), (measured, vllm)
     per = sim["measured"]["depth"]["cumulative_vllm"]
     assert per == pytest.approx(vllm.per_pos_rate, abs=0.03)
+
+
+# ----------------------------------------------------------------------------- diagnose --against
+def _against(pair: dict[str, Any], url: str, out: Path) -> dict[str, Any]:
+    """diagnose at T = 0.7 (greedy drafting, vLLM's default) with the live server beside it."""
+    return _specprobe("diagnose", pair, out, "--temperature", "0.7", "--against", url)
+
+
+def _findings(result: dict[str, Any]) -> set[str]:
+    return {f["rule_id"] for f in result["findings"]}
+
+
+def test_against_a_sound_server_finds_no_serving_fault(server: VllmServer, pair: dict[str, Any]) -> None:
+    """With the CPU expand workaround vLLM samples the target's distribution at T = 0.7:
+    its acceptance sits within the prediction's band (the estimate read 0.094 ± 0.003
+    against vLLM's 0.083 ± 0.005 here, −12 %), so SP701 stays quiet. The release is still
+    0.32.0, which the server's API cannot tell from the shipped CPU build: SP703 names it."""
+    r = _against(pair, server.base, pair["work"] / "against-fixed.json")
+    live = r["live"]
+    assert live["k"] == K and live["requests"] == PROMPTS and live["engine_version"] == "0.32.0"
+    assert live["accept_rate"] > 0.02 and live["accepted"] == pytest.approx(sum(live["per_position"]) * live["drafts"], rel=1e-6)
+    assert "SP701" not in _findings(r) and "SP703" in _findings(r)
+    assert r["metrics"]["live_gap_rel"] > -0.25
+
+
+def test_against_the_shipped_cpu_build_blames_the_serving_stack(vllm_python: Path, pair: dict[str, Any]) -> None:
+    """vLLM 0.32.0's CPU build as shipped leaves per-token temperatures uninitialised at
+    T > 0 and accepts almost nothing: SP701 says the stack, not the drafter, loses it."""
+    with vllm_server(vllm_python, pair["target"], pair["draft"], K, pair["work"] / "vllm-shipped.log", startup_timeout=900, expand_fix=False) as shipped:
+        r = _against(pair, shipped.base, pair["work"] / "against-shipped.json")
+    assert {"SP701", "SP703"} <= _findings(r), r["findings"]
+    assert r["verdict"] == "serving stack loses acceptance"
+    assert r["live"]["accept_rate"] < 0.25 * r["live"]["predicted_accept_rate"]

@@ -176,7 +176,7 @@ _METRICS: list[Metric] = [
     # --- predicted against served (diagnose --against) ------------------------------
     _m("live_accept_rate", "frac", True, "diagnose", "The live server's accepted ÷ drafted over the run's prompts (diagnose --against)."),
     _m("live_accept_rate_predicted", "frac", True, "diagnose", "The prediction at the live server's K: the renewal estimate's accepted ÷ drafted."),
-    _m("live_gap_rel", "ratio", None, "diagnose", "(live − predicted) ÷ predicted acceptance: below 0 the server accepts less than the pair predicts."),
+    _m("live_gap_rel", "frac", None, "diagnose", "(live − predicted) ÷ predicted acceptance: below 0 the server accepts less than the pair predicts."),
     _m("live_gap_z", "ratio", None, "diagnose", "(live − predicted) acceptance in standard errors of the difference (both sides' over prompts)."),
     _m("live_known_issue", "bool", False, "diagnose", "1 when the live server's release has a known issue that changes its acceptance at this temperature."),
     _m("monitor_accept_rate", "frac", True, "monitor", "Accepted ÷ drafted tokens over the current window (engine counters or log lines)."),
