@@ -34,6 +34,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specprobe.simulate",),  # the real draft → verify loop
     ("specprobe.report",),  # renders saved results; never computes
     ("specprobe.export",),  # saved results → engine configs and retraining data
+    ("specprobe.monitor.windows", "specprobe.monitor.base", "specprobe.monitor.records"),  # monitor's series, store and log records
+    ("specprobe.engines.*.monitor",),  # each engine's metric names, log parsers and rule names
     ("specprobe.monitor",),
     ("specprobe.cli", "specprobe.__main__"),
 )
@@ -147,11 +149,7 @@ def test_the_top_level_holds_packages_only() -> None:
 ENGINE_KNOWLEDGE_PENDING: dict[str, str] = {
     "specprobe.settings.serving": "each engine's serving-config reader → engines/<engine>/serving.py",
     "specprobe.export.engines": "each engine's serving-config writer → engines/<engine>/export.py",
-    "specprobe.monitor.exposition": "each engine's metric names → engines/<engine>/monitor.py",
-    "specprobe.monitor.logs": "each engine's log lines → engines/<engine>/monitor.py",
     "specprobe.monitor.requests": "each engine's request records → engines/<engine>/monitor.py",
-    "specprobe.monitor.prometheus": "each engine's metric names → engines/<engine>/monitor.py",
-    "specprobe.monitor.promrules": "each engine's metric names → engines/<engine>/monitor.py",
 }
 # Not an engine: the checkpoint layout vLLM's Medusa model reads is called "vllm" by
 # its files, as the speculators format is called "speculators".

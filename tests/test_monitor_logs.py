@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from specprobe.core.errors import InputError
+from specprobe.engines.llamacpp.monitor import fit_drafts as fit_llamacpp_drafts
 from specprobe.judge.rules import load_table
-from specprobe.monitor.logs import fit_llamacpp_drafts
 from specprobe.monitor.runner import Monitor
 from specprobe.monitor.sources import LogSource, MalformedLine, parse_log_line
 

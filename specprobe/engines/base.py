@@ -75,6 +75,11 @@ class Engine:
     eagle3_aux_offset: ClassVar[int | None] = None
     eagle3_format: ClassVar[str | None] = None
     eagle3_default_for_other_formats: ClassVar[bool] = False
+    # --- production monitoring (`specprobe monitor`, `specprobe alerts`) ---
+    # the name monitor's --engine and its detected families give the engine's metrics,
+    # logs and records (None: nothing of its own to monitor); its metric names, log
+    # parsers and rule names are in its package's `monitor` module
+    monitor_family: ClassVar[str | None] = None
 
     def describe(self, draft_sampling: str) -> str:
         """'as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)'."""

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specprobe.engines import ENGINES as _ENGINES
 from specprobe.monitor.windows import ModelData
 
-ENGINES = ("auto", "vllm", "sglang", "llamacpp")
+# monitor's --engine: auto, or the monitor family of each engine that has one
+ENGINES = ("auto", *(e.monitor_family for e in _ENGINES if e.monitor_family))
 MODEL_LABEL = "model_name"
 UNLABELLED = "(no model_name)"
 
@@ -27,7 +29,7 @@ class SourceError(Exception):
 
 @dataclass
 class IngestResult:
-    engine: str | None  # "vllm-v1" | "vllm-v0" | "sglang" | "llamacpp" | None
+    engine: str | None  # the detected family variant (an engine's `detect`), or None
     models: set[str]
     malformed: int = 0
     missing: list[str] = field(default_factory=list)

@@ -57,7 +57,8 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError, InputError
 from specprobe.monitor.base import IngestResult, Store, Warn
-from specprobe.monitor.logs import LogSource, MalformedLine
+from specprobe.monitor.logs import LogSource
+from specprobe.monitor.records import MalformedLine
 from specprobe.monitor.windows import ModelData, RequestPoint
 
 ALL = "all"  # the row that sums every group

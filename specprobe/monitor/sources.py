@@ -25,43 +25,23 @@ from specprobe.monitor.base import (
     Warn,
 )
 from specprobe.monitor.exposition import (
-    SGLANG_GAUGES,
-    VLLM_COUNTERS,
-    VLLM_GAUGES,
-    VLLM_PER_POS,
-    VLLM_V0_REQUIRED,
-    VLLM_V1_REQUIRED,
     Sample,
     detect_engine,
     ingest_samples,
     missing_families,
     parse_exposition,
-    v0_num_spec_tokens,
 )
 from specprobe.monitor.http_source import ScrapeSource, check_http_url, http_get, with_retries
-from specprobe.monitor.logs import (
-    LogRecord,
-    LogSource,
-    LogState,
-    MalformedLine,
-    apply_record,
-    line_time,
-    parse_log_line,
-)
+from specprobe.monitor.logs import LogSource, apply_record, parse_log_line
 from specprobe.monitor.prometheus import PrometheusSource
+from specprobe.monitor.records import LogRecord, LogState, MalformedLine, line_time
 
 Source = ScrapeSource | PrometheusSource | LogSource
 
 __all__ = [
     "ENGINES",
     "MODEL_LABEL",
-    "SGLANG_GAUGES",
     "UNLABELLED",
-    "VLLM_COUNTERS",
-    "VLLM_GAUGES",
-    "VLLM_PER_POS",
-    "VLLM_V0_REQUIRED",
-    "VLLM_V1_REQUIRED",
     "IngestResult",
     "LogRecord",
     "LogSource",
@@ -83,6 +63,5 @@ __all__ = [
     "missing_families",
     "parse_exposition",
     "parse_log_line",
-    "v0_num_spec_tokens",
     "with_retries",
 ]

@@ -29,6 +29,7 @@ from specprobe.engines.base import GREEDY, SEQUENTIAL, Engine, SamplingOrder, sh
 class VLLM(Engine):
     name = "vllm"
     label = "vLLM"
+    monitor_family = "vllm"  # metrics, logs and rules: `monitor.py`
     sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
     draft_sampling = GREEDY
     knob = "speculative_config.draft_sample_method"

@@ -1,0 +1,144 @@
+"""vLLM in production, as `specprobe monitor` and `specprobe alerts` read it: its
+Prometheus metric names (V1 and V0), its log lines ("SpecDecoding metrics" of V1,
+"Speculative metrics" of V0) and what each one counts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
+from specprobe.monitor.records import LogRecord, LogState, line_time, need
+from specprobe.monitor.windows import ModelData, pos_key
+
+# ----------------------------------------------------------------------------- /metrics
+# Counter names without the `_total` suffix the client library adds on exposition.
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": windows.DRAFTS,
+    "vllm:spec_decode_num_draft_tokens": windows.DRAFT_TOKENS,
+    "vllm:spec_decode_num_accepted_tokens": windows.ACCEPTED,
+    "vllm:spec_decode_num_emitted_tokens": windows.EMITTED,  # V0
+}
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+GAUGES = {
+    "vllm:spec_decode_draft_acceptance_rate": windows.GAUGE_ACCEPT_RATE,  # V0
+    "vllm:spec_decode_efficiency": windows.GAUGE_EFFICIENCY,  # V0
+}
+# the gauges a Prometheus server's windows average (V0's efficiency is only K's source)
+PROM_GAUGES = {"vllm:spec_decode_draft_acceptance_rate": windows.GAUGE_ACCEPT_RATE}
+V1_REQUIRED = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+V0_REQUIRED = ("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_emitted_tokens")
+EXPECTED = list(V1_REQUIRED)  # what a vLLM that exports nothing of spec decoding should
+GLOB = "vllm:spec_decode_*"
+REQUIRED = {"vllm-v1": (*V1_REQUIRED, PER_POS), "vllm-v0": V0_REQUIRED}
+
+
+def detect(names: set[str]) -> str | None:
+    """vllm-v1 | vllm-v0 from one scrape's metric names; None: not vLLM's."""
+    if any(n.startswith("vllm:spec_decode") for n in names):
+        return "vllm-v1" if "vllm:spec_decode_num_drafts" in names else "vllm-v0"
+    return None
+
+
+def k_from_totals(detected: str, totals: dict[str, float]) -> int | None:
+    """K from one model's cumulative numbers in a scrape (V0 only)."""
+    if detected != "vllm-v0":
+        return None
+    return v0_num_spec_tokens(totals.get(windows.DRAFT_TOKENS), totals.get(windows.EMITTED), totals.get(windows.GAUGE_EFFICIENCY))
+
+
+def v0_num_spec_tokens(draft_tokens: float | None, emitted: float | None, efficiency: float | None) -> int | None:
+    """K from vLLM V0's cumulative numbers: efficiency = emitted / (drafts·(K+1)) and
+    draft_tokens = drafts·K, so drafts = emitted/efficiency − draft_tokens."""
+    if not draft_tokens or not emitted or not efficiency or efficiency <= 0:
+        return None
+    drafts = emitted / efficiency - draft_tokens
+    if drafts <= 0:
+        return None
+    k = round(draft_tokens / drafts)
+    return k if 1 <= k <= 64 else None
+
+
+# ----------------------------------------------------------------------------- `specprobe alerts`
+RULES: dict[str, Any] = {
+    "by": "model_name",
+    "counters": {
+        "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+        "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+        "drafts": "vllm:spec_decode_num_drafts_total",
+    },
+    "per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    "gauges": None,
+    "engine_label": True,
+}
+
+# ----------------------------------------------------------------------------- logs
+_NUM = r"(-?\d+(?:\.\d+)?|nan)"
+_V1 = {
+    "mean_len": re.compile(r"Mean acceptance length: " + _NUM),
+    "accepted": re.compile(r"Accepted: (\d+) tokens"),
+    "drafted": re.compile(r"Drafted: (\d+) tokens"),
+    "rate_pct": re.compile(r"Draft acceptance rate: " + _NUM + "%"),
+    "per_pos": re.compile(r"Per-position acceptance rate: (" + _NUM + r"(?:,\s*" + _NUM + r")*)"),
+}
+_V0 = {
+    "rate": re.compile(r"Draft acceptance rate: " + _NUM),
+    "efficiency": re.compile(r"System efficiency: " + _NUM),
+    "k": re.compile(r"Number of speculative tokens: (\d+)"),
+    "accepted": re.compile(r"Number of accepted tokens: (\d+)"),
+    "drafted": re.compile(r"Number of draft tokens: (\d+)"),
+    "emitted": re.compile(r"Number of emitted tokens: (\d+)"),
+}
+
+
+def parse_log_line(line: str) -> LogRecord | None:
+    """A V1 "SpecDecoding metrics:" or V0 "Speculative metrics:" line → its record."""
+    if "SpecDecoding metrics:" in line:
+        head, body = line.split("SpecDecoding metrics:", 1)
+        f: dict[str, Any] = {
+            "accepted": int(need(_V1["accepted"], body, "'Accepted: N tokens'")),
+            "drafted": int(need(_V1["drafted"], body, "'Drafted: N tokens'")),
+        }
+        m = _V1["mean_len"].search(body)
+        f["mean_len"] = float(m.group(1)) if m else None
+        m = _V1["per_pos"].search(body)
+        f["per_pos"] = [float(x) for x in re.split(r",\s*", m.group(1))] if m else []
+        return LogRecord("vllm-v1", f, line_time(head))
+    if "Speculative metrics:" in line:
+        head, body = line.split("Speculative metrics:", 1)
+        f = {key: need(rx, body, key) for key, rx in _V0.items()}
+        return LogRecord(
+            "vllm-v0",
+            {"rate": float(f["rate"]), "efficiency": float(f["efficiency"]), "k": int(f["k"]),
+             "accepted": int(f["accepted"]), "drafted": int(f["drafted"]), "emitted": int(f["emitted"])},
+            line_time(head),
+        )
+    return None
+
+
+def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, series: str) -> None:
+    f = rec.fields
+    if rec.kind == "vllm-v1":
+        # Interval deltas. Every draft proposes K tokens, so drafts = drafted / K with K
+        # the number of positions listed; without the list, from the mean length.
+        k = len(f["per_pos"]) or state.k
+        drafts: float | None = None
+        if k:
+            drafts = f["drafted"] / k
+            state.k = k
+            data.num_spec_tokens = data.num_spec_tokens or k
+        elif f["mean_len"] and f["mean_len"] > 1:
+            drafts = f["accepted"] / (f["mean_len"] - 1)
+        data.add_event(windows.ACCEPTED, t, f["accepted"])
+        data.add_event(windows.DRAFT_TOKENS, t, f["drafted"])
+        if drafts is not None:
+            data.add_event(windows.DRAFTS, t, drafts)
+            for i, r in enumerate(f["per_pos"]):
+                data.add_event(pos_key(i), t, r * drafts)
+    elif rec.kind == "vllm-v0":
+        # V0 logs cumulative totals since start: counters (a restart shows as a reset).
+        data.num_spec_tokens = f["k"]
+        data.add_counter(windows.ACCEPTED, series, t, f["accepted"])
+        data.add_counter(windows.DRAFT_TOKENS, series, t, f["drafted"])
+        data.add_counter(windows.EMITTED, series, t, f["emitted"])
