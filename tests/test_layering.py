@@ -149,7 +149,6 @@ def test_the_top_level_holds_packages_only() -> None:
 ENGINE_KNOWLEDGE_PENDING: dict[str, str] = {
     "specprobe.settings.serving": "each engine's serving-config reader → engines/<engine>/serving.py",
     "specprobe.export.engines": "each engine's serving-config writer → engines/<engine>/export.py",
-    "specprobe.monitor.requests": "each engine's request records → engines/<engine>/monitor.py",
 }
 # Not an engine: the checkpoint layout vLLM's Medusa model reads is called "vllm" by
 # its files, as the speculators format is called "speculators".

@@ -11,11 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specprobe.engines import ENGINES as _ENGINES
 from specprobe.monitor.windows import ModelData
 
-# monitor's --engine: auto, or the monitor family of each engine that has one
-ENGINES = ("auto", *(e.monitor_family for e in _ENGINES if e.monitor_family))
 MODEL_LABEL = "model_name"
 UNLABELLED = "(no model_name)"
 

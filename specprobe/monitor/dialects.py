@@ -46,6 +46,11 @@ def families() -> tuple[str, ...]:
     return tuple(f for _, f, _ in dialects())
 
 
+def engine_choices() -> tuple[str, ...]:
+    """monitor's --engine: auto, or the family of each engine whose metrics or logs it reads."""
+    return ("auto", *(f for _, f, m in dialects() if hasattr(m, "detect")))
+
+
 def module(family: str | None) -> ModuleType | None:
     """The monitor module of a family (or of a detected variant: 'vllm-v1' → vllm's)."""
     if not family:

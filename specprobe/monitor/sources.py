@@ -16,7 +16,6 @@ malformed URL) raises `ConfigError`/`InputError` at construction.
 from __future__ import annotations
 
 from specprobe.monitor.base import (
-    ENGINES,
     MODEL_LABEL,
     UNLABELLED,
     IngestResult,
@@ -39,7 +38,6 @@ from specprobe.monitor.records import LogRecord, LogState, MalformedLine, line_t
 Source = ScrapeSource | PrometheusSource | LogSource
 
 __all__ = [
-    "ENGINES",
     "MODEL_LABEL",
     "UNLABELLED",
     "IngestResult",

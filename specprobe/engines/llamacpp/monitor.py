@@ -10,6 +10,10 @@ position ÷ verify steps, one entry per position up to K. Accepted and drafted t
 exact; the verify-step count (drafts) is recovered from the rounded mean length and the
 per-position rates (`fit_drafts`). The speculative example prints `n_draft`,
 `n_drafted` and `n_accept` on lines of their own.
+
+Per-request records (`specprobe monitor --requests`), llama.cpp's server: the response's `timings.draft_n` (drafted) and
+`timings.draft_n_accepted`; it does not report the verify steps, so the mean
+acceptance length is not known.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
-from specprobe.monitor.records import LogRecord, LogState, MalformedLine, line_time
+from specprobe.monitor.records import (
+    LogRecord,
+    LogState,
+    MalformedLine,
+    RequestRecord,
+    count,
+    line_time,
+)
 from specprobe.monitor.windows import ModelData, pos_key
 
 # ----------------------------------------------------------------------------- /metrics
@@ -217,3 +228,22 @@ def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, ser
         data.add_event(windows.ACCEPTED, t, f["value"])
         data.add_event(windows.DRAFT_TOKENS, t, state.pending_drafted)
         state.pending_drafted = None
+
+
+# ----------------------------------------------------------------------------- request records
+REQUEST_MARKER = "draft_n_accepted"
+
+
+def request_counters(d: dict[str, Any]) -> dict[str, Any] | None:
+    """The response's `timings`, when `d` is one."""
+    return d if "draft_n" in d and "draft_n_accepted" in d else None
+
+
+def read_request(d: dict[str, Any], num_spec_tokens: int | None) -> RequestRecord:
+    return _llamacpp(d, "timings")
+
+
+def _llamacpp(d: dict[str, Any], where: str) -> RequestRecord:
+    drafted = count(d, "draft_n", where)
+    accepted = count(d, "draft_n_accepted", where) or 0
+    return RequestRecord("llamacpp", accepted, drafted, None)

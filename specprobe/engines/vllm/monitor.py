@@ -1,6 +1,16 @@
 """vLLM in production, as `specprobe monitor` and `specprobe alerts` read it: its
 Prometheus metric names (V1 and V0), its log lines ("SpecDecoding metrics" of V1,
 "Speculative metrics" of V0) and what each one counts.
+
+Per-request records (`specprobe monitor --requests`), vLLM, `--per-request-spec-decode-metrics summary|detailed`: the response's
+`metrics.speculative_decoding` object — `num_spec_steps` (verify steps),
+`num_draft_tokens`, `num_accepted_draft_tokens` (bonus not included),
+`num_spec_tokens` (K), `mean_acceptance_length`, `draft_acceptance_rate`,
+`acceptance_histogram` (a dense list of K + 1 buckets: index j counts the steps that
+accepted exactly j draft tokens), `acceptance_histogram_by_draft_length` and, with
+`detailed`, the ordered `per_step_accepted` / `per_step_drafted`. Earlier builds of the
+same feature attached it to each choice as `speculative_decoding_stats`, with the
+histogram as a sparse mapping {"j": steps}; both shapes are read.
 """
 
 from __future__ import annotations
@@ -9,7 +19,18 @@ import re
 from typing import Any
 
 from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
-from specprobe.monitor.records import LogRecord, LogState, line_time, need
+from specprobe.monitor.records import (
+    LogRecord,
+    LogState,
+    MalformedLine,
+    RequestRecord,
+    count,
+    histogram,
+    line_time,
+    need,
+    per_pos_from_histogram,
+    per_pos_from_steps,
+)
 from specprobe.monitor.windows import ModelData, pos_key
 
 # ----------------------------------------------------------------------------- /metrics
@@ -142,3 +163,40 @@ def apply_record(rec: LogRecord, t: float, data: ModelData, state: LogState, ser
         data.add_counter(windows.ACCEPTED, series, t, f["accepted"])
         data.add_counter(windows.DRAFT_TOKENS, series, t, f["drafted"])
         data.add_counter(windows.EMITTED, series, t, f["emitted"])
+
+
+# ----------------------------------------------------------------------------- request records
+REQUEST_MARKER = "num_accepted_draft_tokens"  # a string field holding a response is opened when it names this
+
+
+def request_counters(d: dict[str, Any]) -> dict[str, Any] | None:
+    """`metrics.speculative_decoding` (or a choice's `speculative_decoding_stats`): the
+    object itself, when it is one."""
+    return d if "num_accepted_draft_tokens" in d and ("num_spec_steps" in d or "num_draft_tokens" in d) else None
+
+
+def read_request(d: dict[str, Any], num_spec_tokens: int | None) -> RequestRecord:
+    return _vllm(d, "speculative_decoding")
+
+
+def _vllm(d: dict[str, Any], where: str) -> RequestRecord:
+    accepted = count(d, "num_accepted_draft_tokens", where) or 0
+    drafted = count(d, "num_draft_tokens", where)
+    steps = count(d, "num_spec_steps", where)
+    k = count(d, "num_spec_tokens", where)
+    per_step = d.get("per_step_accepted")
+    per_pos: tuple[int, ...] = ()
+    if isinstance(per_step, list):
+        counts = [count({"v": v}, "v", f"{where}.per_step_accepted") or 0 for v in per_step]
+        if sum(counts) != accepted:
+            raise MalformedLine(f"{where}.per_step_accepted sums to {sum(counts)}, not num_accepted_draft_tokens {accepted}")
+        per_pos = per_pos_from_steps(counts, k)
+        steps = steps if steps is not None else len(counts)
+    else:
+        hist = histogram(d.get("acceptance_histogram"), f"{where}.acceptance_histogram")
+        if hist:
+            if sum(j * n for j, n in enumerate(hist)) != accepted:
+                raise MalformedLine(f"{where}.acceptance_histogram counts {sum(j * n for j, n in enumerate(hist))} accepted tokens, not {accepted}")
+            per_pos = per_pos_from_histogram(hist, k)
+            steps = steps if steps is not None else sum(hist)
+    return RequestRecord("vllm", accepted, drafted, steps, per_pos, k)
