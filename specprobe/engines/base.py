@@ -46,6 +46,25 @@ class SamplingOrder:
             raise ValueError(f"unknown sampling order {self}")
 
 
+@dataclass(frozen=True)
+class KnownBug:
+    """A fact about given releases of an engine that makes what it measures wrong: which
+    versions on which platform, under what condition, what it does and the workaround."""
+
+    name: str
+    versions: tuple[str, ...]  # release numbers as the engine reports them (a "+local" tail ignored)
+    platform: str  # the platform it names itself by ("cpu"); "" for any
+    condition: str  # when it bites, in words ("T > 0")
+    effect: str
+    workaround: str
+
+    def affects(self, version: str | None, platform: str | None) -> bool:
+        """Whether a server at `version` on `platform` has it (both must be known)."""
+        if not version or (self.platform and not platform):
+            return False
+        return version.split("+")[0] in self.versions and (not self.platform or str(platform).lower() == self.platform)
+
+
 class Engine:
     """One serving engine. Subclasses set the class attributes; the methods are the
     engine's own answers, with the textbook defaults here."""
@@ -80,6 +99,9 @@ class Engine:
     # logs and records (None: nothing of its own to monitor); its metric names, log
     # parsers and rule names are in its package's `monitor` module
     monitor_family: ClassVar[str | None] = None
+    # releases whose served acceptance is wrong under some condition (`monitor` warns
+    # where it can see the version and platform)
+    known_bugs: ClassVar[tuple[KnownBug, ...]] = ()
 
     def describe(self, draft_sampling: str) -> str:
         """'as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)'."""

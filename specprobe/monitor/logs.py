@@ -166,6 +166,10 @@ class LogSource:
         kinds: set[str] = set()
         for line in self._new_lines():
             self.lines_read += 1
+            for *_engine, mod in dialects():  # what an engine's other lines say (its version)
+                said = mod.notice(line, self._state) if hasattr(mod, "notice") else None
+                if said is not None:
+                    warn(*said)
             try:
                 rec = parse_log_line(line.rstrip("\n"))
             except (MalformedLine, ValueError) as e:

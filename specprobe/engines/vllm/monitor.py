@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from specprobe.engines.vllm import ENGINE  # its known bugs
 from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
 from specprobe.monitor.records import (
     LogRecord,
@@ -135,6 +136,25 @@ def parse_log_line(line: str) -> LogRecord | None:
              "accepted": int(f["accepted"]), "drafted": int(f["drafted"]), "emitted": int(f["emitted"])},
             line_time(head),
         )
+    return None
+
+
+# its startup lines: "vLLM API server version 0.32.0", "Automatically detected platform cpu."
+_VERSION = re.compile(r"vLLM API server version (\S+)")
+_PLATFORM = re.compile(r"Automatically detected platform (\w+)")
+
+
+def notice(line: str, state: LogState) -> tuple[str, str] | None:
+    """Read the server's version and platform from its startup lines; once both are known
+    and a known bug of that release applies, its one-line warning (key, message)."""
+    m = _VERSION.search(line) if "server version" in line else _PLATFORM.search(line) if "detected platform" in line else None
+    if m is None:
+        return None
+    seen: dict[str, str] = state.scratch.setdefault(__name__, {})
+    seen["version" if m.re is _VERSION else "platform"] = m.group(1)
+    for bug in ENGINE.known_bugs:
+        if bug.affects(seen.get("version"), seen.get("platform")):
+            return (f"known-bug:{bug.name}", f"vLLM {seen['version']} on {seen['platform'].upper()}: {bug.effect} ({bug.condition}); workaround: {bug.workaround}")
     return None
 
 
