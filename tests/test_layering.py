@@ -37,6 +37,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specprobe.report",),  # renders saved results; never computes
     ("specprobe.engines.*.export", "specprobe.engines.export"),  # each engine's serving-config writer (reads results)
     ("specprobe.export",),  # saved results → engine configs and retraining data
+    ("specprobe.monitor.windows", "specprobe.monitor.base", "specprobe.monitor.records"),  # monitor's series, store and log records
+    ("specprobe.engines.*.monitor",),  # each engine's metric names, log parsers and rule names
     ("specprobe.monitor",),
     ("specprobe.cli", "specprobe.__main__"),
 )
@@ -148,11 +150,6 @@ def test_the_top_level_holds_packages_only() -> None:
 
 # Modules outside engines/ that still hold an engine's own knowledge, each with where it goes.
 ENGINE_KNOWLEDGE_PENDING: dict[str, str] = {
-    "specprobe.monitor.exposition": "each engine's metric names → engines/<engine>/monitor.py",
-    "specprobe.monitor.logs": "each engine's log lines → engines/<engine>/monitor.py",
-    "specprobe.monitor.requests": "each engine's request records → engines/<engine>/monitor.py",
-    "specprobe.monitor.prometheus": "each engine's metric names → engines/<engine>/monitor.py",
-    "specprobe.monitor.promrules": "each engine's metric names → engines/<engine>/monitor.py",
 }
 # Not an engine: the checkpoint layout vLLM's Medusa model reads is called "vllm" by
 # its files, as the speculators format is called "speculators".

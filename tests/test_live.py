@@ -20,7 +20,7 @@ from specprobe.core.errors import ConfigError, ServerError
 from specprobe.core.progress import Progress
 from specprobe.engines import get
 from specprobe.engines.base import SpecCounters
-from specprobe.engines.vllm import CPU_EXPAND
+from specprobe.engines.vllm import CPU_EXPAND_KERNEL
 from specprobe.engines.vllm.client import counters_from_text
 from specprobe.judge.rules import load_table
 from specprobe.metrics.accumulate import FIELDS, Accumulator
@@ -111,11 +111,11 @@ def test_compare_refuses_what_it_cannot_compare() -> None:
 
 
 def test_the_cpu_expand_bug_is_named_at_t_above_zero_on_its_release() -> None:
-    assert CPU_EXPAND in get("vllm").known_issues
-    assert CPU_EXPAND.applies("0.32.0", 0.7) and CPU_EXPAND.applies("0.32.0+cpu", 0.7)
-    assert not CPU_EXPAND.applies("0.32.0", 0.0) and not CPU_EXPAND.applies("0.33.0", 0.7) and not CPU_EXPAND.applies(None, 0.7)
+    assert CPU_EXPAND_KERNEL in get("vllm").known_bugs
+    assert CPU_EXPAND_KERNEL.may_affect("0.32.0", 0.7) and CPU_EXPAND_KERNEL.may_affect("0.32.0+cpu", 0.7)
+    assert not CPU_EXPAND_KERNEL.may_affect("0.32.0", 0.0) and not CPU_EXPAND_KERNEL.may_affect("0.33.0", 0.7) and not CPU_EXPAND_KERNEL.may_affect(None, 0.7)
     _, metrics, evidence = live.compare(_run([(4, 16, 0, (0.0,) * 4), (4, 16, 0, (0.0,) * 4)]), _acc(), Sampling(0.7))
-    assert metrics["live_known_issue"] == 1 and "vllm-cpu-expand" in evidence["live_known_issue"][0]
+    assert metrics["live_known_issue"] == 1 and "cpu-expand-kernel" in evidence["live_known_issue"][0]
 
 
 def test_the_rules_fire_far_below_the_band_only() -> None:

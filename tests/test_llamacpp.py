@@ -219,7 +219,7 @@ def test_monitor_log_reports_the_same_tokens(traffic: Traffic, tmp_path: Path):
           f" | server timings: accepted {_sum(traffic.timings, 'draft_n_accepted')}, drafted {_sum(traffic.timings, 'draft_n')}")
     assert (now["accepted_tokens"], now["draft_tokens"]) == (_sum(traffic.timings, "draft_n_accepted"), _sum(traffic.timings, "draft_n"))
     # Verify steps are not printed; they are recovered from the rounded mean length and
-    # per-position rates (see fit_llamacpp_drafts): exact here, or one low per request.
+    # per-position rates (see engines.llamacpp.monitor.fit_drafts): exact here, or one low per request.
     drafts = traffic.after["llamacpp:spec_decode_num_drafts_total"] - traffic.before["llamacpp:spec_decode_num_drafts_total"]
     assert drafts - len(PROMPTS) <= now["drafts"] <= drafts
 

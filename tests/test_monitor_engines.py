@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from typer.testing import CliRunner
 
 from specprobe.cli.main import app
+from specprobe.engines.sglang.monitor import num_spec_tokens as sglang_num_spec_tokens
 from specprobe.monitor.base import ModelData
-from specprobe.monitor.exposition import ingest_samples, parse_exposition, sglang_num_spec_tokens
+from specprobe.monitor.exposition import ingest_samples, parse_exposition
 from specprobe.monitor.windows import window_stats
 
 DATA = Path(__file__).parent / "data" / "monitor"

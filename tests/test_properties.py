@@ -289,7 +289,8 @@ log_piece = st.one_of(st.sampled_from(LOG_MARKERS), st.integers(-5, 10**6).map(s
 def test_log_lines(tmp: Path, lines: list[str]) -> None:
     """parse_log_line: a record, None, or MalformedLine; a log of such lines polls and
     evaluates without raising."""
-    from specprobe.monitor.logs import LogRecord, LogSource, MalformedLine, parse_log_line
+    from specprobe.monitor.logs import LogSource, parse_log_line
+    from specprobe.monitor.records import LogRecord, MalformedLine
     from specprobe.monitor.runner import Monitor
 
     for line in lines:

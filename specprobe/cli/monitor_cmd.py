@@ -84,15 +84,15 @@ def monitor(
     """
     # deferred: the command's own work: `specprobe --help` imports every command module and none of this
     from specprobe.judge.rules import load_table
-    from specprobe.monitor.base import ENGINES
+    from specprobe.monitor.dialects import engine_choices
     from specprobe.monitor.grouprules import read_overrides
     from specprobe.monitor.requests import check_field_path
     from specprobe.monitor.runner import Monitor
     from specprobe.monitor.windows import parse_duration, parse_window
 
     check("fail_on", fail_on, "--fail-on")
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown --engine {engine!r}", "use " + ", ".join(ENGINES))
+    if engine not in engine_choices():
+        raise ConfigError(f"unknown --engine {engine!r}", "use " + ", ".join(engine_choices()))
     urls, logs, reqs = list(url or []), list(log or []), list(requests or [])
     win_s, win_tok = parse_window(window, "--window")
     win = 60.0 if win_s is None else win_s

@@ -77,20 +77,28 @@ class SpecCounters:
 
 
 @dataclass(frozen=True)
-class KnownIssue:
-    """A fact about some releases of an engine that changes what it measures."""
+class KnownBug:
+    """A fact about given releases of an engine that makes what it measures wrong: which
+    versions on which platform, under what condition, what it does and the workaround."""
 
-    id: str
-    versions: tuple[str, ...]  # the releases it is known in ("0.32.0")
-    platform: str  # where: "cpu", "cuda", "any"
-    sampled_only: bool  # only when the target samples (T > 0)
-    summary: str  # what goes wrong, in one line
-    workaround: str  # what to do
+    name: str
+    versions: tuple[str, ...]  # release numbers as the engine reports them (a "+local" tail ignored)
+    platform: str  # the platform it names itself by ("cpu"); "" for any
+    condition: str  # when it bites, in words ("T > 0")
+    effect: str
+    workaround: str
+    sampled_only: bool = False  # only requests that sample (T > 0) meet it
 
-    def applies(self, version: str | None, temperature: float) -> bool:
-        """Whether a server of `version` may be affected at this temperature (the
-        platform is not visible from its API: the message names it)."""
-        if version is None or (self.sampled_only and temperature <= 0):
+    def affects(self, version: str | None, platform: str | None) -> bool:
+        """Whether a server at `version` on `platform` has it (both must be known)."""
+        if not version or (self.platform and not platform):
+            return False
+        return version.split("+")[0] in self.versions and (not self.platform or str(platform).lower() == self.platform)
+
+    def may_affect(self, version: str | None, temperature: float) -> bool:
+        """Whether a server reporting `version` may have it at this temperature, where its
+        platform cannot be seen (a live server's API does not say): the message names it."""
+        if not version or (self.sampled_only and temperature <= 0):
             return False
         return version.split("+")[0] in self.versions
 
@@ -144,6 +152,14 @@ class Engine:
     eagle3_aux_offset: ClassVar[int | None] = None
     eagle3_format: ClassVar[str | None] = None
     eagle3_default_for_other_formats: ClassVar[bool] = False
+    # --- production monitoring (`specprobe monitor`, `specprobe alerts`) ---
+    # the name monitor's --engine and its detected families give the engine's metrics,
+    # logs and records (None: nothing of its own to monitor); its metric names, log
+    # parsers and rule names are in its package's `monitor` module
+    monitor_family: ClassVar[str | None] = None
+    # releases whose served acceptance is wrong under some condition (`monitor` warns
+    # where it can see the version and platform)
+    known_bugs: ClassVar[tuple[KnownBug, ...]] = ()
 
     def describe(self, draft_sampling: str) -> str:
         """'as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)'."""
@@ -166,9 +182,6 @@ class Engine:
         the engine has no rule of its own) and their evidence lines in `ev`."""
         m["engine_vocab_incompatible"] = None
         m["vocab_shared_frac"] = None
-
-    # releases of it whose measured acceptance is not the target's distribution
-    known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
 
     def live_server(self, url: str, model: str | None = None, timeout: float = 30.0) -> LiveServer:
         """A client for a running server of this engine at `url`, serving `model` (None:

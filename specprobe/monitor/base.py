@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from specprobe.monitor.windows import ModelData
 
-ENGINES = ("auto", "vllm", "sglang", "llamacpp")
 MODEL_LABEL = "model_name"
 UNLABELLED = "(no model_name)"
 
@@ -27,7 +26,7 @@ class SourceError(Exception):
 
 @dataclass
 class IngestResult:
-    engine: str | None  # "vllm-v1" | "vllm-v0" | "sglang" | "llamacpp" | None
+    engine: str | None  # the detected family variant (an engine's `detect`), or None
     models: set[str]
     malformed: int = 0
     missing: list[str] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """Prometheus text exposition from a serving engine's /metrics: parsing, and the map
-from each engine's metric names (vLLM V1 and V0, SGLang, llama.cpp's server) onto the
-canonical quantities the windows module counts.
+from each engine's metric names (its `monitor` module's COUNTERS, PER_POS, GAUGES,
+SHAPES, see `dialects`) onto the canonical quantities the windows module counts.
 
 `ingest_samples` is pure bookkeeping: one scrape's samples in, counters and gauges per
 `model_name` label added to the store. The same name maps drive the Prometheus source's
@@ -12,51 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
 from specprobe.monitor.base import MODEL_LABEL, UNLABELLED, IngestResult, SourceError, Store
+from specprobe.monitor.dialects import dialects, module
 from specprobe.monitor.windows import ModelData, pos_key
-
-# ----------------------------------------------------------------------------- engine names
-# Counter names without the `_total` suffix the client library adds on exposition.
-VLLM_COUNTERS = {
-    "vllm:spec_decode_num_drafts": windows.DRAFTS,
-    "vllm:spec_decode_num_draft_tokens": windows.DRAFT_TOKENS,
-    "vllm:spec_decode_num_accepted_tokens": windows.ACCEPTED,
-    "vllm:spec_decode_num_emitted_tokens": windows.EMITTED,  # V0
-}
-VLLM_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-VLLM_GAUGES = {
-    "vllm:spec_decode_draft_acceptance_rate": windows.GAUGE_ACCEPT_RATE,  # V0
-    "vllm:spec_decode_efficiency": windows.GAUGE_EFFICIENCY,  # V0
-}
-SGLANG_GAUGES = {
-    "sglang:spec_accept_length": windows.GAUGE_ACCEPT_LEN,  # bonus token included
-    "sglang:spec_accept_rate": windows.GAUGE_ACCEPT_RATE,
-}
-# Newer SGLang: verify steps as a counter (one per draft, added when a request finishes)
-# and the active draft shape as gauges (adaptive speculation changes them at run time).
-SGLANG_COUNTERS = {"sglang:spec_verify_calls": windows.DRAFTS}
-SGLANG_NUM_STEPS = "sglang:spec_num_steps"  # draft depth K of a chain
-SGLANG_NUM_DRAFT_TOKENS = "sglang:spec_num_draft_tokens"  # tokens per verify, root included: K + 1 for a chain
-# llama.cpp's server (`--metrics`, builds from 2025 on): the vLLM V1 set under its own prefix.
-LLAMACPP_COUNTERS = {
-    "llamacpp:spec_decode_num_drafts": windows.DRAFTS,
-    "llamacpp:spec_decode_num_draft_tokens": windows.DRAFT_TOKENS,
-    "llamacpp:spec_decode_num_accepted_tokens": windows.ACCEPTED,
-}
-LLAMACPP_PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos"
-LLAMACPP_REQUIRED = tuple(LLAMACPP_COUNTERS)
-VLLM_V1_REQUIRED = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
-VLLM_V0_REQUIRED = ("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_emitted_tokens")
-
-
-# family → (counters, per-position counter, gauges)
-_NAME_MAPS: dict[str, tuple[dict[str, str], str | None, dict[str, str]]] = {
-    "vllm": (VLLM_COUNTERS, VLLM_PER_POS, VLLM_GAUGES),
-    "sglang": (SGLANG_COUNTERS, None, SGLANG_GAUGES),
-    "llamacpp": (LLAMACPP_COUNTERS, LLAMACPP_PER_POS, {}),
-    "": ({}, None, {}),
-}
 
 
 def _base_name(name: str) -> str:
@@ -118,41 +76,31 @@ def _series_id(labels: dict[str, str], prefix: str) -> str:
 
 
 def detect_engine(names: set[str]) -> str | None:
-    if any(n.startswith("vllm:spec_decode") for n in names):
-        return "vllm-v1" if "vllm:spec_decode_num_drafts" in names else "vllm-v0"
-    if any(n.startswith("sglang:spec_accept") or n == "sglang:spec_verify_calls" for n in names):
-        return "sglang"
-    if any(n.startswith("llamacpp:spec_decode") for n in names):
-        return "llamacpp"
+    """The first engine (in the engines' order) whose metric names the scrape shows."""
+    for _, _, mod in dialects():
+        detected = mod.detect(names) if hasattr(mod, "detect") else None
+        if detected:
+            return str(detected)
     return None
 
 
 def _family(detected: str | None) -> str | None:
-    """vllm-v1/vllm-v0 → vllm; the others are their own family."""
+    """A detected variant's family: vllm-v1/vllm-v0 → vllm; the others are their own."""
     return detected.split("-")[0] if detected else None
 
 
 def missing_families(engine: str | None, names: set[str], wanted: str) -> list[str]:
     """The spec-decode families this engine should export but did not."""
     if engine is None:
-        if wanted == "sglang":
-            return ["sglang:spec_accept_length"]
-        if wanted == "vllm":
-            return ["vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"]
-        if wanted == "llamacpp" or any(n.startswith("llamacpp:") for n in names):
-            # A llama.cpp server without a draft model, or a build older than its
-            # spec_decode counters, still exports llamacpp:* names.
-            return list(LLAMACPP_REQUIRED)
-        return ["vllm:spec_decode_*, sglang:spec_accept_* or llamacpp:spec_decode_*"]
-    required: tuple[str, ...]
-    if engine == "vllm-v1":
-        required = (*VLLM_V1_REQUIRED, VLLM_PER_POS)
-    elif engine == "vllm-v0":
-        required = VLLM_V0_REQUIRED
-    elif engine == "llamacpp":
-        required = LLAMACPP_REQUIRED
-    else:
-        required = ("sglang:spec_accept_length",)
+        mod = module(wanted)
+        if mod is not None and hasattr(mod, "EXPECTED"):
+            return list(mod.EXPECTED)
+        for _, _, m in dialects():
+            if hasattr(m, "exports_without_spec") and m.exports_without_spec(names):
+                return list(m.EXPECTED)
+        globs = [m.GLOB for _, _, m in dialects() if hasattr(m, "GLOB")]
+        return [", ".join(globs[:-1]) + " or " + globs[-1] if len(globs) > 1 else "".join(globs)]
+    required: tuple[str, ...] = tuple(getattr(module(engine), "REQUIRED", {}).get(engine, ()))
     return [n for n in required if n not in names]
 
 
@@ -182,7 +130,14 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
     if detected is None:
         return result
     totals: dict[str, dict[str, float]] = {}  # model → quantity → cumulative sum (for V0's K)
-    shapes: dict[str, dict[str, float]] = {}  # model → SGLang draft-shape gauge → value
+    shapes: dict[str, dict[str, float]] = {}  # model → draft-shape gauge → value
+    mod = module(detected)
+    if mod is None:
+        return result
+    counters: dict[str, str] = getattr(mod, "COUNTERS", {})
+    per_pos: str | None = getattr(mod, "PER_POS", None)
+    gauges: dict[str, str] = getattr(mod, "GAUGES", {})
+    shape_names: tuple[str, ...] = getattr(mod, "SHAPES", ())
     for s in samples:
         if s.name.endswith("_created"):
             continue
@@ -190,7 +145,6 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
         model = s.labels.get(MODEL_LABEL, UNLABELLED)
         quantity: str | None = None
         kind = ""
-        counters, per_pos, gauges = _NAME_MAPS[_family(detected) or ""]
         if base in counters:
             quantity, kind = counters[base], "counter"
         elif base == per_pos:
@@ -201,7 +155,7 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
             quantity, kind = pos_key(int(pos)), "counter"
         elif base in gauges:
             quantity, kind = gauges[base], "gauge"
-        elif detected == "sglang" and base in (SGLANG_NUM_STEPS, SGLANG_NUM_DRAFT_TOKENS):
+        elif base in shape_names:
             quantity, kind = base, "shape"
         if quantity is None:
             continue
@@ -228,35 +182,13 @@ def ingest_samples(samples: list[Sample], engine: str, t: float, store: Store, s
                 data.add_gauge(quantity, sid, t, s.value)
                 totals.setdefault(row, {})[quantity] = s.value
             result.models.add(row)
-    if detected == "vllm-v0":
+    if hasattr(mod, "k_from_totals"):
         for model, tot in totals.items():
-            k = v0_num_spec_tokens(tot.get(windows.DRAFT_TOKENS), tot.get(windows.EMITTED), tot.get(windows.GAUGE_EFFICIENCY))
+            k = mod.k_from_totals(detected, tot)
             if k:
                 store[model].num_spec_tokens = store[model].num_spec_tokens or k
     for model, shape in shapes.items():
-        k = sglang_num_spec_tokens(shape.get(SGLANG_NUM_STEPS), shape.get(SGLANG_NUM_DRAFT_TOKENS))
+        k = mod.k_from_shapes(shape)
         if k and model in store:
             store[model].num_spec_tokens = k  # the active tier: adaptive K moves, latest wins
     return result
-
-
-def sglang_num_spec_tokens(num_steps: float | None, num_draft_tokens: float | None) -> int | None:
-    """K, the drafted tokens per verify of a chain, from SGLang's draft-shape gauges:
-    the step count, else the tokens per verify less the root token (0 = not speculating)."""
-    if num_steps and num_steps >= 1:
-        return int(num_steps)
-    if num_draft_tokens and num_draft_tokens >= 2:
-        return int(num_draft_tokens) - 1
-    return None
-
-
-def v0_num_spec_tokens(draft_tokens: float | None, emitted: float | None, efficiency: float | None) -> int | None:
-    """K from vLLM V0's cumulative numbers: efficiency = emitted / (drafts·(K+1)) and
-    draft_tokens = drafts·K, so drafts = emitted/efficiency − draft_tokens."""
-    if not draft_tokens or not emitted or not efficiency or efficiency <= 0:
-        return None
-    drafts = emitted / efficiency - draft_tokens
-    if drafts <= 0:
-        return None
-    k = round(draft_tokens / drafts)
-    return k if 1 <= k <= 64 else None

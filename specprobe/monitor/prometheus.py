@@ -2,7 +2,8 @@
 increase()/avg_over_time() and summed per model_name across every engine instance it
 scrapes, so one source covers a whole fleet. The drift tests read the run from its
 history: query_range of increase() over consecutive windows across --drift-window
-(default 6 h), for the counter engines (vLLM, llama.cpp).
+(default 6 h), for the engines that count accepted and drafted tokens. Each engine's
+metric names are its `monitor` module's (see `dialects`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,9 @@ from typing import Any
 
 from specprobe.monitor import windows  # the series' names: windows.ACCEPTED, …
 from specprobe.monitor.base import MODEL_LABEL, UNLABELLED, IngestResult, SourceError, Store, Warn
+from specprobe.monitor.dialects import dialects
 from specprobe.monitor.drift import Bucket
-from specprobe.monitor.exposition import (
-    LLAMACPP_COUNTERS,
-    LLAMACPP_PER_POS,
-    SGLANG_COUNTERS,
-    SGLANG_GAUGES,
-    VLLM_COUNTERS,
-    VLLM_PER_POS,
-    missing_families,
-)
+from specprobe.monitor.exposition import missing_families
 from specprobe.monitor.http_source import HttpSource, check_http_url, http_get, with_retries
 from specprobe.monitor.windows import ModelData, WindowCounts, prom_duration
 
@@ -98,11 +92,7 @@ class PrometheusSource(HttpSource):
         step = max(window, span / MAX_RANGE_POINTS)
         rng = prom_duration(step)
         out: dict[str, list[Bucket]] = {}
-        sets = []
-        if self.engine in ("auto", "vllm"):
-            sets.append(VLLM_COUNTERS)
-        if self.engine in ("auto", "llamacpp"):
-            sets.append(LLAMACPP_COUNTERS)
+        sets = [getattr(mod, "COUNTERS", {}) for _, family, mod in dialects() if self.engine in ("auto", family)]
         for counters in sets:
             names = {q: base for base, q in counters.items()}
             if windows.ACCEPTED not in names or windows.DRAFT_TOKENS not in names:
@@ -126,15 +116,11 @@ class PrometheusSource(HttpSource):
         def put(model: str, key: str, value: Any) -> None:
             per_model.setdefault(model, {})[key] = value
 
-        want_vllm = self.engine in ("auto", "vllm")
-        want_sglang = self.engine in ("auto", "sglang")
-        counter_sets: list[tuple[str, dict[str, str], str | None]] = []
-        if want_vllm:
-            counter_sets.append(("vllm", VLLM_COUNTERS, VLLM_PER_POS))
-        if self.engine in ("auto", "llamacpp"):
-            counter_sets.append(("llamacpp", LLAMACPP_COUNTERS, LLAMACPP_PER_POS))
-        if want_sglang:
-            counter_sets.append(("sglang", SGLANG_COUNTERS, None))
+        wanted = [(family, mod) for _, family, mod in dialects() if self.engine in ("auto", family)]
+        counter_sets: list[tuple[str, dict[str, str], str | None]] = [
+            (family, getattr(mod, "COUNTERS", {}), getattr(mod, "PER_POS", None)) for family, mod in wanted
+        ]
+        counter_sets.sort(key=lambda c: c[2] is None)  # the per-position engines' queries run first
         for family, counters, per_pos in counter_sets:
             for base, quantity in counters.items():
                 q = f"sum by ({MODEL_LABEL}) (increase({base}_total[{rng}]{off}))"
@@ -148,9 +134,9 @@ class PrometheusSource(HttpSource):
                 pos = labels.get("position", "")
                 if pos.isdigit():
                     per_model.setdefault(labels.get(MODEL_LABEL, UNLABELLED), {}).setdefault("pos", {})[int(pos)] = v
-        gauges = {**(SGLANG_GAUGES if want_sglang else {})}
-        if want_vllm:
-            gauges["vllm:spec_decode_draft_acceptance_rate"] = windows.GAUGE_ACCEPT_RATE
+        gauges: dict[str, str] = {}
+        for _, mod in reversed(wanted):  # a later engine's gauge is asked first
+            gauges.update(getattr(mod, "PROM_GAUGES", {}))
         for name, quantity in gauges.items():
             q = f"avg by ({MODEL_LABEL}) (avg_over_time({name}[{rng}]{off}))"
             for labels, v in self.query(q, t):

@@ -37,9 +37,9 @@ from typing import Any
 
 from specprobe.judge.conditions import BoolOp, Chain, Num, Var, parse_condition
 from specprobe.judge.rules import Rule, RuleTable
+from specprobe.monitor.dialects import dialects
 from specprobe.monitor.windows import prom_duration
 
-ENGINES = ("vllm", "sglang", "llama.cpp")
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
@@ -52,35 +52,9 @@ class EngineNames:
     engine_label: bool = False
 
 
-NAMES = {
-    "vllm": EngineNames(
-        by="model_name",
-        counters={
-            "accepted": "vllm:spec_decode_num_accepted_tokens_total",
-            "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-            "drafts": "vllm:spec_decode_num_drafts_total",
-        },
-        per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
-        gauges=None,
-        engine_label=True,
-    ),
-    "llama.cpp": EngineNames(
-        by="instance",
-        counters={
-            "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",
-            "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
-            "drafts": "llamacpp:spec_decode_num_drafts_total",
-        },
-        per_pos="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
-        gauges=None,
-    ),
-    "sglang": EngineNames(
-        by="model_name",
-        counters=None,
-        per_pos=None,
-        gauges={"accept_rate": "sglang:spec_accept_rate", "accept_len": "sglang:spec_accept_length"},
-    ),
-}
+# each engine's names, from its `monitor` module's RULES (`dialects`), by engine name
+NAMES = {engine.name: EngineNames(**mod.RULES) for engine, _, mod in dialects() if hasattr(mod, "RULES")}
+ENGINES = tuple(NAMES)  # `specprobe alerts --engine`
 
 
 def _w(seconds: float) -> str:

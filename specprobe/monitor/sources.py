@@ -1,10 +1,10 @@
 """Where acceptance numbers come from, in one import: an engine's /metrics endpoint
-(vLLM V1 and V0, SGLang), a Prometheus server's query API (a whole fleet), and log
-lines (vLLM V1/V0, SGLang, llama.cpp) from files or stdin.
+, a Prometheus server's query API (a whole fleet), and log lines from files or stdin,
+each engine's names and lines read by its own `monitor` module (`dialects`).
 
-Each kind lives in its own module — `exposition` (parsing /metrics text and the engines'
-metric names), `http_source` (scraping), `prometheus` (server-side windows), `logs`
-(line formats and file/stdin followers), `base` (what they share). This module re-exports
+Each kind lives in its own module — `exposition` (parsing /metrics text), `http_source`
+(scraping), `prometheus` (server-side windows), `logs` (file/stdin followers), `records`
+and `base` (what they share). This module re-exports
 them for callers that want every source at once.
 
 Every source writes into a `ModelData` per model label; the windows module does the
@@ -16,7 +16,6 @@ malformed URL) raises `ConfigError`/`InputError` at construction.
 from __future__ import annotations
 
 from specprobe.monitor.base import (
-    ENGINES,
     MODEL_LABEL,
     UNLABELLED,
     IngestResult,
@@ -25,43 +24,22 @@ from specprobe.monitor.base import (
     Warn,
 )
 from specprobe.monitor.exposition import (
-    SGLANG_GAUGES,
-    VLLM_COUNTERS,
-    VLLM_GAUGES,
-    VLLM_PER_POS,
-    VLLM_V0_REQUIRED,
-    VLLM_V1_REQUIRED,
     Sample,
     detect_engine,
     ingest_samples,
     missing_families,
     parse_exposition,
-    v0_num_spec_tokens,
 )
 from specprobe.monitor.http_source import ScrapeSource, check_http_url, http_get, with_retries
-from specprobe.monitor.logs import (
-    LogRecord,
-    LogSource,
-    LogState,
-    MalformedLine,
-    apply_record,
-    line_time,
-    parse_log_line,
-)
+from specprobe.monitor.logs import LogSource, apply_record, parse_log_line
 from specprobe.monitor.prometheus import PrometheusSource
+from specprobe.monitor.records import LogRecord, LogState, MalformedLine, line_time
 
 Source = ScrapeSource | PrometheusSource | LogSource
 
 __all__ = [
-    "ENGINES",
     "MODEL_LABEL",
-    "SGLANG_GAUGES",
     "UNLABELLED",
-    "VLLM_COUNTERS",
-    "VLLM_GAUGES",
-    "VLLM_PER_POS",
-    "VLLM_V0_REQUIRED",
-    "VLLM_V1_REQUIRED",
     "IngestResult",
     "LogRecord",
     "LogSource",
@@ -83,6 +61,5 @@ __all__ = [
     "missing_families",
     "parse_exposition",
     "parse_log_line",
-    "v0_num_spec_tokens",
     "with_retries",
 ]

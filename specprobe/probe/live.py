@@ -155,7 +155,7 @@ def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[st
     z = gap / both if both and both > 0 else math.nan
 
     engine = get(run.engine)
-    issues = [i for i in engine.known_issues if i.applies(run.version, 0.0 if sampling.greedy else sampling.temperature)]
+    issues = [b for b in engine.known_bugs if b.may_affect(run.version, 0.0 if sampling.greedy else sampling.temperature)]
     metrics = {
         "live_accept_rate": _num(served),
         "live_accept_rate_predicted": _num(predicted),
@@ -173,7 +173,7 @@ def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[st
         lines.append(f"stopped early: {run.stopped}")
     evidence = {"live_accept_rate": lines, "live_gap_rel": lines, "live_gap_z": lines}
     if issues:
-        evidence["live_known_issue"] = [f"{i.id}: {i.summary} — {i.workaround}" for i in issues]
+        evidence["live_known_issue"] = [f"{b.name} ({engine.label} {', '.join(b.versions)}{' on ' + b.platform if b.platform else ''}, {b.condition}): {b.effect} — {b.workaround}" for b in issues]
     else:
         evidence["live_known_issue"] = [f"no known issue of {engine.label} {run.version or '(release unknown)'} at this temperature"]
     section = {
@@ -198,6 +198,6 @@ def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[st
         "predicted_per_position_se": [_num(x) for x in pos_se[k - 1, :k].tolist()],
         "gap_rel": _num(gap_rel),
         "gap_z": _num(z),
-        "known_issues": [i.id for i in issues],
+        "known_issues": [b.name for b in issues],
     }
     return section, metrics, evidence

@@ -42,6 +42,7 @@ DRAFT_TOP_K = 10
 class LlamaCpp(Engine):
     name = "llama.cpp"
     label = "llama.cpp"
+    monitor_family = "llamacpp"  # metrics, logs and rules: `monitor.py`
     sampling = SamplingOrder("llama.cpp", UNTEMPERED, greedy_below=0.0)
     draft_sampling = GREEDY
     knob = "--spec-type draft-simple (the drafter's top token)"

@@ -24,6 +24,7 @@ from specprobe.engines.base import GREEDY, JOINT, Engine, SamplingOrder
 class SGLang(Engine):
     name = "sglang"
     label = "SGLang"
+    monitor_family = "sglang"  # metrics, logs and rules: `monitor.py`
     sampling = SamplingOrder("sglang", JOINT, greedy_below=1e-6)
     draft_sampling = GREEDY
     knob = "its EAGLE candidates (top tokens by draft score)"

@@ -19,6 +19,7 @@ from specprobe.engines.base import GREEDY, SAMPLE_MATCH, SEQUENTIAL, Engine, Sam
 class TensorRTLLM(Engine):
     name = "trtllm"
     label = "TensorRT-LLM"
+    monitor_family = "trtllm"  # its request records: `monitor.py`
     # the same transform as vLLM's, recorded under vLLM's name as before
     sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
     draft_sampling = GREEDY

