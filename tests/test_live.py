@@ -215,3 +215,18 @@ def test_a_server_that_fails_part_way_keeps_what_it_answered(stub: str) -> None:
     _Stub.fail_after = None
     run = live.send(server, [[1, 2]] * 3, Sampling(0.0), 4, 0, 0.0, Progress())  # no time at all
     assert run.requests == [] and run.stopped is not None and "deadline" in run.stopped
+
+
+def test_monitor_reads_the_captured_vllm_text_too() -> None:
+    """The same captured /metrics through monitor's own parser: vLLM V1's family found,
+    nothing it needs missing, and the counters it sums equal the live client's. Bump the
+    capture (tests/test_vllm.py writes a fresh one into its tmp folder) when vLLM changes."""
+    from specprobe.monitor.exposition import detect_engine, missing_families, parse_exposition
+
+    text = (DATA / "metrics-0.32.0-cpu.txt").read_text()
+    samples, malformed = parse_exposition(text)
+    names = {s.name.removesuffix("_total") for s in samples if not s.name.endswith("_created")}
+    assert malformed == 0 and detect_engine(names) == "vllm-v1"
+    assert missing_families("vllm-v1", names, "vllm") == []
+    drafted = sum(s.value for s in samples if s.name == "vllm:spec_decode_num_draft_tokens_total")
+    assert drafted == counters_from_text(text).draft_tokens == 92.0
