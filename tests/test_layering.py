@@ -167,6 +167,8 @@ def _names_an_engine(node: ast.AST) -> str | None:
 
     if isinstance(node, ast.Compare):
         return next((x for x in map(spelled, [node.left, *node.comparators]) if x), None)
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:  # engine = "vllm"
+        return spelled(node.value)
     if isinstance(node, ast.Dict):  # a table keyed by engine (one such key may be a package's name)
         keys = [x for x in map(spelled, [k for k in node.keys if k is not None]) if x]
         return keys[0] if len(keys) > 1 else None
@@ -175,7 +177,7 @@ def _names_an_engine(node: ast.AST) -> str | None:
 
 def test_only_the_engines_compare_engine_names() -> None:
     """Every layer asks the engine object (`specprobe.engines.get(name)`); no module
-    outside engines/ compares an engine's name or keys a table by it."""
+    outside engines/ compares an engine's name, keys a table by it or assigns it."""
     found = []
     for m, p in _modules().items():
         if m.startswith("specprobe.engines") or m in ENGINE_KNOWLEDGE_PENDING:

@@ -57,6 +57,7 @@ from specprobe.core.errors import ConfigError
 from specprobe.drafters.sglang_ngram import DEFAULTS as SGLANG_DEFAULTS
 from specprobe.drafters.sglang_ngram import MATCH_TYPES, NgramTree, SglangSlot, TrieCache, check
 from specprobe.drafters.suffix import SuffixCache, SuffixSlot
+from specprobe.engines import ngram_engine
 
 VLLM_NGRAM = "ngram"
 SIMPLE, MAP_K, MAP_K4V, MOD, CACHE = "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"
@@ -603,7 +604,7 @@ class NgramDrafter:
         self.types = parse_spec(spec)
         self.max_model_len = max_model_len
         self.info = info  # the target's (its tokens are the target's own), when paired with one
-        self.engine = "vllm" if self.types[0].name in VLLM_METHODS else "sglang" if self.types[0].name == SGLANG else "llama.cpp"
+        self.engine = ngram_engine(self.types[0].name).name
         mod = next((t for t in self.types if t.name == MOD), None)
         self._mod_table = NgramModTable(mod.get("n_match")) if mod is not None else None
         self._requests = 0

@@ -28,6 +28,7 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.drafters.ngram import LLAMA_CPP_ORDER, NgramDrafter, is_ngram_spec
+from specprobe.engines import ENGINES
 
 SEP = "+"
 HINT = "write the llama.cpp n-gram types, '+', then the draft model: e.g. ngram-simple,ngram-mod+./draft.gguf"
@@ -75,7 +76,7 @@ class MixedDrafter:
         self.ngram = ngram
         self.model = model  # a drafters.base.Drafter with a step model (draft-simple)
         self.info = getattr(model, "info", None)
-        self.engine = "llama.cpp"
+        self.engine = next(e.name for e in ENGINES if e.ngram_with_draft_model)
         self.model_k: int | None = None  # the model's n_max in a simulate run (`with_k`)
         if model.step_model() is None:
             raise ConfigError(f"drafter spec {spec!r}: {model.name} is a head, not a draft model", "llama.cpp's draft-simple beside n-gram types runs a causal LM (-md draft.gguf)")

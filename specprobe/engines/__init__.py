@@ -30,6 +30,11 @@ def eagle3_engine(fmt: str) -> Engine:
     return next((e for e in ENGINES if e.eagle3_format == fmt), None) or next(e for e in ENGINES if e.eagle3_default_for_other_formats)
 
 
+def ngram_engine(type_name: str) -> Engine:
+    """The engine whose n-gram drafting a drafter type is (`drafters/ngram.py`)."""
+    return next((e for e in ENGINES if type_name in e.ngram_types), None) or next(e for e in ENGINES if e.ngram_default)
+
+
 def get(name: str) -> Engine:
     """The engine called `name` (as --engine takes it)."""
     try:

@@ -152,6 +152,12 @@ class Engine:
     eagle3_aux_offset: ClassVar[int | None] = None
     eagle3_format: ClassVar[str | None] = None
     eagle3_default_for_other_formats: ClassVar[bool] = False
+    # model-free drafting (`drafters/ngram.py`): the n-gram drafter types that are its own
+    # method, whether it owns every type no engine names, and whether it runs a draft model
+    # beside its n-gram types
+    ngram_types: ClassVar[tuple[str, ...]] = ()
+    ngram_default: ClassVar[bool] = False
+    ngram_with_draft_model: ClassVar[bool] = False
     # --- production monitoring (`specprobe monitor`, `specprobe alerts`) ---
     # the name monitor's --engine and its detected families give the engine's metrics,
     # logs and records (None: nothing of its own to monitor); its metric names, log

@@ -52,6 +52,8 @@ class LlamaCpp(Engine):
     draft_stops = True
     drafts_stop_at_end_of_generation = True
     serving_knobs = {"draft_p_min": "p_min", "draft_n_min": "n_min"}
+    ngram_default = True  # its ngram-* types (--spec-type), and a draft model beside them
+    ngram_with_draft_model = True
 
     def vocab_findings(self, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
         super().vocab_findings(tt, dt, vt, vd, tj, dj, m, ev)  # both keys, in the order every engine writes them

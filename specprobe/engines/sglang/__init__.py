@@ -34,6 +34,7 @@ class SGLang(Engine):
     # checkpoints and EAGLE's own are trained that way)
     eagle3_aux_offset = 1
     eagle3_default_for_other_formats = True
+    ngram_types = ("sglang-ngram",)  # its NGRAM algorithm (a trie, a draft tree)
     serving_knobs = {"accept_threshold_single": "speculative_accept_threshold_single", "accept_threshold_acc": "speculative_accept_threshold_acc"}
 
 

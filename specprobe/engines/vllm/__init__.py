@@ -63,6 +63,7 @@ class VLLM(Engine):
     # EAGLE-3 heads: the aux layer ids as written index hidden_states (speculators format)
     eagle3_aux_offset = 0
     eagle3_format = "speculators"
+    ngram_types = ("ngram", "suffix")  # its `ngram` (prompt lookup) and `suffix` methods
 
     def vocab_findings(self, tt: Any, dt: Any, vt: int, vd: int, tj: Mapping[str, Any], dj: Mapping[str, Any], m: dict[str, Any], ev: dict[str, list[str]]) -> None:
         super().vocab_findings(tt, dt, vt, vd, tj, dj, m, ev)  # both keys, in the order every engine writes them
