@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.estimates.estimate import (
@@ -27,11 +27,13 @@ from specprobe.estimates.estimate import (
     RoundCost,
     best_k,
     budget_speedups,
+    equivalent_range,
     headline_tau,
     k_table,
     quantiles,
     round_costs,
 )
+from specprobe.estimates.isotonic import non_decreasing_repeats
 
 Clock = Callable[[], float]
 
@@ -186,6 +188,7 @@ class BatchCosts:
     cost_ratio_q3: float
     rounds: list[RoundCost]
     raw: dict[str, Any]
+    verify_raw: list[float | None] = field(default_factory=list)  # v_K's median before the isotonic fit (None: given, not measured)
 
 
 def cost_tables(raw: Mapping[str, Any], k_max: int, cost_ratio: float | None, verify_factor: float | None) -> list[BatchCosts]:
@@ -194,7 +197,10 @@ def cost_tables(raw: Mapping[str, Any], k_max: int, cost_ratio: float | None, ve
     step to time) costs what the weights its step reads give (`raw["draft_estimate"]`,
     never 0: a free drafter would overstate every speedup) — 0 only where even that
     cannot be counted; a verify pass that could not be timed counts as one step (v = 1).
-    `sources` says which."""
+    `sources` says which. Measured verify factors are made non-decreasing in K, repeat by
+    repeat (`isotonic.non_decreasing_repeats`: a pass over more tokens never costs less,
+    so a dip is timing noise), before they are priced; `verify_raw` keeps their medians
+    as timed. A given --verify-factor is used as given."""
     out = []
     guess = unmeasured_cost_ratio(raw)
     for b in raw.get("batches", []):
@@ -202,9 +208,11 @@ def cost_tables(raw: Mapping[str, Any], k_max: int, cost_ratio: float | None, ve
         vr = fill_verify([list(v) for v in (b.get("verify_ratios") or [])], k_max)
         c = cost_ratio if cost_ratio is not None else (None if dr else guess)
         v = verify_factor if verify_factor is not None else (None if vr and all(vr) else 1.0)
-        rounds = round_costs(k_max, draft_ratios=dr, verify_ratios=vr, cost_ratio=c, verify_factor=v)
+        measured_v = v is None
+        raw_v: list[float | None] = [quantiles(x)[1] for x in vr] if measured_v else [None] * k_max
+        rounds = round_costs(k_max, draft_ratios=dr, verify_ratios=non_decreasing_repeats(vr) if measured_v else vr, cost_ratio=c, verify_factor=v)
         cq1, cmed, cq3 = (c, c, c) if c is not None else quantiles(dr)
-        out.append(BatchCosts(int(b["batch_size"]), cmed, cq1, cq3, rounds, dict(b)))
+        out.append(BatchCosts(int(b["batch_size"]), cmed, cq1, cq3, rounds, dict(b), raw_v))
     return out
 
 
@@ -328,14 +336,15 @@ def price(
             "cost_ratio_q1": t.cost_ratio_q1,
             "cost_ratio_q3": t.cost_ratio_q3,
             "best_k": b_best.k if b_best else None,
+            "best_k_equivalent": equivalent_range(rows) if rows else [],
             "speedup_best": b_best.speedup if b_best else None,
             "rows": [
                 {
-                    "k": r.k, "tau_tokens": headline_tau(r), "verify_factor": rc.verify_factor, "round_cost": rc.cost,
+                    "k": r.k, "tau_tokens": headline_tau(r), "verify_factor": rc.verify_factor, "verify_factor_raw": raw_v, "round_cost": rc.cost,
                     "round_cost_q1": rc.low, "round_cost_q3": rc.high, "speedup": r.speedup, "speedup_low": r.speedup_low,
                     "speedup_high": r.speedup_high, "verify": (raw_b.get("verify") or [None] * k_max)[r.k - 1],
                 }
-                for r, rc in zip(rows, t.rounds, strict=False)
+                for r, rc, raw_v in zip(rows, t.rounds, t.verify_raw or [None] * len(t.rounds), strict=False)
             ],
             "draft_ratios": raw_b.get("draft_ratios", []),
             "verify_ratios": raw_b.get("verify_ratios", []),
@@ -364,6 +373,7 @@ def price(
         "elapsed_s": raw.get("elapsed_s"),
         "stopped_by_budget": bool(raw.get("stopped_by_budget")),
         "spread_rel": spread,
+        "best_k_equivalent": equivalent_range(ktab) if ktab else [],
         "repeats": repeats,
         "method": raw.get("method"),
         "prefill_tokens": raw.get("prefill_tokens"),

@@ -168,8 +168,45 @@ def headline_tau(row: KRow) -> float:
     return row.tau_tokens if math.isnan(row.tau_renewal_tokens) else row.tau_renewal_tokens
 
 
+def _num(x: float, default: float) -> float:
+    return default if x is None or math.isnan(x) else float(x)
+
+
+def equivalent_ks(rows: Sequence[KRow]) -> list[KRow]:
+    """The Ks the cost timing cannot tell apart from the fastest one, smallest K first:
+    the K with the highest speedup and every K whose speedup range (τ over the round
+    cost's quartiles, `speedup_low`–`speedup_high`) reaches its low end. A range of zero
+    width (costs given by --cost-ratio/--verify-factor, not timed) overlaps nothing: the
+    fastest K then stands alone, as it does when the ranges are apart. Empty when no K
+    has a speedup."""
+    valid = [r for r in rows if not math.isnan(r.speedup)]
+    if not valid:
+        return []
+    top = max(valid, key=lambda r: (r.speedup, -r.k))
+
+    def timed(r: KRow) -> bool:
+        return _num(r.speedup_high, r.speedup) > _num(r.speedup_low, r.speedup)
+
+    if not timed(top):
+        return [top]
+    floor = _num(top.speedup_low, top.speedup)
+    return sorted([top, *(r for r in valid if r.k != top.k and timed(r) and _num(r.speedup_high, r.speedup) >= floor)], key=lambda r: r.k)
+
+
 def best_k(rows: Sequence[KRow]) -> KRow:
-    return max(rows, key=lambda r: (r.speedup, -r.k))
+    """The K to recommend: the smallest of those the timing cannot tell from the fastest
+    (`equivalent_ks`) — as fast within the noise, and less drafting wasted on rejections —
+    so that timing noise does not pick K (the same weights timed twice get the same K).
+    With given costs (no spread) or ranges apart: the fastest K, the smaller on a tie."""
+    eq = equivalent_ks(rows)
+    return eq[0] if eq else max(rows, key=lambda r: (r.speedup, -r.k))
+
+
+def equivalent_range(rows: Sequence[KRow]) -> list[int]:
+    """The Ks `best_k` chose among, in order, when there was a choice (more than one);
+    else empty."""
+    eq = equivalent_ks(rows)
+    return [r.k for r in eq] if len(eq) > 1 else []
 
 
 @dataclass(frozen=True)

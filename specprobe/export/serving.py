@@ -161,7 +161,8 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
     alpha = result.metric("accept_prob_engine_mean") or result.metric("accept_prob_mean")
     batch = result.cost.batch_size if result.cost is not None else result.config.batch_size
     cost_ratio = result.cost.cost_ratio if result.cost is not None else None
-    why = "the result's best K" if k is None else f"--k {k}" + (f" (the result's best K is {best})" if best is not None and best != k else "")
+    words = result.best_k_equivalent_words()  # the timing could not tell these Ks apart: the best K is the smallest
+    why = ("the result's best K" + (f" ({words} within the cost timing's noise: the smallest taken)" if words else "")) if k is None else f"--k {k}" + (f" (the result's best K is {best})" if best is not None and best != k else "")
     p.notes.append(f"from {source.name} ({result.command}, {result.created}): drafter {result.drafter.spec} → target {result.target.spec}, {result.procedure.description if result.procedure else drafting + ' drafts'}")
     p.notes.append(f"K = {chosen}: {why}; τ({chosen}) = {_f(tau)} tokens per verify step, speedup {_f(speedup)}× at batch {batch} (drafter/target cost c = {_f(cost_ratio)}), α = {_f(alpha)} per token")
     p.speedup, p.speedup_at = speedup, f"K = {chosen}"

@@ -221,22 +221,18 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
 
 
 def best_k_rivals(rows: Any) -> list[Any]:
-    """The Ks whose speedup the timing cannot tell from the best K's: their range (τ over
-    the round cost's quartiles) overlaps the best's. The best K is then a coin toss of the
-    machine's load — said so (SP312) rather than recommended as if measured apart. Nearest
-    first."""
-    def num(x: Any, default: float) -> float:
-        return default if x is None or math.isnan(x) else float(x)
+    """The other Ks the timing cannot tell from the recommended one: with it, the Ks
+    whose speedup range overlaps the fastest K's (`estimate.equivalent_ks`); the smallest
+    of them is recommended (`estimate.best_k`) and the rest are its rivals — said so
+    (SP312: "K = 1–2 equivalent") rather than presented as measured apart. Nearest in
+    speedup first."""
+    from specprobe.estimates.estimate import equivalent_ks
 
-    valid = [r for r in rows if not math.isnan(r.speedup)]
-    if not valid:
+    eq = equivalent_ks(rows)
+    if len(eq) < 2:
         return []
-    best = max(valid, key=lambda r: (r.speedup, -r.k))
-    floor = num(best.speedup_low, best.speedup)
-    # a spread of zero (costs given, not timed) overlaps nothing: the choice is exact
-    timed = [r for r in valid if num(r.speedup_high, r.speedup) > num(r.speedup_low, r.speedup)]
-    out = [r for r in timed if r.k != best.k and best in timed and num(r.speedup_high, r.speedup) >= floor]
-    return sorted(out, key=lambda r: (best.speedup - r.speedup, r.k))
+    rec = eq[0]
+    return sorted(eq[1:], key=lambda r: (abs(rec.speedup - r.speedup), r.k))
 
 
 def _per_drafted(row: Any, drafted: Any) -> Any:
@@ -299,7 +295,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     if acc.p_min > 0 or acc.n_min > 1:
         ktab = [_per_drafted(r, acc.renewal_drafted) for r in ktab]
     rivals = best_k_rivals(ktab)
-    top = max(ktab, key=lambda r: (r.speedup, -r.k)) if ktab else None
+    top = next((r for r in ktab if priced.best is not None and r.k == priced.best.k), None)  # the recommended K (the smallest of those within noise)
     adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor, priced.verify) if acc.num_positions else None
     dom = acc.by_domain()
     pos = acc.by_position()
@@ -326,6 +322,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "reference_off_policy": int(cfg.reference == "dataset"),
         "best_k_rivals": len(rivals),
         "best_k_rival": rivals[0].k if rivals else None,
+        "best_k_equivalent_max": max(r.k for r in rivals) if rivals else None,
         "speedup_best_low": top.speedup_low if top else None,
         "speedup_best_high": top.speedup_high if top else None,
         "speedup_rival": rivals[0].speedup if rivals else None,

@@ -260,10 +260,10 @@ def depth_k_table(result: Result) -> Grid:
     cum = result.depth.cumulative if result.depth else []
     cond = result.depth.conditional if result.depth else []
     best = result.best_k
-    rival = result.metrics.get("best_k_rival")  # a K the cost timing cannot tell from the best (SP312)
+    equivalent = result.best_k_equivalent  # Ks the cost timing cannot tell apart; best is the smallest (SP312)
     for i, row in enumerate(result.k_table):
-        mark = (" ◀ best ≈" if rival is not None else " ◀ best") if row.k == best else ""
-        if row.k == rival:
+        mark = (" ◀ best ≈" if equivalent else " ◀ best") if row.k == best else ""
+        if row.k != best and row.k in equivalent:
             mark = " ≈ best"  # within the timing's spread of it (SP312)
         tau = row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
         rate = row.accept_rate_renewal if row.accept_rate_renewal is not None else row.accept_rate

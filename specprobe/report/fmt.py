@@ -107,10 +107,15 @@ def greedy_procedure(result: Any) -> bool:
 
 
 def procedure_headline(result: Any, none: str = DASH) -> str:
-    """'τ 1.96 at K=4 — as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)'."""
+    """'τ 1.96 at K=4 — as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)';
+    'τ 1.02 at K=1 (K = 1–2 equivalent) — …' where the cost timing could not tell the best
+    K from others (the smallest of them is the best K)."""
     m = result.metrics
     k = m.get("best_k")
     head = f"τ {fixed(m.get('tau_tokens'), '.2f', none=none)} at K={none if k is None else int(k)}"
+    words = result.best_k_equivalent_words() if hasattr(result, "best_k_equivalent_words") else None
+    if words:  # the timing could not tell these Ks apart: the smallest is the one shown
+        head += f" ({words})"
     p = getattr(result, "procedure", None)
     return f"{head} — {p.description}" if p is not None else head
 

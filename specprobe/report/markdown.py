@@ -102,6 +102,7 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
     mk = {r.k: r for r in result.measured.k_table} if result.measured else {}
     if result.k_table:
         best = result.best_k
+        eq, eq_words = result.best_k_equivalent, result.best_k_equivalent_words()  # the smallest of Ks within noise is the best
         lines += ["#### τ and speedup by K (estimate" + (", measured" if mk else "") + ")", ""]
         head = ["K", "τ(K)", "τ window", "accept rate", "v_K", "speedup"] + (["τ measured", "speedup measured"] if mk else [])
         body = []
@@ -109,7 +110,7 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
             tau = r.tau_renewal_tokens if r.tau_renewal_tokens is not None else r.tau_tokens
             rate = r.accept_rate_renewal if r.accept_rate_renewal is not None else r.accept_rate
             row: list[Any] = [
-                f"**{r.k}** (best)" if r.k == best else r.k, fixed(tau, ".2f"), fixed(r.tau_tokens, ".2f"), pct(rate), fixed(r.verify_factor, ".2f"), f"{r.speedup or 0:.2f}×",
+                f"**{r.k}** (best{', ' + eq_words if eq_words else ''})" if r.k == best else f"{r.k} (≈ best)" if r.k in eq else r.k, fixed(tau, ".2f"), fixed(r.tau_tokens, ".2f"), pct(rate), fixed(r.verify_factor, ".2f"), f"{r.speedup or 0:.2f}×",
             ]
             if mk:
                 mm = mk.get(r.k)

@@ -300,7 +300,8 @@ class CostK(Part):
 
     k: int
     tau_tokens: Num = Field(description="The τ(K) used: renewal estimate, else window.")
-    verify_factor: Num = Field(description="v_K: target pass over K + 1 tokens ÷ one decode step (median over repeats, or --verify-factor).")
+    verify_factor: Num = Field(description="v_K: target pass over K + 1 tokens ÷ one decode step (median over repeats of the timings made non-decreasing in K, or --verify-factor).")
+    verify_factor_raw: Num = Field(default=None, description="v_K's median over the repeats as timed, before the fit that makes it non-decreasing in K (null: given, or not measured).")
     round_cost: Num
     round_cost_q1: Num = None
     round_cost_q3: Num = None
@@ -344,6 +345,7 @@ class BatchCost(Part):
     cost_ratio_q1: Num = None
     cost_ratio_q3: Num = None
     best_k: int | None = None
+    best_k_equivalent: list[int] = Field(default_factory=list, description="The Ks whose speedup ranges overlap the fastest K's at this batch size (best_k is the smallest of them); empty when the fastest K stands apart or the costs were given.")
     speedup_best: Num = None
     rows: list[CostK] = Field(default_factory=list)
     draft_ratios: list[Num] = Field(default_factory=list, description="Drafter step ÷ target step, repeat by repeat.")
@@ -388,6 +390,7 @@ class Cost(Part):
     elapsed_s: Num = None
     stopped_by_budget: bool = False
     spread_rel: Num = Field(default=None, description="(q3 − q1) ÷ median of the round cost at the best K, at the run's batch size.")
+    best_k_equivalent: list[int] = Field(default_factory=list, description="At the run's batch size, the Ks the cost timing cannot tell apart: the fastest K and every K whose speedup range overlaps its own. The recommended best K is the smallest ('K = 1–2 equivalent'); empty when the fastest K stands apart or the costs were given.")
     repeats: int | None = Field(default=None, description="Interleaved repeats the headline costs rest on (at the run's batch size); fewer than 5 when the budget cut the timing short.")
     method: str | None = Field(default=None, description="How the costs were measured: the KV caches (one prefill, copied to each batch size) and the timed passes.")
     prefill_tokens: int | None = Field(default=None, description="Tokens prefilled once per model at batch 1; every timed cache is copied from it.")
@@ -660,6 +663,17 @@ class Result(Document):
         v = self.metrics.get("best_k")
         return None if v is None else int(v)
 
+    @property
+    def best_k_equivalent(self) -> list[int]:
+        """The Ks the cost timing could not tell apart at the run's batch size (best_k
+        the smallest of them); empty when the best K stood apart."""
+        return list(self.cost.best_k_equivalent) if self.cost is not None else []
+
+    def best_k_equivalent_words(self) -> str | None:
+        """'K = 1–2 equivalent' (or 'K = 1, 2, 4 equivalent' where the Ks are not
+        consecutive) when the timing could not tell the best K from others; else None."""
+        return equivalent_words(self.best_k_equivalent)
+
     def metric(self, name: str) -> float | None:
         """A catalogue metric as a float (None when not measured)."""
         v = self.metrics.get(name)
@@ -675,3 +689,11 @@ class Result(Document):
         if self.sampling is not None:
             return self.sampling.target.temperature, self.sampling.draft.temperature
         return self.config.temperature, self.config.draft_temperature
+
+
+def equivalent_words(ks: list[int]) -> str | None:
+    """[1, 2] -> 'K = 1–2 equivalent'; [1, 2, 4] -> 'K = 1, 2, 4 equivalent'; fewer than two: None."""
+    if len(ks) < 2:
+        return None
+    run = ks == list(range(ks[0], ks[-1] + 1))
+    return f"K = {ks[0]}–{ks[-1]} equivalent" if run else f"K = {', '.join(map(str, ks))} equivalent"
