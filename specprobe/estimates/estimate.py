@@ -132,6 +132,9 @@ class KRow:
     speedup_low: float = math.nan
     speedup_high: float = math.nan
     speedup_budget: float = math.nan
+    # standard errors over prompts of the renewal figures (prompts the independent units)
+    accept_rate_renewal_se: float = math.nan
+    tau_renewal_se: float = math.nan
 
 
 def k_table(

@@ -245,6 +245,19 @@ def _per_drafted(row: Any, drafted: Any) -> Any:
     return replace(row, accept_rate_renewal=(row.tau_renewal_tokens - 1.0) / (float(d.sum()) / float(d[0])))
 
 
+def _with_standard_errors(rows: list[Any], acc: Any) -> list[Any]:
+    """Each K's renewal acceptance and τ with their standard errors over prompts
+    (`Accumulator.renewal_se`); τ − 1 is the acceptance times the mean draft length."""
+    rate_se, _ = acc.renewal_se()
+    out = []
+    for row in rows:
+        se = float(rate_se[row.k - 1]) if row.k <= len(rate_se) else math.nan
+        d = acc.renewal_drafted[row.k - 1, : row.k] if row.k <= acc.k_max else None
+        length = float(d.sum() / d[0]) if d is not None and d[0] > 0 else float(row.k)
+        out.append(replace(row, accept_rate_renewal_se=se, tau_renewal_se=se * length))
+    return out
+
+
 def alignment_errors(table: RuleTable, metrics: dict[str, Any], kind: str) -> int:
     """How many error-level pre-flight (alignment) rules fail on this pair: whether a
     near-zero acceptance can be a broken pairing (SP101, SP201) or is a drafter that never
@@ -294,6 +307,7 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
     ktab, c = priced.k_table, priced.cost_ratio
     if acc.p_min > 0 or acc.n_min > 1:
         ktab = [_per_drafted(r, acc.renewal_drafted) for r in ktab]
+    ktab = _with_standard_errors(ktab, acc)
     rivals = best_k_rivals(ktab)
     top = next((r for r in ktab if priced.best is not None and r.k == priced.best.k), None)  # the recommended K (the smallest of those within noise)
     adaptive = estimate.adaptive_threshold(THRESHOLDS, acc.adaptive, c, cfg.verify_factor, priced.verify) if acc.num_positions else None

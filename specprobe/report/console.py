@@ -249,6 +249,7 @@ def depth_k_table(result: Result) -> Grid:
             Column("r_K cumulative", "r_K", "right"),
             Column("a_K conditional", "a_K", "right", "drop", 2),
             Column("τ(K) tokens", "τ(K)", "right"),
+            Column("± standard error of τ(K) over prompts", "±SE", "right", "drop", 7),
             Column("τ window", "τ win", "right", "drop", 5),
             Column("accept rate", "acc", "right", "drop", 3),
             Column("i.i.d. τ", "iid τ", "right", "drop", 4),
@@ -269,7 +270,7 @@ def depth_k_table(result: Result) -> Grid:
         rate = row.accept_rate_renewal if row.accept_rate_renewal is not None else row.accept_rate
         g.add(
             str(row.k), _pct(cum[i] if i < len(cum) else None), _pct(cond[i] if i < len(cond) else None),
-            _f(tau, ".2f"), _f(row.tau_tokens, ".2f"), _pct(rate), _f(row.iid_tau_tokens, ".2f"), _f(row.verify_factor, ".2f"),
+            _f(tau, ".2f"), _f(row.tau_renewal_se, ".2f"), _f(row.tau_tokens, ".2f"), _pct(rate), _f(row.iid_tau_tokens, ".2f"), _f(row.verify_factor, ".2f"),
             f"{_f(row.speedup, '.2f')}×{mark}",
         )
     return g

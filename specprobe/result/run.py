@@ -273,6 +273,8 @@ class KRow(Part):
     speedup_low: Num = None
     speedup_high: Num = None
     speedup_budget: Num = Field(default=None, description="Speedup on these prompts at this token budget, the final short rounds included (renewal counts): what simulate measures; speedup is the steady state.")
+    accept_rate_renewal_se: Num = Field(default=None, description="Standard error of accept_rate_renewal over prompts (prompts the independent units; a ratio estimator's linearised variance, as a bootstrap over prompts approximates it).")
+    tau_renewal_se: Num = Field(default=None, description="Standard error of tau_renewal_tokens over prompts: accept_rate_renewal_se × the mean draft length.")
 
 
 class Adaptive(Part):
