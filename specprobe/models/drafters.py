@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from specprobe.core.delegate import Via
 from specprobe.core.errors import ConfigError
 from specprobe.drafters.base import Drafter, ModelInfo, TargetPass
 from specprobe.drafters.ngram import NgramDrafter, is_ngram_spec
@@ -35,17 +36,12 @@ class SelfDrafter(Drafter):
 
     kind = "independent"
 
-    @property
-    def info(self) -> ModelInfo:
-        return self.target.info
+    info = Via[ModelInfo]("target")
+    num_layers = Via[int]("target")
 
     @property
     def name(self) -> str:
         return f"{self.target.name} (itself)"
-
-    @property
-    def num_layers(self) -> int:
-        return self.target.num_layers
 
     @property
     def params(self) -> int:
@@ -81,9 +77,7 @@ class LayerSkipDrafter(Drafter):
         self.n_layers = n_layers
         self._step: Any = None
 
-    @property
-    def info(self) -> ModelInfo:
-        return self.target.info
+    info = Via[ModelInfo]("target")
 
     @property
     def name(self) -> str:
@@ -124,21 +118,10 @@ class IndependentDrafter(Drafter):
         super().__init__(spec, target)
         self.loaded = loaded
 
-    @property
-    def info(self) -> ModelInfo:
-        return self.loaded.info
-
-    @property
-    def name(self) -> str:
-        return self.loaded.name
-
-    @property
-    def num_layers(self) -> int:
-        return self.loaded.num_layers
-
-    @property
-    def params(self) -> int:
-        return self.loaded.params
+    info = Via[ModelInfo]("loaded")
+    name = Via[str]("loaded")
+    num_layers = Via[int]("loaded")
+    params = Via[int]("loaded")
 
     def hidden(self, tp: TargetPass) -> dict[int, Any]:
         return {1: self.loaded.last_hidden(tp.input_ids, tp.attention_mask)}
