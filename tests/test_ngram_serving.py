@@ -11,13 +11,7 @@ import pytest
 
 from specprobe.core.errors import ConfigError
 from specprobe.drafters.ngram import NgramDrafter
-from specprobe.settings.serving import read_serving_config
-
-
-def _read(tmp_path: Path, name: str, text: str):
-    path = tmp_path / name
-    path.write_text(text)
-    return read_serving_config(path)
+from tests.helpers import read_serving_text
 
 
 @pytest.mark.parametrize(
@@ -33,13 +27,13 @@ def _read(tmp_path: Path, name: str, text: str):
     ],
 )
 def test_ngram_drafter_spec_from_serving_config(tmp_path: Path, name: str, text: str, spec: str) -> None:
-    sv = _read(tmp_path, name, text)
+    sv = read_serving_text(tmp_path, name, text)
     assert sv.drafter_spec == spec
     NgramDrafter(sv.drafter_spec)  # and specprobe runs it
 
 
 def test_engine_order_and_knobs_survive_the_round_trip(tmp_path: Path) -> None:
-    sv = _read(tmp_path, "l.sh", "llama-server -m t.gguf --spec-type ngram-mod,ngram-simple --spec-ngram-simple-size-m 8\n")
+    sv = read_serving_text(tmp_path, "l.sh", "llama-server -m t.gguf --spec-type ngram-mod,ngram-simple --spec-ngram-simple-size-m 8\n")
     d = NgramDrafter(sv.drafter_spec)
     assert [t.name for t in d.types] == ["ngram-simple", "ngram-mod"]  # llama.cpp's priority
     assert d.types[0].get("size_m") == 8 and d.max_draft() == 64
@@ -52,10 +46,10 @@ def test_engine_order_and_knobs_survive_the_round_trip(tmp_path: Path) -> None:
     ],
 )
 def test_what_is_not_an_ngram_spec(tmp_path: Path, name: str, text: str) -> None:
-    sv = _read(tmp_path, name, text)
+    sv = read_serving_text(tmp_path, name, text)
     assert sv.drafter_spec is None or not sv.drafter_spec.startswith("ngram")
 
 
 def test_bad_llama_ngram_knob_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="l.sh: --spec-ngram-simple-size-n 0"):
-        _read(tmp_path, "l.sh", "llama-server -m t.gguf --spec-type ngram-simple --spec-ngram-simple-size-n 0\n")
+        read_serving_text(tmp_path, "l.sh", "llama-server -m t.gguf --spec-type ngram-simple --spec-ngram-simple-size-n 0\n")

@@ -20,6 +20,7 @@ from specprobe.drafters.sglang_ngram import NgramTree, TrieCache
 from specprobe.metrics.sampling import Sampling
 from specprobe.probe.ngram import Steps, walk
 from specprobe.settings.serving import read_serving_config
+from tests.helpers import read_serving_text
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -168,12 +169,6 @@ def test_spec_knobs_defaults_and_the_engines_checks() -> None:
             NgramDrafter(bad)
 
 
-def _read(tmp_path: Path, name: str, text: str):
-    path = tmp_path / name
-    path.write_text(text)
-    return read_serving_config(path)
-
-
 @pytest.mark.parametrize(
     ("name", "text", "spec"),
     [
@@ -183,16 +178,16 @@ def _read(tmp_path: Path, name: str, text: str):
     ],
 )
 def test_sglang_ngram_from_serving_config(tmp_path: Path, name: str, text: str, spec: str) -> None:
-    sv = _read(tmp_path, name, text)
+    sv = read_serving_text(tmp_path, name, text)
     assert sv.engine == "sglang" and sv.drafter_spec == spec
     assert NgramDrafter(sv.drafter_spec).is_tree
 
 
 def test_a_bad_ngram_knob_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="g.yaml: speculative-ngram-match-type 'DFS' is neither BFS nor PROB"):
-        _read(tmp_path, "g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\nspeculative-ngram-match-type: DFS\n")
+        read_serving_text(tmp_path, "g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\nspeculative-ngram-match-type: DFS\n")
     with pytest.raises(ConfigError, match="g.sh: --speculative-ngram-capacity 0 is below 1"):
-        _read(tmp_path, "g.sh", "python -m sglang.launch_server --model-path t --speculative-algorithm NGRAM --speculative-ngram-capacity 0\n")
+        read_serving_text(tmp_path, "g.sh", "python -m sglang.launch_server --model-path t --speculative-algorithm NGRAM --speculative-ngram-capacity 0\n")
 
 
 @pytest.fixture(scope="module")
