@@ -1,4 +1,5 @@
-"""What several benchmarks share: the batch they time the scorers on."""
+"""What several benchmarks share: the batch they time the scorers on, the child script
+that times one specprobe command."""
 
 from __future__ import annotations
 
@@ -20,3 +21,19 @@ def builtin_batch(tokenizer: Any, n: int = 8, cut: int = 96) -> tuple[Any, Any]:
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
     return ids, mask
+
+
+# A specprobe command (its arguments after the script's) run in this child, which prints
+# `BENCH {"wall_s": …, "rss_mb": …}` (its wall time and peak RSS).
+CLI_CHILD = r"""
+import json, resource, sys, time
+from specprobe.core.openmp import shorten_spin
+shorten_spin()
+from specprobe.cli.main import app
+t0 = time.perf_counter()
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit:
+    pass
+print("BENCH " + json.dumps({"wall_s": time.perf_counter() - t0, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
