@@ -49,6 +49,11 @@ class SamplingOrder:
             raise ValueError(f"unknown sampling order {self}")
 
 
+# vLLM's transform: temperature, then min-p, top-k, top-p one after another (TensorRT-LLM
+# samples the same way and is recorded under vLLM's name)
+VLLM_SAMPLING = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
+
+
 @dataclass(frozen=True)
 class SpecCounters:
     """An engine's speculative-decoding counters as one scrape of its metrics states them

@@ -25,11 +25,10 @@ from typing import Any
 
 from specprobe.engines.base import (
     GREEDY,
-    SEQUENTIAL,
+    VLLM_SAMPLING,
     Engine,
     KnownIssue,
     LiveServer,
-    SamplingOrder,
     shared_vocab_frac,
 )
 from specprobe.engines.vllm.client import VllmServer
@@ -53,7 +52,7 @@ CPU_EXPAND = KnownIssue(
 class VLLM(Engine):
     name = "vllm"
     label = "vLLM"
-    sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
+    sampling = VLLM_SAMPLING
     draft_sampling = GREEDY
     knob = "speculative_config.draft_sample_method"
     known_issues = (CPU_EXPAND,)
