@@ -169,20 +169,6 @@ def test_spec_knobs_defaults_and_the_engines_checks() -> None:
             NgramDrafter(bad)
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "spec"),
-    [
-        ("g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\n", "sglang-ngram"),
-        ("g2.yaml", "model-path: t\nspeculative-algorithm: NGRAM\nspeculative-num-draft-tokens: 8\nspeculative-ngram-match-type: prob\nspeculative-ngram-branch-length: 14\n", "sglang-ngram:match_type=PROB,branch_length=14,num_draft_tokens=8"),
-        ("g.sh", "python -m sglang.launch_server --model-path t --speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 4 --speculative-ngram-min-match-window-size 2\n", "sglang-ngram:min_match_window_size=2,max_bfs_breadth=4"),
-    ],
-)
-def test_sglang_ngram_from_serving_config(tmp_path: Path, name: str, text: str, spec: str) -> None:
-    sv = read_serving_text(tmp_path, name, text)
-    assert sv.engine == "sglang" and sv.drafter_spec == spec
-    assert NgramDrafter(sv.drafter_spec).is_tree
-
-
 def test_a_bad_ngram_knob_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="g.yaml: speculative-ngram-match-type 'DFS' is neither BFS nor PROB"):
         read_serving_text(tmp_path, "g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\nspeculative-ngram-match-type: DFS\n")
