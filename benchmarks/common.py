@@ -1,9 +1,23 @@
-"""What several benchmarks share: the batch they time the scorers on, the child script
-that times one specprobe command."""
+"""What several benchmarks share: their command-line parser, the batch they time the
+scorers on, the child script that times one specprobe command."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
+
+
+def int_options(ap: argparse.ArgumentParser, **defaults: int) -> argparse.ArgumentParser:
+    """An integer option --name (underscores as dashes) per keyword, with its default, in
+    the order given -> the parser."""
+    for name, default in defaults.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    return ap
+
+
+def parser(doc: str | None, **defaults: int) -> argparse.ArgumentParser:
+    """A benchmark's parser: its docstring, as written, for --help, and `int_options`."""
+    return int_options(argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter), **defaults)
 
 
 def builtin_batch(tokenizer: Any, n: int = 8, cut: int = 96) -> tuple[Any, Any]:
