@@ -10,10 +10,11 @@ Prints each side's median (min–max) and the held ÷ float ratio per pair.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
+
+from common import parser  # benchmarks/common.py: run as a script, its folder is on the path
 
 
 def main() -> None:
@@ -21,12 +22,7 @@ def main() -> None:
 
     from specprobe.models.loader import load_model
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--prefill", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
+    a = parser(__doc__, repeats=7, prefill=128, batch=8, threads=2).parse_args()
     torch.set_num_threads(a.threads)
     models = {"held": load_model("smollm2", "cpu", "float32", gguf_weights="held").model, "float": load_model("smollm2", "cpu", "float32", gguf_weights="float").model}
     print(f"SmolLM2-135M Q4_1, float32 compute, {a.threads} threads, {a.repeats} interleaved pairs, load {os.getloadavg()[0]:.1f}")

@@ -114,12 +114,13 @@ def nudged_keys(loaded: Any, eps: float, seed: int = 0) -> Iterator[None]:
 
 
 def main() -> None:
+    from common import (
+        int_options,  # benchmarks/common.py: run as a script, its folder is on the path
+    )
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", default="f16,q8_0,q4_0", help="the server's -ctk/-ctv types (f16 is its default)")
-    ap.add_argument("--max-prompts", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--n-probs", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=2)
+    int_options(ap, max_prompts=4, max_new_tokens=32, n_probs=10, threads=2)
     ap.add_argument("--work", type=Path, default=None, help="keep the F32 GGUF here (reused when present)")
     ap.add_argument("--nudge", type=float, default=1e-7, help="relative noise on the key weights for the reproducibility row")
     args = ap.parse_args()

@@ -209,11 +209,13 @@ def _rate(acc: int, dr: int) -> float:
 
 
 def main() -> None:
+    from common import (
+        int_options,  # benchmarks/common.py: run as a script, its folder is on the path
+    )
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="28,24", help="self-draft depths, comma-separated")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--max-prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    int_options(ap, k=4, max_prompts=8, max_new_tokens=64)
     ap.add_argument("--threads", type=int, default=2, help="llama-server threads")
     ap.add_argument("--simulate-from", type=Path, default=None, metavar="DIR", help="read simulate-N.json from DIR (an earlier run with these settings) instead of running simulate")
     args = ap.parse_args()

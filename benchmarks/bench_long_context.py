@@ -30,18 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-_CHILD = r"""
-import json, resource, sys, time
-from specprobe.core.openmp import shorten_spin
-shorten_spin()
-from specprobe.cli.main import app
-t0 = time.perf_counter()
-try:
-    app(sys.argv[1:], standalone_mode=False)
-except SystemExit:
-    pass
-print("BENCH " + json.dumps({"wall_s": time.perf_counter() - t0, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
+from common import CLI_CHILD  # benchmarks/common.py: run as a script, its folder is on the path
 
 
 def build_prompt(n: int, folder: Path) -> Path:
@@ -66,7 +55,7 @@ def run(prompts: Path, out: Path, scoring_only: bool) -> dict:
     args = ["diagnose", "smollm2", "self:layers=28", "--prompts", str(prompts), "--max-new-tokens", "32", "--json", str(out), "--fail-on", "never"]
     if scoring_only:
         args += ["--cost-ratio", "0.5", "--verify-factor", "1"]
-    p = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    p = subprocess.run([sys.executable, "-c", CLI_CHILD, *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     line = next((x for x in p.stdout.splitlines()[::-1] if x.startswith("BENCH ")), None)
     if line is None or not out.exists() or p.returncode:
         raise SystemExit(f"diagnose failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")

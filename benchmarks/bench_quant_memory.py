@@ -49,22 +49,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import CLI_CHILD  # benchmarks/common.py: run as a script, its folder is on the path
+
 _CHILD = r"""
-import dataclasses, json, os, resource, sys, time
+import dataclasses, os
 if os.environ.get("BENCH_GGUF_FP32"):  # the fp32 path for a GGUF that would be held as its blocks
     import specprobe.precision.gguf_held as held
     _plan = held.held_plan
     held.held_plan = lambda path: dataclasses.replace(_plan(path), held=False, why="the fp32 path (benchmark)")
-from specprobe.core.openmp import shorten_spin
-shorten_spin()
-from specprobe.cli.main import app
-t0 = time.perf_counter()
-try:
-    app(sys.argv[1:], standalone_mode=False)
-except SystemExit:
-    pass
-print("BENCH " + json.dumps({"wall_s": time.perf_counter() - t0, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
+""" + CLI_CHILD
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP = 64  # the checkpoint's group size: SmolLM2's 576 input columns are no whole number of 128s, which vLLM's kernels require

@@ -19,7 +19,6 @@ B A R, …), so each ratio is taken within one round.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,6 +26,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from common import parser  # benchmarks/common.py: run as a script, its folder is on the path
 
 
 def run(args: list[str]) -> float:
@@ -37,11 +38,7 @@ def run(args: list[str]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=24)
+    ap = parser(__doc__, repeats=3, prompts=16, tokens=64, layers=24)
     ap.add_argument("--temperature", default="1", help="the target's temperature (0: greedy, where the paths pass needs no target pass)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-tree-"))

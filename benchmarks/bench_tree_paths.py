@@ -16,9 +16,10 @@ Prints each one's median (min–max) over the rounds and its ratio to the pair.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
+
+from common import parser  # benchmarks/common.py: run as a script, its folder is on the path
 
 
 def main() -> None:
@@ -32,11 +33,7 @@ def main() -> None:
     from specprobe.probe.references import encode_prompt
     from specprobe.prompts import builtin_suite, select
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=24)
+    ap = parser(__doc__, prompts=4, tokens=48, repeats=3, layers=24)
     ap.add_argument("--temperature", type=float, default=1.0, help="the target's (0: greedy, no target pass on its own text)")
     ap.add_argument("--tree", default="steps=3,topk=4,tokens=8")
     a = ap.parse_args()

@@ -16,11 +16,9 @@
 # Parallelism: JOBS (default 2); the build runs under nice.
 set -euo pipefail
 
-VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
-ROOT="${SPECPROBE_LLAMA_SERVER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specprobe/llama.cpp}"
-DEST="$ROOT/$VERSION"
+# shellcheck source=benchmarks/llama_build_common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/llama_build_common.sh"
 BIN="$DEST/bin/llama-quantize"
-JOBS="${JOBS:-2}"
 SDIST_DIR="$ROOT/sdist"
 SDIST_NAME="llama_cpp_python-$VERSION.tar.gz"
 
@@ -29,9 +27,7 @@ if [ -x "$BIN" ]; then
     exit 0
 fi
 
-for tool in cmake c++ python3; do
-    command -v "$tool" >/dev/null || { echo "error: $tool not found (needed to build llama-quantize)" >&2; exit 1; }
-done
+llama_need_tools llama-quantize
 
 mkdir -p "$ROOT"
 WORK="$(mktemp -d "$ROOT/.build-quantize-$VERSION.XXXXXX")"
@@ -57,25 +53,7 @@ tar -xzf "$SDIST" -C "$WORK"
 SRC="$(echo "$WORK"/llama_cpp_python-*/vendor/llama.cpp)"
 [ -f "$SRC/tools/quantize/CMakeLists.txt" ] || { echo "error: no vendored llama.cpp quantize tool in the sdist" >&2; exit 1; }
 
-# The same configuration as the server build (portable x86-64, static, no network).
-GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
-nice -n 10 cmake -S "$SRC" -B "$WORK/build" "${GEN[@]}" -Wno-dev \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=OFF \
-    -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
-    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-    -DGGML_CCACHE=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-    >"$WORK/cmake.log" 2>&1 || { tail -30 "$WORK/cmake.log" >&2; exit 1; }
-
-echo "building llama-quantize with $JOBS jobs"
-nice -n 10 cmake --build "$WORK/build" --target llama-quantize -j "$JOBS" \
-    >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log" >&2; exit 1; }
+llama_build llama-quantize
 
 # Atomic publish next to llama-server (which must not be touched): the binary is copied
 # under a hidden name and renamed, so a half-copied one never looks like a cached one.

@@ -28,6 +28,7 @@ import argparse
 import itertools
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,16 +187,8 @@ def train_eagle3(target: Any, data: dict[str, Any], out: Path, args: argparse.Na
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        step += 1
-        elapsed = (time.perf_counter() - t0) / 60
-        if step % 10 == 0:
-            print(f"eagle3 step {step:4d}  {elapsed:5.1f} min  loss {float(loss.detach()):.3f}")
-        while marks and elapsed >= marks[0]:
-            # the default layers (2, L//2, L−3) are written as no ids: vLLM and SGLang then agree
-            dest = write_eagle3_speculators(out / f"eagle3-{marks[0]:g}min", head, cfg, draft, v, aux_ids=None, verifier="HuggingFaceTB/SmolLM2-135M-Instruct", verifier_architectures=list(target.config.architectures or []))
-            print(f"wrote {dest} after {step} steps")
-            marks.pop(0)
+        # the default layers (2, L//2, L−3) are written as no ids: vLLM and SGLang then agree
+        step = _step("eagle3", opt, loss, step, t0, marks, lambda mark: write_eagle3_speculators(out / f"eagle3-{mark:g}min", head, cfg, draft, v, aux_ids=None, verifier="HuggingFaceTB/SmolLM2-135M-Instruct", verifier_architectures=list(target.config.architectures or [])))
 
 
 # ----------------------------------------------------------------------------- Medusa
@@ -237,15 +230,22 @@ def train_medusa(target: Any, data: dict[str, Any], out: Path, args: argparse.Na
             loss = loss - (tgt * logq).sum(-1).mean()
         opt.zero_grad()
         loss.backward()
-        opt.step()
-        step += 1
-        elapsed = (time.perf_counter() - t0) / 60
-        if step % 10 == 0:
-            print(f"medusa step {step:4d}  {elapsed:5.1f} min  loss {float(loss.detach()):.3f}")
-        while marks and elapsed >= marks[0]:
-            dest = write_medusa_fasterdecoding(out / f"medusa-{marks[0]:g}min", blocks, num_layers=1, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
-            print(f"wrote {dest} after {step} steps")
-            marks.pop(0)
+        step = _step("medusa", opt, loss, step, t0, marks, lambda mark: write_medusa_fasterdecoding(out / f"medusa-{mark:g}min", blocks, num_layers=1, base_model="HuggingFaceTB/SmolLM2-135M-Instruct"))
+
+
+def _step(name: str, opt: Any, loss: Any, step: int, t0: float, marks: list[float], write: Callable[[float], Path]) -> int:
+    """One optimizer step -> the step count; every 10 a progress line, and a checkpoint
+    (`write(minutes)`) at each mark of the minutes of training passed."""
+    opt.step()
+    step += 1
+    elapsed = (time.perf_counter() - t0) / 60
+    if step % 10 == 0:
+        print(f"{name} step {step:4d}  {elapsed:5.1f} min  loss {float(loss.detach()):.3f}")
+    while marks and elapsed >= marks[0]:
+        dest = write(marks[0])
+        print(f"wrote {dest} after {step} steps")
+        marks.pop(0)
+    return step
 
 
 def main() -> None:

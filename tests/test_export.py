@@ -25,6 +25,7 @@ from specprobe.export.serving import (
 from specprobe.report.load import load_result
 from specprobe.result import Result
 from specprobe.settings.serving import read_serving_config
+from tests.helpers import one_line_refusal
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data" / "results" / "v1"
@@ -149,8 +150,8 @@ def test_an_ngram_drafter_reads_back_as_the_same_drafter(tmp_path: Path, engine:
 
 def test_an_ngram_drafter_for_the_wrong_engine_is_refused(tmp_path: Path) -> None:
     _, src = _result(tmp_path, kind="ngram", spec="ngram-simple")
-    _one_line(runner.invoke(app, ["export", str(src), "--engine", "vllm"]), "llama.cpp's n-gram drafter")
-    _one_line(runner.invoke(app, ["export", str(src), "--engine", "sglang"]), "its NGRAM is another n-gram algorithm")  # SGLang's own: tests/test_ngram_sglang.py
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "vllm"]), "llama.cpp's n-gram drafter")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "sglang"]), "its NGRAM is another n-gram algorithm")  # SGLang's own: tests/test_ngram_sglang.py
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -245,29 +246,21 @@ def test_llamacpp_synthetic_form(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- refusals
-def _one_line(res: Any, *needles: str) -> None:
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-
-
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     r, src = _result(tmp_path)
     out = tmp_path / "out.json"
-    _one_line(runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(src)]), "also an input")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(src)]), "also an input")
     assert json.loads(src.read_text())["command"] == "diagnose"  # the input untouched
-    _one_line(runner.invoke(app, ["export", str(src), "--engine", "vllm", "--k", "9", "-o", str(out)]), "--k 9")
-    _one_line(runner.invoke(app, ["export", str(src), "--engine", "nope", "-o", str(out)]), "--engine")
-    _one_line(runner.invoke(app, ["export", str(src), "-o", str(out)]), "--engine", "--training")
-    _one_line(runner.invoke(app, ["export", str(src), "--engine", "trtllm", "--synthetic", "-o", str(out)]), "synthetic")
-    _one_line(runner.invoke(app, ["export", str(tmp_path / "missing.json"), "--engine", "vllm", "-o", str(out)]), "missing.json")
-    _one_line(runner.invoke(app, ["export", str(src), "--engine", "vllm", "--k", "1,2", "-o", str(out)]), "one K")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "vllm", "--k", "9", "-o", str(out)]), "--k 9")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "nope", "-o", str(out)]), "--engine")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "-o", str(out)]), "--engine", "--training")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "trtllm", "--synthetic", "-o", str(out)]), "synthetic")
+    one_line_refusal(runner.invoke(app, ["export", str(tmp_path / "missing.json"), "--engine", "vllm", "-o", str(out)]), "missing.json")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "vllm", "--k", "1,2", "-o", str(out)]), "one K")
     skip, skip_src = _result(tmp_path, kind="layer_skip", spec="self:layers=1", name="skip.json")
-    _one_line(runner.invoke(app, ["export", str(skip_src), "--engine", "vllm", "-o", str(out)]), "layer-skip")
+    one_line_refusal(runner.invoke(app, ["export", str(skip_src), "--engine", "vllm", "-o", str(out)]), "layer-skip")
     med, med_src = _result(tmp_path, kind="medusa", spec=f"medusa:{tmp_path}", name="med.json")
-    _one_line(runner.invoke(app, ["export", str(med_src), "--engine", "sglang", "-o", str(out)]), "medusa")
+    one_line_refusal(runner.invoke(app, ["export", str(med_src), "--engine", "sglang", "-o", str(out)]), "medusa")
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
 

@@ -324,7 +324,9 @@ def test_every_report_heads_with_the_procedure_and_names_alpha_the_alignment_mea
 
     r = real_results.skip  # the default: vLLM, greedy drafts
     m = r.metrics
-    head = f"τ {m['tau_tokens']:.2f} at K={m['best_k']} — as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)"
+    # timed costs: the timing may not tell K apart from a neighbour (SP312), and the headline says so
+    words = r.best_k_equivalent_words()
+    head = f"τ {m['tau_tokens']:.2f} at K={m['best_k']}{f' ({words})' if words else ''} — as vLLM verifies it: greedy drafts, acceptance = p_target(draft token)"
     alpha = f"alignment α = Σ min(p, q) {100 * m['accept_prob_mean']:.1f}%"
 
     def text(fn, *a) -> str:  # type: ignore[no-untyped-def]

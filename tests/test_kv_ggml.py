@@ -18,6 +18,7 @@ from specprobe.precision.kv_served import ggml_kv_cache, kv_types
 from specprobe.settings.model import GGML_KV_TYPES, for_command, parse_kv_cache_dtype
 from specprobe.settings.options import merge
 from specprobe.settings.serving import read_serving_config
+from tests.helpers.tiny import spy_attention, tiny_llama
 
 
 # ----------------------------------------------------------------------------- closed forms
@@ -98,25 +99,11 @@ def test_query_type_follows_the_k_type() -> None:
 
 # ----------------------------------------------------------------------------- in the attention
 def _tiny_llama(head_dim: int = 32) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=50, hidden_size=4 * head_dim, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(hidden=4 * head_dim)
 
 
 def _spy(seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> str:
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-    def spy(mod, q, k, v, *a, **kw):
-        seen.append((q.detach().clone(), k.detach().clone(), v.detach().clone()))
-        return sdpa_attention_forward(mod, q, k, v, *a, **kw)
-
-    AttentionInterface.register("specprobe_test_kv_spy", spy)
-    ALL_MASK_ATTENTION_FUNCTIONS.register("specprobe_test_kv_spy", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    return "specprobe_test_kv_spy"
+    return spy_attention("specprobe_test_kv_spy", lambda q, k, v: seen.append((q.detach().clone(), k.detach().clone(), v.detach().clone())))
 
 
 def test_attention_reads_q8_0_keys_and_values() -> None:

@@ -109,20 +109,10 @@ def test_q4_k_m_is_loaded_as_its_bytes_dequantize(q4_k_m: Path) -> None:
 @needs_quantize
 @pytest.mark.skipif(SERVER is None, reason=f"llama-server is not built (run {BUILD_SCRIPT}; .ci/run does)")
 def test_q4_k_m_target_on_the_servers_text(q4_k_m: Path, work: Path, tmp_path: Path) -> None:
-    from transformers import AutoTokenizer
-
-    from benchmarks.bench_llamacpp_peer import encoded_prompts
-    from benchmarks.bench_llamacpp_quant_peer import emitted_texts, make_files, replay, serve
-    from specprobe.models.loader import checkpoint_dir, resolve
+    from benchmarks.bench_llamacpp_quant_peer import make_files
+    from tests.helpers.gguf_quant import served_and_replayed
 
     assert SERVER is not None
     _, drafter = make_files(work, [], LAYERS)
-    prompts = encoded_prompts(N_PROMPTS)
-    lc = serve(SERVER, q4_k_m, drafter, K, prompts, MAX_NEW, tmp_path / "server.log")
-    assert lc["drafted"] > 0 and lc["accepted"] > 0
-    eos = int(AutoTokenizer.from_pretrained(str(checkpoint_dir(resolve("smollm2")))).eos_token_id)
-    rep = replay(q4_k_m, drafter, prompts, emitted_texts(lc["outputs"], lc["stops"], eos), K, MAX_NEW)
-    equal = sum(a == b for a, b in zip(rep["per_prompt"], lc["per_prompt"], strict=True))
-    assert equal >= N_PROMPTS - 1, (rep["per_prompt"], lc["per_prompt"])
-    assert abs(rep["accepted"] - lc["accepted"]) <= 2 and abs(rep["drafted"] - lc["drafted"]) <= 4
+    rep = served_and_replayed(SERVER, q4_k_m, drafter, K, N_PROMPTS, MAX_NEW, tmp_path / "server.log")
     assert rep["target_agree"] >= 0.85  # specprobe's Q4_K_M target (fp32 activations) vs the server's (Q4_K × Q8_K)

@@ -16,6 +16,7 @@ from specprobe.drafters.ngram_mix import MixedDrafter, check_mixed, is_mixed_spe
 from specprobe.metrics.sampling import Sampling
 from specprobe.probe.ngram import ModelTrace, Steps, model_trace, walk, walk_mixed
 from specprobe.settings.serving import read_serving_config
+from tests.helpers import read_serving_text
 from tests.test_simulate import hf_greedy, rand_prompts, tiny
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -94,19 +95,13 @@ def test_the_walk_is_the_greedy_loop(case, k) -> None:
     assert plain.drafts == total.drafts - total.model_drafts
 
 
-def _read(tmp_path: Path, name: str, text: str):
-    path = tmp_path / name
-    path.write_text(text)
-    return read_serving_config(path)
-
-
 def test_a_llama_server_mix_reads_as_the_mixed_spec(tmp_path: Path) -> None:
-    sv = _read(tmp_path, "l.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple,ngram-mod,ngram-simple --spec-ngram-simple-size-n 4 --spec-draft-n-max 8\n")
+    sv = read_serving_text(tmp_path, "l.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple,ngram-mod,ngram-simple --spec-ngram-simple-size-n 4 --spec-draft-n-max 8\n")
     assert sv.drafter_spec == "ngram-mod,ngram-simple:size_n=4+d.gguf"  # as written; run in the engine's order:
     ngram, model = check_mixed(sv.drafter_spec)
     assert [t.label() for t in ngram.types] == ["ngram-simple:size_n=4,size_m=48,min_hits=1", "ngram-mod:n_match=24,n_min=48,n_max=64"] and model == "d.gguf"
     assert sv.num_speculative_tokens == 8  # the model's n_max: the run's K
-    plain = _read(tmp_path, "p.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple\n")
+    plain = read_serving_text(tmp_path, "p.sh", "llama-server -m t.gguf -md d.gguf --spec-type draft-simple\n")
     assert plain.drafter_spec == "d.gguf"
 
 

@@ -20,6 +20,7 @@ from specprobe.drafters.sglang_ngram import NgramTree, TrieCache
 from specprobe.metrics.sampling import Sampling
 from specprobe.probe.ngram import Steps, walk
 from specprobe.settings.serving import read_serving_config
+from tests.helpers import read_serving_text
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -168,31 +169,11 @@ def test_spec_knobs_defaults_and_the_engines_checks() -> None:
             NgramDrafter(bad)
 
 
-def _read(tmp_path: Path, name: str, text: str):
-    path = tmp_path / name
-    path.write_text(text)
-    return read_serving_config(path)
-
-
-@pytest.mark.parametrize(
-    ("name", "text", "spec"),
-    [
-        ("g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\n", "sglang-ngram"),
-        ("g2.yaml", "model-path: t\nspeculative-algorithm: NGRAM\nspeculative-num-draft-tokens: 8\nspeculative-ngram-match-type: prob\nspeculative-ngram-branch-length: 14\n", "sglang-ngram:match_type=PROB,branch_length=14,num_draft_tokens=8"),
-        ("g.sh", "python -m sglang.launch_server --model-path t --speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 4 --speculative-ngram-min-match-window-size 2\n", "sglang-ngram:min_match_window_size=2,max_bfs_breadth=4"),
-    ],
-)
-def test_sglang_ngram_from_serving_config(tmp_path: Path, name: str, text: str, spec: str) -> None:
-    sv = _read(tmp_path, name, text)
-    assert sv.engine == "sglang" and sv.drafter_spec == spec
-    assert NgramDrafter(sv.drafter_spec).is_tree
-
-
 def test_a_bad_ngram_knob_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="g.yaml: speculative-ngram-match-type 'DFS' is neither BFS nor PROB"):
-        _read(tmp_path, "g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\nspeculative-ngram-match-type: DFS\n")
+        read_serving_text(tmp_path, "g.yaml", "model-path: t\nspeculative-algorithm: NGRAM\nspeculative-ngram-match-type: DFS\n")
     with pytest.raises(ConfigError, match="g.sh: --speculative-ngram-capacity 0 is below 1"):
-        _read(tmp_path, "g.sh", "python -m sglang.launch_server --model-path t --speculative-algorithm NGRAM --speculative-ngram-capacity 0\n")
+        read_serving_text(tmp_path, "g.sh", "python -m sglang.launch_server --model-path t --speculative-algorithm NGRAM --speculative-ngram-capacity 0\n")
 
 
 @pytest.fixture(scope="module")

@@ -169,22 +169,6 @@ def test_spec_knobs_and_refusals() -> None:
             NgramDrafter(bad)
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "spec"),
-    [
-        ("s.json", '{"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 16, "suffix_decoding_min_token_prob": 0.2}', "suffix:max_tree_depth=16,min_token_prob=0.2,k=6"),
-        ("s.sh", "vllm serve org/m --speculative-config '{\"method\": \"suffix\", \"suffix_decoding_max_spec_factor\": 2}'\n", "suffix:max_spec_factor=2"),
-    ],
-)
-def test_method_suffix_from_a_vllm_serving_config(tmp_path: Path, name: str, text: str, spec: str) -> None:
-    from specprobe.settings.serving import read_serving_config
-
-    (tmp_path / name).write_text(text)
-    sv = read_serving_config(tmp_path / name)
-    assert sv.drafter_spec == spec
-    NgramDrafter(spec)
-
-
 def test_walk_is_the_greedy_loop_and_the_output_the_targets() -> None:
     """One request at a time in the set's order (batch 1, prompts already shortest first,
     as the loop orders them): the walk counts what the loop counts, global cache and all,

@@ -9,6 +9,8 @@ import torch
 
 from specprobe.core.errors import ConfigError, ModelLoadError
 from specprobe.precision import qlinear, quant
+from tests.helpers.tiny import spy_attention
+from tests.helpers.tiny import tiny_llama as _tiny_llama
 
 
 def _w(out: int = 6, inp: int = 256, seed: int = 0) -> torch.Tensor:
@@ -109,13 +111,6 @@ def test_scheme_refused_like_any_setting() -> None:
     with pytest.raises(ConfigError, match="probe.yaml: draft_quant"):
         check("draft_quant", "nf4", "probe.yaml: draft_quant")
 
-
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
 
 
 def test_model_decoder_linears_only_and_swap_back() -> None:
@@ -268,17 +263,7 @@ def test_per_group_activations() -> None:
 # ----------------------------------------------------------------------------- the fp8 KV cache
 def _spy_attention(seen: list[tuple[torch.Tensor, torch.Tensor]]) -> str:
     """An attention implementation that records the K/V it is given and runs sdpa."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-    def spy(mod, q, k, v, *a, **kw):
-        seen.append((k.detach().clone(), v.detach().clone()))
-        return sdpa_attention_forward(mod, q, k, v, *a, **kw)
-
-    AttentionInterface.register("specprobe_test_spy", spy)
-    ALL_MASK_ATTENTION_FUNCTIONS.register("specprobe_test_spy", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    return "specprobe_test_spy"
+    return spy_attention("specprobe_test_spy", lambda q, k, v: seen.append((k.detach().clone(), v.detach().clone())))
 
 
 def test_fp8_kv_values_seen_by_attention_are_e4m3() -> None:

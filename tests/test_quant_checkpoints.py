@@ -18,16 +18,10 @@ import torch
 from specprobe.core.errors import ModelLoadError
 from specprobe.precision import qlinear, quant
 from specprobe.precision.quant_checkpoint import AWQ_ORDER, unpack_bits
+from tests.helpers.tiny import tiny_llama as _tiny_llama
 
 GROUP = 16
 
-
-def _tiny_llama(kv_heads: int = 2) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
 
 
 def _word(values: list[int], bits: int) -> int:

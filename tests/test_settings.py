@@ -19,6 +19,7 @@ from specprobe.settings.config import ProbeConfig, load_probe_config
 from specprobe.settings.model import BY_NAME, SETTINGS, Setting, check, for_command, markdown_table
 from specprobe.settings.pipeline import DiagnoseConfig, SamplingFlags
 from specprobe.settings.serving import read_serving_config
+from tests.helpers import one_line_refusal
 
 runner = CliRunner()
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
@@ -54,14 +55,6 @@ def _command(s: Setting) -> str:
     return next(c for c in ("diagnose", "simulate", "check", "compare") if c in s.commands)
 
 
-def _one_line_refusal(res: Any, *needles: str) -> None:
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-
-
 def test_the_tables_agree() -> None:
     assert NUMERIC and BOUNDED, "the model lists no numeric setting"
     assert {"temperature", "top_p", "min_p", "k_max", "cost_ratio", "verify_factor", "adaptive_threshold", "batch_size", "max_new_tokens"} <= {s.name for s in BOUNDED}
@@ -73,7 +66,7 @@ def test_the_tables_agree() -> None:
 @pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
 def test_a_float_flag_refuses_non_finite_values(s: Setting, bad: str) -> None:
     res = runner.invoke(app, [_command(s), "t", "d", s.flag, bad])
-    _one_line_refusal(res, f"{s.flag} {float(bad)!r}", "is not a finite number")
+    one_line_refusal(res, f"{s.flag} {float(bad)!r}", "is not a finite number")
 
 
 @pytest.mark.parametrize("s", [s for s in BOUNDED if s.parse is None], ids=lambda s: s.name)
@@ -81,13 +74,13 @@ def test_a_flag_out_of_range_is_refused_naming_the_flag(s: Setting) -> None:
     value = _outside(s)
     text = str(int(value)) if _is_int(s) else repr(float(value))
     res = runner.invoke(app, [_command(s), "t", "d", s.flag, text])
-    _one_line_refusal(res, s.flag, text)
+    one_line_refusal(res, s.flag, text)
 
 
 @pytest.mark.parametrize("flag", ["--k", "--batch-sizes"])
 def test_a_list_flag_out_of_range_is_refused(flag: str) -> None:
     res = runner.invoke(app, ["simulate", "t", "d", flag, "0,2"])
-    _one_line_refusal(res, flag, "'0,2'")
+    one_line_refusal(res, flag, "'0,2'")
 
 
 @pytest.mark.parametrize("s", NUMERIC, ids=lambda s: s.name)
@@ -101,7 +94,7 @@ def test_a_probe_config_refuses_non_finite_values(tmp_path: Path, s: Setting, ba
     assert e.value.message.startswith(f"probe.yaml: {s.file_key}"), e.value.message
     # and from the command line's --config, the same one line
     res = runner.invoke(app, [_command(s), "--config", str(p)])
-    _one_line_refusal(res, f"probe.yaml: {s.file_key}")
+    one_line_refusal(res, f"probe.yaml: {s.file_key}")
 
 
 @pytest.mark.parametrize("s", BOUNDED, ids=lambda s: s.name)
@@ -135,7 +128,7 @@ def test_a_serving_config_refuses_bad_sampling(tmp_path: Path, s: Setting, bad: 
         read_serving_config(p)
     assert e.value.message.startswith(f"vllm.json: {s.serving_keys[0]} "), e.value.message
     res = runner.invoke(app, ["check", "t", "d", "--serving-config", str(p)])
-    _one_line_refusal(res, f"vllm.json: {s.serving_keys[0]}")
+    one_line_refusal(res, f"vllm.json: {s.serving_keys[0]}")
 
 
 def test_sglang_preferred_sampling_is_checked_too(tmp_path: Path) -> None:
@@ -153,10 +146,10 @@ def test_a_config_built_in_code_is_held_to_the_same_bounds() -> None:
 
 
 def test_choices_are_one_line_errors_from_flag_and_file(tmp_path: Path) -> None:
-    _one_line_refusal(runner.invoke(app, ["diagnose", "t", "d", "--fail-on", "bogus"]), "--fail-on 'bogus' is not one of error, warning, info, never")
+    one_line_refusal(runner.invoke(app, ["diagnose", "t", "d", "--fail-on", "bogus"]), "--fail-on 'bogus' is not one of error, warning, info, never")
     p = tmp_path / "probe.yaml"
     p.write_text("fail_on: bogus\n", encoding="utf-8")
-    _one_line_refusal(runner.invoke(app, ["diagnose", "t", "d", "--config", str(p)]), "probe.yaml: fail_on 'bogus' is not one of")
+    one_line_refusal(runner.invoke(app, ["diagnose", "t", "d", "--config", str(p)]), "probe.yaml: fail_on 'bogus' is not one of")
 
 
 def test_every_command_has_exactly_the_models_settings() -> None:

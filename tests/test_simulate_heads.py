@@ -15,10 +15,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from benchmarks.bench_kvcache import ConcatKV
 from specprobe.cli.main import app
 from specprobe.metrics.sampling import Sampling, probs
 from specprobe.simulate import Procedure, speculate
 from tests.helpers import heads as hh
+from tests.helpers.heads import head_prompts, load_pair
 from tests.helpers.tiny import prompts_file
 
 runner = CliRunner()
@@ -26,19 +28,6 @@ GREEDY = Sampling(temperature=0.0)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _load(target: Path, spec: str) -> tuple[Any, Any]:
-    from specprobe.models.drafters import build_drafter, drafter_info
-    from specprobe.models.loader import load_model
-
-    t = load_model(str(target), device="cpu", dtype="float32")
-    return t, build_drafter(spec, t, info=drafter_info(spec, t.info))
-
-
-def _prompts(n: int = 5, seed: int = 5) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, 284, (int(L),), generator=g).tolist() for L in torch.randint(3, 14, (n,), generator=g)]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +58,8 @@ def oracles(tmp_path_factory) -> dict[str, tuple[Path, str]]:
 @pytest.mark.parametrize("name", ["eagle3-speculators", "eagle3-export", "eagle1", "medusa-fd-v2", "medusa-fd-v1", "medusa-vllm", "mtp-deepseek", "mtp-qwen3_next", "mtp-mimo"])
 def test_greedy_output_is_the_targets_for_every_head(layouts, name) -> None:
     target, spec = layouts[name]
-    t, d = _load(target, spec)
-    prompts = _prompts()
+    t, d = load_pair(target, spec)
+    prompts = head_prompts()
     plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=20, batch_size=3)
     run = speculate(t.model, d, prompts, k=3, target_sampling=GREEDY, max_new_tokens=20, batch_size=3)
     assert run.outputs == plain.outputs
@@ -83,9 +72,9 @@ def test_greedy_output_is_the_targets_for_every_head(layouts, name) -> None:
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_oracle_heads_accept_every_draft(oracles, temperature) -> None:
     """α = 1 at every depth: each row verifies the prefill, then 4 rounds of K+1 = 5."""
-    prompts = _prompts()
+    prompts = head_prompts()
     for name, (target, spec) in oracles.items():
-        t, d = _load(target, spec)
+        t, d = load_pair(target, spec)
         run = speculate(t.model, d, prompts, k=4, target_sampling=Sampling(temperature=temperature), max_new_tokens=21, batch_size=3, seed=1)
         c = run.counters
         assert c.accept_rate == 1.0 and c.tau_tokens == 5.0, name
@@ -99,7 +88,7 @@ def test_oracle_cut_to_a_draft_vocabulary_is_mapped_with_d2t(oracles, tmp_path) 
     outside the draft vocabulary, and greedy output is still the target's."""
     bg = oracles["eagle1"][0]
     head = hh.eagle3_speculators(tmp_path / "cut", bg, oracle=True, vd=150, verifier="bigram")
-    t, d = _load(bg, str(head))
+    t, d = load_pair(bg, str(head))
     allowed = set(hh.draft_vocab(int(t.vocab_size), 150).tolist())
     proposed: list[int] = []
     real = d.logits
@@ -111,7 +100,7 @@ def test_oracle_cut_to_a_draft_vocabulary_is_mapped_with_d2t(oracles, tmp_path) 
         return out
 
     d.logits = spy  # type: ignore[method-assign]
-    prompts = _prompts()
+    prompts = head_prompts()
     plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=16, batch_size=5)
     run = speculate(t.model, d, prompts, k=3, target_sampling=GREEDY, max_new_tokens=16, batch_size=5)
     assert run.outputs == plain.outputs
@@ -171,11 +160,11 @@ def test_live_head_equals_teacher_forced_scoring(layouts, oracles, kind) -> None
     after any number of roll-backs) and depth j wherever drafts 1..j−1 were the
     reference's tokens. A random head (attention that reads the whole cache) and a
     perturbed oracle (accepts some chains, rejects others)."""
-    prompt = _prompts(1, seed=11)[0]
-    t, d = _load(*layouts[kind])
+    prompt = head_prompts(1, seed=11)[0]
+    t, d = load_pair(*layouts[kind])
     compared, _, _ = _replay(t, d, prompt)
     assert compared >= 10
-    t, d = _load(*oracles[kind])
+    t, d = load_pair(*oracles[kind])
     _perturb(d, 0.05)
     compared, deep, acc = _replay(t, d, prompt)
     assert 0.0 < acc < 1.0, acc  # roll-backs after accepted and rejected drafts
@@ -208,7 +197,7 @@ def test_sampled_output_follows_target_distribution(oracles, name, procedure, mo
     from tests.test_simulate import _chi2
 
     target, spec = oracles[name]
-    t, d = _load(target, spec)
+    t, d = load_pair(target, spec)
     _perturb(d, 3.0, lm_head_only=True) if name.startswith("eagle3") else _perturb(d, 0.05)
     real_chain, firsts = sources.chain, []
 
@@ -244,9 +233,9 @@ def test_sampled_output_follows_target_distribution(oracles, name, procedure, mo
 def test_greedy_drafting_heads_are_exact_and_accepted_with_p_of_the_argmax(oracles, procedure) -> None:
     """An oracle head (q = p) drafting greedily: at T = 0 every draft is accepted and the
     output is plain decoding's; at T = 0.8 its argmax is accepted with p(argmax) < 1."""
-    prompts = _prompts()
+    prompts = head_prompts()
     target, spec = oracles["eagle3-speculators"]
-    t, d = _load(target, spec)
+    t, d = load_pair(target, spec)
     plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=21, batch_size=3)
     run = speculate(t.model, d, prompts, k=4, target_sampling=GREEDY, max_new_tokens=21, batch_size=3, procedure=procedure)
     assert run.outputs == plain.outputs and run.counters.accept_rate == 1.0
@@ -323,14 +312,9 @@ def test_unsupported_head_is_a_one_line_error(tiny_pair, prompts, tmp_path, monk
 
 
 # ----------------------------------------------------------------------------- the head's KV cache
-class _ConcatKV(list):  # type: ignore[type-arg]
-    """The cache KVList replaced: one entry, a `torch.cat` per append (the reference)."""
-
-    def append(self, kv: Any) -> None:
-        if self:
-            self[0] = (torch.cat([self[0][0], kv[0]], dim=2), torch.cat([self[0][1], kv[1]], dim=2))
-        else:
-            super().append(kv)
+class _ConcatKV(ConcatKV):
+    """The cache KVList replaced (the benchmark's reference: a `torch.cat` per append),
+    with the cache calls a live head makes."""
 
     def update(self, key: Any, value: Any, *args: Any, **kw: Any) -> Any:
         self.append((key, value))
@@ -414,7 +398,7 @@ def test_live_logits_bit_identical_to_a_concatenating_cache(layouts, monkeypatch
 
     def logits_of(cache_cls: Any) -> list[torch.Tensor]:
         monkeypatch.setattr(live, "KVList", cache_cls)
-        t, d = _load(*layouts[name])
+        t, d = load_pair(*layouts[name])
         out: list[torch.Tensor] = []
         real = d.logits
 
@@ -423,7 +407,7 @@ def test_live_logits_bit_identical_to_a_concatenating_cache(layouts, monkeypatch
             return out[-1]
 
         d.logits = spy
-        speculate(t.model, d, _prompts(), k=3, target_sampling=GREEDY, max_new_tokens=24, batch_size=3)
+        speculate(t.model, d, head_prompts(), k=3, target_sampling=GREEDY, max_new_tokens=24, batch_size=3)
         return out
 
     ref, new = logits_of(_ConcatKV), logits_of(Tracked)

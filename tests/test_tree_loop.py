@@ -16,6 +16,7 @@ from specprobe.models.kvcache import Stream
 from specprobe.simulate import speculate
 from specprobe.simulate import tree as tl
 from specprobe.simulate.procedure import Procedure
+from tests.helpers.heads import head_prompts, load_pair
 from tests.test_simulate import _chi2, _exact_marginals, noisy_copy, rand_prompts, tiny
 
 GREEDY = Sampling(temperature=0.0)
@@ -142,19 +143,6 @@ def test_sampled_tree_output_follows_target_distribution() -> None:
 
 
 # ----------------------------------------------------------------------------- drafter kinds
-def _load(target, spec: str):
-    from specprobe.models.drafters import build_drafter, drafter_info
-    from specprobe.models.loader import load_model
-
-    t = load_model(str(target), device="cpu", dtype="float32")
-    return t, build_drafter(spec, t, info=drafter_info(spec, t.info))
-
-
-def _head_prompts(n: int = 5, seed: int = 5) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, 284, (int(L),), generator=g).tolist() for L in torch.randint(3, 14, (n,), generator=g)]
-
-
 @pytest.fixture(scope="module")
 def layouts(tiny_pair, tmp_path_factory):
     from tests.helpers import heads as hh
@@ -163,8 +151,8 @@ def layouts(tiny_pair, tmp_path_factory):
 
 
 def test_layer_skip_self_draft_tree_is_plain_decoding(tiny_pair) -> None:
-    t, d = _load(tiny_pair["target"], "self:layers=1")
-    prompts = _head_prompts()
+    t, d = load_pair(tiny_pair["target"], "self:layers=1")
+    prompts = head_prompts()
     plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
     run = tl.speculate_tree(t.model, d.step_model(), prompts, shape=_tree("steps=3,topk=3,tokens=8"), target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
     assert run.outputs == plain.outputs
@@ -174,8 +162,8 @@ def test_layer_skip_self_draft_tree_is_plain_decoding(tiny_pair) -> None:
 @pytest.mark.parametrize("name", ["eagle3-speculators", "eagle1", "mtp-deepseek", "medusa-fd-v2"])
 def test_head_tree_is_plain_decoding(layouts, name) -> None:
     target, spec = layouts[name]
-    t, d = _load(target, spec)
-    prompts = _head_prompts()
+    t, d = load_pair(target, spec)
+    prompts = head_prompts()
     text = "[[0], [1], [0, 0], [1, 0], [0, 1]]" if name.startswith("medusa") else "steps=3,topk=2,tokens=6"
     plain = speculate(t.model, None, prompts, k=0, target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
     run = tl.speculate_tree(t.model, d, prompts, shape=_tree(text), target_sampling=GREEDY, max_new_tokens=16, batch_size=3)
@@ -209,8 +197,8 @@ def test_oracle_heads_accept_the_full_depth_of_a_tree(oracles, name, temperature
     the target's; at T = 0.8 the target sometimes samples the rank-2 child, and a chained
     head fed its own state down that branch still drafts the target's next tokens."""
     target, spec = oracles[name]
-    t, d = _load(target, spec)
-    prompts = _head_prompts()
+    t, d = load_pair(target, spec)
+    prompts = head_prompts()
     run = tl.speculate_tree(t.model, d, prompts, shape=_tree("steps=4,topk=2,tokens=9"), target_sampling=Sampling(temperature=temperature), max_new_tokens=21, batch_size=3, seed=1)
     c = run.counters
     assert c.cumulative() == [1.0] * 4 and c.tau_tokens == 5.0, name
@@ -224,8 +212,8 @@ def test_head_topk_one_is_the_chain_loop(oracles, name) -> None:
     """Oracle heads at T = 0.8, greedy drafts: the target sometimes samples another token,
     so rounds end early; the topk = 1 tree runs the chain's forwards, coins and samples."""
     target, spec = oracles[name]
-    t, d = _load(target, spec)
-    prompts = _head_prompts()
+    t, d = load_pair(target, spec)
+    prompts = head_prompts()
     s = Sampling(temperature=0.8)
     chain = speculate(t.model, d, prompts, k=3, target_sampling=s, max_new_tokens=16, batch_size=3, seed=2, procedure=SGLANG)
     tree = tl.speculate_tree(t.model, d, prompts, shape=_tree("steps=3"), target_sampling=s, max_new_tokens=16, batch_size=3, seed=2)

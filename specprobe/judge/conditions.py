@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,18 +96,18 @@ class _Parser:
         return node
 
     def or_(self) -> Any:
-        args = [self.and_()]
-        while self.peek() == ("name", "or"):
-            self.take()
-            args.append(self.and_())
-        return args[0] if len(args) == 1 else BoolOp("or", tuple(args))
+        return self._joined("or", self.and_)
 
     def and_(self) -> Any:
-        args = [self.not_()]
-        while self.peek() == ("name", "and"):
+        return self._joined("and", self.not_)
+
+    def _joined(self, op: str, operand: Callable[[], Any]) -> Any:
+        """operand (op operand)*: one operand as itself, more as BoolOp(op, …)."""
+        args = [operand()]
+        while self.peek() == ("name", op):
             self.take()
-            args.append(self.not_())
-        return args[0] if len(args) == 1 else BoolOp("and", tuple(args))
+            args.append(operand())
+        return args[0] if len(args) == 1 else BoolOp(op, tuple(args))
 
     def not_(self) -> Any:
         tok = self.peek()

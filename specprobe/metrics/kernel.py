@@ -205,6 +205,22 @@ def _jit(fn: Any) -> Any:
         return numba.njit(nogil=True, fastmath=_FLAGS)(fn)
 
 
+@numba.njit(inline="always", nogil=True)  # type: ignore[misc]
+def _insert(best, idx, x, i):  # type: ignore[no-untyped-def]
+    """Keep best (descending, with their idx) the largest values seen: x (of index i)
+    goes in after the equal ones already there, or not at all when it is not larger
+    than the last."""
+    k = best.shape[0]
+    if x > best[k - 1]:
+        p = k - 1
+        while p > 0 and best[p - 1] < x:
+            best[p] = best[p - 1]
+            idx[p] = idx[p - 1]
+            p -= 1
+        best[p] = x
+        idx[p] = i
+
+
 @numba.njit(nogil=True)  # type: ignore[misc]
 def _top_ids(row, segmax, c, ids):  # type: ignore[no-untyped-def]
     """ids[:k] = the row's k largest logits' ids, largest first, the first id among equal
@@ -215,15 +231,7 @@ def _top_ids(row, segmax, c, ids):  # type: ignore[no-untyped-def]
     best = np.full(k, -np.inf, dtype=np.float32)
     segs = np.full(k, ns, dtype=np.int64)
     for s in range(ns):  # the k segments with the largest maxima (the first on ties)
-        m = segmax[s]
-        if m > best[k - 1]:
-            j = k - 1
-            while j > 0 and best[j - 1] < m:
-                best[j] = best[j - 1]
-                segs[j] = segs[j - 1]
-                j -= 1
-            best[j] = m
-            segs[j] = s
+        _insert(best, segs, segmax[s], s)
     segs.sort()  # read in id order, so that a tie keeps the first id
     best[:] = -np.inf
     ids[:] = -1
@@ -232,15 +240,7 @@ def _top_ids(row, segmax, c, ids):  # type: ignore[no-untyped-def]
         if s == ns:
             continue
         for j in range(s * c, s * c + c):
-            x = row[j]
-            if x > best[k - 1]:
-                p = k - 1
-                while p > 0 and best[p - 1] < x:
-                    best[p] = best[p - 1]
-                    ids[p] = ids[p - 1]
-                    p -= 1
-                best[p] = x
-                ids[p] = j
+            _insert(best, ids, row[j], j)
 
 
 @_jit

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from specprobe.core.delegate import Via
 from specprobe.core.errors import ConfigError
 from specprobe.drafters.base import Drafter, ModelInfo, TargetPass
 from specprobe.drafters.ngram import NgramDrafter, is_ngram_spec
@@ -30,38 +31,39 @@ from specprobe.models.heads import build_head, head_info, head_kind
 from specprobe.models.loader import LoadedModel, load_info, load_model
 
 
-class SelfDrafter(Drafter):
+class _OnTarget(Drafter):
+    """A drafter made of the target's own weights (nothing of its own to count): the
+    target's facts, its LM head."""
+
+    info = Via[ModelInfo]("target")
+
+    @property
+    def params(self) -> int:
+        return 0  # shared with the target
+
+    def logits(self, hidden: Any, depth: int) -> Any:
+        return self.target.head(hidden)
+
+
+class SelfDrafter(_OnTarget):
     """The target itself: every distribution equal; the sanity row."""
 
     kind = "independent"
 
-    @property
-    def info(self) -> ModelInfo:
-        return self.target.info
+    num_layers = Via[int]("target")
 
     @property
     def name(self) -> str:
         return f"{self.target.name} (itself)"
 
-    @property
-    def num_layers(self) -> int:
-        return self.target.num_layers
-
-    @property
-    def params(self) -> int:
-        return 0
-
     def hidden(self, tp: TargetPass) -> dict[int, Any]:
         return {1: tp.last_hidden}
-
-    def logits(self, hidden: Any, depth: int) -> Any:
-        return self.target.head(hidden)
 
     def step_model(self) -> Any:
         return self.target.model
 
 
-class LayerSkipDrafter(Drafter):
+class LayerSkipDrafter(_OnTarget):
     """First N target layers + final norm + LM head (LayerSkip / Draft&Verify), sharing the
     target's weights in memory: nothing is copied."""
 
@@ -82,10 +84,6 @@ class LayerSkipDrafter(Drafter):
         self._step: Any = None
 
     @property
-    def info(self) -> ModelInfo:
-        return self.target.info
-
-    @property
     def name(self) -> str:
         return f"{self.target.name} first {self.n_layers}/{self.target.num_layers} layers"
 
@@ -93,19 +91,12 @@ class LayerSkipDrafter(Drafter):
     def num_layers(self) -> int:
         return self.n_layers
 
-    @property
-    def params(self) -> int:
-        return 0  # shared with the target
-
     def target_layers_needed(self) -> tuple[int, ...]:
         return (self.n_layers,)
 
     def hidden(self, tp: TargetPass) -> dict[int, Any]:
         # hidden_states[N] is the raw output of layer N; the self-draft normalises it.
         return {1: self._norm(tp.layer_hidden[self.n_layers])}
-
-    def logits(self, hidden: Any, depth: int) -> Any:
-        return self.target.head(hidden)
 
     def step_model(self) -> Any:
         """A real transformers causal LM of N layers whose modules are the target's own."""
@@ -124,21 +115,10 @@ class IndependentDrafter(Drafter):
         super().__init__(spec, target)
         self.loaded = loaded
 
-    @property
-    def info(self) -> ModelInfo:
-        return self.loaded.info
-
-    @property
-    def name(self) -> str:
-        return self.loaded.name
-
-    @property
-    def num_layers(self) -> int:
-        return self.loaded.num_layers
-
-    @property
-    def params(self) -> int:
-        return self.loaded.params
+    info = Via[ModelInfo]("loaded")
+    name = Via[str]("loaded")
+    num_layers = Via[int]("loaded")
+    params = Via[int]("loaded")
 
     def hidden(self, tp: TargetPass) -> dict[int, Any]:
         return {1: self.loaded.last_hidden(tp.input_ids, tp.attention_mask)}

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from specprobe.core.delegate import Via
 from specprobe.models.anatomy import output_cache
 from specprobe.models.loader import cache_kwarg
 
@@ -71,16 +72,21 @@ class Stream:
         # a row's position = its count of real tokens before this one
         pos = self.valid.sum(dim=1, keepdim=True) + valid.long().cumsum(dim=1) - 1  # [B, T]
         pos = pos.clamp_(min=0)
+        return self.call(ids, valid, mask, pos, keep)
+
+    def call(self, ids: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, keep: int) -> torch.Tensor:
+        """One timed forward of the model over a block ids [B, T] with an explicit 4-D mask
+        and positions; the block's slots (valid [B, T]) join the cache."""
         sync(self.device)
         t0 = time.perf_counter()
-        extra = {"logits_to_keep": keep} if keep and self.can_keep else {}
+        extra: dict[str, Any] = {"logits_to_keep": keep} if keep and self.can_keep else {}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{self.kw: self.cache}, **extra)
         logits = out.logits[:, -keep:] if keep else out.logits
         sync(self.device)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         self.cache = output_cache(out)
-        self.valid = full
+        self.valid = torch.cat([self.valid, valid], dim=1)
         return logits
 
     def invalidate_from(self, cut: torch.Tensor) -> None:
@@ -120,6 +126,14 @@ class Stream:
             out.cache.batch_select_indices(idx)
         out.valid = self.valid[idx].clone()
         return out
+
+
+class StreamTimed:
+    """calls and seconds: those of the drafter's `stream`'s forward passes."""
+
+    stream: Stream
+    calls = Via[int]("stream")
+    seconds = Via[float]("stream")
 
 
 def right_align(seqs: Sequence[Sequence[int]], device: Any, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

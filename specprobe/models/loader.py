@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specprobe.core.delegate import Via
 from specprobe.core.errors import ModelLoadError
 from specprobe.drafters.base import ModelInfo
 from specprobe.drafters.ngram import is_ngram_spec
@@ -497,21 +498,10 @@ class LoadedModel:
         its KV cache is kept and appended there."""
         return forward_last_hidden(self.model, input_ids, attention_mask, self.head, cache_out=cache_out)
 
-    @property
-    def spec(self) -> str:
-        return self.info.spec
-
-    @property
-    def name(self) -> str:
-        return self.info.name
-
-    @property
-    def config(self) -> Any:
-        return self.model.config
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.info.tokenizer
+    spec = Via[str]("info")
+    name = Via[str]("info")
+    config = Via[Any]("model")
+    tokenizer = Via[Any]("info")
 
     @property
     def num_layers(self) -> int:

@@ -13,13 +13,9 @@ attends to itself only, so no row of the mask is fully masked."""
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import torch
 
-from specprobe.models.anatomy import output_cache
-from specprobe.models.kvcache import Stream, sync
+from specprobe.models.kvcache import Stream
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -42,22 +38,7 @@ def forward(stream: Stream, ids: torch.Tensor, valid: torch.Tensor, allowed: tor
     stream's cache, attending as `allowed` [B, W, L+W] says, at position ids pos [B, W]
     -> logits [B, keep, V] for the last `keep` slots (all W when 0). What
     `Stream.forward` does for a causal block, with the mask and positions given."""
-    return call(stream, ids, valid, additive(allowed, stream.dtype), pos.clamp(min=0), keep)
-
-
-def call(stream: Stream, ids: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, keep: int) -> torch.Tensor:
-    """One timed forward of the stream's model over a block with an explicit 4-D mask."""
-    sync(stream.device)
-    t0 = time.perf_counter()
-    extra: dict[str, Any] = {"logits_to_keep": keep} if keep and stream.can_keep else {}
-    out = stream.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{stream.kw: stream.cache}, **extra)
-    logits = out.logits[:, -keep:] if keep else out.logits
-    sync(stream.device)
-    stream.seconds += time.perf_counter() - t0
-    stream.calls += 1
-    stream.cache = output_cache(out)
-    stream.valid = torch.cat([stream.valid, valid], dim=1)
-    return logits
+    return stream.call(ids, valid, additive(allowed, stream.dtype), pos.clamp(min=0), keep)
 
 
 def ancestor_matrix(parent_col: torch.Tensor) -> torch.Tensor:

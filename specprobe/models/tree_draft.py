@@ -33,8 +33,8 @@ from specprobe.estimates.tree import TreeShape, select, top_desc
 from specprobe.metrics.core import align_vocab, finite
 from specprobe.models import tree_attention as ta
 from specprobe.models.heads.chain import HeadDrafter
-from specprobe.models.heads.live import LiveHead
-from specprobe.models.kvcache import Stream, right_align
+from specprobe.models.heads.live import HeadTimed, LiveHead
+from specprobe.models.kvcache import Stream, StreamTimed, right_align
 
 
 # ----------------------------------------------------------------------------- the tree
@@ -256,7 +256,7 @@ def _prefix(valid: torch.Tensor, l0: int, tree: Tree, fed: np.ndarray, nodes: np
     return out
 
 
-class LMTree:
+class LMTree(StreamTimed):
     """A causal LM (independent or a layer-skip self-draft) drafting a tree from its own
     cache: its first forward catches up on the verified tokens it has not seen, each later
     depth feeds the beams, each seeing its ancestors' slots only."""
@@ -272,14 +272,6 @@ class LMTree:
         self._l0: int | None = None
         self._root = torch.zeros(len(prompts), dtype=torch.long)
         self._fed = np.zeros((len(prompts), 0), dtype=np.int64)
-
-    @property
-    def calls(self) -> int:
-        return self.stream.calls
-
-    @property
-    def seconds(self) -> float:
-        return self.stream.seconds
 
     def root(self, cap: np.ndarray, tree: Tree) -> torch.Tensor | None:
         self._l0 = None
@@ -341,7 +333,7 @@ class LMTree:
         self.todo = [self.todo[r] for r in sel]
 
 
-class HeadTree:
+class HeadTree(HeadTimed):
     """A head drafter over a tree: EAGLE-1/2, EAGLE-3 and MTP chain on their own outputs
     (a beam is fed with the hidden state its parent's step produced, in the head's cache
     under the tree mask); Medusa's heads read the target's last state, so every node at
@@ -356,18 +348,6 @@ class HeadTree:
         self._root_h: torch.Tensor | None = None
         self._out_h: torch.Tensor | None = None  # [B, M, H] the hidden each fed node's step produced
         self._fed = np.zeros((batch, 0), dtype=np.int64)
-
-    @property
-    def max_depth(self) -> int | None:
-        return self.head.max_depth
-
-    @property
-    def calls(self) -> int:
-        return self.head.calls
-
-    @property
-    def seconds(self) -> float:
-        return self.head.seconds
 
     def root(self, cap: np.ndarray, tree: Tree) -> torch.Tensor | None:
         self._l0 = None

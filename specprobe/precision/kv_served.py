@@ -41,14 +41,8 @@ def ggml_kv_cache(model: Any, dtype: str) -> str:
     attention of `model`'s decoder layers see them, by a registered attention
     implementation wrapping the model's own (sdpa, eager, …) with its mask; only this
     model's config switches to it. Returns the implementation's name."""
-    import sys
-
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     from specprobe.core.errors import ModelLoadError
-    from specprobe.precision.quant import _attention_modules
+    from specprobe.precision.quant import _attention_modules, _inner_attention, _use_attention
 
     attn = _attention_modules(model)
     if not attn:
@@ -66,12 +60,8 @@ def ggml_kv_cache(model: Any, dtype: str) -> str:
         block = ggml_blocks.block_of(t)
         if head_dim % block:  # llama.cpp's context refuses it the same way
             raise ModelLoadError(f"--kv-cache-dtype {dtype}: the {side} cache type {t} has blocks of {block}, which do not divide the head size {head_dim}", "llama.cpp refuses this cache type for this model too: use f16 or bf16")
-    module = type(attn[0]).__module__
-    eager = getattr(sys.modules[module], "eager_attention_forward", None)
-    inner = ALL_ATTENTION_FUNCTIONS.get(base, eager)
-    if inner is None:
-        raise ModelLoadError(f"{type(model).__name__}: no attention function for {base!r}", "load the model with attn_implementation sdpa or eager")
-    name = f"specprobe_kv_{k_type}_{v_type}_{base}_{module.rsplit('.', 1)[-1]}".replace(".", "_")
+    module, inner = _inner_attention(model, attn, base)
+    name = f"specprobe_kv_{k_type}_{v_type}_{base}_{module}".replace(".", "_")
     q_type = ggml_blocks.query_type(k_type)
     rnd, rot = ggml_blocks.ggml_round, ggml_blocks.rotate
     nk, nv = ggml_blocks.rotation_orders(k_type, v_type, head_dim)
@@ -93,11 +83,7 @@ def ggml_kv_cache(model: Any, dtype: str) -> str:
         attn = rot(attn, nv)  # [B, S, H, head_dim] or [B, H, S, head_dim]: the last is the head's
         return (attn, *rest) if isinstance(out, tuple) else attn
 
-    AttentionInterface.register(name, cached)
-    mask_base = base if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping else "eager"
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_base])
-    model.config._attn_implementation = name
-    return name
+    return _use_attention(model, name, base, cached)
 
 
 def serve_kv_cache(loaded: Any, dtype: str) -> None:

@@ -259,6 +259,36 @@ def _attention_modules(model: Any) -> list[Any]:
     return found
 
 
+def _inner_attention(model: Any, attn: list[Any], base: str) -> tuple[str, Any]:
+    """The attention function a wrapper around `base` calls, and the short name of the
+    attention modules' module (for the wrapper's name)."""
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from specprobe.core.errors import ModelLoadError
+
+    module = type(attn[0]).__module__
+    eager = getattr(sys.modules[module], "eager_attention_forward", None)
+    inner = ALL_ATTENTION_FUNCTIONS.get(base, eager)
+    if inner is None:
+        raise ModelLoadError(f"{type(model).__name__}: no attention function for {base!r}", "load the model with attn_implementation sdpa or eager")
+    return module.rsplit(".", 1)[-1], inner
+
+
+def _use_attention(model: Any, name: str, base: str, fn: Any) -> str:
+    """`fn` registered as attention implementation `name` (with `base`'s mask) and set on
+    the model -> name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(name, fn)
+    mask_base = base if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping else "eager"
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_base])
+    model.config._attn_implementation = name
+    return name
+
+
 def decoder_layers_of(model: Any) -> Any:
     from specprobe.models.anatomy import decoder_layers
 
@@ -270,12 +300,6 @@ def fp8_kv_cache(model: Any, scale: float = 1.0) -> str:
     registered attention implementation that wraps the model's own (sdpa, eager, flash…)
     and uses its mask. Only this model's config switches to it, so a drafter of the same
     architecture keeps its own. Returns the implementation's name."""
-    import sys
-
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     from specprobe.core.errors import ModelLoadError
 
     attn = _attention_modules(model)
@@ -284,21 +308,13 @@ def fp8_kv_cache(model: Any, scale: float = 1.0) -> str:
     base = model.config._attn_implementation or "eager"
     if base.startswith("specprobe_fp8kv"):
         return base
-    module = type(attn[0]).__module__
-    eager = getattr(sys.modules[module], "eager_attention_forward", None)
-    inner = ALL_ATTENTION_FUNCTIONS.get(base, eager)
-    if inner is None:
-        raise ModelLoadError(f"{type(model).__name__}: no attention function for {base!r}", "load the model with attn_implementation sdpa or eager")
-    name = f"specprobe_fp8kv_{base}_{module.rsplit('.', 1)[-1]}_{scale:g}".replace(".", "_")
+    module, inner = _inner_attention(model, attn, base)
+    name = f"specprobe_fp8kv_{base}_{module}_{scale:g}".replace(".", "_")
 
     def fp8_cached(mod: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         return inner(mod, query, fp8_kv(key, scale), fp8_kv(value, scale), *args, **kwargs)
 
-    AttentionInterface.register(name, fp8_cached)
-    mask_base = base if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping else "eager"
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_base])
-    model.config._attn_implementation = name
-    return name
+    return _use_attention(model, name, base, fp8_cached)
 
 
 def serve_fp8_kv(loaded: Any) -> None:

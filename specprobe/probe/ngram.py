@@ -117,17 +117,24 @@ def verify_cost(m: int, verify: Sequence[float]) -> float:
     return v[-1] + slope * (m - (len(v) - 1))
 
 
+def _begin(slot: Slot, prompt: Sequence[int], continuation: Sequence[int]) -> tuple[Steps, list[int], list[int]]:
+    """A request's start -> its (empty) Steps, the continuation, and the history its first
+    step sees: the prompt and the first token (the prefill's). The slot begins on the
+    prompt unless the continuation is empty (nothing to walk)."""
+    cont = list(continuation)
+    if cont:
+        slot.begin(list(prompt))
+    return Steps(requests=1), cont, list(prompt) + cont[:1]
+
+
 def walk(slot: Slot, prompt: Sequence[int], continuation: Sequence[int], max_new_tokens: int, eog: Collection[int] = ()) -> Steps:
     """The engine's steps along one reference (module doc) -> their counts. `eog`:
     llama.cpp's end-of-generation tokens — its verify stops accepting at a drafted EOG
     that is not the draft's last token (that EOG is the emitted token, not an accepted
     draft: `common_sampler_sample_and_accept_n`); empty for the other engines."""
-    out = Steps(requests=1)
-    cont = list(continuation)
+    out, cont, history = _begin(slot, prompt, continuation)
     if not cont:
         return out
-    slot.begin(list(prompt))
-    history = list(prompt) + cont[:1]
     t = 1  # tokens of the continuation emitted so far
     while t < len(cont):
         cap = max(0, max_new_tokens - t - 1)  # llama-server: n_remaining − 1, never past the budget
@@ -204,12 +211,9 @@ def walk_mixed(
     after a rejection, never their acceptance). Every step the draft model also takes in
     the verify batch (one forward, llama.cpp's `process`); a model draft of m tokens adds
     m forwards (one when it drafts nothing)."""
-    out = Steps(requests=1)
-    cont = list(continuation)
+    out, cont, history = _begin(slot, prompt, continuation)
     if not cont:
         return out
-    slot.begin(list(prompt))
-    history = list(prompt) + cont[:1]
     t = 1
     while t < len(cont):
         cap = max(0, max_new_tokens - t - 1)

@@ -413,6 +413,20 @@ def _repeated(x: Any, batch: int, length: int, room: int) -> Any:
     return out
 
 
+def _live_part(buf: str) -> property:
+    """An in-place layer's keys or values: the filled part of its buffer `buf` (None
+    before the buffer exists); set only to None (what DynamicLayer's own reset does)."""
+
+    def get(self: Any) -> Any:
+        return getattr(self, buf)[:, :, : self.n] if hasattr(self, buf) else None
+
+    def put(self: Any, value: Any) -> None:
+        if value is not None:
+            raise NotImplementedError("the timed cache is written in place")
+
+    return property(get, put)
+
+
 def _in_place_layer() -> type:
     from transformers.cache_utils import DynamicLayer
 
@@ -427,23 +441,8 @@ def _in_place_layer() -> type:
             self.kbuf, self.vbuf = _repeated(keys, batch, length, room), _repeated(values, batch, length, room)  # [B, H, L + room, D]
             self.n, self.is_initialized, self.device = length, True, keys.device
 
-        @property  # type: ignore[override]
-        def keys(self) -> Any:
-            return self.kbuf[:, :, : self.n] if hasattr(self, "kbuf") else None
-
-        @keys.setter
-        def keys(self, value: Any) -> None:
-            if value is not None:
-                raise NotImplementedError("the timed cache is written in place")
-
-        @property  # type: ignore[override]
-        def values(self) -> Any:
-            return self.vbuf[:, :, : self.n] if hasattr(self, "vbuf") else None
-
-        @values.setter
-        def values(self, value: Any) -> None:
-            if value is not None:
-                raise NotImplementedError("the timed cache is written in place")
+        keys = _live_part("kbuf")
+        values = _live_part("vbuf")
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             t = int(key_states.shape[-2])

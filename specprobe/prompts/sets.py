@@ -126,6 +126,19 @@ def content_sha256(prompts: Iterable[Prompt]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def _refuse_unknown(kind: str, wanted: set[str], known: set[str], available: Sequence[str], set_name: str) -> None:
+    """InputError when nothing is wanted or a wanted name is none of the known ones."""
+    unknown = sorted(w for w in wanted if w not in known)
+    if not wanted or unknown:
+        what = ", ".join(unknown) if unknown else "(none given)"
+        plural = "categories" if kind == "category" else f"{kind}s"
+        raise InputError(
+            f"unknown {kind} {what} in prompt set {set_name} — "
+            f"available: {', '.join(available)}",
+            f"pick {plural} from the available list",
+        )
+
+
 def select(
     prompt_set: PromptSet,
     domains: list[str] | None = None,
@@ -144,14 +157,7 @@ def select(
     if domains is not None:
         # Requested names go through the same mapping as the file, so "coding" finds code.
         wanted = {domain_for(d) for d in domains if d.strip()}
-        unknown = sorted(w for w in wanted if w not in available)
-        if not wanted or unknown:
-            what = ", ".join(unknown) if unknown else "(none given)"
-            raise InputError(
-                f"unknown domain {what} in prompt set {prompt_set.name} — "
-                f"available: {', '.join(available)}",
-                "pick domains from the available list",
-            )
+        _refuse_unknown("domain", wanted, set(available), available, prompt_set.name)
         prompts = [p for p in prompts if p.domain in wanted]
         filters.append(f"{'domain' if len(wanted) == 1 else 'domains'} {', '.join(d for d in available if d in wanted)}")
 
@@ -159,14 +165,7 @@ def select(
         # Categories are the file's own labels, matched exactly up to case.
         have = {c.lower(): c for c in prompt_set.categories}
         wanted_c = {c.strip().lower() for c in categories if c.strip()}
-        unknown = sorted(c for c in wanted_c if c not in have)
-        if not wanted_c or unknown:
-            what = ", ".join(unknown) if unknown else "(none given)"
-            raise InputError(
-                f"unknown category {what} in prompt set {prompt_set.name} — "
-                f"available: {', '.join(prompt_set.categories)}",
-                "pick categories from the available list",
-            )
+        _refuse_unknown("category", wanted_c, set(have), prompt_set.categories, prompt_set.name)
         prompts = [p for p in prompts if p.category.lower() in wanted_c]
         filters.append(f"{'category' if len(wanted_c) == 1 else 'categories'} {', '.join(c for c in prompt_set.categories if c.lower() in wanted_c)}")
 

@@ -34,7 +34,7 @@ import importlib
 import importlib.util
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -301,3 +301,14 @@ def engine_config(args: list[str], name: str, source: Path) -> tuple[dict[str, A
         return {}, Places(f"{name}: ")
     path = beside(source, named)
     return normalised(read_mapping(path), f"{path.name}: ")
+
+
+def over_config(read: Callable[[list[str], str, str, dict[str, Any], Places, Path], ServingConfig]) -> Callable[[list[str], Mapping[str, tuple[str, str]], str, str, Path, Callable[[Path, Path], ServingConfig]], ServingConfig]:
+    """An engine's `read_args` for a vLLM or SGLang command line: `read` (args, name, prog,
+    base, places, source) takes its flags over the --config YAML it names."""
+
+    def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path, read_file: Callable[[Path, Path], ServingConfig]) -> ServingConfig:
+        base, bp = engine_config(args, name, source)
+        return read(args, name, prog, base, bp, source)
+
+    return read_args

@@ -19,10 +19,33 @@ from specprobe.drafters.ngram import NgramDrafter, Slot
 from specprobe.simulate.draft_source import DraftRule, Proposal
 
 
-class NgramDraft:
+class SlotRows:
+    """Rows that each hold an n-gram drafter's slot: `select` ends the finished rows'
+    requests (their slots see the text they emitted) and keeps the per-row lists named in
+    `per_row` for the rows left."""
+
+    per_row: tuple[str, ...]
+    slots: list[Slot]
+    history: list[list[int]]
+
+    def compact(self) -> None:
+        pass
+
+    def select(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        for r in sorted(set(range(len(self.slots))) - set(keep)):  # finished rows: their requests end
+            self.slots[r].finish(self.history[r])
+        for name in self.per_row:
+            seq = getattr(self, name)
+            setattr(self, name, [seq[r] for r in keep])
+
+
+class NgramDraft(SlotRows):
     """The rows' n-gram slots over a batch (see module doc)."""
 
     max_depth = None
+
+    per_row = ("prompts", "history", "slots", "started", "drafted", "by")
 
     def __init__(self, drafter: NgramDrafter, prompts: Sequence[Sequence[int]], k: int | None = None) -> None:
         self.drafter = drafter
@@ -77,13 +100,3 @@ class NgramDraft:
             elif self.drafted[r]:
                 self.slots[r].accept(nl[r])
 
-    def compact(self) -> None:
-        pass
-
-    def select(self, rows: torch.Tensor) -> None:
-        keep = rows.tolist()
-        for r in sorted(set(range(len(self.slots))) - set(keep)):  # finished rows: their requests end
-            self.slots[r].finish(self.history[r])
-        for name in ("prompts", "history", "slots", "started", "drafted", "by"):
-            seq = getattr(self, name)
-            setattr(self, name, [seq[r] for r in keep])

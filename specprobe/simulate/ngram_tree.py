@@ -44,15 +44,18 @@ from specprobe.models.tree_draft import Tree, block
 from specprobe.simulate.counters import SimCounters, SimRun
 from specprobe.simulate.draft_source import Proposal
 from specprobe.simulate.loop import Batch, _batches, _emit, emit
+from specprobe.simulate.ngram_source import SlotRows
 from specprobe.simulate.tree import walk
 
 Advance = Callable[[int], Any]
 
 
-class NgramTreeSource:
+class NgramTreeSource(SlotRows):
     """The rows' SGLang NGRAM slots over one batch (see module doc)."""
 
     max_depth = None
+
+    per_row = ("prompts", "history", "slots", "started", "trees")
 
     def __init__(self, drafter: NgramDrafter, prompts: Sequence[Sequence[int]]) -> None:
         self.drafter = drafter
@@ -103,16 +106,6 @@ class NgramTreeSource:
                 self.started[r] = True
                 self.slots[r].begin(self.prompts[r])
 
-    def compact(self) -> None:
-        pass
-
-    def select(self, rows: torch.Tensor) -> None:
-        keep = rows.tolist()
-        for r in sorted(set(range(len(self.slots))) - set(keep)):  # finished rows: their requests end
-            self.slots[r].finish(self.history[r])
-        for name in ("prompts", "history", "slots", "started", "trees"):
-            seq = getattr(self, name)
-            setattr(self, name, [seq[r] for r in keep])
 
 
 def speculate_ngram_tree(

@@ -16,8 +16,8 @@ import torch
 from specprobe.drafters.ngram import NgramDrafter
 from specprobe.drafters.ngram_mix import MixedDrafter
 from specprobe.models.heads.chain import HeadDrafter
-from specprobe.models.heads.live import LiveHead
-from specprobe.models.kvcache import Stream, right_align
+from specprobe.models.heads.live import HeadTimed, LiveHead
+from specprobe.models.kvcache import Stream, StreamTimed, right_align
 from specprobe.simulate.draft_source import DraftRule, DraftSource, Proposal, chain
 from specprobe.simulate.ngram_mix_source import MixedDraft
 from specprobe.simulate.ngram_source import NgramDraft
@@ -65,7 +65,7 @@ class NoDraft:
         pass
 
 
-class LMDraft:
+class LMDraft(StreamTimed):
     """A causal LM drafting from its own cache. Its first forward of a round catches it up
     on the verified tokens it has not seen (the prompt in round 1, then 1–2 a round) and
     gives depth 1; each further depth feeds back the token just drafted."""
@@ -76,14 +76,6 @@ class LMDraft:
         self.stream = Stream(model, len(prompts), device)
         self.todo = [list(p) for p in prompts]  # per row: verified tokens not yet in its cache
         self._round: tuple[int, torch.Tensor] | None = None  # (slot of d_1, drafts fed back) when it drafted
-
-    @property
-    def calls(self) -> int:
-        return self.stream.calls
-
-    @property
-    def seconds(self) -> float:
-        return self.stream.seconds
 
     def propose(self, cap: torch.Tensor, rule: DraftRule, gen: torch.Generator) -> Proposal:
         self._round = None
@@ -123,7 +115,7 @@ class LMDraft:
         self.todo = [self.todo[r] for r in rows.tolist()]
 
 
-class HeadDraft:
+class HeadDraft(HeadTimed):
     """A head drafter: it catches up on the positions the last verify pass accepted, from
     the target's own states there, and drafts depth 1 from the last of them; nothing in
     round 1, before the target has run. Its chain entries are dropped after verify, the
@@ -133,18 +125,6 @@ class HeadDraft:
         self.head = LiveHead(drafter, batch, device)
         self._first: int | None = None  # this round's first chain slot, when it drafted
         self._block: tuple[int, torch.Tensor] | None = None  # the last verify block: width, real tokens [B]
-
-    @property
-    def max_depth(self) -> int | None:
-        return self.head.max_depth
-
-    @property
-    def calls(self) -> int:
-        return self.head.calls
-
-    @property
-    def seconds(self) -> float:
-        return self.head.seconds
 
     def propose(self, cap: torch.Tensor, rule: DraftRule, gen: torch.Generator) -> Proposal:
         self._first = None

