@@ -114,3 +114,15 @@ def test_unsupported_target_sampling() -> None:
     t, d, actual = _pair(1, n_pos=4)
     with pytest.raises(ValueError):
         bounded_metrics(_served(t, actual, 3), d, Sampling(temperature=0.7), Sampling(temperature=0.0))
+
+
+def test_greedy_drafting_with_a_sampled_draft_counts_the_greedy_field_exact() -> None:
+    # vLLM drafts the argmax whatever the request's temperature: exactness is p(argmax q)'s
+    t, d, actual = _pair(5)
+    target, draft = Sampling(temperature=1.0), Sampling(temperature=1.0)
+    top = _served(t, actual, 5)
+    b = bounded_metrics(top, d, target, draft, greedy_drafting=True)
+    g = bounded_metrics(top, d, target, Sampling(temperature=0.0))
+    np.testing.assert_array_equal(b.exact, g.exact)
+    np.testing.assert_array_equal(b.low["accept_prob_greedy_draft"], g.low["accept_prob_greedy_draft"])
+    assert not bounded_metrics(top, d, target, draft).exact.all()  # α's missing mass keeps most sampled positions ranges

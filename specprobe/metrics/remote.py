@@ -87,7 +87,8 @@ class TopN:
 @dataclass
 class Bounded:
     """Per-position values at both ends (`low`, `high`: field -> [N]) and which positions
-    are exact (low == high for every acceptance field)."""
+    are exact (low == high for the acceptance the drafting reads: p(argmax q) when
+    greedy, α when sampled)."""
 
     low: dict[str, np.ndarray]
     high: dict[str, np.ndarray]
@@ -103,9 +104,12 @@ def draft_probs(draft_logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return truncate_(q, s)
 
 
-def bounded_metrics(top: TopN, draft_logits: torch.Tensor, target: Sampling, draft: Sampling) -> Bounded:
+def bounded_metrics(top: TopN, draft_logits: torch.Tensor, target: Sampling, draft: Sampling, greedy_drafting: bool | None = None) -> Bounded:
     """The acceptance fields at both ends for N positions: `top` the target's listed
-    logprobs, draft_logits [N, V] the drafter's logits predicting the same tokens."""
+    logprobs, draft_logits [N, V] the drafter's logits predicting the same tokens.
+    greedy_drafting: whether the engine drafts the argmax (then `exact` is about
+    p(argmax q), else about α); None: when the draft sampling is greedy."""
+    greedy_drafting = draft.greedy if greedy_drafting is None else greedy_drafting
     why = supported(target)
     if why is not None:
         raise ValueError(why)
@@ -128,9 +132,10 @@ def bounded_metrics(top: TopN, draft_logits: torch.Tensor, target: Sampling, dra
     in_list = hit.any(-1)
     g_low = np.where(in_list, (p * hit).sum(-1), 0.0)
     g_high = np.where(in_list, g_low, cap)
+    g_exact = in_list | (cap <= 0)
     if draft.greedy:
         a_low, a_high = g_low, g_high
-        exact = in_list | (cap <= 0)
+        exact = g_exact
     else:
         idx = torch.as_tensor(np.where(listed, top.ids, 0)).to(qs.device)
         q_listed = qs.gather(-1, idx).double().cpu().numpy() * listed  # [N, m]
@@ -138,7 +143,7 @@ def bounded_metrics(top: TopN, draft_logits: torch.Tensor, target: Sampling, dra
         capt = torch.as_tensor(cap, dtype=qs.dtype, device=qs.device)[:, None]
         q_rest = torch.minimum(qs, capt).sum(-1).double().cpu().numpy() - np.minimum(q_listed, cap[:, None]).sum(-1)
         a_high = a_low + np.minimum(missing, np.clip(q_rest, 0.0, None))
-        exact = (in_list | (cap <= 0)) & (a_high - a_low <= 0)
+        exact = g_exact if greedy_drafting else a_high - a_low <= 0
     low = {"accept_prob": np.clip(a_low, 0, 1), "greedy_agree": agree, "kl_target_draft_nats": zeros, "target_entropy_nats": zeros, "draft_confidence": confidence, "accept_prob_greedy_draft": np.clip(g_low, 0, 1)}
     high = {**low, "accept_prob": np.clip(a_high, 0, 1), "accept_prob_greedy_draft": np.clip(g_high, 0, 1)}
     return Bounded(low, high, np.asarray(exact, dtype=bool))

@@ -32,7 +32,7 @@ from specprobe import __version__
 from specprobe.core.environment import environment
 from specprobe.core.errors import ConfigError
 from specprobe.core.progress import Progress
-from specprobe.engines import get
+from specprobe.engines import GREEDY, get
 from specprobe.judge.rules import RuleTable
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.remote import FIELDS, LEFT_OUT, TopN, bounded_metrics, supported
@@ -170,7 +170,7 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
                     x = torch.tensor([full], device=drafter.device)
                     hidden = drafter.last_hidden(x, torch.ones_like(x))
                     dl = drafter.head(hidden[0, len(enc) - 1 : len(enc) - 1 + len(cont)]).float()  # [n, V']
-                b = bounded_metrics(top, dl, pair.target, pair.draft)
+                b = bounded_metrics(top, dl, pair.target, pair.draft, greedy_drafting=cfg.drafting == GREEDY)
                 pos = np.arange(len(enc), len(enc) + len(cont))
                 low.add_sequence(p.domain, pos, b.low, category=p.category)
                 high.add_sequence(p.domain, pos, b.high, category=p.category)
@@ -181,7 +181,7 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
                     rows["domain"].extend([p.domain] * len(cont))
                     rows["position"].extend(pos.tolist())
                     for f in ROW_FIELDS:
-                        rows[f].extend(np.round(b.low[f], 6).tolist())
+                        rows[f].extend([None] * len(cont) if f in LEFT_OUT else np.round(b.low[f], 6).tolist())
                 advance()
         except KeyboardInterrupt:
             interrupted = True

@@ -361,7 +361,7 @@ def remote_table(result: Result) -> Grid | None:
 
     for r in v.k_table:
         g.add(str(r.k), rng(r.tau_low, r.tau_high, ".3f"), rng(r.accept_rate_low, r.accept_rate_high, ".3f"), rng(r.speedup_low, r.speedup_high, ".2f", "×"))
-    g.add("mean α", "", rng(v.accept_low, v.accept_high, ".4f"), f"best K {v.best_k_low}" + ("" if v.best_k_low == v.best_k_high else f"–{v.best_k_high}"))
+    g.add("mean", "", rng(v.accept_low, v.accept_high, ".4f"), f"best K {v.best_k_low}" + ("" if v.best_k_low == v.best_k_high else f"–{v.best_k_high}"))
     return g
 
 
