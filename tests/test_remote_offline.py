@@ -145,3 +145,32 @@ def test_refused_before_anything_loads(drafter: str, extra: dict[str, Any], said
     cfg = DiagnoseConfig(**{"target": "", "drafter": drafter, "target_server": "http://h:8000", "cost_ratio": 0.5, "verify_factor": 1.0, **extra})
     with pytest.raises(ConfigError, match=said):
         refuse(cfg)
+
+
+def test_requests_in_flight_answer_in_order() -> None:
+    import time
+
+    from specprobe.probe.remote import in_order
+
+    lock, live, most = threading.Lock(), [0], [0]
+
+    def ask(i: int) -> int:
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.02 * (5 - i % 5))  # later ones finish first
+        with lock:
+            live[0] -= 1
+        return i * i
+
+    assert list(in_order(ask, range(12), in_flight=3)) == [i * i for i in range(12)]
+    assert 1 < most[0] <= 3
+    assert list(in_order(ask, [])) == []
+
+    def fail(i: int) -> int:
+        if i == 2:
+            raise ConfigError("no", "fix")
+        return i
+
+    with pytest.raises(ConfigError):
+        list(in_order(fail, range(6)))

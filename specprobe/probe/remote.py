@@ -16,14 +16,18 @@ positions were exact, and the cost of the exchange (requests, bytes, seconds). K
 the target's entropy need the whole distribution: left out (null), and said so.
 
 Today: an independent drafter checkpoint (a self-draft needs the target's weights),
-single-turn prompts, a vLLM server; the cost ratio and verify factor must be given (the
+single-turn prompts, a vLLM server, IN_FLIGHT requests at once (references and
+scores); the cost ratio and verify factor must be given (the
 target is not here to time)."""
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -49,7 +53,30 @@ from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
 from specprobe.settings.pipeline import DiagnoseConfig
 
+T = TypeVar("T")
+IN_FLIGHT = 4  # requests at once (the server batches them; one more waits while the drafter runs here)
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 1234567890 — naïve café, 東京."
+
+
+def in_order(ask: Callable[[int], T], items: Iterable[int], in_flight: int = IN_FLIGHT) -> Iterator[T]:
+    """ask(i) for every item, up to `in_flight` requests at once, answers in the items'
+    order. Leaving early (an error, Ctrl-C) cancels what was not sent yet."""
+    pool = ThreadPoolExecutor(max_workers=in_flight)
+    pending: deque[Future[T]] = deque()
+    it = iter(items)
+    try:
+        for i in it:
+            pending.append(pool.submit(ask, i))
+            if len(pending) >= in_flight:
+                break
+        while pending:
+            got = pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(pool.submit(ask, nxt))
+            yield got
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def refuse(cfg: DiagnoseConfig) -> None:
@@ -134,10 +161,16 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     request = sampling_request(pair.target)
     t0 = time.perf_counter()
     conts: list[list[int]] = []
+    interrupted = False
     with progress.task(f"references from {label}", len(encoded)) as advance:
-        for i, ids in enumerate(encoded):
-            conts.append(server.complete(ids, cfg.max_new_tokens, request, cfg.seed + i, timeout=REQUEST_TIMEOUT_S))
-            advance()
+        try:
+            for cont in in_order(lambda i: server.complete(encoded[i], cfg.max_new_tokens, request, cfg.seed + i, timeout=REQUEST_TIMEOUT_S), range(len(encoded))):
+                conts.append(cont)
+                advance()
+        except KeyboardInterrupt:
+            interrupted = True
+            progress.note(f"interrupted while the server wrote references: scoring the {len(conts)} prompts that have one")
+    conts += [[] for _ in range(len(encoded) - len(conts))]
     reference_s = time.perf_counter() - t0
 
     # scoring: the server's prompt logprobs, the drafter's logits here
@@ -148,17 +181,14 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     low, high = acc(), acc()
     rows: dict[str, list[Any]] = {k: [] for k in ("prompt_id", "domain", "position", *ROW_FIELDS)}
     exact = positions = requests = size = 0
-    scoring_s = 0.0
     order = [i for i in range(len(prompts)) if conts[i]]
-    interrupted = False
+    t1 = time.perf_counter()
     with progress.task(f"scoring {sum(len(conts[i]) for i in order)} positions on the server", len(order)) as advance:
         try:
-            for i in order:
+            asked = in_order(lambda i: server.prompt_logprobs(encoded[i] + conts[i], cfg.target_logprobs, REQUEST_TIMEOUT_S), order)
+            for i, scores in zip(order, asked, strict=False):
                 p, enc, cont = prompts[i], encoded[i], conts[i]
                 full = enc + cont
-                t1 = time.perf_counter()
-                scores = server.prompt_logprobs(full, cfg.target_logprobs, REQUEST_TIMEOUT_S)
-                scoring_s += time.perf_counter() - t1
                 requests, size = requests + 1, size + scores.bytes
                 got = scores.rows[len(enc) - 1 : len(enc) - 1 + len(cont)]  # row k: the token at k + 1
                 for j, (r, t) in enumerate(zip(got, cont, strict=True)):
@@ -186,6 +216,7 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
         except KeyboardInterrupt:
             interrupted = True
             progress.note(f"interrupted: keeping the {low.num_prompts} prompts scored")
+    scoring_s = time.perf_counter() - t1
 
     header = {
         "command": "diagnose",

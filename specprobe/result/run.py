@@ -623,9 +623,9 @@ class RemoteTarget(Part):
     left_out: list[str] = Field(default_factory=list, description="Metrics the top-n cannot give (they need the whole target distribution): null in `metrics`.")
     requests: int = 0
     bytes: int = Field(default=0, description="Bytes of the scoring answers.")
-    reference_s: Num = Field(default=None, description="Seconds the server took to write the references.")
-    scoring_s: Num = Field(default=None, description="Seconds of the scoring requests.")
-    positions_per_s: Num = Field(default=None, description="Scored positions per second of scoring requests.")
+    reference_s: Num = Field(default=None, description="Wall seconds the server took to write the references (a few requests at once).")
+    scoring_s: Num = Field(default=None, description="Wall seconds of the scoring: the server's prompt logprobs (a few requests at once) beside the drafter's forward here.")
+    positions_per_s: Num = Field(default=None, description="Scored positions per wall second of the scoring.")
     notes: list[str] = Field(default_factory=list)
 
 
