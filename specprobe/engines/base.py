@@ -122,6 +122,27 @@ class LiveServer:
         the token ids it generated."""
         raise NotImplementedError
 
+    # --- the served target scored teacher-forced (diagnose --target-server)
+    tokenizer_name: str | None = None  # what the server loaded the tokenizer from, where it says
+
+    def prompt_logprobs(self, ids: Sequence[int], n: int, timeout: float) -> PromptScores:
+        """The target's logprobs over `ids` (sent as ids): per position after the first,
+        the actual token and the top-`n` (−1: the whole vocabulary)."""
+        raise ConfigError(f"--target-server: specprobe cannot score prompts on {self.engine.label} yet", "serve the target with vLLM")
+
+    def tokenize(self, text: str, timeout: float) -> list[int] | None:
+        """The server's own token ids for `text` (None: it has no tokenize endpoint)."""
+        return None
+
+
+@dataclass
+class PromptScores:
+    """One prompt_logprobs answer: rows[i] for position i + 1 of the ids sent ({token id:
+    (logprob, rank)}: the top-n and the actual token), and what the answer cost."""
+
+    rows: list[dict[int, tuple[float, int]]]
+    bytes: int = 0
+
 
 class Engine:
     """One serving engine. Subclasses set the class attributes; the methods are the

@@ -71,6 +71,12 @@ def post_json(url: str, body: dict[str, Any], *, timeout: float = 600.0, what: s
     return _parse(request(url, body, timeout=timeout, what=what), url, what)
 
 
+def post_json_sized(url: str, body: dict[str, Any], *, timeout: float = 600.0, what: str = "the server") -> tuple[Any, int]:
+    """post_json, and how many bytes the answer took (for the cost of a scoring run)."""
+    raw = request(url, body, timeout=timeout, what=what)
+    return _parse(raw, url, what), len(raw)
+
+
 def get_text(url: str, *, timeout: float = 30.0, what: str = "the server") -> str:
     return request(url, timeout=timeout, what=what).decode(errors="replace")
 

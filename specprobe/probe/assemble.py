@@ -205,6 +205,14 @@ def build_result(header: dict[str, Any], metrics: dict[str, Any], scored: Scored
         metrics.update(live_metrics)
         evidence = {**evidence, **live_evidence}
         families = (*DIAGNOSE_FAMILIES, "serving")
+    if scored.remote is not None:  # diagnose --target-server: both ends, and what top-n logprobs cannot give (probe.remote)
+        sections["remote"], left_out = scored.remote
+        metrics.update(left_out)
+        sections["by_entropy"] = []  # the target's entropy needs its whole distribution
+        for table_name in ("by_domain", "by_category", "by_position"):
+            sections[table_name] = [{**row, **{k: None for k in left_out if k in row}} for row in sections.get(table_name) or []]
+        if sections.get("histograms"):
+            sections["histograms"] = {**sections["histograms"], "kl_target_draft_nats": None}
     metrics["alignment_errors"] = alignment_errors(table, metrics, kind)
     findings, evals = evaluate_rules(table, metrics, kind, evidence, families=families)
     if nothing_scored(metrics):

@@ -122,6 +122,10 @@ def run_diagnose(
     that needs them too (simulate), so they are not generated twice."""
     progress = progress or Progress()
     table = table or load_table([Path(p) for p in cfg.rules])
+    if cfg.target_server is not None:  # the target is an engine's server, the drafter here
+        from specprobe.probe.remote import run_remote
+
+        return run_remote(cfg, progress, table)
     prompt_set = load_prompt_set(cfg)
     progress.note(f"prompts from {prompt_set.name}: {prompt_set.description}")
     pair = pair or load_pair(cfg, progress)

@@ -359,6 +359,7 @@ class Scored:
     nonfinite_positions: int = 0
     served_whatif: Any = None  # a side served quantized: the full-precision what-if's collector (probe.served), read by assemble
     tree: Any = None  # draft trees: the `metrics.tree.TreeAccumulator` (probe.tree), read by assemble
+    remote: Any = None  # diagnose --target-server: (section, metrics left out) from `probe.remote`, read by assemble
     live: Any = None  # diagnose --against: (section, metrics, evidence) from `probe.live.compare`, read by assemble
 
 

@@ -344,6 +344,37 @@ def live_table(result: Result) -> Grid | None:
     return g
 
 
+def remote_table(result: Result) -> Grid | None:
+    """diagnose --target-server: the K table at both ends of the served target's bounds,
+    and how many positions were exact."""
+    v = result.remote
+    if v is None:
+        return None
+    exact = "every position exact" if v.exact else f"{v.exact_positions:,} of {v.positions:,} positions exact; the tables above are the LOW ends"
+    title = (f"target served by {v.engine} {v.engine_version or ''} at {v.url} ({v.model}), top-{v.logprobs if v.logprobs >= 0 else 'all'} logprobs: {exact}")
+    g = Grid([Column("K", justify="right"), Column("τ", justify="right"), Column("accept rate", justify="right"), Column("speedup", justify="right")], title=title)
+
+    def rng(lo: float | None, hi: float | None, fmt: str, unit: str = "") -> str:
+        if lo is None or hi is None:
+            return EM_DASH
+        a, b = format(lo, fmt), format(hi, fmt)
+        return f"{a}{unit}" if v.exact or a == b else f"{a}–{b}{unit} (bounds)"
+
+    for r in v.k_table:
+        g.add(str(r.k), rng(r.tau_low, r.tau_high, ".3f"), rng(r.accept_rate_low, r.accept_rate_high, ".3f"), rng(r.speedup_low, r.speedup_high, ".2f", "×"))
+    g.add("mean", "", rng(v.accept_low, v.accept_high, ".4f"), f"best K {v.best_k_low}" + ("" if v.best_k_low == v.best_k_high else f"–{v.best_k_high}"))
+    return g
+
+
+def remote_lines(result: Result) -> list[str]:
+    v = result.remote
+    if v is None:
+        return []
+    rate = f", {v.positions_per_s:,.0f} positions/s" if v.positions_per_s else ""
+    return [f"left out (they need the whole target distribution): {', '.join(v.left_out)}",
+            f"scoring: {v.requests} requests, {v.bytes / 1e6:.2f} MB, {_f(v.scoring_s, '.1f')} s{rate}; references {_f(v.reference_s, '.1f')} s", *v.notes]
+
+
 def cost_line(result: Result) -> str | None:
     """How the speedups were priced: what was timed (where, how often, how noisy) and
     what was given."""
@@ -426,6 +457,10 @@ def head_facts(result: Result) -> list[str]:
 
 def render(result: Result, console: Console, full: bool = True) -> None:
     console.print(verdict_panel(result))
+    if result.remote is not None and not result.remote.exact:  # never a bounded figure as exact
+        v = result.remote
+        console.print(f"[yellow]target scored from its served top-{v.logprobs} logprobs: {v.exact_positions:,} of {v.positions:,} positions exact, so every acceptance, τ and speedup figure here is a LOW END "
+                      f"(mean acceptance {_f(v.accept_low, '.4f')}–{_f(v.accept_high, '.4f')}, best K {v.best_k_low}–{v.best_k_high}); raise --target-logprobs (and the server's --max-logprobs) to tighten[/]", highlight=False)
     if result.findings:
         console.print(findings_table(result.findings))
     if result.command == "check" or not result.scored or nothing_scored(result):
@@ -473,6 +508,11 @@ def render(result: Result, console: Console, full: bool = True) -> None:
     lt = live_table(result)
     if lt is not None:
         console.print(lt)
+    rt = remote_table(result)
+    if rt is not None:
+        console.print(rt)
+        for line in remote_lines(result):
+            console.print(f"[dim]{line}[/]", highlight=False)
     law = f"one draft token's acceptance = {result.procedure.acceptance}" if result.procedure else "acceptance = α"
     console.print(f"[dim]τ, speedups and adaptive K follow the procedure ({law}); α = Σ min(p, q) is the alignment measure the drafter-quality findings read. KL is computed on the untruncated tempered softmax (T=1 when greedy) so it stays finite; both use each side's sampling distribution.[/]", highlight=False)
 

@@ -590,6 +590,50 @@ class LiveCheck(Part):
     known_issues: list[str] = Field(default_factory=list, description="Ids of the engine release's known issues that apply at this temperature.")
 
 
+class RemoteK(Part):
+    """One K of the chain at both ends of the served target's bounds."""
+
+    k: int
+    tau_low: Num = None
+    tau_high: Num = None
+    accept_rate_low: Num = None
+    accept_rate_high: Num = None
+    speedup_low: Num = None
+    speedup_high: Num = None
+
+
+class RemoteTarget(Part):
+    """diagnose --target-server: the target served by an engine, scored teacher-forced from
+    its prompt logprobs (the top-n and the actual token per position), the drafter run
+    here. Where the drafter's token is not among the listed ones, acceptance is a range:
+    every table of the result is its low end, and the ranges are here."""
+
+    url: str
+    model: str
+    engine: str
+    engine_version: str | None = None
+    logprobs: int = Field(description="The top-n asked of the server per position (−1: the whole vocabulary).")
+    positions: int
+    exact_positions: int = Field(description="Positions whose acceptance the listed tokens decide exactly (low = high).")
+    exact: bool = Field(description="Every position exact: the result's figures are exact, not low ends.")
+    accept_low: Num = Field(default=None, description="Mean per-position acceptance of the engine's drafting, low end.")
+    accept_high: Num = None
+    greedy_draft_low: Num = Field(default=None, description="Mean p_target(the drafter's argmax), low end.")
+    greedy_draft_high: Num = None
+    cumulative_low: list[Num] = Field(default_factory=list, description="P(depths 1..d all accepted), d = 1..k_max, low end.")
+    cumulative_high: list[Num] = Field(default_factory=list)
+    k_table: list[RemoteK] = Field(default_factory=list)
+    best_k_low: int | None = None
+    best_k_high: int | None = None
+    left_out: list[str] = Field(default_factory=list, description="Metrics the top-n cannot give (they need the whole target distribution): null in `metrics`.")
+    requests: int = 0
+    bytes: int = Field(default=0, description="Bytes of the scoring answers.")
+    reference_s: Num = Field(default=None, description="Wall seconds the server took to write the references (a few requests at once).")
+    scoring_s: Num = Field(default=None, description="Wall seconds of the scoring: the server's prompt logprobs (a few requests at once) beside the drafter's forward here.")
+    positions_per_s: Num = Field(default=None, description="Scored positions per wall second of the scoring.")
+    notes: list[str] = Field(default_factory=list)
+
+
 class Trees(Part):
     """Draft trees (diagnose): the run's tree when it has one, and the grid the
     recommendation compares, with the best tree beside the best chain."""
@@ -640,6 +684,7 @@ class Result(Document):
     context_lengths: list[LengthRow] = Field(default_factory=list, description="Acceptance by context length and domain (diagnose --context-lengths); accept_prob_long_context_ratio is read from it.")
     trees: Trees | None = Field(default=None, description="Draft trees (diagnose --tree, or an engine that verifies trees): the run's tree, the grid, the best tree and chain.")
     live: LiveCheck | None = Field(default=None, description="diagnose --against: the live server's measured acceptance beside the prediction.")
+    remote: RemoteTarget | None = Field(default=None, description="diagnose --target-server: the served target's top-n scoring, exact and bounded positions, both ends of the K table.")
     # ---- new sections go here, one optional field each (default None), e.g. renewal τ,
     # per-category tables, token-level drill-down, head coverage, shard provenance.
     verdict: str

@@ -190,6 +190,21 @@ SETTINGS: tuple[Setting, ...] = (
         float, 900.0, panel=PROCEDURE, commands=frozenset({DIAGNOSE}), file_key="against_timeout", gt=0, metavar="S",
     ),
     Setting(
+        "target_server", "--target-server",
+        "Score against a target an engine already serves (e.g. http://127.0.0.1:8000, vLLM's OpenAI-compatible server): it writes the references and scores them teacher-forced (prompt logprobs, top --target-logprobs per position), the DRAFTER runs here. Then TARGET may be left out (given: the tokenizer to use). Where the drafter's token is not in the top-n, acceptance is a range, both ends reported.",
+        str | None, panel=PAIR, commands=frozenset({DIAGNOSE}), file_key="target_server", metavar="URL", show_default=False,
+    ),
+    Setting(
+        "target_model", "--target-model",
+        "The model name the --target-server serves the target as (its /v1/models id). Default: the one model it serves.",
+        str | None, panel=PAIR, commands=frozenset({DIAGNOSE}), file_key="target_model", metavar="NAME", show_default=False,
+    ),
+    Setting(
+        "target_logprobs", "--target-logprobs",
+        "With --target-server: the top-n target logprobs asked per position (at most the server's --max-logprobs, vLLM's default 20; -1: the whole vocabulary, exact but heavy).",
+        int, 20, panel=PAIR, commands=frozenset({DIAGNOSE}), file_key="target_logprobs", ge=-1, metavar="N",
+    ),
+    Setting(
         "offline", "--offline",
         "Never download: a Hugging Face repo id must be in the local cache (as HF_HUB_OFFLINE=1). Without it a repo id not cached is downloaded.",
         bool, False, panel=PAIR, commands=MODELS, file_key="offline", recorded=False,

@@ -136,6 +136,9 @@ class RunOptions:
             against=self.against,
             against_model=self.against_model,
             against_timeout=self.against_timeout,
+            target_server=self.target_server,
+            target_model=self.target_model,
+            target_logprobs=self.target_logprobs,
             device=self.device,
             gguf_weights=self.gguf_weights,
             dtype=self.dtype,
@@ -197,6 +200,11 @@ def merge(command: str, params: Mapping[str, Any], given: Collection[str], confi
     check_outputs(opts.outputs(), [*opts.inputs(), *inputs])
     if "serving_config" in params:
         opts = _with_servings(opts, values, origins, [read_serving_config(p) for p in values.get("serving_config") or []])
+    if values.get("target_server") and values.get("target") and not values.get("drafter"):
+        # --target-server URL DRAFTER: the one model given is the drafter (the target is served)
+        values = {**values, "drafter": values["target"], "target": None}
+        origins = {**origins, "drafter": origins.get("target", "DRAFTER")}
+        opts = replace(opts, values=values, origins=origins)
     _check_together(opts)
     return opts
 
@@ -279,7 +287,9 @@ COMMAND_LINE = "command line"  # how `declared` names the flags typed
 
 def _check_together(o: RunOptions) -> None:
     """What no single setting's bounds can say: a run needs both models and a CUDA device must exist."""
-    if o.command in RUNS and (not o.target or not o.drafter):
+    if o.command in RUNS and o.target_server and not o.drafter:
+        raise ConfigError(f"{o.command} --target-server needs a DRAFTER", f"e.g. specprobe {o.command} --target-server http://127.0.0.1:8000 ./drafter")
+    if o.command in RUNS and not o.target_server and (not o.target or not o.drafter):
         raise ConfigError(f"{o.command} needs a TARGET and a DRAFTER", f"e.g. specprobe {o.command} smollm2 self:layers=28, or give them in a --config file or a --serving-config")
     if o.command in RUNS | {DEMO}:
         check_runtime(o.device, o.dtype, o.where("device"), o.where("dtype"))

@@ -83,6 +83,10 @@ class DiagnoseConfig:
     against: str | None = None
     against_model: str | None = None
     against_timeout: float = 900.0
+    # diagnose --target-server: the target is an engine's server, scored from its prompt logprobs
+    target_server: str | None = None
+    target_model: str | None = None
+    target_logprobs: int = 20
     offline: bool = False
     device: str = "auto"
     gguf_weights: str = "auto"  # a quantized GGUF: held as its blocks, the fp32 path, or auto (held when fp32 would not fit)
@@ -216,6 +220,9 @@ class DiagnoseConfig:
         d.pop("offline")
         if d["against"] is None:  # recorded only when a server was compared with
             for k in ("against", "against_model", "against_timeout"):
+                d.pop(k)
+        if d["target_server"] is None:  # recorded only when the target was served
+            for k in ("target_server", "target_model", "target_logprobs"):
                 d.pop(k)
         for k in ("revision", "draft_revision", "device_map", "max_memory", "target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype"):
             if d[k] is None:

@@ -136,6 +136,7 @@ def server_command(
     draft_sampling: str = "greedy",
     extra_spec: dict[str, Any] | None = None,
     max_model_len: int = 2048,
+    max_logprobs: int | None = None,
 ) -> list[str]:
     """`api_server` for `target` on loopback with speculative decoding of K tokens:
     `method` draft_model (with `draft`), ngram, suffix; fp32 as specprobe scores;
@@ -152,6 +153,8 @@ def server_command(
         "--max-num-seqs", "4",
         "--enforce-eager",  # no graph compile: minutes less at startup on a CPU
     ]  # fmt: skip
+    if max_logprobs is not None:  # more than vLLM's default 20 top logprobs per position (-1: all)
+        cmd += ["--max-logprobs", str(max_logprobs)]
     if k:
         spec: dict[str, Any] = {"method": method, "num_speculative_tokens": k, **(extra_spec or {})}
         if method == "draft_model":

@@ -15,7 +15,7 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError, ServerError
 from specprobe.engines import http  # the engines' shared HTTP client
-from specprobe.engines.base import Engine, LiveServer, SpecCounters
+from specprobe.engines.base import Engine, LiveServer, PromptScores, SpecCounters
 
 PREFIX = "vllm:spec_decode_"
 DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS = (PREFIX + n for n in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos"))
@@ -48,14 +48,17 @@ class VllmServer(LiveServer):
     def __init__(self, engine: Engine, url: str, model: str | None, timeout: float) -> None:
         self.engine, self.url, self.timeout = engine, url.rstrip("/"), timeout
         listed = http.get_json(self.url + "/v1/models", timeout=timeout, what="vLLM")
-        served = [str(m.get("id")) for m in (listed.get("data") or []) if isinstance(m, dict)] if isinstance(listed, dict) else []
+        entries = [m for m in (listed.get("data") or []) if isinstance(m, dict)] if isinstance(listed, dict) else []
+        served = [str(m.get("id")) for m in entries]
         if model is None:
             if len(served) != 1:
-                raise ConfigError(f"the server at {self.url} serves {len(served)} models ({', '.join(served) or 'none'})", "name one with --against-model")
+                raise ConfigError(f"the server at {self.url} serves {len(served)} models ({', '.join(served) or 'none'})", "name one with --against-model (--target-model with --target-server)")
             model = served[0]
         elif model not in served:
-            raise ConfigError(f"the server at {self.url} does not serve {model!r} (it serves {', '.join(served) or 'nothing'})", "pass one of its models with --against-model")
+            raise ConfigError(f"the server at {self.url} does not serve {model!r} (it serves {', '.join(served) or 'nothing'})", "pass one of its models with --against-model (--target-model with --target-server)")
         self.model = model
+        # vLLM's `root`: the checkpoint (a path or a hub id) its tokenizer came from
+        self.tokenizer_name = next((str(m["root"]) for m in entries if str(m.get("id")) == model and m.get("root")), None)
         try:
             got = http.get_json(self.url + "/version", timeout=timeout, what="vLLM")
             self.version = str(got.get("version")) if isinstance(got, dict) and got.get("version") else None
@@ -86,3 +89,38 @@ class VllmServer(LiveServer):
             return [int(t) for t in out["choices"][0].get("token_ids") or []]
         except (KeyError, IndexError, TypeError, ValueError):
             raise ServerError(f"vLLM at {self.url} answered a completion without choices ({str(out)[:120]})", "check the server's log") from None
+
+    def prompt_logprobs(self, ids: Sequence[int], n: int, timeout: float) -> PromptScores:
+        """`/v1/completions` with the ids as the prompt, `max_tokens: 1` and
+        `prompt_logprobs: n`: per prompt position after the first, the actual token's
+        logprob and rank and the top-n (the raw distribution, vLLM's default logprobs_mode).
+        n above the server's --max-logprobs: a ConfigError naming it."""
+        body: dict[str, Any] = {"model": self.model, "prompt": [int(t) for t in ids], "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": int(n)}
+        url = self.url + "/v1/completions"
+        try:
+            out, size = http.post_json_sized(url, body, timeout=timeout, what="vLLM")
+        except ServerError as e:
+            if "max allowed" in str(e) or "max_logprobs" in str(e):
+                raise ConfigError(f"vLLM at {self.url} caps logprobs below the {n} asked for ({str(e).rsplit(': ', 1)[-1]})",
+                                  "restart it with --max-logprobs N (N ≥ --target-logprobs; -1: the whole vocabulary), or lower --target-logprobs") from None
+            raise
+        try:
+            got = out["choices"][0]["prompt_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise ServerError(f"vLLM at {self.url} answered without prompt_logprobs ({str(out)[:120]})", "check that the server is vLLM ≥ 0.6 with its OpenAI-compatible completions API") from None
+        if not isinstance(got, list) or len(got) != len(ids):
+            raise ServerError(f"vLLM at {self.url} scored {len(got) if isinstance(got, list) else 0} prompt positions of the {len(ids)} sent", "check the server's log (max_model_len?)")
+        rows: list[dict[int, tuple[float, int]]] = []
+        for entry in got[1:]:
+            if not isinstance(entry, dict):
+                raise ServerError(f"vLLM at {self.url} left a prompt position unscored", "check the server's log")
+            rows.append({int(t): (float(v["logprob"]), int(v.get("rank") or 0)) for t, v in entry.items()})
+        return PromptScores(rows, size)
+
+    def tokenize(self, text: str, timeout: float) -> list[int] | None:
+        try:
+            out = http.post_json(self.url + "/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False}, timeout=timeout, what="vLLM")
+        except ServerError:
+            return None  # a server without /tokenize: the round trip is checked on the scores instead
+        toks = out.get("tokens") if isinstance(out, dict) else None
+        return [int(t) for t in toks] if isinstance(toks, list) else None

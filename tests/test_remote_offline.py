@@ -1,0 +1,176 @@
+"""diagnose --target-server without a real server: the vLLM client's prompt_logprobs on
+an answer vLLM 0.32.0's CPU build wrote (ids 1..8 sent, top-5 asked), its one-line
+errors against a loopback stand-in (max_logprobs too small, a model it does not serve),
+the settings (`--target-server URL DRAFTER`) and what the pipeline refuses before
+loading anything. The real vLLM runs in tests/test_vllm_remote.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from specprobe.core.errors import ConfigError
+from specprobe.engines import get
+from specprobe.metrics.remote import TopN
+from specprobe.probe.remote import check_tokenizers, refuse
+from specprobe.settings.options import merge
+from specprobe.settings.pipeline import DiagnoseConfig
+
+DATA = Path(__file__).parent / "data" / "vllm"
+SENT = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+class _Stub(BaseHTTPRequestHandler):
+    max_logprobs: ClassVar[int] = 20
+    tokenize: ClassVar[bool] = True
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        if self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "target", "root": "/models/smollm2"}]})
+        elif self.path == "/version":
+            self._send(200, {"version": "0.32.0"})
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            if not type(self).tokenize:
+                self._send(404, {"detail": "Not Found"})
+            else:
+                self._send(200, {"tokens": [7, 8, 9], "count": 3})
+            return
+        n = body.get("prompt_logprobs")
+        if n is not None and n > type(self).max_logprobs:
+            self._send(400, {"error": {"message": f"Requested prompt logprobs of {n}, which is greater than max allowed: {type(self).max_logprobs}", "type": "BadRequestError", "param": "prompt_logprobs", "code": 400}})
+            return
+        assert body["prompt"] == SENT and body["max_tokens"] == 1
+        self._send(200, json.loads((DATA / "prompt_logprobs-0.32.0-cpu.json").read_text()))
+
+
+@pytest.fixture()
+def stub() -> Iterator[str]:
+    _Stub.max_logprobs, _Stub.tokenize = 20, True
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_prompt_logprobs_as_vllm_writes_them(stub: str) -> None:
+    s = get("vllm").live_server(stub, None)
+    assert s.tokenizer_name == "/models/smollm2"  # vLLM's `root`: where its tokenizer came from
+    got = s.prompt_logprobs(SENT, 5, timeout=30)
+    assert len(got.rows) == len(SENT) - 1 and got.bytes > 1000  # every position after the first
+    for row, sent in zip(got.rows, SENT[1:], strict=True):
+        assert sent in row  # the actual token, listed whatever its rank
+        assert sorted(r for _, r in row.values())[:5] == [1, 2, 3, 4, 5]  # and the top-5
+    top = TopN.from_rows(got.rows, 5)
+    first = got.rows[0]
+    assert top.top1[0] == next(t for t, (_, r) in first.items() if r == 1)
+    assert top.floor[0] == pytest.approx(next(v for v, r in first.values() if r == 5))
+
+
+def test_the_clients_errors_name_the_server_setting(stub: str) -> None:
+    s = get("vllm").live_server(stub, None)
+    with pytest.raises(ConfigError, match="caps logprobs below the 50") as e:
+        s.prompt_logprobs(SENT, 50, timeout=30)
+    assert "--max-logprobs" in e.value.one_line()
+    with pytest.raises(ConfigError, match="does not serve 'llama-405b'") as e:
+        get("vllm").live_server(stub, "llama-405b")
+    assert "--target-model" in e.value.one_line()
+    assert s.tokenize("x", timeout=30) == [7, 8, 9]
+    _Stub.tokenize = False
+    assert s.tokenize("x", timeout=30) is None
+
+
+class _Tok:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.ids
+
+
+def test_tokenizers_must_round_trip(stub: str) -> None:
+    s = get("vllm").live_server(stub, None)
+    assert check_tokenizers(s, _Tok([7, 8, 9]), _Tok([7, 8, 9]), 30) == []
+    with pytest.raises(ConfigError, match="server's token ids"):
+        check_tokenizers(s, _Tok([7, 8]), _Tok([7, 8]), 30)
+    with pytest.raises(ConfigError, match="drafter's tokenizer"):
+        check_tokenizers(s, _Tok([7, 8, 9]), _Tok([1]), 30)
+    _Stub.tokenize = False
+    assert "no /tokenize" in check_tokenizers(s, _Tok([7, 8]), _Tok([7, 8]), 30)[0]
+
+
+def test_one_model_given_is_the_drafter() -> None:
+    opts = merge("diagnose", {"target": "./drafter", "drafter": None, "target_server": "http://h:8000"}, {"target", "target_server"})
+    cfg = opts.diagnose_config()
+    assert (cfg.target, cfg.drafter, cfg.target_server, cfg.target_logprobs) == ("", "./drafter", "http://h:8000", 20)
+    assert cfg.to_dict()["target_server"] == "http://h:8000"
+    assert "target_server" not in DiagnoseConfig(target="t", drafter="d").to_dict()  # recorded only when served
+    with pytest.raises(ConfigError, match="needs a DRAFTER"):
+        merge("diagnose", {"target": None, "drafter": None, "target_server": "http://h:8000"}, {"target_server"})
+
+
+@pytest.mark.parametrize(("drafter", "extra", "said"), [
+    ("self:layers=24", {}, "needs the target's weights"),
+    ("self", {}, "needs the target's weights"),
+    ("eagle3:/tmp/x", {}, "needs the target's weights"),
+    ("./drafter", {"cost_ratio": None}, "cannot time the target"),
+    ("./drafter", {"against": "http://x"}, "--against does not combine"),
+])
+def test_refused_before_anything_loads(drafter: str, extra: dict[str, Any], said: str) -> None:
+    cfg = DiagnoseConfig(**{"target": "", "drafter": drafter, "target_server": "http://h:8000", "cost_ratio": 0.5, "verify_factor": 1.0, **extra})
+    with pytest.raises(ConfigError, match=said):
+        refuse(cfg)
+
+
+def test_requests_in_flight_answer_in_order() -> None:
+    import time
+
+    from specprobe.probe.remote import in_order
+
+    lock, live, most = threading.Lock(), [0], [0]
+
+    def ask(i: int) -> int:
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.02 * (5 - i % 5))  # later ones finish first
+        with lock:
+            live[0] -= 1
+        return i * i
+
+    assert list(in_order(ask, range(12), in_flight=3)) == [i * i for i in range(12)]
+    assert 1 < most[0] <= 3
+    assert list(in_order(ask, [])) == []
+
+    def fail(i: int) -> int:
+        if i == 2:
+            raise ConfigError("no", "fix")
+        return i
+
+    with pytest.raises(ConfigError):
+        list(in_order(fail, range(6)))

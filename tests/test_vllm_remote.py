@@ -1,0 +1,219 @@
+"""`diagnose --target-server` against a real vLLM: PyPI's CPU build serving SmolLM2-135M
+(fp32, no speculative decoding) as the target, the drafter — the target's first 24
+layers written as a checkpoint of their own — loaded here as an independent HF drafter.
+One server for the module; 4 prompts × 24 tokens. Skipped when vLLM is not installed
+(fails where SPECPROBE_EXPECT_VLLM=1).
+
+At T = 0 every position is exact (rank 1 is always returned): the served scoring must
+match the drafter against the target loaded here, position by position, and the local
+`diagnose` on the same prompts must reach the same best K and verdict. At T = 1 with
+greedy drafting and a small top-n, the bounds must contain the local value."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.helpers.vllm import (
+    INSTALL_SCRIPT,
+    VllmServer,
+    find_vllm_python,
+    vllm_server,
+    write_self_draft_checkpoint,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LAYERS, PROMPTS, MAX_TOKENS, K, MAX_LOGPROBS = 24, 4, 24, 4, 50
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    py = find_vllm_python()
+    if py is None:
+        if os.environ.get("SPECPROBE_EXPECT_VLLM") == "1":
+            pytest.fail(f"vLLM was expected here (SPECPROBE_EXPECT_VLLM=1) but is not installed: {INSTALL_SCRIPT} failed or did not run", pytrace=False)
+        pytest.skip(f"no vLLM: run {INSTALL_SCRIPT}")
+    return py
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("gguf")
+    from specprobe.models.loader import builtin_gguf_path, ensure_gguf_cached
+
+    try:
+        gguf = builtin_gguf_path("smollm2")
+    except Exception as e:  # noqa: BLE001 - the wheel is optional
+        pytest.skip(f"no SmolLM2 GGUF: {e}")
+    work = tmp_path_factory.mktemp("vllm-remote")
+    target = ensure_gguf_cached(gguf)
+    draft = write_self_draft_checkpoint(target, work / f"draft{LAYERS}", LAYERS)
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_vllm_peer import pick_prompts
+
+    return {"work": work, "target": target, "draft": draft, "prompts": pick_prompts(PROMPTS, work / "prompts.jsonl")}
+
+
+@pytest.fixture(scope="module")
+def server(vllm_python: Path, pair: dict[str, Any]) -> Iterator[VllmServer]:
+    """The target alone (no speculative decoding), up to MAX_LOGPROBS top logprobs."""
+    with vllm_server(vllm_python, pair["target"], None, 0, pair["work"] / "vllm.log", startup_timeout=900, max_logprobs=MAX_LOGPROBS) as s:
+        yield s
+
+
+def _run(args: list[str], out: Path | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "specprobe", "diagnose", *args, "--fail-on", "never", "--brief", "--device", "cpu", "--dtype", "float32"]
+    if out is not None:
+        cmd += ["--json", str(out)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def _common(pair: dict[str, Any], temperature: str = "0") -> list[str]:
+    return ["--prompts", str(pair["prompts"]), "--max-new-tokens", str(MAX_TOKENS), "--temperature", temperature,
+            "--k-max", str(K), "--cost-ratio", "0.8", "--verify-factor", "1", "--no-cache"]
+
+
+@pytest.fixture(scope="module")
+def remote(server: VllmServer, pair: dict[str, Any]) -> dict[str, Any]:
+    out = pair["work"] / "remote.json"
+    proc = _run(["--target-server", server.base, "--target-model", "target", str(pair["draft"]), *_common(pair)], out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["_stdout"] = proc.stdout
+    return result
+
+
+def _local_values(target: Path, draft: Path, seqs: list[tuple[list[int], list[int]]], temperature: float) -> list[dict[str, np.ndarray]]:
+    """The target and drafter loaded here (fp32) over prompt + reference ids: per position
+    the metrics `diagnose` computes."""
+    import torch
+
+    from specprobe.metrics.core import position_metrics_reference
+    from specprobe.metrics.sampling import Sampling
+    from specprobe.models.loader import load_model
+
+    t = load_model(str(target), "cpu", "float32")
+    d = load_model(str(draft), "cpu", "float32")
+    s = Sampling(temperature=temperature)
+    out = []
+    with torch.inference_mode():
+        for enc, cont in seqs:
+            x = torch.tensor([enc + cont])
+            m = torch.ones_like(x)
+            sl = slice(len(enc) - 1, len(enc) - 1 + len(cont))
+            tl = t.head(t.last_hidden(x, m)[0, sl]).float()
+            dl = d.head(d.last_hidden(x, m)[0, sl]).float()
+            pm = position_metrics_reference(tl, dl, s, Sampling(temperature=0.0) if temperature == 0 else s)
+            out.append({"accept_prob_greedy_draft": pm.accept_prob_greedy_draft.double().numpy(), "greedy_agree": pm.greedy_agree.double().numpy(),
+                        "accept_prob": pm.accept_prob.double().numpy(), "dl": dl, "tl": tl})
+    return out
+
+
+def _references(server: VllmServer, pair: dict[str, Any], temperature: float) -> list[tuple[list[int], list[int]]]:
+    """The run's prompt ids and the server's references at seed 0 + i, as diagnose asks."""
+    from specprobe.engines import get
+    from specprobe.probe.references import encode_prompt, load_prompt_set
+    from specprobe.settings.pipeline import DiagnoseConfig
+
+    live = get("vllm").live_server(server.base, "target")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(pair["target"]))
+    prompts = load_prompt_set(DiagnoseConfig(target="", drafter="", prompts=str(pair["prompts"]))).prompts
+    seqs = []
+    for i, p in enumerate(prompts):
+        enc = encode_prompt(tok, p)
+        seqs.append((enc, live.complete(enc, MAX_TOKENS, {"temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0}, i, timeout=300)))
+    return seqs
+
+
+def test_greedy_served_scoring_matches_the_local_target(remote: dict[str, Any], server: VllmServer, pair: dict[str, Any]) -> None:
+    r = remote["remote"]
+    assert r["exact"] and r["exact_positions"] == r["positions"] > 0
+    assert r["requests"] == PROMPTS and r["bytes"] > 0
+    assert r["accept_low"] == r["accept_high"]
+    assert remote["metrics"]["kl_target_draft_nats"] is None  # left out: it needs all of p
+    assert "LOW END" not in remote["_stdout"]  # exact: nothing said to be a bound
+    seqs = _references(server, pair, 0.0)
+    local = _local_values(pair["target"], pair["draft"], seqs, 0.0)
+    pos = remote["positions"]
+    ids = list(dict.fromkeys(pos["prompt_id"]))
+    worst = 0.0
+    for pid, (enc, cont), loc in zip(ids, seqs, local, strict=True):
+        rows = [i for i, x in enumerate(pos["prompt_id"]) if x == pid]
+        got = np.array([pos["accept_prob_greedy_draft"][i] for i in rows])
+        assert [pos["position"][i] for i in rows] == list(range(len(enc), len(enc) + len(cont)))
+        worst = max(worst, float(np.abs(got - loc["accept_prob_greedy_draft"]).max()))
+    (pair["work"] / "agreement.txt").write_text(f"max |served − local| greedy-draft acceptance per position: {worst}\n")
+    assert worst <= 1e-3, worst
+
+
+def test_greedy_served_diagnose_agrees_with_the_local_one(remote: dict[str, Any], pair: dict[str, Any]) -> None:
+    out = pair["work"] / "local.json"
+    proc = _run([str(pair["target"]), str(pair["draft"]), *_common(pair)], out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    local = json.loads(out.read_text())
+    assert remote["metrics"]["best_k"] == local["metrics"]["best_k"]
+    assert remote["verdict"] == local["verdict"]
+    assert remote["metrics"]["accept_prob_engine_mean"] == pytest.approx(local["metrics"]["accept_prob_engine_mean"], abs=0.02)
+    for a, b in zip(remote["remote"]["k_table"], local["k_table"], strict=True):
+        assert a["tau_low"] == pytest.approx(b["tau_renewal_tokens"], rel=0.05)
+
+
+def test_sampled_target_bounds_contain_the_local_value(server: VllmServer, pair: dict[str, Any]) -> None:
+    """T = 1, top-5: where the drafter's argmax is not listed, p(argmax q) and α are
+    ranges; every range holds the value from the target loaded here."""
+    from specprobe.engines import get
+    from specprobe.metrics.remote import TopN, bounded_metrics
+    from specprobe.metrics.sampling import Sampling
+
+    seqs = _references(server, pair, 1.0)
+    local = _local_values(pair["target"], pair["draft"], seqs, 1.0)
+    live = get("vllm").live_server(server.base, "target")
+    exact = total = 0
+    for (enc, cont), loc in zip(seqs, local, strict=True):
+        got = live.prompt_logprobs(enc + cont, 5, timeout=300).rows[len(enc) - 1 : len(enc) - 1 + len(cont)]
+        for draft in (Sampling(temperature=0.0), Sampling(temperature=1.0)):
+            b = bounded_metrics(TopN.from_rows(got, 5), loc["dl"], Sampling(temperature=1.0), draft)
+            truth = _local_values_at(loc, draft)
+            key = "accept_prob_greedy_draft" if draft.greedy else "accept_prob"
+            assert np.all(b.low[key] <= truth[key] + 1e-3) and np.all(truth[key] <= b.high[key] + 1e-3), (b.low[key], truth[key], b.high[key])
+            if draft.greedy:
+                exact += int(b.exact.sum())
+                total += len(cont)
+                assert np.abs(b.low[key][b.exact] - truth[key][b.exact]).max(initial=0.0) <= 1e-3
+    assert 0 < exact <= total
+
+
+def _local_values_at(loc: dict[str, Any], draft: Any) -> dict[str, np.ndarray]:
+    from specprobe.metrics.core import position_metrics_reference
+    from specprobe.metrics.sampling import Sampling
+
+    pm = position_metrics_reference(loc["tl"], loc["dl"], Sampling(temperature=1.0), draft)
+    return {"accept_prob_greedy_draft": pm.accept_prob_greedy_draft.double().numpy(), "accept_prob": pm.accept_prob.double().numpy()}
+
+
+@pytest.mark.parametrize("case", ["model", "logprobs", "self_draft", "temperature"])
+def test_bad_input_is_one_line_exit_2(case: str, server: VllmServer, pair: dict[str, Any]) -> None:
+    args = {
+        "model": ["--target-server", server.base, "--target-model", "llama-405b", str(pair["draft"])],
+        "logprobs": ["--target-server", server.base, "--target-logprobs", str(MAX_LOGPROBS + 50), str(pair["draft"])],
+        "self_draft": ["--target-server", server.base, "self:layers=24"],
+        "temperature": ["--target-server", server.base, str(pair["draft"])],
+    }[case]
+    proc = _run([*args, *_common(pair, "0.7" if case == "temperature" else "0")])
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    said = proc.stderr.strip()
+    assert "Traceback" not in said
+    want = {"model": "does not serve", "logprobs": "--max-logprobs", "self_draft": "checkpoint", "temperature": "temperature 0.7"}[case]
+    assert want in said, said
