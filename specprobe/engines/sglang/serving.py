@@ -16,20 +16,7 @@ from typing import Any
 from specprobe.core.errors import ConfigError
 from specprobe.engines import PROBABILISTIC
 from specprobe.engines.sglang import ENGINE
-from specprobe.settings.served import (
-    Places,
-    ServingConfig,
-    as_mapping,
-    as_text,
-    normalised,
-    over_config,
-    read_context,
-    read_count,
-    read_knob,
-    read_number,
-    read_sampling,
-    truthy,
-)
+from specprobe.settings import served
 from specprobe.settings.shell import split_flags
 
 _SGLANG_KINDS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "STANDALONE": "independent", "NEXTN": "mtp", "MTP": "mtp", "NGRAM": None, "LOOKAHEAD": None, "DFLASH": None}
@@ -70,14 +57,14 @@ def _ngram_knob(key: str, value: Any, where: str) -> int | str:
         if str(value).strip().upper() not in ("BFS", "PROB"):
             raise ConfigError(f"{where} {value!r} is neither BFS nor PROB", "SGLang's NGRAM matches by BFS (recency) or PROB (frequency)")
         return str(value).strip().upper()
-    x = int(read_number(value, where, integer=True))
+    x = int(served.read_number(value, where, integer=True))
     low = 2 if key == "branch_length" else 1
     if x < low:
         raise ConfigError(f"{where} {x} is below {low}", f"SGLang's NGRAM takes {key} of at least {low}")
     return x
 
 
-def _sglang(d: Mapping[str, Any], dp: Places, source: Path, engine_at: str) -> ServingConfig:
+def _sglang(d: Mapping[str, Any], dp: served.Places, source: Path, engine_at: str) -> served.ServingConfig:
     algo = d.get("speculative_algorithm")
     places: dict[str, str] = {}
     drafter_key = "speculative_draft_model_path" if "speculative_draft_model_path" in d else "speculative_draft_model"
@@ -85,7 +72,7 @@ def _sglang(d: Mapping[str, Any], dp: Places, source: Path, engine_at: str) -> S
     extra: dict[str, Any] = {}
     for key, knob in _SGLANG_KNOBS.items():
         if d.get(key) is not None:
-            extra[key] = read_count(knob, d[key], dp(key)) if knob in ("topk", "num_draft_tokens") else read_knob(knob, d[key], dp(key))
+            extra[key] = served.read_count(knob, d[key], dp(key)) if knob in ("topk", "num_draft_tokens") else served.read_knob(knob, d[key], dp(key))
     for key in ("speculative_token_map", "speculative_draft_model_revision", "speculative_dflash_block_size", "speculative_adaptive"):
         if key in d:
             extra[key] = d[key]
@@ -95,34 +82,34 @@ def _sglang(d: Mapping[str, Any], dp: Places, source: Path, engine_at: str) -> S
             extra[name] = _ngram_knob(key, d[name], dp(name))
             places[name] = dp(name)
     # rejection sampling needs the drafter's probabilities: the drafts are sampled from q
-    rejection = truthy(d.get("speculative_use_rejection_sampling"))
+    rejection = served.truthy(d.get("speculative_use_rejection_sampling"))
     if rejection:
         extra["speculative_use_rejection_sampling"] = True
     sampling: dict[str, float] = {}
     at: dict[str, str] = {}
     if d.get("preferred_sampling_params") is not None:
-        prefs, pp = normalised(as_mapping(d["preferred_sampling_params"], dp("preferred_sampling_params")), dp.inside("preferred_sampling_params"))
-        sampling, at = read_sampling(prefs, pp)
+        prefs, pp = served.normalised(served.as_mapping(d["preferred_sampling_params"], dp("preferred_sampling_params")), dp.inside("preferred_sampling_params"))
+        sampling, at = served.read_sampling(prefs, pp)
     places = {**places, "engine": engine_at, "k": dp("speculative_num_steps"), "drafting": dp("speculative_use_rejection_sampling"), **{key: dp(key) for key in _SGLANG_KNOBS}, **at}
     if d.get(target_key) is not None:
         places["target"] = dp(target_key)
     if d.get(drafter_key) is not None:
         places["drafter"] = dp(drafter_key)
-    return ServingConfig(
+    return served.ServingConfig(
         engine=ENGINE.name,
         source=source,
-        target=as_text(d.get(target_key)),
-        drafter=as_text(d.get(drafter_key)),
+        target=served.as_text(d.get(target_key)),
+        drafter=served.as_text(d.get(drafter_key)),
         method=str(algo) if algo else None,
         drafter_kind=_SGLANG_KINDS.get(str(algo).upper()) if algo else None,
         # SGLang's chain depth is num_steps; num_draft_tokens counts the whole tree
-        num_speculative_tokens=read_count("k", d.get("speculative_num_steps"), dp("speculative_num_steps")),
+        num_speculative_tokens=served.read_count("k", d.get("speculative_num_steps"), dp("speculative_num_steps")),
         sampling=sampling,
         extra=extra,
         drafting=PROBABILISTIC if rejection else None,
-        context_length=read_context(d.get("context_length"), dp("context_length")),
-        kv_cache_dtype=as_text(d.get("kv_cache_dtype")),
-        draft_kv_cache_dtype=as_text(d.get("speculative_draft_kv_cache_dtype")),  # unset: --kv-cache-dtype's
+        context_length=served.read_context(d.get("context_length"), dp("context_length")),
+        kv_cache_dtype=served.as_text(d.get("kv_cache_dtype")),
+        draft_kv_cache_dtype=served.as_text(d.get("speculative_draft_kv_cache_dtype")),  # unset: --kv-cache-dtype's
         places={**places, "context_length": dp("context_length"), "kv_cache_dtype": dp("kv_cache_dtype"), "draft_kv_cache_dtype": dp("speculative_draft_kv_cache_dtype")},
     )
 
@@ -136,8 +123,8 @@ _SGLANG_VALUE = frozenset({"--model-path", "--model", "--speculative-algorithm",
 _SGLANG_BOOL = frozenset({"--speculative-use-rejection-sampling", "--trust-remote-code", "--enable-metrics", "--speculative-adaptive"})
 
 
-def _sglang_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: Places, source: Path) -> ServingConfig:
-    d, dp = dict(base), Places(bp.prefix, bp.written)
+def _sglang_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: served.Places, source: Path) -> served.ServingConfig:
+    d, dp = dict(base), served.Places(bp.prefix, bp.written)
     flags, _ = split_flags(args, _SGLANG_VALUE, _SGLANG_BOOL)
     for flag, value, written in flags:
         if flag.startswith("--") and flag != "--config":
@@ -160,10 +147,10 @@ def program(words: list[str], i: int) -> tuple[int, str] | None:
     return None
 
 
-read_args = over_config(_sglang_args)  # an SGLang command line over the --config YAML it names
+read_args = served.over_config(_sglang_args)  # an SGLang command line over the --config YAML it names
 
 
-def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
+def mapping_rank(d: Mapping[str, Any], dp: served.Places) -> int | None:
     """2: a launch config's own keys; 4: any other speculative_* key."""
     if any(k in d for k in _SGLANG_MARKS):
         return 2
@@ -172,13 +159,13 @@ def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
     return None
 
 
-def read_mapping(d: Mapping[str, Any], dp: Places, source: Path) -> ServingConfig:
+def read_mapping(d: Mapping[str, Any], dp: served.Places, source: Path) -> served.ServingConfig:
     if any(k in d for k in _SGLANG_MARKS):
         return _sglang(d, dp, source, dp(next(k for k in _SGLANG_MARKS if k in d)))
     return _sglang(d, dp, source, dp(next(k for k in d if k.startswith("speculative_"))))
 
 
-def ngram_spec(sv: ServingConfig) -> str | None:
+def ngram_spec(sv: served.ServingConfig) -> str | None:
     """SGLang's NGRAM with its speculative_ngram_* knobs and speculative_num_draft_tokens
     (its tree's size), as specprobe's drafter spec (specprobe.models.ngram)."""
     if str(sv.method).upper() == "NGRAM":  # its speculative_ngram_* knobs and the tree's size
@@ -189,7 +176,7 @@ def ngram_spec(sv: ServingConfig) -> str | None:
     return None
 
 
-def tree_setting(sv: ServingConfig) -> tuple[str, str] | None:
+def tree_setting(sv: served.ServingConfig) -> tuple[str, str] | None:
     """speculative-eagle-topk > 1 with its num_steps and num_draft_tokens, as `--tree`."""
     from specprobe.settings.values import parse_tree
 
@@ -202,7 +189,7 @@ def tree_setting(sv: ServingConfig) -> tuple[str, str] | None:
     return parse_tree(f"steps={steps},topk={topk},tokens={tokens}", where), where
 
 
-def served_tree(sv: ServingConfig) -> str | None:
+def served_tree(sv: served.ServingConfig) -> str | None:
     """EAGLE/STANDALONE with speculative-eagle-topk > 1 drafts topk candidates per step,
     num_steps deep, and verifies num_draft_tokens of them in one pass (topk 1 and
     num_draft_tokens num_steps + 1 is the chain)."""

@@ -18,19 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.engines.vllm import ENGINE
-from specprobe.settings.served import (
-    TARGET_SAMPLING,
-    Places,
-    ServingConfig,
-    as_mapping,
-    as_text,
-    normalised,
-    over_config,
-    read_context,
-    read_count,
-    read_drafting,
-    read_sampling,
-)
+from specprobe.settings import served
 from specprobe.settings.shell import split_flags
 
 # Engine method names → specprobe drafter kinds (None: no model drafter, e.g. n-gram).
@@ -53,23 +41,23 @@ _VLLM_KINDS = {
 }
 
 
-def _vllm(spec: Mapping[str, Any], sp: Places, top: Mapping[str, Any], tp: Places, source: Path, engine_at: str) -> ServingConfig:
+def _vllm(spec: Mapping[str, Any], sp: served.Places, top: Mapping[str, Any], tp: served.Places, source: Path, engine_at: str) -> served.ServingConfig:
     method = spec.get("method")
     model = spec.get("model")
     if method is None and model is not None:
         method = "draft_model"  # vLLM infers the method from the model; a plain LM is a draft model
     places = {"engine": engine_at, "k": sp("num_speculative_tokens"), "drafting": sp("draft_sample_method")}
-    k = read_count("k", spec.get("num_speculative_tokens"), sp("num_speculative_tokens"))
-    drafting = read_drafting(spec.get("draft_sample_method"), sp("draft_sample_method"))
-    sampling, at = read_sampling(spec, sp)
+    k = served.read_count("k", spec.get("num_speculative_tokens"), sp("num_speculative_tokens"))
+    drafting = served.read_drafting(spec.get("draft_sample_method"), sp("draft_sample_method"))
+    sampling, at = served.read_sampling(spec, sp)
     if top.get("override_generation_config") is not None:
         gp = tp.inside("override_generation_config")
-        gen, gen_places = normalised(as_mapping(top["override_generation_config"], tp("override_generation_config")), gp)
-        more, more_at = read_sampling(gen, gen_places)
+        gen, gen_places = served.normalised(served.as_mapping(top["override_generation_config"], tp("override_generation_config")), gp)
+        more, more_at = served.read_sampling(gen, gen_places)
         sampling = {**more, **sampling}  # the speculative config's own setting, where it has one
         at = {**more_at, **at}
-    draft_sampling, draft_at = read_sampling(spec, sp, prefix="draft_")
-    used = {"method", "model", "num_speculative_tokens", "draft_sample_method", "kv_cache_dtype", *TARGET_SAMPLING, *(f"draft_{k2}" for k2 in TARGET_SAMPLING)}
+    draft_sampling, draft_at = served.read_sampling(spec, sp, prefix="draft_")
+    used = {"method", "model", "num_speculative_tokens", "draft_sample_method", "kv_cache_dtype", *served.TARGET_SAMPLING, *(f"draft_{k2}" for k2 in served.TARGET_SAMPLING)}
     if "model" in top:
         places["target"] = tp("model")
     if model is not None:
@@ -78,11 +66,11 @@ def _vllm(spec: Mapping[str, Any], sp: Places, top: Mapping[str, Any], tp: Place
     # vLLM's --kv-cache-dtype (CacheConfig.cache_dtype) is the target's; the speculative
     # config's kv_cache_dtype the draft model's, which inherits the target's when unset
     places["kv_cache_dtype"], places["draft_kv_cache_dtype"] = tp("kv_cache_dtype"), sp("kv_cache_dtype")
-    return ServingConfig(
+    return served.ServingConfig(
         engine=ENGINE.name,
         source=source,
-        target=as_text(top.get("model")),
-        drafter=as_text(model),
+        target=served.as_text(top.get("model")),
+        drafter=served.as_text(model),
         method=str(method) if method else None,
         drafter_kind=_VLLM_KINDS.get(str(method)) if method else None,
         num_speculative_tokens=k,
@@ -90,9 +78,9 @@ def _vllm(spec: Mapping[str, Any], sp: Places, top: Mapping[str, Any], tp: Place
         draft_sampling=draft_sampling,
         extra={k2: v for k2, v in spec.items() if k2 not in used},
         drafting=drafting,
-        context_length=read_context(top.get("max_model_len"), tp("max_model_len")),
-        kv_cache_dtype=as_text(top.get("kv_cache_dtype")),
-        draft_kv_cache_dtype=as_text(spec.get("kv_cache_dtype")),
+        context_length=served.read_context(top.get("max_model_len"), tp("max_model_len")),
+        kv_cache_dtype=served.as_text(top.get("kv_cache_dtype")),
+        draft_kv_cache_dtype=served.as_text(spec.get("kv_cache_dtype")),
         places={**places, **at, **draft_at},
     )
 
@@ -110,12 +98,12 @@ _VLLM_SPEC_ARGS = {
 }
 
 
-def _vllm_serve(top: Mapping[str, Any], tp: Places, source: Path, engine_at: str) -> ServingConfig:
+def _vllm_serve(top: Mapping[str, Any], tp: served.Places, source: Path, engine_at: str) -> served.ServingConfig:
     """`vllm serve`'s arguments as a mapping (its --config YAML, or its command line)."""
     spec: dict[str, Any] = {}
-    sp = Places(tp.prefix)
+    sp = served.Places(tp.prefix)
     if top.get("speculative_config") is not None:
-        spec, sp = normalised(as_mapping(top["speculative_config"], tp("speculative_config")), tp.inside("speculative_config"))
+        spec, sp = served.normalised(served.as_mapping(top["speculative_config"], tp("speculative_config")), tp.inside("speculative_config"))
     for arg, key in _VLLM_SPEC_ARGS.items():
         if arg in top:
             spec[key] = top[arg]
@@ -137,8 +125,8 @@ def _dotted(value: str) -> Any:
 _VLLM_VALUE = frozenset({"--model", "--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens", "--speculative-model", "--num-speculative-tokens", "--override-generation-config", "--generation-config", "--config"})
 
 
-def _vllm_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: Places, source: Path) -> ServingConfig:
-    top, tp = dict(base), Places(bp.prefix, bp.written)
+def _vllm_args(args: list[str], name: str, prog: str, base: dict[str, Any], bp: served.Places, source: Path) -> served.ServingConfig:
+    top, tp = dict(base), served.Places(bp.prefix, bp.written)
     flags, positional = split_flags(args, _VLLM_VALUE, frozenset())
     if positional:
         top["model"], tp.written["model"] = positional[0], f"{name}: {prog} MODEL"
@@ -179,10 +167,10 @@ def program(words: list[str], i: int) -> tuple[int, str] | None:
     return None
 
 
-read_args = over_config(_vllm_args)  # a vLLM command line over the --config YAML it names
+read_args = served.over_config(_vllm_args)  # a vLLM command line over the --config YAML it names
 
 
-def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
+def mapping_rank(d: Mapping[str, Any], dp: served.Places) -> int | None:
     """1: a serve config's speculative_config; 3: its shorthands; 5: a --speculative-config JSON."""
     if "speculative_config" in d:
         return 1
@@ -193,7 +181,7 @@ def mapping_rank(d: Mapping[str, Any], dp: Places) -> int | None:
     return None
 
 
-def read_mapping(d: Mapping[str, Any], dp: Places, source: Path) -> ServingConfig:
+def read_mapping(d: Mapping[str, Any], dp: served.Places, source: Path) -> served.ServingConfig:
     if "speculative_config" in d:
         return _vllm_serve(d, dp, source, dp("speculative_config"))
     if any(k in d for k in ("speculative_model", "spec_method", "spec_model", "spec_tokens")):
@@ -201,7 +189,7 @@ def read_mapping(d: Mapping[str, Any], dp: Places, source: Path) -> ServingConfi
     return _vllm(d, dp, {}, dp, source, dp(next((k for k in ("method", "num_speculative_tokens", "model") if k in d), "model")))
 
 
-def ngram_spec(sv: ServingConfig) -> str | None:
+def ngram_spec(sv: served.ServingConfig) -> str | None:
     """vLLM's prompt lookup with its prompt_lookup_min/max and K, or its suffix decoding
     with its suffix_decoding_* knobs, as specprobe's drafter spec (specprobe.models.ngram)."""
     if sv.method in ("ngram", "ngram_gpu"):
