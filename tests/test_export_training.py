@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from specprobe.cli.main import app
 from specprobe.export.training import SPECFORGE, SPECULATORS, read_back, weakest
-from tests.test_export import _one_line
+from tests.helpers import one_line_refusal as _one_line
 
 runner = CliRunner()
 
