@@ -85,9 +85,11 @@ def test_each_export_reads_back_as_the_same_engine_drafter_and_k(tmp_path: Path,
     assert sv.drafter_kind == kind
     assert sv.num_speculative_tokens == r.best_k
     want_drafter = str(tmp_path / ("head" if kind == "eagle3" else "draft-model"))
-    assert sv.drafter == want_drafter
+    # llama-server opens GGUF files only: a Hugging Face folder is named as its conversion
+    gguf = "-f16.gguf" if engine == "llama.cpp" else ""
+    assert sv.drafter == want_drafter + gguf
     if engine != "vllm" or name.endswith(".yaml"):
-        assert sv.target == r.target.spec
+        assert sv.target == r.target.spec + gguf
         assert "# K = 1: the result's best K" in out.read_text()  # the numbers it rests on
     assert "note: K = 1" in res.output
     if engine == "llama.cpp" or name.endswith(".yaml") and engine in ("vllm", "sglang"):  # served with the sampling measured
