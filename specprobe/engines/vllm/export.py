@@ -47,8 +47,8 @@ GGUF_NOTE = (
 # vLLM's synthetic acceptance, as the build checked here takes it
 SYNTHETIC_NOTE = (
     "vLLM 0.32.0 takes this form: its speculative config's rejection_sample_method \"synthetic\" with "
-    "synthetic_acceptance_rates (vllm/config/speculative.py; vllm/v1/sample/rejection_sampler.py accepts draft i with "
-    "r_i / r_(i−1)); a vLLM without these keys refuses the config at startup"
+    "synthetic_acceptance_rates (its rejection sampler accepts draft i with r_i / r_(i−1)); a vLLM without these keys "
+    "refuses the config at startup"
 )
 
 
