@@ -71,9 +71,15 @@ def _export(src: Path, out: Path) -> str:
 def _served_k(vllm_python: Path, tmp_path: Path, command: list[str], name: str) -> float:
     """Start vLLM with `command` (+ LOCAL and a port), send one greedy request, and
     return draft tokens ÷ drafts from its /metrics."""
-    env_bin = str(vllm_python.parent)
+    # `vllm` as the venv's python runs it: the install script builds the venv under another
+    # name and renames it, so its own bin/vllm's #! line names a python that is gone
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "vllm").write_text(f'#!/bin/sh\nexec {shlex.quote(str(vllm_python))} -m vllm.entrypoints.cli.main "$@"\n')
+    (bin_dir / "vllm").chmod(0o755)
+    env_bin = str(bin_dir)
 
-    def cmd(port: int) -> list[str]:  # `command` as a shell line, with the venv's `vllm` first on PATH
+    def cmd(port: int) -> list[str]:  # `command` as a shell line, with that `vllm` first on PATH
         line = command[2] if command[0] == "bash" else " ".join(shlex.quote(w) for w in command)
         return ["bash", "-c", f"export PATH={shlex.quote(env_bin)}:$PATH; exec {line} " + " ".join(shlex.quote(w) for w in [*LOCAL, "--port", str(port)])]
 
