@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from specprobe.cli.main import app
 from tests.conftest import requires_smollm2
-from tests.helpers.llamacpp import write_self_draft_gguf
+from tests.helpers.llamacpp import http_json, write_self_draft_gguf
 from tests.helpers.vllm import (
     INSTALL_SCRIPT,
     find_vllm_python,
@@ -96,7 +96,11 @@ def _served_k(vllm_python: Path, tmp_path: Path, command: list[str], name: str) 
 
     with vllm_server(vllm_python, Path("target"), None, K, tmp_path / f"{name}.log", startup_timeout=900, command=cmd) as server:
         before = spec_counts(server.metrics())
-        server.complete([19161, 253, 1890, 1977, 563, 253, 33059, 40061, 30], 32, temperature=0.0)  # 'Write a short story about a lighthouse keeper.', greedy
+        # 'Write a short story about a lighthouse keeper.' as token ids, greedy; the raw prompt's
+        # first greedy token is the end of text, so it is ignored: 32 tokens, drafted
+        body = {"model": server.model, "prompt": [19161, 253, 1890, 1977, 563, 253, 33059, 40061, 30], "max_tokens": 32, "temperature": 0.0, "ignore_eos": True}
+        out = http_json(server.base + "/v1/completions", body, timeout=300)
+        assert out["usage"]["completion_tokens"] == 32
         c = spec_counts(server.metrics()) - before
     print(f"vLLM from the exported {name}: {c.drafts:g} drafts, {c.draft_tokens:g} draft tokens, {c.accepted:g} accepted")
     assert c.drafts > 0, (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:]
