@@ -86,9 +86,11 @@ def test_each_export_reads_back_as_the_same_engine_drafter_and_k(tmp_path: Path,
     assert sv.drafter_kind == kind
     assert sv.num_speculative_tokens == r.best_k
     want_drafter = str(tmp_path / ("head" if kind == "eagle3" else "draft-model"))
-    assert sv.drafter == want_drafter
+    # llama-server opens GGUF files only: a Hugging Face folder is named as its conversion
+    gguf = "-f16.gguf" if engine == "llama.cpp" else ""
+    assert sv.drafter == want_drafter + gguf
     if engine != "vllm" or name.endswith(".yaml"):
-        assert sv.target == r.target.spec
+        assert sv.target == r.target.spec + gguf
         assert "# K = 1: the result's best K" in out.read_text()  # the numbers it rests on
     assert "note: K = 1" in res.output
     if engine == "llama.cpp" or name.endswith(".yaml") and engine in ("vllm", "sglang"):  # served with the sampling measured
@@ -320,3 +322,55 @@ def test_a_synthetic_export_is_a_benchmark_and_not_refused(tmp_path: Path) -> No
     res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "--synthetic", "--k", "2", "-o", str(tmp_path / "synth.json")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "synth.json").read_text(encoding="utf-8"))["rejection_sample_method"] == "synthetic"
+
+
+# ----------------------------------------------------------------------------- files the engines open
+def _with_target(r: Result, src: Path, target: str) -> Result:
+    d: dict[str, Any] = json.loads(r.to_json())
+    d["config"]["target"] = target
+    d["target"] = {**d["target"], "spec": target}
+    out = Result.model_validate(d)
+    src.write_text(out.to_json(), encoding="utf-8")
+    return out
+
+
+def test_llamacpp_names_the_conversion_of_a_hugging_face_folder_to_run_first(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, kind="eagle3", spec=f"eagle3:{tmp_path / 'head'}", engine="llama.cpp")
+    out = tmp_path / "server.args"
+    res = runner.invoke(app, ["export", str(src), "--engine", "llama.cpp", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    text = out.read_text(encoding="utf-8")
+    head = tmp_path / "head"
+    convert = f"python convert_hf_to_gguf.py {head} --outfile {head}-f16.gguf --outtype f16"
+    assert f"-md {head}-f16.gguf" in text.splitlines()
+    assert f"-m {r.target.spec}-f16.gguf" in text.splitlines()
+    for where in (text, res.output):  # in the file's comments and on stderr, as what must run first
+        assert f"run first: the EAGLE-3 head {head} is a Hugging Face checkpoint" in where and convert in where
+    ex = export_config(r, src, "llama.cpp")
+    assert ex.plan.prepare == [f"python convert_hf_to_gguf.py {r.target.spec} --outfile {r.target.spec}-f16.gguf --outtype f16", convert]
+
+
+def test_llamacpp_keeps_a_gguf_and_downloads_a_repo_id_before_converting_it(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, kind="independent", spec=str(tmp_path / "draft.gguf"), engine="llama.cpp")
+    r = _with_target(r, src, "HuggingFaceTB/SmolLM2-1.7B-Instruct")
+    ex = export_config(r, src, "llama.cpp")
+    lines = ex.text.splitlines()
+    assert f"-md {tmp_path / 'draft.gguf'}" in lines and "-m SmolLM2-1.7B-Instruct-f16.gguf" in lines
+    assert ex.plan.prepare == ["hf download HuggingFaceTB/SmolLM2-1.7B-Instruct --local-dir SmolLM2-1.7B-Instruct", "python convert_hf_to_gguf.py SmolLM2-1.7B-Instruct --outfile SmolLM2-1.7B-Instruct-f16.gguf --outtype f16"]
+
+
+def test_vllm_refuses_a_gguf_that_is_not_here(tmp_path: Path) -> None:
+    r, src = _result(tmp_path, kind="independent", spec=str(tmp_path / "missing.gguf"))
+    res = runner.invoke(app, ["export", str(src), "--engine", "vllm"])
+    assert res.exit_code == 2
+    assert f"the draft model {tmp_path / 'missing.gguf'} is not a file here" in res.output
+
+
+def test_vllm_json_names_the_command_line_that_serves_it_and_synthetic_support(tmp_path: Path) -> None:
+    r, src = _result(tmp_path)
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f'note: serve it: vllm serve {r.target.spec} --speculative-config "$(cat {out})" --override-generation-config' in res.output
+    ex = export_config(r, src, "vllm", k=2, synthetic=True)
+    assert any("vLLM 0.32.0 takes this form" in n for n in ex.note)

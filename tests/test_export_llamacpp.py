@@ -93,3 +93,58 @@ def test_llama_server_runs_the_exported_synthetic_rates(tmp_path: Path) -> None:
     assert out["timings"]["draft_n_accepted"] == accepted and drafted > 0
     print(f"llama-server synthetic: mean len {mean_len:.2f} tokens per verify step against 1 + Σ rates = {expected:.2f} ({accepted} accepted of {drafted} drafted, {out['timings']['predicted_n']} tokens)")
     assert mean_len == pytest.approx(expected, rel=0.05)
+
+
+def test_llama_server_serves_the_exported_args_of_a_builtin_target_with_speculation(tmp_path: Path) -> None:
+    """`export --engine llama.cpp` of a result whose target is the built-in `smollm2` and
+    whose drafter is a GGUF: the args file names the built-in's GGUF (-m) and the drafter's
+    (-md), nothing to run first, and llama-server started with those args as written
+    (plus where to listen) drafts K at a time."""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from specprobe.cli.main import app
+    from specprobe.models.loader import builtin_gguf_path
+    from specprobe.result import Result
+
+    assert BINARY is not None
+    target = builtin_gguf_path("smollm2")
+    draft = write_self_draft_gguf(target, tmp_path / "smollm2-first24.gguf", 24)  # confident enough to draft past the default --spec-draft-p-min
+    r, src = _result(tmp_path, kind="independent", spec=str(draft), engine="llama.cpp")
+    d: dict[str, Any] = _json.loads(r.to_json())
+    d["config"]["target"] = "smollm2"
+    d["target"] = {**d["target"], "spec": "smollm2"}
+    src.write_text(Result.model_validate(d).to_json(), encoding="utf-8")
+
+    out = tmp_path / "server.args"
+    res = CliRunner().invoke(app, ["export", str(src), "--engine", "llama.cpp", "--k", "3", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "run first" not in res.output
+    args = _args(out.read_text(encoding="utf-8"))
+    assert args[args.index("-m") + 1] == str(target) and args[args.index("-md") + 1] == str(draft)
+    assert args[args.index("--spec-draft-n-max") + 1] == "3"
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    cmd = ["nice", str(BINARY), *args, "--host", "127.0.0.1", "--port", str(port), "--metrics", "-np", "1", "-c", "2048", "-t", "2", "-tb", "2", "--no-warmup", "--log-colors", "off"]
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})  # noqa: S603
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log.read_text(errors="replace")[-2000:]
+            try:
+                if http_json(f"http://127.0.0.1:{port}/health", timeout=5).get("status") == "ok":
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+                pass
+            assert time.monotonic() < deadline, "llama-server not healthy after 300 s"
+            time.sleep(0.5)
+        body = {"prompt": "Write a short story about a lighthouse keeper.", "n_predict": 64, "ignore_eos": True, "temperature": 0.0, "top_k": 1, "seed": 7, "cache_prompt": False}
+        timings = http_json(f"http://127.0.0.1:{port}/completion", body, timeout=600)["timings"]
+    finally:
+        stop(proc, 30)
+    print(f"llama-server from the exported args: {timings.get('draft_n')} drafted, {timings.get('draft_n_accepted')} accepted over {timings.get('predicted_n')} tokens")
+    assert timings.get("draft_n", 0) > 0, log.read_text(errors="replace")[-3000:]  # it served with speculative decoding
+    assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]

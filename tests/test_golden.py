@@ -74,7 +74,7 @@ DROPPED: dict[str, str] = {
     "cost.cap_s": "the timing cap, made from the scoring's wall time likewise",
 }
 # Substrings of text (and of JSON strings) replaced before comparing: paths that are the
-# test's temporary folders or this checkout, and dates.
+# test's temporary folders, this checkout or the built-in GGUF's install, and dates.
 DATE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
 
 
@@ -148,7 +148,10 @@ class Run:
 
     def __init__(self, folder: Path, cache: Path) -> None:
         self.folder = folder
-        self.roots = {"TMP": str(folder), "CACHE": str(cache), "REPO": str(SAMPLES.parent)}
+        from specprobe.models.loader import builtin_gguf_path
+
+        # the built-in's GGUF, which llama.cpp's export names: where its wheel is installed
+        self.roots = {"TMP": str(folder), "CACHE": str(cache), "REPO": str(SAMPLES.parent), "SMOLLM2_GGUF": str(builtin_gguf_path("smollm2"))}
         self.artifacts: dict[str, Any] = {}
         self.exits: list[dict[str, Any]] = []
         self.runner = CliRunner()

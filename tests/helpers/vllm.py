@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,11 +174,14 @@ def vllm_server(
     *,
     startup_timeout: float = 600.0,
     expand_fix: bool = True,
+    command: Callable[[int], list[str]] | None = None,
     **kw: Any,
 ) -> Iterator[VllmServer]:
     """Start a vLLM api_server on a free loopback port, wait for /health, stop it on exit
     (SIGTERM, then SIGKILL after 20 s: one server did not exit within 30 s of SIGTERM).
-    `expand_fix` False: the CPU expand workaround off, vLLM 0.32.0 as shipped."""
+    `expand_fix` False: the CPU expand workaround off, vLLM 0.32.0 as shipped. `command`:
+    the command line for a port, instead of `server_command`'s (it must serve the model as
+    "target" on loopback)."""
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {
@@ -194,7 +197,7 @@ def vllm_server(
     env.pop("PYTHONPATH", None)
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            server_command(python, target, draft, port, k, **kw),
+            command(port) if command is not None else server_command(python, target, draft, port, k, **kw),
             stdout=fh,
             stderr=subprocess.STDOUT,
             env=env,

@@ -10,6 +10,12 @@ them, finite, in [0, 1], non-increasing; the server accepts draft i with P_i / P
 (benchmarking only: the output is not the target's). Its n-gram types (--spec-type
 ngram-*, with --spec-ngram-*), alone or tried before a draft model. Written as an args
 file: one flag and its value a line (`llama-server $(grep -v '^#' FILE)`).
+
+llama-server opens GGUF files only (-m, -md): a built-in target or drafter is written as
+the GGUF it stands for, a .gguf as named, and a Hugging Face folder (or repo id) as the
+GGUF that llama.cpp's converter makes of it — `python convert_hf_to_gguf.py DIR --outfile
+DIR-f16.gguf --outtype f16` — with that command in the file's comments and on stderr as
+what must run first.
 """
 
 from __future__ import annotations
@@ -19,7 +25,19 @@ from typing import Any
 
 from specprobe.core.errors import InputError
 from specprobe.engines.base import GREEDY
-from specprobe.engines.export import Plan, Writer, comments, drafter_elsewhere, fmt
+from specprobe.engines.export import (
+    BUILTIN,
+    GGUF,
+    REPO,
+    Plan,
+    Writer,
+    builtin_gguf,
+    comments,
+    drafter_elsewhere,
+    fmt,
+    model_form,
+    shell_word,
+)
 from specprobe.engines.llamacpp import ENGINE
 
 
@@ -68,8 +86,44 @@ class LlamaCppWriter(Writer):
         else:
             p.notes.append(f"adaptive K (confidence {fmt(ad.threshold)}: speedup {fmt(ad.speedup)}×) beats the fixed K, but {self.label} has no greedy confidence threshold to set: fixed K written")
 
+    def locate(self, p: Plan) -> None:
+        """-m and -md as GGUF files llama-server opens (see the module's docstring)."""
+        if p.target:
+            p.target = self._gguf(p, p.target, "target")
+        if p.drafter:
+            p.drafter = self._gguf(p, p.drafter, "EAGLE-3 head" if p.kind == "eagle3" else "draft model")
+
+    def _gguf(self, p: Plan, spec: str, role: str) -> str:
+        form = model_form(spec)
+        if form == BUILTIN:
+            return str(builtin_gguf(spec))
+        if form == GGUF:
+            return spec
+        gguf, steps = convert_to_gguf(spec, form == REPO)
+        p.prepare += steps
+        extra = (
+            "; an EAGLE-3 head converts only with a converter that knows its architecture: llama-server's draft-eagle3 takes a GGUF that carries the head's extract_layers"
+            if p.kind == "eagle3" and role != "target"
+            else ""
+        )
+        p.notes.append(f"run first: the {role} {spec} is a Hugging Face checkpoint and llama-server opens GGUF files only: " + " && ".join(steps) + f" (llama.cpp's converter, from the release of the llama-server you run{extra})")
+        return gguf
+
     def write(self, p: Plan, output: Path | None) -> str:
         return write_llamacpp(p)
+
+
+def convert_to_gguf(spec: str, repo: bool) -> tuple[str, list[str]]:
+    """The GGUF llama.cpp's converter makes of a Hugging Face folder (or, `repo`, of a repo
+    id, downloaded into a folder of its name first), and the commands that make it."""
+    steps: list[str] = []
+    folder = spec.rstrip("/") or spec
+    if repo:
+        folder = spec.rsplit("/", 1)[-1]
+        steps.append(f"hf download {shell_word(spec)} --local-dir {shell_word(folder)}")
+    gguf = f"{folder}-f16.gguf"
+    steps.append(f"python convert_hf_to_gguf.py {shell_word(folder)} --outfile {shell_word(gguf)} --outtype f16")
+    return gguf, steps
 
 
 def llama_args(p: Plan) -> list[str]:
@@ -96,10 +150,6 @@ def llama_args(p: Plan) -> list[str]:
     return words
 
 
-def _shell_word(w: str) -> str:
-    return w if w and all(c.isalnum() or c in "-_./,:=+@%" for c in w) else "'" + w.replace("'", "'\\''") + "'"
-
-
 def write_llamacpp(p: Plan) -> str:
     """An args file: one flag and its value a line (`llama-server $(grep -v '^#' FILE)`)."""
     words = llama_args(p)
@@ -107,7 +157,7 @@ def write_llamacpp(p: Plan) -> str:
     i = 0
     while i < len(words):
         if i + 1 < len(words) and not words[i + 1].startswith("-"):
-            lines.append(f"{words[i]} {_shell_word(words[i + 1])}")
+            lines.append(f"{words[i]} {shell_word(words[i + 1])}")
             i += 2
         else:
             lines.append(words[i])

@@ -10,6 +10,11 @@ form: rejection_sample_method "synthetic" with synthetic_acceptance_rates, entry
 probability that the first i + 1 drafts are all accepted (unconditional), length
 num_speculative_tokens, each in [0, 1], non-increasing. Written as a `vllm serve
 --config` YAML when the output ends in .yaml/.yml.
+
+vLLM opens a checkpoint folder or a repo id: a built-in or GGUF target or draft model is
+written as the checkpoint folder specprobe dequantised it into and scored
+(`specprobe.models.loader.ensure_gguf_cached`, made here if it is not cached yet), not as
+vLLM's own GGUF loader's single file (see `GGUF_NOTE`).
 """
 
 from __future__ import annotations
@@ -18,15 +23,33 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specprobe.core.errors import InputError
 from specprobe.engines.export import (
+    BUILTIN,
+    GGUF,
     Plan,
     Writer,
+    builtin_gguf,
     comments,
     drafter_elsewhere,
     mixed_elsewhere,
+    model_form,
+    shell_word,
     yaml_scalar,
 )
 from specprobe.engines.vllm import ENGINE
+
+GGUF_NOTE = (
+    "picked over vLLM's own GGUF loader (model: the .gguf file), which vLLM calls experimental and which "
+    "wants the original model's tokenizer (tokenizer: its repo id): that would serve the quantised blocks in less "
+    "memory; the folder serves the same weights as floats (fp32 safetensors with the tokenizer, 4–8× the file's size)"
+)
+# vLLM's synthetic acceptance, as the build checked here takes it
+SYNTHETIC_NOTE = (
+    "vLLM 0.32.0 takes this form: its speculative config's rejection_sample_method \"synthetic\" with "
+    "synthetic_acceptance_rates (its rejection sampler accepts draft i with r_i / r_(i−1)); a vLLM without these keys "
+    "refuses the config at startup"
+)
 
 
 class VLLMWriter(Writer):
@@ -55,8 +78,39 @@ class VLLMWriter(Writer):
         t = types[0]
         p.ngram = {"prompt_lookup_min": t.get("min"), "prompt_lookup_max": t.get("max")}
 
+    def locate(self, p: Plan) -> None:
+        """A built-in or GGUF target or draft model as the checkpoint folder vLLM opens."""
+        ggufs: list[str] = []
+        if p.target:
+            p.target = self._folder(p.target, "the target", ggufs)
+        if p.drafter:
+            p.drafter = self._folder(p.drafter, "the draft model", ggufs)
+        if ggufs:
+            p.notes.append("; ".join(ggufs) + f" — {GGUF_NOTE}")
+        if p.rates is not None:
+            p.notes.append(SYNTHETIC_NOTE)
+
+    def _folder(self, spec: str, role: str, notes: list[str]) -> str:
+        form = model_form(spec)
+        if form not in (BUILTIN, GGUF):
+            return spec
+        gguf = builtin_gguf(spec) if form == BUILTIN else Path(spec).expanduser()
+        if not gguf.is_file():
+            raise InputError(f"{role} {spec} is not a file here: vLLM serves a GGUF as the checkpoint folder specprobe dequantises it into", "export on the machine that has the GGUF")
+        # deferred: the loader dequantises (torch, transformers) only where the folder is not cached yet
+        from specprobe.models.loader import ensure_gguf_cached
+
+        folder = str(ensure_gguf_cached(gguf))
+        what = f"{role} is the built-in {spec!r}, the GGUF {gguf}" if form == BUILTIN else f"{role} {spec} is a GGUF"
+        notes.append(f"{what}: vLLM serves the checkpoint folder specprobe dequantised it into and scored, {folder}")
+        return folder
+
     def write(self, p: Plan, output: Path | None) -> str:
-        return write_vllm(p, as_yaml=output is not None and output.suffix.lower() in (".yaml", ".yml"))
+        as_yaml = output is not None and output.suffix.lower() in (".yaml", ".yml")
+        if not as_yaml and p.target:  # the JSON has no target: the command line that serves it does
+            sampling = f" --override-generation-config {shell_word(json.dumps(p.sampling))}" if p.sampling else ""
+            p.notes.append(f"serve it: vllm serve {shell_word(p.target)} --speculative-config \"$(cat {shell_word(str(output)) if output is not None else 'SPEC.json'})\"{sampling}")
+        return write_vllm(p, as_yaml=as_yaml)
 
 
 def vllm_spec(p: Plan) -> dict[str, Any]:
