@@ -9,18 +9,15 @@ without the built server or the SmolLM2 package."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
-import time
-import urllib.error
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import stop
+from tests.helpers import stop, wait_healthy
 from tests.helpers.llamacpp import free_port, http_json, write_self_draft_gguf
 from tests.test_export import _result
 from tests.test_llamacpp import BINARY, needs_server
@@ -68,19 +65,8 @@ def test_llama_server_runs_the_exported_synthetic_rates(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "server.log"
     cmd = ["nice", str(BINARY), *args, "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-c", "4096", "-t", "2", "-tb", "2", "--no-warmup", "--log-colors", "off"]
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})  # noqa: S603
+    proc = _start(cmd, log, port)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text(errors="replace")[-2000:]
-            try:
-                if http_json(f"http://127.0.0.1:{port}/health", timeout=5).get("status") == "ok":
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
-                pass
-            assert time.monotonic() < deadline, "llama-server not healthy after 300 s"
-            time.sleep(0.5)
         body = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": N_PREDICT, "ignore_eos": True, "temperature": 0.0, "top_k": 1, "seed": 7, "cache_prompt": False}
         out = http_json(f"http://127.0.0.1:{port}/completion", body, timeout=900)
     finally:
@@ -93,6 +79,18 @@ def test_llama_server_runs_the_exported_synthetic_rates(tmp_path: Path) -> None:
     assert out["timings"]["draft_n_accepted"] == accepted and drafted > 0
     print(f"llama-server synthetic: mean len {mean_len:.2f} tokens per verify step against 1 + Σ rates = {expected:.2f} ({accepted} accepted of {drafted} drafted, {out['timings']['predicted_n']} tokens)")
     assert mean_len == pytest.approx(expected, rel=0.05)
+
+
+def _start(cmd: list[str], log: Path, port: int) -> subprocess.Popen:  # type: ignore[type-arg]
+    """llama-server from `cmd` (its log in `log`), healthy on `port` within 300 s."""
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})  # noqa: S603
+    try:
+        wait_healthy(proc, log, "llama-server", lambda: http_json(f"http://127.0.0.1:{port}/health", timeout=5).get("status") == "ok", 300, 0.5)
+    except BaseException:
+        stop(proc, 30)
+        raise
+    return proc
 
 
 def test_llama_server_serves_the_exported_args_of_a_builtin_target_with_speculation(tmp_path: Path) -> None:
@@ -128,19 +126,8 @@ def test_llama_server_serves_the_exported_args_of_a_builtin_target_with_speculat
     port = free_port()
     log = tmp_path / "server.log"
     cmd = ["nice", str(BINARY), *args, "--host", "127.0.0.1", "--port", str(port), "--metrics", "-np", "1", "-c", "2048", "-t", "2", "-tb", "2", "--no-warmup", "--log-colors", "off"]
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})  # noqa: S603
+    proc = _start(cmd, log, port)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text(errors="replace")[-2000:]
-            try:
-                if http_json(f"http://127.0.0.1:{port}/health", timeout=5).get("status") == "ok":
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
-                pass
-            assert time.monotonic() < deadline, "llama-server not healthy after 300 s"
-            time.sleep(0.5)
         body = {"prompt": "Write a short story about a lighthouse keeper.", "n_predict": 64, "ignore_eos": True, "temperature": 0.0, "top_k": 1, "seed": 7, "cache_prompt": False}
         timings = http_json(f"http://127.0.0.1:{port}/completion", body, timeout=600)["timings"]
     finally:

@@ -15,7 +15,6 @@ Skipped without vLLM or the SmolLM2 package."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,6 @@ from specprobe.cli.main import app
 from tests.conftest import requires_smollm2
 from tests.helpers.llamacpp import http_json, write_self_draft_gguf
 from tests.helpers.vllm import (
-    INSTALL_SCRIPT,
-    find_vllm_python,
     spec_counts,
     vllm_server,
     write_self_draft_checkpoint,
@@ -40,16 +37,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_smollm2]
 K, LAYERS = 3, 24
 # where to listen and how to start on a CPU: not part of the export
 LOCAL = ["--host", "127.0.0.1", "--served-model-name", "target", "--max-model-len", "2048", "--enforce-eager", "--no-enable-prefix-caching"]
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> Path:
-    py = find_vllm_python()
-    if py is None:
-        if os.environ.get("SPECPROBE_EXPECT_VLLM") == "1":
-            pytest.fail(f"vLLM was expected here (SPECPROBE_EXPECT_VLLM=1) but is not installed: {INSTALL_SCRIPT} failed or did not run", pytrace=False)
-        pytest.skip(f"no vLLM: run {INSTALL_SCRIPT}")
-    return py
 
 
 def _builtin_result(tmp_path: Path, drafter: str) -> Path:
