@@ -6,7 +6,7 @@ A GGUF whose fp32 weights fit in half the memory available (`--gguf-weights auto
 default; `float` always) is dequantised once by transformers and cached as an fp32
 safetensors checkpoint (`ensure_gguf_cached`). A larger one (`held` always) keeps its
 decoder linears as the file's ggml blocks, dequantized per layer at each forward
-(specprobe.models.gguf_held), its config and tokenizer read from a cache folder without
+(specprobe.precision.gguf_held), its config and tokenizer read from a cache folder without
 weights (`ensure_gguf_info`) — except where that cannot be done (an architecture whose
 tensors transformers does more than reorder, a type nothing here dequantizes per layer)
 and for a model spread over devices, which take the fp32 checkpoint. Both entries are
@@ -313,7 +313,7 @@ def available_memory() -> int | None:
 
 def gguf_folder(path: Path, progress: Any = None, weights: str = "auto") -> tuple[Path, bool]:
     """The folder a GGUF's config and tokenizer are read from, and whether its linear
-    weights are held as their ggml blocks (specprobe.models.gguf_held): then a folder
+    weights are held as their ggml blocks (specprobe.precision.gguf_held): then a folder
     without weights (`ensure_gguf_info`), else the fp32 checkpoint (`ensure_gguf_cached`),
     with one line saying why a quantized file is not held. weights (--gguf-weights): held
     (where it can be), float (the fp32 path), auto (held when the fp32 weights would not
@@ -540,7 +540,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: A
 
     if progress:
         progress(f"loading {info.name} weights")
-    if info.extra.get("gguf_held"):  # a GGUF's decoder linears held as their ggml blocks (models.gguf_held)
+    if info.extra.get("gguf_held"):  # a GGUF's decoder linears held as their ggml blocks (precision.gguf_held)
         from specprobe.precision.gguf_held import load_gguf_held
 
         model, held = load_gguf_held(Path(info.extra["gguf"]), info.config, torch_dtype, info.path)

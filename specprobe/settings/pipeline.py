@@ -106,10 +106,10 @@ class DiagnoseConfig:
     # the memory per device ("0=70GiB,1=70GiB"); recorded only when given
     device_map: str | None = None
     max_memory: str | None = None
-    # the weights as served: RTN-quantized after loading (specprobe.models.quant); recorded only when given
+    # the weights as served: RTN-quantized after loading (specprobe.precision.quant); recorded only when given
     target_quant: str | None = None
     draft_quant: str | None = None
-    kv_cache_dtype: str | None = None  # "fp8": K/V rounded to e4m3 on both sides (specprobe.models.quant)
+    kv_cache_dtype: str | None = None  # "fp8": K/V rounded to e4m3 on both sides (specprobe.precision.quant)
     draft_kv_cache_dtype: str | None = None  # the drafter's own; None: kv_cache_dtype
     # where each explicit sampling setting came from ("--temperature", "probe.yaml"),
     # by SamplingPair.sources slot; not part of the recorded config

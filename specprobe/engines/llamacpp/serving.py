@@ -251,7 +251,7 @@ def ngram_spec(sv: served.ServingConfig) -> str | None:
 
 
 def model_spec(sv: served.ServingConfig, spec: str) -> str:
-    """A draft model with n-gram types beside it: those are tried first (models.ngram_mix)."""
+    """A draft model with n-gram types beside it: those are tried first (drafters.ngram_mix)."""
     if sv.drafter_kind == "independent":
         ngram = _llama_ngram_list(sv)
         if ngram:

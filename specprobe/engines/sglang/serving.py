@@ -167,7 +167,7 @@ def read_mapping(d: Mapping[str, Any], dp: served.Places, source: Path) -> serve
 
 def ngram_spec(sv: served.ServingConfig) -> str | None:
     """SGLang's NGRAM with its speculative_ngram_* knobs and speculative_num_draft_tokens
-    (its tree's size), as specprobe's drafter spec (specprobe.models.ngram)."""
+    (its tree's size), as specprobe's drafter spec (specprobe.drafters.ngram)."""
     if str(sv.method).upper() == "NGRAM":  # its speculative_ngram_* knobs and the tree's size
         knobs = [f"{key}={sv.extra[f'speculative_ngram_{key}']}" for key in _SGLANG_NGRAM_KNOBS if sv.extra.get(f"speculative_ngram_{key}") is not None]
         if sv.extra.get("speculative_num_draft_tokens") is not None:

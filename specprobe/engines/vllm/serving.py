@@ -191,7 +191,7 @@ def read_mapping(d: Mapping[str, Any], dp: served.Places, source: Path) -> serve
 
 def ngram_spec(sv: served.ServingConfig) -> str | None:
     """vLLM's prompt lookup with its prompt_lookup_min/max and K, or its suffix decoding
-    with its suffix_decoding_* knobs, as specprobe's drafter spec (specprobe.models.ngram)."""
+    with its suffix_decoding_* knobs, as specprobe's drafter spec (specprobe.drafters.ngram)."""
     if sv.method in ("ngram", "ngram_gpu"):
         knobs = [f"{name}={int(sv.extra[key])}" for name, key in (("min", "prompt_lookup_min"), ("max", "prompt_lookup_max")) if sv.extra.get(key) is not None]
         if sv.num_speculative_tokens is not None:
