@@ -355,3 +355,24 @@ def test_scale_on_smollm2_real_weights() -> None:
     same = IndependentDrafter("copy", target, LoadedModel(target.info, copy.deepcopy(target.model), target.device, target.dtype))
     m, _ = scale_checks(target, same)
     assert m["embedding_scale_ratio"] == pytest.approx(1.0, abs=1e-6) and m["logit_scale_ratio"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_vllm_refuses_a_draft_model_that_declares_mrope() -> None:
+    """Where a config declares M-RoPE as vLLM's uses_mrope reads it (SP038's metric); the
+    real server's refusal is tests/test_vllm_check.py's."""
+    from types import SimpleNamespace
+
+    from specprobe.engines.vllm import ENGINE, mrope_sections
+
+    plain = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    assert mrope_sections(plain) == []
+    vl = SimpleNamespace(text_config=SimpleNamespace(rope_scaling={"rope_type": "default", "mrope_section": [16, 24, 24]}))
+    assert mrope_sections(vl) == ["text_config.rope_scaling.mrope_section = [16, 24, 24]"]
+    per_layer = SimpleNamespace(rope_parameters={"full_attention": {"rope_type": "default", "xdrope_section": [8, 8]}})
+    assert mrope_sections(per_layer) == ["rope_parameters.xdrope_section = [8, 8]"]
+    m: dict = {}
+    ev: dict = {}
+    ENGINE.draft_model_findings(vl, m, ev)
+    assert m["engine_draft_unsupported"] == 1 and "does not support M-RoPE yet" in ev["engine_draft_unsupported"][0]
+    ENGINE.draft_model_findings(plain, m, ev)
+    assert m["engine_draft_unsupported"] == 0

@@ -210,6 +210,12 @@ class Engine:
         m["engine_vocab_incompatible"] = None
         m["vocab_shared_frac"] = None
 
+    def draft_model_findings(self, dc: Any, m: dict[str, Any], ev: dict[str, list[str]]) -> None:
+        """Whether the engine starts with a separate draft model of config `dc` at all, in
+        its own terms: sets `engine_draft_unsupported` in `m` (None where the engine has
+        no rule of its own) and its evidence lines in `ev`."""
+        m["engine_draft_unsupported"] = None
+
     def live_server(self, url: str, model: str | None = None, timeout: float = 30.0) -> LiveServer:
         """A client for a running server of this engine at `url`, serving `model` (None:
         the one model it serves)."""

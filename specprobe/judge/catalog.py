@@ -55,6 +55,7 @@ _METRICS: list[Metric] = [
     _m("draft_temperature_applies", "bool", None, "check", "1 when the drafter's temperature shapes what the engine proposes (probabilistic drafting); 0 under greedy drafting (argmax q: no temperature moves it)."),
     _m("draft_temperature_ignored", "bool", None, "check", "1 when a drafter temperature is set but the engine drafts greedily, so it changes nothing."),
     _m("engine_vocab_incompatible", "bool", False, "check", "1 when the engine refuses these two vocabularies as they are (vLLM, a draft model: vocab_size differs; llama.cpp: common_speculative_are_compatible fails); null for heads and engines not modelled."),
+    _m("engine_draft_unsupported", "bool", False, "check", "1 when the engine refuses to start with this draft model's config (vLLM: a draft model that declares M-RoPE); null for heads and engines not modelled."),
     _m("vocab_shared_frac", "frac", True, "check", "vLLM: share of the target's vocabulary whose token text the drafter's also holds (word-initial space marks made alike): what use_heterogeneous_vocab lets it propose."),
     _m("hidden_size_mismatch", "bool", False, "check", "1 when a head's input sizes do not fit the target (EAGLE-3 fc: 3·Ht; EAGLE-1 fc and MTP eh_proj: 2·H; Medusa blocks: H)."),
     _m("d2t_invalid_frac", "frac", False, "check", "EAGLE-3: fraction of d2t entries that are out of range or inconsistent with t2d."),

@@ -368,6 +368,10 @@ def compare(target_info: Any, draft_info: Any, sampling: SamplingPair, *, servin
         m["engine_vocab_incompatible"], m["vocab_shared_frac"] = 0, 1.0
     elif (getattr(draft_info, "extra", None) or {}).get("head") is None:
         _engine_vocab(sampling.engine, tt, dt, vt, vd, tj, dj, m, ev)
+    if same or (getattr(draft_info, "extra", None) or {}).get("head") is not None:
+        m["engine_draft_unsupported"] = 0 if same else None
+    else:
+        get(sampling.engine).draft_model_findings(dc, m, ev)
 
     t, d = sampling.target, sampling.draft
     m["temperature_target"], m["temperature_draft"] = t.temperature, d.temperature

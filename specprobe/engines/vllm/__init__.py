@@ -16,6 +16,10 @@ Vocabularies: a draft model whose vocab_size differs from the target's is refuse
 ('Target and draft model should have the same vocabulary size') unless
 `speculative_config.use_heterogeneous_vocab` is true, which masks the drafter's other
 tokens and drafts greedily.
+
+Draft models: a drafter whose config declares M-RoPE (`mrope_section` in its rope
+parameters) is refused when the proposer starts ('Speculative Decoding with draft models
+or parallel drafting does not support M-RoPE yet'), before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -88,8 +92,38 @@ class VLLM(Engine):
         else:
             m["vocab_shared_frac"] = 1.0
 
+    def draft_model_findings(self, dc: Any, m: dict[str, Any], ev: dict[str, list[str]]) -> None:
+        sections = mrope_sections(dc)
+        m["engine_draft_unsupported"] = int(bool(sections))
+        if sections:
+            ev["engine_draft_unsupported"] = [
+                f"the drafter's rope parameters declare M-RoPE ({', '.join(sections)}); vLLM refuses such a draft model when its proposer "
+                "starts: 'Speculative Decoding with draft models or parallel drafting does not support M-RoPE yet'"
+            ]
+
     def live_server(self, url: str, model: str | None = None, timeout: float = 30.0) -> LiveServer:
         return VllmServer(self, url, model, timeout)
+
+
+def mrope_sections(config: Any) -> list[str]:
+    """Where a config declares M-RoPE, as vLLM's `uses_mrope` reads it: an `mrope_section`
+    (or HunYuan-VL's `xdrope_section`) in `rope_parameters` / `rope_scaling`, its own or
+    its text config's. Empty when it declares none."""
+    found = []
+    text = getattr(config, "text_config", None)
+    for where, cfg in (("", config), ("text_config.", text)):
+        if cfg is None:
+            continue
+        for attr in ("rope_parameters", "rope_scaling"):
+            params = cfg.get(attr) if isinstance(cfg, Mapping) else getattr(cfg, attr, None)
+            groups = params.values() if isinstance(params, Mapping) and all(isinstance(v, Mapping) for v in params.values()) and params else [params]
+            for group in groups:
+                if not isinstance(group, Mapping):
+                    continue
+                for key in ("mrope_section", "xdrope_section"):
+                    if isinstance(group.get(key), (list, tuple)):
+                        found.append(f"{where}{attr}.{key} = {list(group[key])}")
+    return list(dict.fromkeys(found))
 
 
 ENGINE = VLLM()
