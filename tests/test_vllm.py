@@ -5,7 +5,10 @@ layers as a separate draft checkpoint, K = 4, on loopback. One server for the mo
 vLLM's own counters (/metrics, read with specprobe's exposition parser) against
 `diagnose --engine vllm` and `simulate --engine vllm` on the same prompt token ids.
 Greedy (T = 0) is deterministic on both sides, so the bound is the estimate's own
-error, not sampling noise. Skipped when vLLM is not installed; where CI expects it
+error, not sampling noise. Then `monitor` watches the same server under a bounded
+loopback load (its /metrics live, the per-request records it returns, its log) and must
+equal the counters exactly, and the vLLM alert rules run under `promtool test rules` on
+its series. Skipped when vLLM is not installed; where CI expects it
 (SPECPROBE_EXPECT_VLLM=1), its absence fails loudly instead.
 """
 
