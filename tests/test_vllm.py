@@ -5,22 +5,29 @@ layers as a separate draft checkpoint, K = 4, on loopback. One server for the mo
 vLLM's own counters (/metrics, read with specprobe's exposition parser) against
 `diagnose --engine vllm` and `simulate --engine vllm` on the same prompt token ids.
 Greedy (T = 0) is deterministic on both sides, so the bound is the estimate's own
-error, not sampling noise. Skipped when vLLM is not installed; where CI expects it
+error, not sampling noise. Then `monitor` watches the same server under a bounded
+loopback load (its /metrics live, the per-request records it returns, its log) and must
+equal the counters exactly, and the vLLM alert rules run under `promtool test rules` on
+its series. Skipped when vLLM is not installed; where CI expects it
 (SPECPROBE_EXPECT_VLLM=1), its absence fails loudly instead.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers.vllm import (
+    SpecCounts,
     VllmServer,
     serve_prompts,
     smollm2_pair,
@@ -45,7 +52,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def server(vllm_python: Path, pair: dict[str, Any]) -> Iterator[VllmServer]:
     """vLLM with the harness's CPU expand workaround: its sampling is the target's."""
-    with vllm_server(vllm_python, pair["target"], pair["draft"], K, pair["work"] / "vllm.log", startup_timeout=900) as s:
+    with vllm_server(vllm_python, pair["target"], pair["draft"], K, pair["work"] / "vllm.log", startup_timeout=900,
+                     per_request_metrics="detailed") as s:  # each response its own counters, for `monitor --requests`
         yield s
 
 
@@ -141,3 +149,211 @@ def test_against_the_shipped_cpu_build_blames_the_serving_stack(vllm_python: Pat
     assert {"SP701", "SP703"} <= _findings(r), r["findings"]
     assert r["verdict"] == "serving stack loses acceptance"
     assert r["live"]["accept_rate"] < 0.25 * r["live"]["predicted_accept_rate"]
+
+
+
+# ----------------------------------------------------------------------------- monitor and alerts on the live server
+LOAD, IN_FLIGHT, LIVE_S = 8, 2, 75  # requests, at once, seconds between monitor's two scrapes
+
+
+def _scrapes(server: VllmServer) -> int:
+    """GET /metrics requests in the server's access log so far."""
+    return server.log.read_text(errors="replace").count('"GET /metrics HTTP')
+
+
+def _monitor(pair: dict[str, Any], name: str, *args: str, timeout: float = 300) -> dict[str, Any]:
+    out = pair["work"] / f"{name}.json"
+    cmd = [sys.executable, "-m", "specprobe", "monitor", *args, "--json", str(out), "--no-live", "--fail-on", "never",
+           "--alerts", str(pair["work"] / f"{name}-alerts.jsonl")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+@pytest.fixture(scope="module")
+def loaded(server: VllmServer, served: dict[str, Any], pair: dict[str, Any]) -> dict[str, Any]:
+    """`specprobe monitor --url … --once` watching the server while a bounded loopback loop
+    (LOAD requests, IN_FLIGHT at once, each tagged with its prompt's domain as `task`)
+    loads it: monitor's first scrape is seen in the access log before the first request,
+    its second comes LIVE_S later, after the last answer. The server is otherwise idle,
+    so the counters' delta over the loop is the delta between monitor's scrapes. Each
+    response is saved as a line of a JSONL file, as a gateway would."""
+    work = pair["work"]
+    tasks = [json.loads(line)["domain"] for line in pair["prompts"].read_text().splitlines() if line.strip()]
+    before = spec_counts(server.metrics())
+    time.sleep(1.0)  # our own scrape's access-log line is written
+    seen = _scrapes(server)
+    out = work / "monitor-live.json"
+    cmd = [sys.executable, "-m", "specprobe", "monitor", "--url", server.base + "/metrics", "--once",
+           "--interval", f"{LIVE_S}s", "--window", "10m", "--json", str(out), "--no-live", "--fail-on", "never",
+           "--alerts", str(work / "monitor-live-alerts.jsonl")]  # fmt: skip
+    mon = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _scrapes(server) <= seen:  # monitor's first scrape
+            assert mon.poll() is None, mon.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "monitor did not scrape within 60 s"
+            time.sleep(0.2)
+        start = time.monotonic()
+
+        def one(i: int) -> dict[str, Any]:
+            j = i % len(pair["ids"])
+            resp = server.complete(pair["ids"][j], MAX_TOKENS, temperature=0.0, seed=i, timeout=LIVE_S)
+            return {"ts": time.time(), "task": tasks[j], "response": resp}
+
+        with ThreadPoolExecutor(IN_FLIGHT) as pool:
+            records = list(pool.map(one, range(LOAD)))
+        load_s = time.monotonic() - start
+        time.sleep(1.0)
+        after = spec_counts(server.metrics())
+        _, err = mon.communicate(timeout=LIVE_S + 120)
+    finally:
+        if mon.poll() is None:
+            mon.kill()
+            mon.wait()
+    assert mon.returncode == 0, err[-2000:]
+    assert load_s < LIVE_S - 5, f"the load took {load_s:.0f}s, monitor's second scrape may have come before its end"
+    assert spec_counts(server.metrics()) == after  # idle since: nothing else moved the counters
+    requests = work / "requests.jsonl"
+    requests.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return {"delta": after - before, "total": after, "live": json.loads(out.read_text()), "records": records,
+            "requests": requests, "load_s": load_s}  # fmt: skip
+
+
+def _now(doc: dict[str, Any], model: str) -> dict[str, Any]:
+    now: dict[str, Any] = next(m for m in doc["models"] if m["model"] == model)["now"]
+    return now
+
+
+def test_monitor_live_window_equals_the_counters_delta(loaded: dict[str, Any]) -> None:
+    """monitor's window over the loop: the counters' delta to the token, per position too."""
+    d: SpecCounts = loaded["delta"]
+    live = loaded["live"]
+    assert d.drafts > 0 and [m["model"] for m in live["models"]] == ["target"], live
+    now = _now(live, "target")
+    assert (now["accepted_tokens"], now["draft_tokens"], now["drafts"]) == (d.accepted, d.draft_tokens, d.drafts)
+    assert now["accept_rate"] == d.accept_rate
+    assert now["per_pos_cum"] == pytest.approx(d.per_pos_rate, rel=1e-12)
+    assert live["sources"][0]["engine"] == "vllm-v1" and live["sources"][0]["missing"] == []
+
+
+def test_monitor_requests_by_task_sum_to_the_records_and_the_counters(loaded: dict[str, Any], pair: dict[str, Any]) -> None:
+    """The responses' own counters (`--per-request-spec-decode-metrics detailed`), saved
+    as JSONL and read by `monitor --requests --group-by task`: each task's sums are its
+    records', and all of them together are the counters' delta over the loop."""
+    sds = [(r["task"], r["response"]["metrics"]["speculative_decoding"]) for r in loaded["records"]]
+    assert all(sd["num_spec_tokens"] == K and len(sd["per_step_accepted"]) == sd["num_spec_steps"] for _, sd in sds)
+    doc = _monitor(pair, "monitor-requests", "--requests", str(loaded["requests"]), "--group-by", "task", "--window", "1h")
+    tasks = sorted({t for t, _ in sds})
+    assert sorted(m["model"] for m in doc["models"]) == sorted(["all", *(f"task={t}" for t in tasks)])
+    for t in tasks:
+        mine = [sd for task, sd in sds if task == t]
+        now = _now(doc, f"task={t}")
+        assert now["accepted_tokens"] == sum(sd["num_accepted_draft_tokens"] for sd in mine)
+        assert now["draft_tokens"] == sum(sd["num_draft_tokens"] for sd in mine)
+        assert now["drafts"] == sum(sd["num_spec_steps"] for sd in mine)
+    d: SpecCounts = loaded["delta"]
+    total = _now(doc, "all")
+    assert (total["accepted_tokens"], total["draft_tokens"], total["drafts"]) == (d.accepted, d.draft_tokens, d.drafts)
+    assert sum(sum(sd["per_step_accepted"]) for _, sd in sds) == d.accepted
+    assert total["per_pos_cum"] == pytest.approx(d.per_pos_rate, rel=1e-12)
+
+
+def test_monitor_log_sums_to_the_counters(server: VllmServer, loaded: dict[str, Any], pair: dict[str, Any]) -> None:
+    """vLLM logs a "SpecDecoding metrics" line every 10 s with what was drafted since the
+    last one (nothing when nothing was): once 10 s have passed since the last request,
+    the lines sum to the counters' totals since the server started."""
+    time.sleep(max(0.0, 12 - (LIVE_S - loaded["load_s"])))
+    text = server.log.read_text(errors="replace")
+    assert "SpecDecoding metrics:" in text
+    doc = _monitor(pair, "monitor-log", "--log", str(server.log), "--once", "--window", "24h", "--baseline-window", "1h")
+    total: SpecCounts = loaded["total"]
+    now = _now(doc, next(m["model"] for m in doc["models"]))
+    assert (now["accepted_tokens"], now["draft_tokens"]) == (total.accepted, total.draft_tokens)
+
+
+def _rule_annotations(rule: dict[str, Any], value: float) -> dict[str, str]:
+    """An alerting rule's annotations as Prometheus renders them for model "target"."""
+    pct = f"{value * 100:.4g}%"  # humanizePercentage: Go's %.4g
+    return {k: v.replace("{{ $labels.model_name }}", "target").replace("{{ $value | humanizePercentage }}", pct)
+            for k, v in rule.get("annotations", {}).items()}  # fmt: skip
+
+
+def test_alert_rules_on_the_servers_recorded_series(loaded: dict[str, Any], pair: dict[str, Any]) -> None:
+    """`specprobe alerts --engine vllm` rules under `promtool test rules`, on series with
+    the real server's names and labels: 5 minutes at the loop's own counts a minute (the
+    counters' delta: SP402 low acceptance fires on these shipped numbers, SP401 does not),
+    5 at a synthetic 80 % (both quiet), 5 with nothing accepted (SP401 fires, SP402 not)."""
+    import yaml
+
+    from specprobe.monitor.exposition import parse_exposition
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    work = pair["work"]
+    rules_path = work / "rules-vllm.yml"
+    proc = subprocess.run([sys.executable, "-m", "specprobe", "alerts", "--engine", "vllm", "--prometheus", str(rules_path),
+                           "--window", "1m", "--baseline-window", "5m", "--drift-window", "10m", "--for", "0s"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    alerts = {r["alert"]: r for g in yaml.safe_load(rules_path.read_text())["groups"] for r in g["rules"] if "alert" in r}
+
+    d: SpecCounts = loaded["delta"]
+    rate = d.accept_rate
+    assert 0.05 <= rate < 0.5, rate  # this pair's acceptance (T = 0, 24 of 30 layers)
+    healthy_pos = [round(d.drafts * (0.9 - 0.1 * i)) for i in range(K)]
+    steps = (
+        [(d.accepted, d.draft_tokens, d.drafts, list(d.per_pos))] * 5
+        + [(sum(healthy_pos), d.draft_tokens, d.drafts, healthy_pos)] * 5
+        + [(0, d.draft_tokens, d.drafts, [0] * K)] * 5
+    )
+    healthy = sum(healthy_pos) / d.draft_tokens
+    samples, _ = parse_exposition((work / "metrics.txt").read_text())  # the real series' names and labels
+
+    def series(name: str, idx: int, pos: int | None = None) -> dict[str, str]:
+        s = next(x for x in samples if x.name == name and (pos is None or x.labels.get("position") == str(pos)))
+        v = float(s.value)
+        values = [v]
+        for step in steps:
+            v += step[idx][pos] if pos is not None else step[idx]  # type: ignore[index]
+            values.append(v)
+        labels = ",".join(f'{k}="{val}"' for k, val in sorted(s.labels.items()))
+        return {"series": f"{name}{{{labels}}}", "values": " ".join(f"{x:.0f}" for x in values)}
+
+    input_series = [
+        series("vllm:spec_decode_num_accepted_tokens_total", 0),
+        series("vllm:spec_decode_num_draft_tokens_total", 1),
+        series("vllm:spec_decode_num_drafts_total", 2),
+        *[series("vllm:spec_decode_num_accepted_tokens_per_pos_total", 3, i) for i in range(K)],
+    ]
+
+    def fired(name: str, value: float) -> list[dict[str, Any]]:
+        r = alerts[name]
+        return [{"exp_labels": {**r["labels"], "model_name": "target"}, "exp_annotations": _rule_annotations(r, value)}]
+
+    cases = []
+    for t, low, collapsed in (("5m", fired("SP402MonitorAcceptanceLow", rate), []),
+                              ("10m", [], []),
+                              ("15m", [], fired("SP401MonitorAcceptanceCollapsed", 0.0))):  # fmt: skip
+        cases += [{"eval_time": t, "alertname": "SP402MonitorAcceptanceLow", "exp_alerts": low},
+                  {"eval_time": t, "alertname": "SP401MonitorAcceptanceCollapsed", "exp_alerts": collapsed}]  # fmt: skip
+    test = {
+        "rule_files": [str(rules_path)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": input_series,
+            "alert_rule_test": cases,
+            "promql_expr_test": [
+                {"expr": "specprobe:spec_decode_acceptance_rate:1m", "eval_time": t,
+                 "exp_samples": [{"labels": 'specprobe:spec_decode_acceptance_rate:1m{model_name="target"}', "value": v}]}
+                for t, v in (("5m", rate), ("10m", healthy), ("15m", 0.0))
+            ],
+        }],
+    }  # fmt: skip
+    test_path = work / "rules-test.yml"
+    test_path.write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", str(test_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

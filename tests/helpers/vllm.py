@@ -137,10 +137,13 @@ def server_command(
     extra_spec: dict[str, Any] | None = None,
     max_model_len: int = 2048,
     max_logprobs: int | None = None,
+    per_request_metrics: str | None = None,
 ) -> list[str]:
     """`api_server` for `target` on loopback with speculative decoding of K tokens:
     `method` draft_model (with `draft`), ngram, suffix; fp32 as specprobe scores;
-    no prefix caching, so every request drafts from a cold start as `simulate` does."""
+    no prefix caching, so every request drafts from a cold start as `simulate` does.
+    `per_request_metrics` summary | detailed: each response carries its own counters
+    (`metrics.speculative_decoding`); the aggregate counters are unchanged by it."""
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(target),
@@ -155,6 +158,8 @@ def server_command(
     ]  # fmt: skip
     if max_logprobs is not None:  # more than vLLM's default 20 top logprobs per position (-1: all)
         cmd += ["--max-logprobs", str(max_logprobs)]
+    if per_request_metrics is not None:
+        cmd += ["--per-request-spec-decode-metrics", per_request_metrics]
     if k:
         spec: dict[str, Any] = {"method": method, "num_speculative_tokens": k, **(extra_spec or {})}
         if method == "draft_model":
