@@ -98,7 +98,7 @@ def test_markdown_has_the_ngram_tables(ngram_result: Result) -> None:
         row = next(x for x in md.split("by the prompt file's category")[1].splitlines() if x.startswith(f"| {r.group} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells == [r.group, str(r.positions), pct(r.ngram_proposal_frac), fixed(r.ngram_draft_tokens_mean, ".2f"), pct(r.accept_prob_engine_mean), fixed(r.tau_tokens, ".2f"), fixed(r.speedup, ".2f") + "×"]
-    assert f"**{ngram_result.best_k}** (best)" in md and "matching" in md
+    assert f"**{ngram_result.best_k}** (best" in md and "matching" in md  # "(best)", or with the Ks timing cannot tell apart
 
 
 def test_html_charts_proposals_not_alpha(ngram_result: Result) -> None:
