@@ -191,6 +191,9 @@ def test_the_client_says_what_is_wrong_in_one_line(stub: str) -> None:
             live.connect("vllm", stub, None)
     finally:
         _Stub.metrics = (DATA / "metrics-0.32.0-cpu.txt").read_text()
+    for typo in ("localhost:8000", "http://[bad", "http://127.0.0.1:port"):  # refused at once, no retries
+        with pytest.raises(ConfigError, match="is not a URL vLLM can be reached at"):
+            live.connect("vllm", typo, None)
     with pytest.raises(ServerError, match="did not answer"):
         live.connect("vllm", "http://127.0.0.1:9", None)  # nothing listens on the discard port
     with pytest.raises(ConfigError, match="cannot read SGLang"):

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
-from specprobe.core.errors import ServerError
+from specprobe.core.errors import ConfigError, ServerError
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 RETRIES = 3  # tries after the first, for the answers above and dropped connections
@@ -39,6 +40,7 @@ def _body_of(e: urllib.error.HTTPError) -> str:
 def request(url: str, body: dict[str, Any] | None = None, *, timeout: float = 60.0, retries: int = RETRIES, what: str = "the server") -> bytes:
     """GET (no body) or POST JSON; the raw answer. Retries what is worth retrying, then
     raises ServerError with the status and the server's own message."""
+    check_url(url, what)
     data = None if body is None else json.dumps(body).encode()
     wait = BACKOFF_S
     for attempt in range(retries + 1):
@@ -61,6 +63,18 @@ def request(url: str, body: dict[str, Any] | None = None, *, timeout: float = 60
                 continue
             raise ServerError(f"{what} at {url} did not answer ({reason})", "check that the server is running and the URL (scheme, host, port) is right") from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def check_url(url: str, what: str = "the server") -> None:
+    """An http(s) URL with a host, or a one-line error now (no retries on a typo)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{url!r} is not a URL {what} can be reached at", "write it as http://HOST:PORT, e.g. http://127.0.0.1:8000")
 
 
 def get_json(url: str, *, timeout: float = 30.0, what: str = "the server") -> Any:

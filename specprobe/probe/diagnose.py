@@ -128,6 +128,10 @@ def run_diagnose(
         return run_remote(cfg, progress, table)
     prompt_set = load_prompt_set(cfg)
     progress.note(f"prompts from {prompt_set.name}: {prompt_set.description}")
+    server = None
+    if cfg.against is not None:  # a live server to compare with: reached now, before any model loads
+        server = live.connect(cfg.engine, cfg.against, cfg.against_model)
+        progress.note(f"--against: {server.engine.label} {server.version or ''} at {server.url} serving {server.model}")
     pair = pair or load_pair(cfg, progress)
     target, drafter, align = pair.target, pair.drafter, pair.alignment
     length_of: dict[str, int] = {}  # --context-lengths: each built prompt's token length
@@ -143,12 +147,8 @@ def run_diagnose(
     blocking = [f for f in findings0 if f.rule_id in BLOCKING_RULES and f.severity == "error"]
     if blocking and not cfg.force:
         return stopped_result(header, metrics, table, drafter.kind, align.evidence, [f.rule_id for f in blocking])
-    server = None
-    if cfg.against is not None:  # a live server to compare with: reached now, before any compute
-        if drafter.kind == "ngram" or cfg.shard is not None:
-            raise ConfigError("--against compares a model drafter's estimate from one process", "leave out --shard, or use a model drafter")
-        server = live.connect(cfg.engine, cfg.against, cfg.against_model)
-        progress.note(f"--against: {server.engine.label} {server.version or ''} at {server.url} serving {server.model}")
+    if server is not None and (drafter.kind == "ngram" or cfg.shard is not None):
+        raise ConfigError("--against compares a model drafter's estimate from one process", "leave out --shard, or use a model drafter")
     if drafter.kind == "ngram":  # no model to score: its proposals walked along the references
         return diagnose_ngram(cfg, pair, prompt_set, header, metrics, table, align.evidence, progress, on_references)
 

@@ -47,6 +47,7 @@ def counters_from_text(text: str) -> SpecCounters:
 class VllmServer(LiveServer):
     def __init__(self, engine: Engine, url: str, model: str | None, timeout: float) -> None:
         self.engine, self.url, self.timeout = engine, url.rstrip("/"), timeout
+        http.check_url(self.url, "vLLM")
         listed = http.get_json(self.url + "/v1/models", timeout=timeout, what="vLLM")
         entries = [m for m in (listed.get("data") or []) if isinstance(m, dict)] if isinstance(listed, dict) else []
         served = [str(m.get("id")) for m in entries]
