@@ -39,7 +39,7 @@ def nothing_scored(metrics: Any) -> bool:
     return not metrics.get("num_positions") and not metrics.get("nonfinite_logit_positions")
 
 
-def _now() -> str:
+def created_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -71,18 +71,18 @@ def check_result(config: dict[str, Any], target: dict[str, Any], drafter: dict[s
     return Result.model_validate({
         "command": "check",
         "specprobe_version": __version__,
-        "created": _now(),
+        "created": created_now(),
         "config": config,
         "target": target,
         "drafter": drafter,
-        "sampling": _sampling(sampling),
+        "sampling": sampling_section(sampling),
         "alignment": {"facts": alignment.facts, "evidence": alignment.evidence},
         "metrics": alignment.metrics,
         **fields,
     })
 
 
-def _sampling(pair: Any) -> dict[str, Any]:
+def sampling_section(pair: Any) -> dict[str, Any]:
     return {"target": pair.target.to_dict(), "draft": pair.draft.to_dict(), "sources": pair.sources}
 
 
@@ -129,14 +129,14 @@ def result_header(cfg: DiagnoseConfig, pair: Any, prompt_set: PromptSet) -> dict
     return {
         "command": "diagnose",
         "specprobe_version": __version__,
-        "created": _now(),
+        "created": created_now(),
         "config": cfg.to_dict(),
         "environment": environment(target.device, target.dtype),
         "target": {"spec": cfg.target, "name": target.name, "num_layers": target.num_layers, "vocab_size": target.vocab_size, "params": target.params, **served(target)},
         "drafter": {"spec": cfg.drafter, "kind": drafter.kind, "name": drafter.name, "num_layers": drafter.num_layers, "params": drafter.params, **served_drafter(drafter)},
         "prompt_set": {"name": prompt_set.name, "source": prompt_set.source, "sha256": prompt_set.sha256, "num_prompts": len(prompt_set.prompts), "domains": prompt_set.domains},
         "reference": "off-policy" if cfg.reference == "dataset" else "on-policy",
-        "sampling": _sampling(pair.sampling),
+        "sampling": sampling_section(pair.sampling),
         "procedure": procedure_section(cfg.engine, cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min, thresholds=cfg.thresholds),
         "alignment": {"facts": align.facts, "evidence": align.evidence},
     }

@@ -43,7 +43,13 @@ from specprobe.metrics.remote import FIELDS, LEFT_OUT, TopN, bounded_metrics, su
 from specprobe.models.drafters import drafter_kind_of
 from specprobe.models.loader import check_paths, load_model, local_spec
 from specprobe.probe.alignment import effective_sampling
-from specprobe.probe.assemble import _now, _sampling, build_result, procedure_section, summarise
+from specprobe.probe.assemble import (
+    build_result,
+    created_now,
+    procedure_section,
+    sampling_section,
+    summarise,
+)
 from specprobe.probe.chunks import ROW_FIELDS
 from specprobe.probe.live import REQUEST_TIMEOUT_S, sampling_request
 from specprobe.probe.references import encode_prompt, load_prompt_set
@@ -221,14 +227,14 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     header = {
         "command": "diagnose",
         "specprobe_version": __version__,
-        "created": _now(),
+        "created": created_now(),
         "config": cfg.to_dict(),
         "environment": environment(drafter.device, drafter.dtype),
         "target": {"spec": cfg.target or server.model, "name": server.model, "vocab_size": len(tok)},
         "drafter": {"spec": cfg.drafter, "kind": "independent", "name": drafter.name, "num_layers": drafter.num_layers, "params": drafter.params},
         "prompt_set": {"name": prompt_set.name, "source": prompt_set.source, "sha256": prompt_set.sha256, "num_prompts": len(prompt_set.prompts), "domains": prompt_set.domains},
         "reference": "on-policy",
-        "sampling": _sampling(pair),
+        "sampling": sampling_section(pair),
         "procedure": procedure_section(cfg.engine, cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min, thresholds=cfg.thresholds),
     }
     cost = cost_block(None, None, cfg.cost_ratio, verify_factor=cfg.verify_factor, k_max=cfg.k_max, batch_sizes=cfg.cost_batch_sizes())
