@@ -254,6 +254,8 @@ class Depth(Part):
     conditional: list[Num]
     source: Literal["estimate", "measured"] = "estimate"
     head_depths: list[int] = Field(default_factory=list, description="Depths a head drafter predicted directly (others chain depth 1).")
+    cumulative_se: list[Num] = Field(default_factory=list, description="Standard error of each cumulative r_j over prompts (prompts the independent units); empty in results written before it was kept.")
+    thin: list[bool] = Field(default_factory=list, description="Depths whose evidence is too thin to read (too few prompts or drafts reach them, or the standard error is as large as the rate itself): reports grey them out.")
 
 
 class KRow(Part):
@@ -275,6 +277,7 @@ class KRow(Part):
     speedup_budget: Num = Field(default=None, description="Speedup on these prompts at this token budget, the final short rounds included (renewal counts): what simulate measures; speedup is the steady state.")
     accept_rate_renewal_se: Num = Field(default=None, description="Standard error of accept_rate_renewal over prompts (prompts the independent units; a ratio estimator's linearised variance, as a bootstrap over prompts approximates it).")
     tau_renewal_se: Num = Field(default=None, description="Standard error of tau_renewal_tokens over prompts: accept_rate_renewal_se × the mean draft length.")
+    speedup_se: Num = Field(default=None, description="Standard error of speedup over prompts (the τ it comes from; the verify cost's own timing spread is speedup_low–speedup_high).")
 
 
 class Adaptive(Part):
@@ -444,6 +447,11 @@ class MeasuredRow(Part):
     emitted_tokens: int
     wall_s: Num
     prompts: int
+    seeds: int = Field(default=1, description="Seeds the loop ran (simulate --seeds); the figures are over all of them.")
+    tau_se: Num = Field(default=None, description="Standard error of tau_tokens over prompts × seeds.")
+    accept_rate_se: Num = Field(default=None, description="Standard error of accept_rate over prompts × seeds.")
+    speedup_se: Num = Field(default=None, description="Standard error of speedup from tau_se (timing spread not included).")
+    tau_estimate_se: Num = Field(default=None, description="The estimate's own standard error over prompts (tau_renewal_se).")
 
 
 class MeasuredDepth(Depth):
