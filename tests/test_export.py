@@ -25,6 +25,7 @@ from specprobe.export.serving import (
 from specprobe.report.load import load_result
 from specprobe.result import Result
 from specprobe.settings.serving import read_serving_config
+from tests.conftest import requires_smollm2
 from tests.helpers import one_line_refusal
 
 runner = CliRunner()
@@ -374,3 +375,25 @@ def test_vllm_json_names_the_command_line_that_serves_it_and_synthetic_support(t
     assert f'note: serve it: vllm serve {r.target.spec} --speculative-config "$(cat {out})" --override-generation-config' in res.output
     ex = export_config(r, src, "vllm", k=2, synthetic=True)
     assert any("vLLM 0.32.0 takes this form" in n for n in ex.note)
+
+
+@requires_smollm2
+@pytest.mark.parametrize(("engine", "key"), [("sglang", "model-path: "), ("trtllm", "model: ")])
+def test_sglang_and_trtllm_exports_name_the_builtin_target_as_its_checkpoint_folder(tmp_path: Path, engine: str, key: str) -> None:
+    """SGLang and TensorRT-LLM open Hugging Face folders, not specprobe's built-in names:
+    the built-in target is written as the folder specprobe dequantised its GGUF into."""
+    from specprobe.models.loader import builtin_gguf_path, ensure_gguf_cached
+    from specprobe.result import Result
+
+    r, src = _result(tmp_path, kind="independent", engine=engine)
+    d: dict[str, Any] = json.loads(r.to_json())
+    d["config"]["target"] = "smollm2"
+    d["target"] = {**d["target"], "spec": "smollm2"}
+    src.write_text(Result.model_validate(d).to_json(), encoding="utf-8")
+    out = tmp_path / "serve.yaml"
+    res = CliRunner().invoke(app, ["export", str(src), "--engine", engine, "-o", str(out), "--force"])
+    assert res.exit_code == 0, res.output
+    text = out.read_text(encoding="utf-8")
+    folder = ensure_gguf_cached(builtin_gguf_path("smollm2"))
+    assert f'{key}"{folder}"' in text and '"smollm2"' not in text
+    assert "serves the checkpoint folder specprobe dequantised it into" in text

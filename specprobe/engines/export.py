@@ -148,6 +148,37 @@ def builtin_gguf(name: str) -> Path:
         raise InputError(f"{e.message}: the export names the GGUF file the built-in stands for", e.hint) from None
 
 
+def checkpoint_folder(spec: str, role: str, label: str, notes: list[str]) -> str:
+    """A built-in or GGUF target or draft model (`spec`) as the checkpoint folder an engine
+    that opens Hugging Face folders serves: the one specprobe dequantised the GGUF into and
+    scored (made here if it is not cached yet). Any other spec is returned as named; the
+    note on what was swapped goes into `notes`."""
+    form = model_form(spec)
+    if form not in (BUILTIN, GGUF):
+        return spec
+    gguf = builtin_gguf(spec) if form == BUILTIN else Path(spec).expanduser()
+    if not gguf.is_file():
+        raise InputError(f"{role} {spec} is not a file here: {label} serves a GGUF as the checkpoint folder specprobe dequantises it into", "export on the machine that has the GGUF")
+    # deferred: the loader dequantises (torch, transformers) only where the folder is not cached yet
+    from specprobe.models.loader import ensure_gguf_cached
+
+    folder = str(ensure_gguf_cached(gguf))
+    what = f"{role} is the built-in {spec!r}, the GGUF {gguf}" if form == BUILTIN else f"{role} {spec} is a GGUF"
+    notes.append(f"{what}: {label} serves the checkpoint folder specprobe dequantised it into and scored, {folder}")
+    return folder
+
+
+def locate_folders(p: Plan, label: str) -> list[str]:
+    """`p`'s built-in or GGUF target and draft model as checkpoint folders
+    (`checkpoint_folder`); returns the notes on what was swapped."""
+    notes: list[str] = []
+    if p.target:
+        p.target = checkpoint_folder(p.target, "the target", label, notes)
+    if p.drafter:
+        p.drafter = checkpoint_folder(p.drafter, "the draft model", label, notes)
+    return notes
+
+
 def shell_word(w: str) -> str:
     """`w` as one shell word (quoted only where it must be)."""
     return w if w and all(c.isalnum() or c in "-_./,:=+@%" for c in w) else "'" + w.replace("'", "'\\''") + "'"

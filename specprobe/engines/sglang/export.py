@@ -16,7 +16,14 @@ from typing import Any
 
 from specprobe.core.errors import InputError
 from specprobe.engines.base import PROBABILISTIC
-from specprobe.engines.export import Plan, Writer, comments, mixed_elsewhere, yaml_scalar
+from specprobe.engines.export import (
+    Plan,
+    Writer,
+    comments,
+    locate_folders,
+    mixed_elsewhere,
+    yaml_scalar,
+)
 from specprobe.engines.sglang import ENGINE
 
 
@@ -41,6 +48,10 @@ class SGLangWriter(Writer):
     def check_tree(self, tree: Mapping[str, Any]) -> None:
         if tree["paths"]:
             raise InputError("SGLang builds its draft trees dynamically (steps, topk, num-draft-tokens); a static tree of rank paths is not one of its knobs", "export it for --engine trtllm (eagle_choices), or pick a steps=S,topk=T,tokens=N tree")
+
+    def locate(self, p: Plan) -> None:
+        """A built-in or GGUF target or draft model as the checkpoint folder it opens."""
+        p.notes += locate_folders(p, self.label)
 
     def write(self, p: Plan, output: Path | None) -> str:
         return write_sglang(p)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.core.errors import SpecprobeError
-from specprobe.engines.export import Plan, Writer, comments, fmt, yaml_scalar
+from specprobe.engines.export import Plan, Writer, comments, fmt, locate_folders, yaml_scalar
 from specprobe.engines.trtllm import ENGINE
 from specprobe.judge.rules import load_table
 from specprobe.result import Result
@@ -44,6 +44,10 @@ class TensorRTLLMWriter(Writer):
             p.floor = round(max(even, tau_floor), 3)
         p.window = result.prompt_set.num_prompts if result.prompt_set is not None else None
         p.notes.append(f"acceptance_length_threshold {p.floor:g}, the larger: {why}; window {p.window or '—'} requests (the prompts the result scored)")
+
+    def locate(self, p: Plan) -> None:
+        """A built-in or GGUF target or draft model as the checkpoint folder it opens."""
+        p.notes += locate_folders(p, self.label)
 
     def write(self, p: Plan, output: Path | None) -> str:
         return write_trtllm(p)

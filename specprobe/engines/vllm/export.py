@@ -23,17 +23,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specprobe.core.errors import InputError
 from specprobe.engines.export import (
-    BUILTIN,
-    GGUF,
     Plan,
     Writer,
-    builtin_gguf,
     comments,
     drafter_elsewhere,
+    locate_folders,
     mixed_elsewhere,
-    model_form,
     shell_word,
     yaml_scalar,
 )
@@ -80,30 +76,11 @@ class VLLMWriter(Writer):
 
     def locate(self, p: Plan) -> None:
         """A built-in or GGUF target or draft model as the checkpoint folder vLLM opens."""
-        ggufs: list[str] = []
-        if p.target:
-            p.target = self._folder(p.target, "the target", ggufs)
-        if p.drafter:
-            p.drafter = self._folder(p.drafter, "the draft model", ggufs)
+        ggufs = locate_folders(p, self.label)
         if ggufs:
             p.notes.append("; ".join(ggufs) + f" — {GGUF_NOTE}")
         if p.rates is not None:
             p.notes.append(SYNTHETIC_NOTE)
-
-    def _folder(self, spec: str, role: str, notes: list[str]) -> str:
-        form = model_form(spec)
-        if form not in (BUILTIN, GGUF):
-            return spec
-        gguf = builtin_gguf(spec) if form == BUILTIN else Path(spec).expanduser()
-        if not gguf.is_file():
-            raise InputError(f"{role} {spec} is not a file here: vLLM serves a GGUF as the checkpoint folder specprobe dequantises it into", "export on the machine that has the GGUF")
-        # deferred: the loader dequantises (torch, transformers) only where the folder is not cached yet
-        from specprobe.models.loader import ensure_gguf_cached
-
-        folder = str(ensure_gguf_cached(gguf))
-        what = f"{role} is the built-in {spec!r}, the GGUF {gguf}" if form == BUILTIN else f"{role} {spec} is a GGUF"
-        notes.append(f"{what}: vLLM serves the checkpoint folder specprobe dequantised it into and scored, {folder}")
-        return folder
 
     def write(self, p: Plan, output: Path | None) -> str:
         as_yaml = output is not None and output.suffix.lower() in (".yaml", ".yml")
