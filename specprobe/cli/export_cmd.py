@@ -22,6 +22,7 @@ def export(
     ctx: typer.Context,
     result_file: Annotated[Path, typer.Argument(help="A result JSON written by 'diagnose --json' or 'simulate --json'.", metavar="RESULT.json", readable=False)],
     export_out: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write: the config file (default: stdout), or the folder for --training.", metavar="FILE|DIR", show_default=False)] = None,
+    write_draft: Annotated[Path | None, typer.Option("--write-draft", help="For a layer-skip self-draft (self:layers=N), which no engine runs as such: write the target's first N layers, final norm and LM head into DIR as a checkpoint of its own, and export it as the draft model.", metavar="DIR", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Write the serving config even where the result predicts it slower than plain decoding (speedup below 1×, SP301); without it such an export is refused with exit code 1.")] = False,
 ) -> None:
     """Turn a result into something to run: the engine's config for the recommended K, its synthetic-acceptance form, or retraining data.
@@ -74,13 +75,18 @@ def export(
 
     from specprobe.export.serving import export_config, slower_than_plain
 
-    ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out, tree=opts.tree, tree_given=opts.origins.get("tree", "default") != "default")
+    ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out, tree=opts.tree, tree_given=opts.origins.get("tree", "default") != "default", draft_folder=write_draft)
     slow = slower_than_plain(ex)
     if slow is not None and not force:
         err.print(f"[bold red]refused:[/] {slow}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     if slow is not None:
-        ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out, tree=opts.tree, tree_given=opts.origins.get("tree", "default") != "default", forced=True)
+        ex = export_config(result, result_file, engine, k=k, synthetic=synthetic, output=export_out, tree=opts.tree, tree_given=opts.origins.get("tree", "default") != "default", forced=True, draft_folder=write_draft)
+    if write_draft is not None:
+        from specprobe.export.serving import write_draft as write_draft_folder
+
+        err.print(f"writing the draft checkpoint into {write_draft}", highlight=False)
+        write_draft_folder(result, write_draft)
     for line in ex.note:
         err.print(f"note: {line}", highlight=False, soft_wrap=True)
     if export_out is None:

@@ -123,19 +123,27 @@ def synthetic_rates(result: Result, k: int) -> list[float]:
     return rates
 
 
-def plan(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False) -> Plan:
+LAYER_SKIP = "layer_skip"
+
+
+def plan(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False, draft_folder: Path | None = None) -> Plan:
     """What to export, checked against what the engine takes (InputError, one line, when
-    the result cannot be written for it)."""
+    the result cannot be written for it). `draft_folder`: where a layer-skip self-draft is
+    written as a checkpoint of its own (`write_draft`), served as a draft model."""
     w = writer(get(engine))
     label = w.label
     if not result.scored or not result.k_table:
         raise InputError(f"{source.name} has no τ(K) table ({result.command}{', stopped: ' + result.stopped if result.stopped else ''})", "export a result of 'specprobe diagnose' or 'simulate' that scored its prompts")
     kind = _kind(result)
+    if draft_folder is not None and kind != LAYER_SKIP:
+        raise InputError(f"--write-draft writes a layer-skip self-draft's layers as a checkpoint, and {source.name}'s drafter is {result.drafter.spec} ({kind or 'unknown'})", "leave --write-draft out: that drafter is exported as it is")
+    if draft_folder is not None:
+        kind = "independent"  # the cut checkpoint is an ordinary draft model
     method = w.methods.get(kind)
     if method is None:
-        what = {"layer_skip": f"a layer-skip self-draft ({result.drafter.spec})"}.get(kind, f"a {kind or 'unknown'} drafter ({result.drafter.spec})")
+        what = {LAYER_SKIP: f"a layer-skip self-draft ({result.drafter.spec})"}.get(kind, f"a {kind or 'unknown'} drafter ({result.drafter.spec})")
         engines = [o.label for o in _writers() if kind in o.methods]
-        hint = f"export it for {', '.join(engines)}" if engines else "the engines serve a layer-skip self-draft only as its own checkpoint: save the target's first layers as a model and diagnose that drafter"
+        hint = f"export it for {', '.join(engines)}" if engines else "the engines serve a layer-skip self-draft only as a checkpoint of its own: add --write-draft DIR to write the target's first layers there as one"
         raise InputError(f"{label} has no method for {what}", hint)
     if synthetic and w.synthetic is None:
         raise InputError(f"--synthetic: {label} has no synthetic-acceptance mode that takes per-position rates", "use " + " or ".join(f"--engine {o.engine.name} ({o.synthetic})" for o in _writers() if o.synthetic is not None))
@@ -148,6 +156,9 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
         raise InputError(f"--k {chosen} is not in the result's τ(K) table (K {min(ks)}–{max(ks)})", "pass a K the result measured, or re-run diagnose with a larger --k-max")
     drafting = result.procedure.drafting if result.procedure is not None else GREEDY
     p = Plan(engine=engine, source=source, kind=kind, method=method, target=result.target.spec or result.config.target, drafter=_drafter_path(result) if kind != "ngram" else None, k=chosen, drafting=drafting)
+    if draft_folder is not None:
+        p.drafter = str(draft_folder.expanduser().resolve())
+        p.notes.append(f"the draft model is {result.drafter.spec} written as a checkpoint of its own, {p.drafter}: the target's first {_self_layers(result)} decoder layers, its final norm and LM head (--write-draft)")
     if kind == "ngram":
         w.ngram(p, result.drafter.spec or "", synthetic)
     if result.sampling is not None:  # served as the result measured it (each engine's own defaults differ)
@@ -242,13 +253,36 @@ def _tree_dict(row: Any, why: str) -> dict[str, Any]:
     return {"steps": row.steps, "topk": row.topk, "tokens": row.tokens, "paths": row.paths, "tau": row.tau_tokens, "speedup": row.speedup, "why": why}
 
 
-def export_config(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False, output: Path | None = None, tree: str | None = None, tree_given: bool = False, forced: bool = False) -> Export:
+def _self_layers(result: Result) -> int:
+    """N of the result's `self:layers=N` drafter."""
+    spec = result.drafter.spec or ""
+    try:
+        return int(spec.rsplit("=", 1)[1])
+    except (IndexError, ValueError):
+        raise InputError(f"the result's layer-skip drafter {spec!r} is not self:layers=N", "export a result of 'specprobe diagnose TARGET self:layers=N'") from None
+
+
+def write_draft(result: Result, folder: Path, progress: Any = None) -> Path:
+    """The result's layer-skip self-draft (`self:layers=N`) written to `folder` as a
+    checkpoint of its own: the target's first N layers, cut from its checkpoint (a built-in
+    or GGUF target from the folder specprobe dequantised it into)."""
+    # deferred: safetensors and torch, only for this
+    from specprobe.models.cut import write_layer_cut
+    from specprobe.models.loader import checkpoint_dir, resolve
+
+    target = result.target.spec or result.config.target
+    if not target:
+        raise InputError("the result names no target to cut the draft from", "export a result of 'specprobe diagnose TARGET self:layers=N'")
+    return write_layer_cut(checkpoint_dir(resolve(target), progress), folder.expanduser().resolve(), _self_layers(result))
+
+
+def export_config(result: Result, source: Path, engine: str, k: int | None = None, synthetic: bool = False, output: Path | None = None, tree: str | None = None, tree_given: bool = False, forced: bool = False, draft_folder: Path | None = None) -> Export:
     """The engine's config text and the note it rests on. vLLM writes its JSON unless the
     output is a .yaml/.yml file (then a `vllm serve --config` YAML). SGLang and TensorRT-LLM
     get a draft tree where `choose_tree` picks one."""
     w = writer(get(engine))
     chosen_tree = choose_tree(result, source, engine, k, synthetic, tree, tree_given)
-    p = plan(result, source, engine, k, synthetic)
+    p = plan(result, source, engine, k, synthetic, draft_folder)
     if chosen_tree is not None:
         t = chosen_tree
         w.check_tree(t)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,39 +48,12 @@ def find_vllm_python() -> Path | None:
 
 # ----------------------------------------------------------------------------- checkpoints
 def write_self_draft_checkpoint(src: Path, dst: Path, n_layers: int) -> Path:
-    """A copy of a Llama-architecture checkpoint folder cut to its first `n_layers` blocks
-    (same embedding, final norm, head and tokenizer; `num_hidden_layers` = n_layers): the
-    layer-skip self-draft `self:layers=N` computes, as an ordinary HF checkpoint that vLLM
-    loads with `speculative_config.model`. Written whole or not at all."""
-    from safetensors.torch import load_file, save_file
+    """A copy of a checkpoint folder cut to its first `n_layers` blocks: the layer-skip
+    self-draft `self:layers=N` computes, as an ordinary HF checkpoint that vLLM loads with
+    `speculative_config.model` (what `export --write-draft` writes)."""
+    from specprobe.models.cut import write_layer_cut
 
-    cfg = json.loads((src / "config.json").read_text())
-    total = int(cfg["num_hidden_layers"])
-    if not 1 <= n_layers < total:
-        raise ValueError(f"n_layers must be in 1..{total - 1}, got {n_layers}")
-    if (dst / "config.json").is_file():
-        return dst
-    tmp = dst.with_name(dst.name + ".part")
-    tmp.mkdir(parents=True, exist_ok=True)
-    layer = re.compile(r"^model\.layers\.(\d+)\.")
-    tensors = {}
-    for f in sorted(src.glob("*.safetensors")):
-        for name, t in load_file(str(f)).items():
-            m = layer.match(name)
-            if m is None or int(m.group(1)) < n_layers:
-                tensors[name] = t.contiguous()
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    cfg["num_hidden_layers"] = n_layers
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    for f in src.iterdir():
-        if (
-            f.is_file()
-            and f.suffix != ".safetensors"
-            and f.name not in ("config.json", "specprobe-cache.json")
-        ):
-            (tmp / f.name).write_bytes(f.read_bytes())
-    tmp.replace(dst)
-    return dst
+    return write_layer_cut(src, dst, n_layers)
 
 
 # ----------------------------------------------------------------------------- server
