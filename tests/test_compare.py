@@ -80,7 +80,7 @@ def test_identical_results_have_zero_deltas_and_no_regression(baseline: Result, 
     assert m["overall_accept_prob_rel_change"] == 0 and m["accept_prob_rel_drop_frac"] == 0
     assert m["depth_decay_excess"] == 0 and m["kl_band_worsened"] == 0
     assert comp.findings == [] and comp.verdict == "no regression"
-    assert {e.rule_id for e in comp.evaluations} == {"SP501", "SP502", "SP503", "SP504", "SP505"}
+    assert {e.rule_id for e in comp.evaluations} == {"SP501", "SP502", "SP503", "SP504", "SP505", "SP506"}
     assert "baseline and candidate name the same drafter spec" in comp.notes
 
 

@@ -60,6 +60,47 @@ def signed_delta(name: str, x: Any, none: str = DASH) -> str:
     return f"{100 * v:+.1f} pts" if unit == "frac" else f"{v:+.3g}"
 
 
+# ----------------------------------------------------------------------------- noise
+# A change is told from noise at two standard errors (about 95% two-sided under a normal
+# law): the reports' "beyond noise" / "within noise" and compare's gate read this one line.
+NOISE_Z = 2.0
+
+
+def with_se(x: Any, se: Any, fmt: str = ".2f", none: str = DASH) -> str:
+    """A figure and its standard error: '1.84 ± 0.05'; the figure alone without one."""
+    v, s = num(x), num(se)
+    if v is None:
+        return none
+    return format(v, fmt) if s is None else f"{v:{fmt}} ± {s:{fmt}}"
+
+
+def pct_se(x: Any, se: Any, digits: int = 1, none: str = DASH) -> str:
+    """A fraction and its standard error: '62.3% ± 1.2%'; the fraction alone without one."""
+    v, s = num(x), num(se)
+    if v is None:
+        return none
+    return pct(v, digits) if s is None else f"{pct(v, digits)} ± {pct(s, digits)}"
+
+
+def noise_words(z: Any) -> str:
+    """'beyond noise' when a change is at least NOISE_Z standard errors from zero, else
+    'within noise'; '' when no standard error is known."""
+    v = num(z)
+    return "" if v is None else ("beyond noise" if abs(v) >= NOISE_Z else "within noise")
+
+
+def change_with_noise(rel: Any, rel_se: Any, z: Any, none: str = DASH) -> str:
+    """A relative change, its standard error and how far it is from noise:
+    '+3.1% ± 1.2%, 2.6 SE — beyond noise' (or '… — within noise'); the change alone
+    when the results carry no standard error."""
+    r, s, zz = num(rel), num(rel_se), num(z)
+    if r is None:
+        return none
+    if s is None or zz is None:
+        return signed_pct(r)
+    return f"{signed_pct(r)} ± {pct(s)}, {abs(zz):.1f} SE — {noise_words(zz)}"
+
+
 # ----------------------------------------------------------------------------- the headline
 _SEV_RANK = {"error": 3, "warning": 2, "info": 1}
 
