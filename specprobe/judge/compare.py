@@ -73,6 +73,12 @@ def _rel_se(base: float | None, diff_se: float | None) -> float | None:
     return None if diff_se is None or base is None or base == 0 else diff_se / abs(base)
 
 
+def rel_change_noise(base: float | None, base_se: float | None, cand: float | None, cand_se: float | None) -> tuple[float | None, float | None, float | None]:
+    """(relative change, its standard error, the change in standard errors z)."""
+    se, z = change_noise(base, base_se, cand, cand_se)
+    return _rel(base, cand), _rel_se(base, se), z
+
+
 def overall_se(result: Result, name: str) -> float | None:
     """A headline metric's standard error over prompts, where the result carries one: τ
     and the speedup at the best K, from that K's row. α's mean carries none."""
@@ -232,7 +238,7 @@ def compare_results(
         d_se, z = change_noise(num(b), b_se, num(c), c_se)
         overall.append(deltas.OverallDelta(
             metric=name, baseline=b, candidate=c, delta=d, rel_change=_rel(num(b), num(c)), higher_is_better=hib, worse=worse,
-            baseline_se=b_se, candidate_se=c_se, delta_se=d_se, delta_z=z,
+            baseline_se=b_se, candidate_se=c_se, delta_se=d_se, delta_z=z, rel_change_se=_rel_se(num(b), d_se),
         ))
 
     b_dom = {r.group: r for r in baseline.by_domain}
@@ -258,8 +264,8 @@ def compare_results(
     both_measured = all(r.measured is not None and r.measured.depth is not None for r in (baseline, candidate))
     b_cum, b_cond, src = _depth_curve(baseline, both_measured)
     c_cum, c_cond, _ = _depth_curve(candidate, both_measured)
-    b_se, b_thin = _depth_noise(baseline, both_measured)
-    c_se, c_thin = _depth_noise(candidate, both_measured)
+    b_dse, b_thin = _depth_noise(baseline, both_measured)
+    c_dse, c_thin = _depth_noise(candidate, both_measured)
 
     def at(xs: Sequence[Any], j: int) -> Any:
         return xs[j] if j < len(xs) else None
@@ -273,8 +279,8 @@ def compare_results(
             conditional_candidate=at(c_cond, j),
             delta_conditional=_delta(at(b_cond, j), at(c_cond, j)),
             rel_change_cumulative=_rel(at(b_cum, j), at(c_cum, j)),
-            cumulative_baseline_se=at(b_se, j),
-            cumulative_candidate_se=at(c_se, j),
+            cumulative_baseline_se=at(b_dse, j),
+            cumulative_candidate_se=at(c_dse, j),
             thin_baseline=at(b_thin, j),
             thin_candidate=at(c_thin, j),
         )

@@ -82,6 +82,22 @@ def pct_se(x: Any, se: Any, digits: int = 1, none: str = DASH) -> str:
     return pct(v, digits) if s is None else f"{pct(v, digits)} ± {pct(s, digits)}"
 
 
+def metric_se(name: str, x: Any, se: Any, none: str = DASH) -> str:
+    """A catalogue metric with its standard error in its unit: '62.3% ± 1.2%',
+    '1.84 ± 0.05 tokens', '1.31× ± 0.04'; the metric alone without one."""
+    v, s = num(x), num(se)
+    if v is None or s is None:
+        return metric(name, x, none)
+    unit = CATALOG[name].unit if name in CATALOG else ""
+    if unit == "frac":
+        return pct_se(v, s)
+    if unit == "tokens":
+        return f"{v:.2f} ± {s:.2f} tokens"
+    if unit == "x":
+        return f"{v:.2f}× ± {s:.2f}"
+    return f"{metric(name, v)} ± {s:.3g}"
+
+
 def noise_words(z: Any) -> str:
     """'beyond noise' when a change is at least NOISE_Z standard errors from zero, else
     'within noise'; '' when no standard error is known."""

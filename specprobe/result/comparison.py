@@ -52,6 +52,7 @@ class OverallDelta(Part):
     candidate_se: Num = Field(default=None, description="The candidate value's standard error over prompts.")
     delta_se: Num = Field(default=None, description="Standard error of delta: sqrt(baseline_se² + candidate_se²), the two runs taken as independent.")
     delta_z: Num = Field(default=None, description="delta ÷ delta_se: the change in standard errors; beyond ±2 it is more than noise.")
+    rel_change_se: Num = Field(default=None, description="Standard error of rel_change: delta_se ÷ |baseline|.")
 
 
 class DomainDelta(Part):
