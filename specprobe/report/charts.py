@@ -124,6 +124,9 @@ def line_chart(
         i = list(x).index(mark_x[0])
         parts.append(f'<line x1="{px(i):.1f}" y1="{MT}" x2="{px(i):.1f}" y2="{MT + ph}" class="mark" data-mark="{esc(mark_x[0])}"/>')
         parts.append(f'<text x="{px(i) + 4:.1f}" y="{MT + 12}" class="marktext">{esc(mark_x[1])}</text>')
+    # error bars of several series at one x sit side by side, a few pixels apart
+    with_err = [id(s) for s in series if any(e is not None for e in s.err)]
+    dodge = {sid: (i - (len(with_err) - 1) / 2) * 5.0 for i, sid in enumerate(with_err)}
     for s in series:
         segs: list[list[tuple[int, float, float]]] = [[]]
         for i, v in enumerate(s.values):
@@ -151,10 +154,10 @@ def line_chart(
                 fade = bool(_at(s.faded, i))
                 tip = f"{s.label}: {y_fmt(v) if v is not None else ''}" + (f" (± {y_fmt(e)}: {y_fmt(max(v - e, 0.0))}–{y_fmt(v + e)})" if e is not None and v is not None else "") + (" — too thin to read" if fade else "")
                 if e is not None and v is not None and e > 0:
-                    lo, hi = py(v - e), py(v + e)
+                    lo, hi, ex = py(v - e), py(v + e), a + dodge.get(id(s), 0.0)
                     cls = "errbar faded" if fade else "errbar"
                     parts.append(
-                        f'<path class="{cls}" d="M{a:.1f},{lo:.1f}V{hi:.1f}M{a - 4:.1f},{lo:.1f}h8M{a - 4:.1f},{hi:.1f}h8" stroke="{s.color}" fill="none"><title>{esc(tip)}</title></path>'
+                        f'<path class="{cls}" d="M{ex:.1f},{lo:.1f}V{hi:.1f}M{ex - 4:.1f},{lo:.1f}h8M{ex - 4:.1f},{hi:.1f}h8" stroke="{s.color}" fill="none"><title>{esc(tip)}</title></path>'
                     )
                 cls = ' class="faded"' if fade else ""
                 parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{s.color}"{cls}><title>{esc(tip)}</title></circle>')

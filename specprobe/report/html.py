@@ -139,7 +139,10 @@ def _table(
     return "".join(out)
 
 
-def _row(chart: str, caption: str, table: str, title: str) -> str:
+def _row(chart: str, caption: str, table: str, title: str, *, stack: bool = False) -> str:
+    """A chart with its table beside it; `stack`: a table too wide for that goes under it."""
+    if stack:
+        return f'<div class="stack"><figure>{chart}<figcaption>{caption}</figcaption></figure><h3>{esc(title)}</h3>{table}</div>'
     return f'<div class="row"><figure>{chart}<figcaption>{caption}</figcaption></figure><div><h3>{esc(title)}</h3>{table}</div></div>'
 
 
@@ -381,7 +384,8 @@ def _speedup_section(result: Result) -> str:
     if any_se:
         seeds = max((m.seeds for m in mk), default=1)
         caption += " " + SE_NOTE + (f" Measured over {seeds} seeds." if seeds > 1 else "") + " The speedup's standard error is τ's; the cost timing's own spread is not in it."
-    return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if ks[i] == best else ""), "τ and speedup by K")
+    # with the measured columns and standard errors the table is too wide to sit beside the chart
+    return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if ks[i] == best else ""), "τ and speedup by K", stack=bool(mk) and any_se)
 
 
 def _batch_section(result: Result) -> str:
@@ -604,9 +608,8 @@ def render_compare_html(comparison: Comparison) -> str:
                 return "noise"
             return "worse" if (r.tau_candidate or 0) < (r.tau_baseline or 0) else ""
 
-        # eight columns: the table goes under the chart, full width
         ktable = _table(("K", "τ base", "τ cand", "τ change", "accept base", "accept cand", "speedup base", "speedup cand"), kbody, row_class=lambda i: "best" if ks[i] == best_c else "", cell_class=k_cls)
-        parts.append(f'<div class="stack"><figure>{chart}<figcaption>{esc(caption)}</figcaption></figure><h3>τ, acceptance and speedup by K</h3>{ktable}</div>')
+        parts.append(_row(chart, esc(caption), ktable, "τ, acceptance and speedup by K", stack=True))  # eight columns: under the chart
     parts.append("</section>")
     mrows = [[k, metric(k, v), CATALOG[k].description if k in CATALOG else ""] for k, v in comparison.metrics.items()]
     parts.append(f'<section id="compare-metrics"><h2>Compare metrics</h2>{_table(("metric", "value", "definition"), mrows, kind="kv")}</section>')
