@@ -19,7 +19,8 @@ def with_standard_errors(
     """`r` as a result that kept its standard errors: depth j's cumulative r_j has
     depth_se·j, depths from `thin_from` on (1-based) are thin, every K row has the given
     τ, acceptance and speedup errors; a simulate result's measured rows and curve too.
-    `tau_scale` multiplies every K row's renewal τ (a candidate whose τ moved)."""
+    `tau_scale` multiplies every K row's renewal τ and the headline τ (a candidate whose
+    τ moved)."""
     upd: dict[str, object] = {}
     if r.depth is not None:
         n = len(r.depth.depth)
@@ -34,6 +35,8 @@ def with_standard_errors(
         })
         for row in r.k_table
     ]
+    if tau_scale != 1.0 and r.metrics.get("tau_tokens") is not None:  # the headline τ is the best K's renewal τ
+        upd["metrics"] = {**r.metrics, "tau_tokens": r.metrics["tau_tokens"] * tau_scale}
     m = r.measured
     if m is not None:
         mupd: dict[str, object] = {"k_table": [row.model_copy(update={"tau_se": tau_se, "speedup_se": speedup_se, "accept_rate_se": rate_se, "seeds": 2}) for row in m.k_table]}
