@@ -5,6 +5,7 @@ Schema, and the `specprobe report` command (which must not import torch)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -313,6 +314,26 @@ def test_html_of_results_without_standard_errors_has_no_bars(real_results: RealR
         assert 'class="errbar' not in page and 'class="faded"' not in page and 'class="thin"' not in page
         assert "(thin)" not in page and "standard error" not in page and " ± " not in page
         assert '<svg id="chart-depth"' in page and '<svg id="chart-speedup"' in page
+
+
+def test_html_shows_the_live_check_per_position_with_error_bars(real_results: RealResults) -> None:
+    """diagnose --against: the served and predicted per-position rates, each with its
+    ±2-SE bar, and the gap in standard errors (a result without the check has no section)."""
+    from specprobe.result.run import LiveCheck
+
+    live = LiveCheck(
+        url="http://127.0.0.1:8000", model="m", engine="vLLM", engine_version="0.32.0", k=3, prompts=6, requests=6, drafts=40, draft_tokens=120, accepted=54,
+        accept_rate=0.45, accept_rate_se=0.03, per_position=[0.7, 0.4, 0.25], per_position_se=[0.04, 0.05, 0.06],
+        predicted_accept_rate=0.5, predicted_accept_rate_se=0.02, predicted_per_position=[0.72, 0.47, 0.31], predicted_per_position_se=[0.02, 0.03, 0.03],
+        gap_rel=-0.1, gap_z=-0.05 / math.hypot(0.03, 0.02),
+    )
+    page = render_html(real_results.skip.model_copy(update={"live": live}))
+    chart = _svg(page, "chart-live")
+    assert chart.count('<path class="errbar"') == 6 and "(± 8%: 62%–78%)" in chart  # served position 1: 70% ± 2·4%
+    assert "<td>70.0% ± 4.0%</td><td>72.0% ± 2.0%</td>" in page
+    z = 0.05 / math.hypot(0.03, 0.02)
+    assert f"<td>45.0% ± 3.0%</td><td>50.0% ± 2.0%</td><td>-10.0% ± {100 * 0.1 / z:.1f}%, {z:.1f} SE — within noise</td>" in page
+    assert '<svg id="chart-live"' not in render_html(real_results.skip)
 
 
 def test_html_escapes_user_text(real_results: RealResults) -> None:

@@ -249,6 +249,7 @@ def render_html(result: Result) -> str:
     parts.append('<section id="charts"><h2>Acceptance and speedup</h2>')
     parts.append(_depth_section(result))
     parts.append(_speedup_section(result))
+    parts.append(_live_section(result))
     parts.append(_batch_section(result))
     parts.append(_tree_section(result))
     parts.append(_histogram_sections(result))
@@ -386,6 +387,32 @@ def _speedup_section(result: Result) -> str:
         caption += " " + SE_NOTE + (f" Measured over {seeds} seeds." if seeds > 1 else "") + " The speedup's standard error is τ's; the cost timing's own spread is not in it."
     # with the measured columns and standard errors the table is too wide to sit beside the chart
     return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if ks[i] == best else ""), "τ and speedup by K", stack=bool(mk) and any_se)
+
+
+def _live_section(result: Result) -> str:
+    """diagnose --against: the live server's acceptance by draft position beside the
+    prediction, each with ±2-SE bars, and accepted ÷ drafted with the gap in standard errors."""
+    v = result.live
+    if v is None or not (v.per_position or v.predicted_per_position):
+        return ""
+    n = max(len(v.per_position), len(v.predicted_per_position))
+    xs = list(range(1, n + 1))
+
+    def padded(xs_: Sequence[float | None]) -> list[float | None]:
+        return (list(xs_) + [None] * n)[:n]
+
+    series = [
+        Series(f"served ({v.engine})", padded(v.per_position), MEAS, err=_bars(v.per_position_se, n)),
+        Series("predicted (renewal estimate)", padded(v.predicted_per_position), EST, "6 4", err=_bars(v.predicted_per_position_se, n)),
+    ]
+    chart = line_chart("chart-live", f"Acceptance by draft position: {v.engine} against the prediction", xs, series, y_label="acceptance", x_label="draft position (from 1)", y_fmt=pct_axis, y_max=1.0)
+    ses = [padded(v.per_position_se), padded(v.predicted_per_position_se)]
+    body: list[list[Any]] = [[f"position {x}", pct_se(series[0].values[i], ses[0][i]), pct_se(series[1].values[i], ses[1][i]), ""] for i, x in enumerate(xs)]
+    gap = change_with_noise(v.gap_rel, None if v.gap_rel is None or not v.gap_z else abs(v.gap_rel / v.gap_z), v.gap_z)
+    body.append(["accepted ÷ drafted", pct_se(v.accept_rate, v.accept_rate_se), pct_se(v.predicted_accept_rate, v.predicted_accept_rate_se), gap])
+    caption = (f"{v.engine} {v.engine_version or ''} at {v.url}, K = {v.k}: {v.requests} of {v.prompts} prompts{' (' + v.stopped + ')' if v.stopped else ''}. "
+               "Per position: accepted at that position ÷ drafts (vLLM's per-position rate). Gap: (served − predicted) ÷ predicted. " + SE_NOTE)
+    return _row(chart, esc(caption), _table(("", "served", "predicted", "gap"), body), "Against the live server")
 
 
 def _batch_section(result: Result) -> str:
