@@ -208,7 +208,7 @@ def test_changes_carry_the_standard_error_of_the_difference(real_results: RealRe
     m = comp.metrics
     assert m["tau_tokens_rel_change"] == pytest.approx(-0.2)
     assert m["tau_tokens_rel_change_se"] == pytest.approx(0.05 / tb)  # sqrt(0.03² + 0.04²) over the baseline τ
-    assert m["tau_tokens_change_z"] == pytest.approx(-0.2 * tb / 0.05) and m["tau_drop_within_noise"] == 0
+    assert m["tau_tokens_change_z"] == pytest.approx(-0.2 * tb / 0.05) and m["tau_change_within_noise"] == 0
     assert m["accept_rate_rel_change"] == 0 and m["accept_rate_change_z"] == 0 and m["accept_rate_rel_change_se"] == pytest.approx(math.hypot(0.02, 0.03) / row.accept_rate_baseline)
     assert m["speedup_change_z"] == 0 and m["speedup_rel_change_se"] == pytest.approx(math.hypot(0.04, 0.05) / row.speedup_baseline)
     assert "SP505" in _fired(comp) and "SP506" not in _fired(comp)
@@ -229,7 +229,7 @@ def test_a_drop_within_noise_is_reported_not_gated(real_results: RealResults, ta
     base, cand = _tau_pair(skip, base_se=0.2 * tb, cand_se=0.2 * tb)
     comp = _judge(base, cand, table, ks=[skip.best_k])
     m = comp.metrics
-    assert m["tau_rel_drop_frac"] == pytest.approx(0.2) and m["tau_drop_within_noise"] == 1
+    assert m["tau_rel_drop_frac"] == pytest.approx(0.2) and m["tau_change_within_noise"] == 1
     assert m["tau_tokens_change_z"] == pytest.approx(-0.2 / math.hypot(0.2, 0.2))
     assert "SP505" not in _fired(comp) and "SP506" in _fired(comp)
     f = next(x for x in comp.findings if x.rule_id == "SP506")
@@ -246,7 +246,7 @@ def test_results_without_standard_errors_gate_on_the_threshold_alone(real_result
     cand = cand.model_copy(update={"depth": skip.depth})
     comp = _judge(base, cand, table, ks=[skip.best_k])
     m = comp.metrics
-    assert m["tau_rel_drop_frac"] == pytest.approx(0.2) and m["tau_drop_within_noise"] == 0
+    assert m["tau_rel_drop_frac"] == pytest.approx(0.2) and m["tau_change_within_noise"] == 0
     assert m["tau_tokens_rel_change_se"] is None and m["tau_tokens_change_z"] is None and m["speedup_change_z"] is None
     assert all(r.tau_baseline_se is None and r.speedup_candidate_se is None for r in comp.k_table)
     assert all(d.cumulative_baseline_se is None and d.thin_baseline is None for d in comp.by_depth)
@@ -268,7 +268,7 @@ def test_the_threshold_only_gate_of_the_docs_restores_the_old_behaviour(real_res
     skip = real_results.skip
     tb = next(r.tau_renewal_tokens for r in skip.k_table if r.k == skip.best_k)
     comp = _judge(*_tau_pair(skip, base_se=0.2 * tb, cand_se=0.2 * tb), table, ks=[skip.best_k])
-    assert comp.metrics["tau_drop_within_noise"] == 1 and _fired(comp) >= {"SP505"} and "SP506" not in _fired(comp)
+    assert comp.metrics["tau_change_within_noise"] == 1 and _fired(comp) >= {"SP505"} and "SP506" not in _fired(comp)
 
 
 def test_compare_cli_prints_and_saves_the_noise(tmp_path: Path, real_results: RealResults) -> None:
@@ -288,7 +288,7 @@ def test_compare_cli_prints_and_saves_the_noise(tmp_path: Path, real_results: Re
         assert f"{tb:.2f} ± {se:.2f} tokens" in res.stdout  # the overall table's τ
         saved = json.loads((out / f"{name}.json").read_text())
         row = next(r for r in saved["k_table"] if r["k"] == skip.best_k)
-        assert row["tau_baseline_se"] == pytest.approx(se) and saved["metrics"]["tau_drop_within_noise"] == (1 if name == "noise" else 0)
+        assert row["tau_baseline_se"] == pytest.approx(se) and saved["metrics"]["tau_change_within_noise"] == (1 if name == "noise" else 0)
         assert saved["metrics"]["tau_tokens_change_z"] == pytest.approx(-0.2 * tb / math.hypot(se, se))
         md = (out / f"{name}.md").read_text()
         assert f"- {line}" in md and f"#### At K = {skip.best_k}, the draft length the gate compares" in md

@@ -161,7 +161,7 @@ _METRICS: list[Metric] = [
     _m("speedup_rel_change", "ratio", True, "compare", "Relative change of the estimated speedup at compare_k."),
     _m("tau_tokens_rel_change_se", "frac", None, "compare", "Standard error of tau_tokens_rel_change: the difference's, sqrt(se_b² + se_c²) of each side's τ over prompts (the runs taken as independent), ÷ the baseline τ; null when a result carries none."),
     _m("tau_tokens_change_z", "se", None, "compare", "The change of τ at compare_k in standard errors of the difference (signed); beyond ±2 it is more than noise."),
-    _m("tau_drop_within_noise", "bool", None, "compare", "1 when τ at compare_k moved by less than 2 standard errors (|tau_tokens_change_z| < 2): a drop that may be noise; 0 when beyond, or when a result carries no standard error (the threshold alone judges)."),
+    _m("tau_change_within_noise", "bool", None, "compare", "1 when τ at compare_k moved by less than 2 standard errors of the difference (|tau_tokens_change_z| < 2): a change, or a drop, that may be noise; 0 when beyond, or when a result carries no standard error (then the threshold alone judges)."),
     _m("accept_rate_rel_change", "ratio", True, "compare", "Relative change of the acceptance at compare_k: accepted ÷ drafted tokens (renewal estimate when both sides have it)."),
     _m("accept_rate_rel_change_se", "frac", None, "compare", "Standard error of accept_rate_rel_change (the difference's ÷ the baseline rate); null when a result carries none."),
     _m("accept_rate_change_z", "se", None, "compare", "The change of the acceptance at compare_k in standard errors of the difference; beyond ±2 it is more than noise."),

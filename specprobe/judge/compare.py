@@ -12,7 +12,7 @@ rate and the speedup at each K; the depth curve) keeps it, and each change carri
 standard error of the difference, sqrt(se_b² + se_c²): the two runs are taken as
 independent. They ran on the same prompts, so their errors are positively correlated
 and this overstates the noise: a change called beyond noise is beyond it. τ's gate
-(SP505) holds back a drop within two standard errors (`tau_drop_within_noise`; SP506
+(SP505) holds back a drop within two standard errors (`tau_change_within_noise`; SP506
 says so instead); results written before standard errors were kept judge as before.
 """
 
@@ -375,7 +375,7 @@ def fixed_k_metrics(k_table: Sequence[deltas.KDelta], ks: Sequence[int]) -> dict
         if r is not None and (rel := _rel(r.tau_baseline, r.tau_candidate)) is not None:
             cands.append((rel, k, r))
     if not cands:
-        none = dict.fromkeys(("tau_tokens_rel_change", "tau_rel_drop_frac", "tau_tokens_rel_change_se", "tau_tokens_change_z", "tau_drop_within_noise", "accept_rate_rel_change",
+        none = dict.fromkeys(("tau_tokens_rel_change", "tau_rel_drop_frac", "tau_tokens_rel_change_se", "tau_tokens_change_z", "tau_change_within_noise", "accept_rate_rel_change",
                               "accept_rate_rel_change_se", "accept_rate_change_z", "speedup_rel_change", "speedup_rel_change_se", "speedup_change_z"))
         return {"compare_k": ks[0] if ks else None, **none}
     rel, k, r = min(cands, key=lambda x: (x[0], x[1]))
@@ -390,7 +390,7 @@ def fixed_k_metrics(k_table: Sequence[deltas.KDelta], ks: Sequence[int]) -> dict
         "tau_tokens_change_z": tau_z,
         # A positive claim needs a standard error: without one (older results) the drop is
         # not shown to be noise, and the threshold alone judges it, as before.
-        "tau_drop_within_noise": 1 if tau_z is not None and abs(tau_z) < NOISE_Z else 0,
+        "tau_change_within_noise": 1 if tau_z is not None and abs(tau_z) < NOISE_Z else 0,
         "accept_rate_rel_change": _rel(r.accept_rate_baseline, r.accept_rate_candidate),
         "accept_rate_rel_change_se": _rel_se(r.accept_rate_baseline, rate_se),
         "accept_rate_change_z": rate_z,
