@@ -27,7 +27,7 @@ from specprobe import __version__
 from specprobe.core.errors import InputError
 from specprobe.judge.catalog import CATALOG
 from specprobe.judge.rules import Chain, Num, RuleTable, Var, worst_severity
-from specprobe.report.fmt import NOISE_Z, change_with_noise, num, pct, pct_se, signed_pct, with_se
+from specprobe.report.fmt import NOISE_Z, k_change_lines, num, pct, signed_pct
 from specprobe.result import Result
 from specprobe.result import comparison as deltas  # the comparison's types: deltas.KDelta, …
 
@@ -390,7 +390,7 @@ def fixed_k_metrics(k_table: Sequence[deltas.KDelta], ks: Sequence[int]) -> dict
         "tau_tokens_change_z": tau_z,
         # A positive claim needs a standard error: without one (older results) the drop is
         # not shown to be noise, and the threshold alone judges it, as before.
-        "tau_change_within_noise": 1 if tau_z is not None and abs(tau_z) < NOISE_Z else 0,
+        "tau_change_within_noise": 1 if tau_z is not None and abs(tau_z) <= NOISE_Z else 0,
         "accept_rate_rel_change": _rel(r.accept_rate_baseline, r.accept_rate_candidate),
         "accept_rate_rel_change_se": _rel_se(r.accept_rate_baseline, rate_se),
         "accept_rate_change_z": rate_z,
@@ -398,29 +398,6 @@ def fixed_k_metrics(k_table: Sequence[deltas.KDelta], ks: Sequence[int]) -> dict
         "speedup_rel_change_se": _rel_se(r.speedup_baseline, sp_se),
         "speedup_change_z": sp_z,
     }
-
-
-def k_change_lines(comparison: deltas.Comparison) -> list[str]:
-    """τ, acceptance and speedup at the compared K, each with its standard error and the
-    change's against its noise: 'τ at K=4: 2.10 ± 0.05 → 1.75 ± 0.06 (−16.7% ± 3.7%, 4.5
-    SE — beyond noise)'. Empty when no K was compared."""
-    m = comparison.metrics
-    k = m.get("compare_k")
-    r = next((row for row in comparison.k_table if row.k == k), None)
-    if r is None:
-        return []
-    lines = []
-    for label, name, b, b_se, c, c_se in (
-        ("τ", "tau_tokens", r.tau_baseline, r.tau_baseline_se, r.tau_candidate, r.tau_candidate_se),
-        ("acceptance (accepted ÷ drafted)", "accept_rate", r.accept_rate_baseline, r.accept_rate_baseline_se, r.accept_rate_candidate, r.accept_rate_candidate_se),
-        ("speedup", "speedup", r.speedup_baseline, r.speedup_baseline_se, r.speedup_candidate, r.speedup_candidate_se),
-    ):
-        if b is None and c is None:
-            continue
-        show = (lambda x, s: pct_se(x, s, none="n/a")) if name == "accept_rate" else (lambda x, s: with_se(x, s, ".2f", none="n/a"))
-        change = change_with_noise(m.get(f"{name}_rel_change"), m.get(f"{name}_rel_change_se"), m.get(f"{name}_change_z"), none="n/a")
-        lines.append(f"{label} at K={k}: {show(b, b_se)} → {show(c, c_se)} ({change})")
-    return lines
 
 
 def compare_metrics(

@@ -12,7 +12,6 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-from specprobe.judge.compare import k_change_lines
 from specprobe.report.fmt import (
     EM_DASH,
     NGRAM_NOTE,
@@ -24,6 +23,7 @@ from specprobe.report.fmt import (
     headline_others,
     headline_source,
     is_ngram,
+    k_change_lines,
     metric,
     metric_se,
     ngram_cost_note,

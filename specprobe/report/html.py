@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from specprobe.judge.catalog import CATALOG
-from specprobe.judge.compare import k_change_lines, overall_se, rel_change_noise
+from specprobe.judge.compare import overall_se, rel_change_noise
 from specprobe.report.charts import (
     Series,
     bar_chart,
@@ -32,13 +32,15 @@ from specprobe.report.fmt import (
     change_with_noise,
     greedy_procedure,
     is_ngram,
+    k_change_lines,
     metric,
     metric_se,
     ngram_cost_note,
     ngram_headline,
     noise_words,
     pct,
-    pct_se,
+    pct_pm,
+    plus_minus,
     procedure_headline,
     signed_delta,
     signed_pct,
@@ -46,7 +48,6 @@ from specprobe.report.fmt import (
     tree_depth_rows,
     tree_label,
     tree_lines,
-    with_se,
 )
 from specprobe.report.fmt import fixed as fnum
 from specprobe.result import (
@@ -282,8 +283,14 @@ def _bars(se: Sequence[float | None], n: int | None = None) -> list[float | None
     return out if n is None else (out + [None] * n)[:n]
 
 
+def _times(x: float | None, se: float | None) -> str:
+    """A speedup ± its standard error: '1.31× ± 0.04' (the speedup alone without one)."""
+    v = fnum(x, ".2f")
+    return f"{v}×" + (f" ± {fnum(se, '.2f')}" if se is not None and x is not None else "")
+
+
 def _pct_thin(x: float | None, se: float | None, thin: bool | None) -> str:
-    return pct_se(x, se) + (" (thin)" if thin else "")
+    return pct_pm(x, se) + (" (thin)" if thin else "")
 
 
 def _depth_section(result: Result) -> str:
@@ -359,13 +366,13 @@ def _speedup_section(result: Result) -> str:
         rate_se = e.accept_rate_renewal_se if e and rate_renewal else None
         sp_se = e.speedup_se if e else None
         r: list[Any] = [
-            k, with_se(tau, tau_se), fnum(e.tau_tokens if e else None, ".2f"), pct_se(rate, rate_se), fnum(e.iid_tau_tokens if e else None, ".2f"),
-            fnum(e.verify_factor if e else None, ".2f"), with_se(e.speedup if e else None, sp_se) + "×",
+            k, plus_minus(tau, tau_se), fnum(e.tau_tokens if e else None, ".2f"), pct_pm(rate, rate_se), fnum(e.iid_tau_tokens if e else None, ".2f"),
+            fnum(e.verify_factor if e else None, ".2f"), _times(e.speedup if e else None, sp_se),
         ]
         any_se = any_se or any(x is not None for x in (tau_se, rate_se, sp_se))
         if mk:
             mm = mea.get(k)
-            r += [with_se(mm.tau_tokens if mm else None, mm.tau_se if mm else None), with_se(mm.speedup if mm else None, mm.speedup_se if mm else None) + "×", fnum(mm.tokens_per_s if mm else None, ".1f")]
+            r += [plus_minus(mm.tau_tokens if mm else None, mm.tau_se if mm else None), _times(mm.speedup if mm else None, mm.speedup_se if mm else None), fnum(mm.tokens_per_s if mm else None, ".1f")]
             any_se = any_se or bool(mm and (mm.tau_se is not None or mm.speedup_se is not None))
         body.append(r)
     cost, adaptive = result.cost, result.adaptive
@@ -407,9 +414,9 @@ def _live_section(result: Result) -> str:
     ]
     chart = line_chart("chart-live", f"Acceptance by draft position: {v.engine} against the prediction", xs, series, y_label="acceptance", x_label="draft position (from 1)", y_fmt=pct_axis, y_max=1.0)
     ses = [padded(v.per_position_se), padded(v.predicted_per_position_se)]
-    body: list[list[Any]] = [[f"position {x}", pct_se(series[0].values[i], ses[0][i]), pct_se(series[1].values[i], ses[1][i]), ""] for i, x in enumerate(xs)]
+    body: list[list[Any]] = [[f"position {x}", pct_pm(series[0].values[i], ses[0][i]), pct_pm(series[1].values[i], ses[1][i]), ""] for i, x in enumerate(xs)]
     gap = change_with_noise(v.gap_rel, None if v.gap_rel is None or not v.gap_z else abs(v.gap_rel / v.gap_z), v.gap_z)
-    body.append(["accepted ÷ drafted", pct_se(v.accept_rate, v.accept_rate_se), pct_se(v.predicted_accept_rate, v.predicted_accept_rate_se), gap])
+    body.append(["accepted ÷ drafted", pct_pm(v.accept_rate, v.accept_rate_se), pct_pm(v.predicted_accept_rate, v.predicted_accept_rate_se), gap])
     caption = (f"{v.engine} {v.engine_version or ''} at {v.url}, K = {v.k}: {v.requests} of {v.prompts} prompts{' (' + v.stopped + ')' if v.stopped else ''}. "
                "Per position: accepted at that position ÷ drafts (vLLM's per-position rate). Gap: (served − predicted) ÷ predicted. " + SE_NOTE)
     return _row(chart, esc(caption), _table(("", "served", "predicted", "gap"), body), "Against the live server")
@@ -618,9 +625,9 @@ def render_compare_html(comparison: Comparison) -> str:
             return change_with_noise(*rel_change_noise(r.tau_baseline, r.tau_baseline_se, r.tau_candidate, r.tau_candidate_se))
 
         kbody: list[list[Any]] = [
-            [r.k, with_se(r.tau_baseline, r.tau_baseline_se), with_se(r.tau_candidate, r.tau_candidate_se), tau_change(r),
-             pct_se(r.accept_rate_baseline, r.accept_rate_baseline_se), pct_se(r.accept_rate_candidate, r.accept_rate_candidate_se),
-             with_se(r.speedup_baseline, r.speedup_baseline_se), with_se(r.speedup_candidate, r.speedup_candidate_se)]
+            [r.k, plus_minus(r.tau_baseline, r.tau_baseline_se), plus_minus(r.tau_candidate, r.tau_candidate_se), tau_change(r),
+             pct_pm(r.accept_rate_baseline, r.accept_rate_baseline_se), pct_pm(r.accept_rate_candidate, r.accept_rate_candidate_se),
+             _times(r.speedup_baseline, r.speedup_baseline_se), _times(r.speedup_candidate, r.speedup_candidate_se)]
             for r in kt
         ]
         caption = "Estimated speedup from each side's own cost ratio; acceptance: accepted ÷ drafted tokens."

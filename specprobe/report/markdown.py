@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specprobe.judge.compare import k_change_lines
 from specprobe.report.fmt import (
     NGRAM_NOTE,
     alignment_note,
@@ -18,13 +17,14 @@ from specprobe.report.fmt import (
     greedy_procedure,
     headline_reason,
     is_ngram,
+    k_change_lines,
     metric,
     metric_se,
     ngram_cost_note,
     ngram_headline,
     noise_words,
     pct,
-    pct_se,
+    pct_pm,
     procedure_headline,
     signed_pct,
     top_trees,
@@ -239,10 +239,10 @@ def render_compare_markdown(comparison: Comparison, *, fail_on: str | None = Non
         thin = any(d.thin_baseline or d.thin_candidate for d in comparison.by_depth)
         lines += [f"#### Acceptance by draft depth ({comparison.depth_source}; depth from 1)", ""]
         if thin:
-            lines += ["_thin_: too few prompts or drafts reach that depth (or its standard error is as large as the rate) to read it.", ""]
+            lines += ["_thin: a depth too thin to read (too few prompts or drafts reach it, or its standard error is as large as its rate)._", ""]
 
         def r_j(x: float | None, se: float | None, is_thin: bool | None) -> str:
-            return pct_se(x, se) + (" _thin_" if is_thin else "")
+            return pct_pm(x, se) + (" (thin)" if is_thin else "")
 
         lines += _table(("depth", "r_j base", "r_j cand", "a_j base", "a_j cand"), [
             [d.depth, r_j(d.cumulative_baseline, d.cumulative_baseline_se, d.thin_baseline), r_j(d.cumulative_candidate, d.cumulative_candidate_se, d.thin_candidate), pct(d.conditional_baseline), pct(d.conditional_candidate)]
