@@ -291,11 +291,11 @@ def test_html_draws_standard_errors_and_greys_thin_depths(real_results: RealResu
     assert speed.count('<path class="errbar"') == len(sim.k_table) + len(sim.measured.k_table)
     # the tables: one standard error beside each figure
     row = next(r for r in sim.k_table if r.k == sim.best_k)
-    assert f"<td>{row.tau_renewal_tokens:.2f} ± 0.05</td>" in page and f"<td>{row.speedup:.2f} ± 0.03×</td>" in page
-    assert f"<td>{100 * row.accept_rate_renewal:.1f}% ± 2.0%</td>" in page
+    assert f"<td>{row.tau_renewal_tokens:.2f} ± 0.05</td>" in page and f"<td>{row.speedup:.2f}× ± 0.03</td>" in page
+    assert f"<td>{100 * row.accept_rate_renewal:.1f} ± 2.0%</td>" in page
     mrow = sim.measured.k_table[0]
     assert f"<td>{mrow.tau_tokens:.2f} ± 0.05</td>" in page and "Measured over 2 seeds." in page
-    assert f"{100 * sim.depth.cumulative[0]:.1f}% ± 1.0%" in page
+    assert f"{100 * sim.depth.cumulative[0]:.1f} ± 1.0%" in page
     assert f"{sim.metrics['tau_tokens']:.2f} ± 0.05 tokens" in page  # the key metric τ
     # thin depths: greyed cells that say so, and the reason under the chart
     thin_cells = re.findall(r'<td class="thin">([^<]*)</td>', page)
@@ -330,9 +330,9 @@ def test_html_shows_the_live_check_per_position_with_error_bars(real_results: Re
     page = render_html(real_results.skip.model_copy(update={"live": live}))
     chart = _svg(page, "chart-live")
     assert chart.count('<path class="errbar"') == 6 and "(± 8%: 62%–78%)" in chart  # served position 1: 70% ± 2·4%
-    assert "<td>70.0% ± 4.0%</td><td>72.0% ± 2.0%</td>" in page
+    assert "<td>70.0 ± 4.0%</td><td>72.0 ± 2.0%</td>" in page
     z = 0.05 / math.hypot(0.03, 0.02)
-    assert f"<td>45.0% ± 3.0%</td><td>50.0% ± 2.0%</td><td>-10.0% ± {100 * 0.1 / z:.1f}%, {z:.1f} SE — within noise</td>" in page
+    assert f"<td>45.0 ± 3.0%</td><td>50.0 ± 2.0%</td><td>-10.0% ± {100 * 0.1 / z:.1f}%, {z:.1f} SE — within noise</td>" in page
     assert '<svg id="chart-live"' not in render_html(real_results.skip)
 
 
