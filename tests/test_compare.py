@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import operator
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,9 +24,10 @@ from specprobe.core.errors import InputError
 from specprobe.judge.catalog import CATALOG
 from specprobe.judge.compare import compare_results, judge, kl_band_edges
 from specprobe.judge.rules import load_table
-from specprobe.report.load import load_comparison, load_result
+from specprobe.report.load import gate_exit_code, load_comparison, load_result
 from specprobe.result import Comparison, Result
 from tests.conftest import RealResults
+from tests.helpers.noise import with_standard_errors, without_standard_errors
 
 runner = CliRunner()
 
@@ -80,7 +82,7 @@ def test_identical_results_have_zero_deltas_and_no_regression(baseline: Result, 
     assert m["overall_accept_prob_rel_change"] == 0 and m["accept_prob_rel_drop_frac"] == 0
     assert m["depth_decay_excess"] == 0 and m["kl_band_worsened"] == 0
     assert comp.findings == [] and comp.verdict == "no regression"
-    assert {e.rule_id for e in comp.evaluations} == {"SP501", "SP502", "SP503", "SP504", "SP505"}
+    assert {e.rule_id for e in comp.evaluations} == {"SP501", "SP502", "SP503", "SP504", "SP505", "SP506"}
     assert "baseline and candidate name the same drafter spec" in comp.notes
 
 
@@ -181,6 +183,118 @@ def test_faster_depth_decay_fires_sp503(baseline: Result, table) -> None:
     assert comp.metrics["depth_decay_excess"] == pytest.approx(1 - 0.9**3)
     # the first-token acceptance is the same: only the shape changed
     assert comp.by_depth[0].cumulative_candidate == pytest.approx(comp.by_depth[0].cumulative_baseline)
+
+
+# ----------------------------------------------------------------------------- standard errors
+def _tau_pair(r: Result, *, base_se: float | None, cand_se: float | None, scale: float = 0.8) -> tuple[Result, Result]:
+    """The real result twice, each with standard errors kept, the candidate's renewal τ
+    scaled at every K (its acceptance and speedup rows left as they were)."""
+    base = with_standard_errors(r, depth_se=0.01, thin_from=4, tau_se=base_se, rate_se=0.02, speedup_se=0.04)
+    cand = with_standard_errors(r, depth_se=0.02, thin_from=3, tau_se=cand_se, rate_se=0.03, speedup_se=0.05, tau_scale=scale)
+    return base, _edited(cand, f"tau-x{scale}")
+
+
+def test_changes_carry_the_standard_error_of_the_difference(real_results: RealResults, table) -> None:
+    """τ fell 20% with small standard errors: the change, its standard error
+    sqrt(se_b² + se_c²) and its z are saved, SP505 fires and its evidence says beyond noise."""
+    skip = real_results.skip
+    k = skip.best_k
+    base, cand = _tau_pair(skip, base_se=0.03, cand_se=0.04)
+    comp = _judge(base, cand, table, ks=[k])
+    row = next(r for r in comp.k_table if r.k == k)
+    tb = next(r.tau_renewal_tokens for r in skip.k_table if r.k == k)
+    assert (row.tau_baseline, row.tau_candidate) == (pytest.approx(tb), pytest.approx(0.8 * tb))
+    assert (row.tau_baseline_se, row.tau_candidate_se, row.accept_rate_baseline_se, row.accept_rate_candidate_se, row.speedup_baseline_se, row.speedup_candidate_se) == (0.03, 0.04, 0.02, 0.03, 0.04, 0.05)
+    m = comp.metrics
+    assert m["tau_tokens_rel_change"] == pytest.approx(-0.2)
+    assert m["tau_tokens_rel_change_se"] == pytest.approx(0.05 / tb)  # sqrt(0.03² + 0.04²) over the baseline τ
+    assert m["tau_tokens_change_z"] == pytest.approx(-0.2 * tb / 0.05) and m["tau_change_within_noise"] == 0
+    assert m["accept_rate_rel_change"] == 0 and m["accept_rate_change_z"] == 0 and m["accept_rate_rel_change_se"] == pytest.approx(math.hypot(0.02, 0.03) / row.accept_rate_baseline)
+    assert m["speedup_change_z"] == 0 and m["speedup_rel_change_se"] == pytest.approx(math.hypot(0.04, 0.05) / row.speedup_baseline)
+    assert "SP505" in _fired(comp) and "SP506" not in _fired(comp)
+    f = next(x for x in comp.findings if x.rule_id == "SP505")
+    assert f.evidence == [f"τ at K={k}: {tb:.2f} ± 0.03 → {0.8 * tb:.2f} ± 0.04 (-20.0% ± {100 * 0.05 / tb:.1f}%, {0.2 * tb / 0.05:.1f} SE — beyond noise)"]
+    overall = {r.metric: r for r in comp.overall}["tau_tokens"]  # the headline τ: at the best K, compared here
+    assert overall.delta_se == pytest.approx(0.05) and overall.delta_z == pytest.approx(m["tau_tokens_change_z"])
+    # the depth curve keeps each side's standard errors and thin depths
+    assert [d.cumulative_baseline_se for d in comp.by_depth][:2] == [0.01, 0.02] and comp.by_depth[0].cumulative_candidate_se == 0.02
+    assert [d.thin_baseline for d in comp.by_depth] == [False, False, False, True] and [d.thin_candidate for d in comp.by_depth] == [False, False, True, True]
+
+
+def test_a_drop_within_noise_is_reported_not_gated(real_results: RealResults, table) -> None:
+    """The same 20% drop with standard errors as large as a fifth of τ: within two standard
+    errors of the difference, so SP505 holds back and SP506 (info) says why."""
+    skip = real_results.skip
+    tb = next(r.tau_renewal_tokens for r in skip.k_table if r.k == skip.best_k)
+    base, cand = _tau_pair(skip, base_se=0.2 * tb, cand_se=0.2 * tb)
+    comp = _judge(base, cand, table, ks=[skip.best_k])
+    m = comp.metrics
+    assert m["tau_rel_drop_frac"] == pytest.approx(0.2) and m["tau_change_within_noise"] == 1
+    assert m["tau_tokens_change_z"] == pytest.approx(-0.2 / math.hypot(0.2, 0.2))
+    assert "SP505" not in _fired(comp) and "SP506" in _fired(comp)
+    f = next(x for x in comp.findings if x.rule_id == "SP506")
+    assert f.severity == "info" and f.message.startswith(f"τ at K={skip.best_k} dropped by 20.0% ± 28.3% of the baseline's (-0.7 SE): within noise, so not judged a regression")
+    assert comp.verdict == "inconclusive (within noise)"
+    assert gate_exit_code(comp, "warning") == 0 and gate_exit_code(comp, "info") == 1
+
+
+def test_results_without_standard_errors_gate_on_the_threshold_alone(real_results: RealResults, table) -> None:
+    """Results written before standard errors were kept: nothing to call noise, so SP505
+    fires on the threshold as it always did, and no standard error is made up."""
+    skip = without_standard_errors(real_results.skip)
+    base, cand = skip, _edited(with_standard_errors(skip, tau_se=None, rate_se=None, speedup_se=None, tau_scale=0.8), "tau-fell")
+    cand = cand.model_copy(update={"depth": skip.depth})
+    comp = _judge(base, cand, table, ks=[skip.best_k])
+    m = comp.metrics
+    assert m["tau_rel_drop_frac"] == pytest.approx(0.2) and m["tau_change_within_noise"] == 0
+    assert m["tau_tokens_rel_change_se"] is None and m["tau_tokens_change_z"] is None and m["speedup_change_z"] is None
+    assert all(r.tau_baseline_se is None and r.speedup_candidate_se is None for r in comp.k_table)
+    assert all(d.cumulative_baseline_se is None and d.thin_baseline is None for d in comp.by_depth)
+    assert all(r.delta_se is None and r.delta_z is None for r in comp.overall)
+    assert "SP505" in _fired(comp) and "SP506" not in _fired(comp)
+    f = next(x for x in comp.findings if x.rule_id == "SP505")
+    tb = next(r.tau_renewal_tokens for r in skip.k_table if r.k == skip.best_k)
+    assert f.evidence == [f"τ at K={skip.best_k}: {tb:.2f} → {0.8 * tb:.2f} (-20.0%)"]
+
+
+def test_the_threshold_only_gate_of_the_docs_restores_the_old_behaviour(real_results: RealResults, tmp_path: Path) -> None:
+    """docs/reports.md's rules file (SP505 on the threshold alone, SP506 off) gates a drop
+    within noise as before."""
+    doc = (Path(__file__).parents[1] / "docs" / "reports.md").read_text(encoding="utf-8")
+    block = doc.split("<!-- threshold-only gate -->", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    rules = tmp_path / "tau-threshold-only.yaml"
+    rules.write_text(block, encoding="utf-8")
+    table = load_table([rules])
+    skip = real_results.skip
+    tb = next(r.tau_renewal_tokens for r in skip.k_table if r.k == skip.best_k)
+    comp = _judge(*_tau_pair(skip, base_se=0.2 * tb, cand_se=0.2 * tb), table, ks=[skip.best_k])
+    assert comp.metrics["tau_change_within_noise"] == 1 and _fired(comp) >= {"SP505"} and "SP506" not in _fired(comp)
+
+
+def test_compare_cli_prints_and_saves_the_noise(tmp_path: Path, real_results: RealResults) -> None:
+    skip = real_results.skip
+    tb = next(r.tau_renewal_tokens for r in skip.k_table if r.k == skip.best_k)
+    out = tmp_path / "out"
+    for name, se, code, words in (("noise", 0.2 * tb, 0, "within noise"), ("real", 0.02, 1, "beyond noise")):
+        base, cand = _tau_pair(skip, base_se=se, cand_se=se)
+        b, c = _save(tmp_path, f"b-{name}.json", base), _save(tmp_path, f"c-{name}.json", cand)
+        res = runner.invoke(app, [
+            "compare", str(b), str(c), "--fail-on", "warning", "--k", str(skip.best_k),
+            "--json", str(out / f"{name}.json"), "--markdown", str(out / f"{name}.md"), "--html", str(out / f"{name}.html"),
+        ], terminal_width=200)
+        assert res.exit_code == code, res.output
+        line = f"τ at K={skip.best_k}: {tb:.2f} ± {se:.2f} → {0.8 * tb:.2f} ± {se:.2f} (-20.0% ± {100 * math.hypot(se, se) / tb:.1f}%, {0.2 * tb / math.hypot(se, se):.1f} SE — {words})"
+        assert line in res.stdout, res.stdout
+        assert f"{tb:.2f} ± {se:.2f} tokens" in res.stdout  # the overall table's τ
+        saved = json.loads((out / f"{name}.json").read_text())
+        row = next(r for r in saved["k_table"] if r["k"] == skip.best_k)
+        assert row["tau_baseline_se"] == pytest.approx(se) and saved["metrics"]["tau_change_within_noise"] == (1 if name == "noise" else 0)
+        assert saved["metrics"]["tau_tokens_change_z"] == pytest.approx(-0.2 * tb / math.hypot(se, se))
+        md = (out / f"{name}.md").read_text()
+        assert f"- {line}" in md and f"#### At K = {skip.best_k}, the draft length the gate compares" in md
+        page = (out / f"{name}.html").read_text()
+        assert 'id="compare-k"' in page and words in page and '<path class="errbar' in page and '<td class="thin">' in page
+    assert "SP506" in (out / "noise.md").read_text() and "SP505" in (out / "real.md").read_text()
 
 
 # ----------------------------------------------------------------------------- refusals

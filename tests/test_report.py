@@ -5,6 +5,7 @@ Schema, and the `specprobe report` command (which must not import torch)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,6 +24,7 @@ from specprobe.report.markdown import render_markdown
 from specprobe.result import SCHEMA_VERSION, Result, json_schema
 from tests.conftest import RealResults
 from tests.helpers import runs_without
+from tests.helpers.noise import with_standard_errors, without_standard_errors
 
 runner = CliRunner()
 V1 = Path(__file__).parent / "data" / "results" / "v1"
@@ -263,6 +265,75 @@ def test_html_shows_estimate_and_measurement_together(real_results: RealResults)
     page = render_html(real_results.sim)
     assert "cumulative r_j (estimate)" in page and "cumulative (measured)" in page
     assert "speedup (measured)" in page and "r_j meas." in page
+
+
+def _svg(page: str, chart_id: str) -> str:
+    return page.split(f'<svg id="{chart_id}"', 1)[1].split("</svg>", 1)[0]
+
+
+def test_html_draws_standard_errors_and_greys_thin_depths(real_results: RealResults) -> None:
+    """A result that kept its standard errors: ±2 SE bars on the depth and speedup charts
+    (estimate and measurement), '± SE' in the tables and key metrics, thin depths faded and
+    greyed with the reason said once."""
+    sim = with_standard_errors(real_results.sim, depth_se=0.01, thin_from=3, tau_se=0.05, rate_se=0.02, speedup_se=0.03)
+    page = render_html(sim)
+    assert sim.depth is not None and sim.measured is not None and sim.measured.depth is not None
+    depth = _svg(page, "chart-depth")
+    drawn = [x for x in sim.depth.cumulative if x is not None] + [x for x in sim.measured.depth.cumulative if x is not None]
+    assert depth.count('<path class="errbar') == len(drawn)  # one bar per cumulative point, none on the conditional curves
+    thin_points = sum(1 for d, x in zip(sim.depth.depth, sim.depth.cumulative, strict=True) if d >= 3 and x is not None)
+    thin_points += sum(1 for d, x in zip(sim.measured.depth.depth, sim.measured.depth.cumulative, strict=True) if d >= 3 and x is not None)
+    assert depth.count('<path class="errbar faded"') == thin_points and 'class="faded"' in depth
+    # the bar at depth 1 spans ±2 SE: its tooltip says so in the chart's unit
+    r1 = sim.depth.cumulative[0]
+    assert f"(± 2%: {100 * max(r1 - 0.02, 0):.0f}%–{100 * (r1 + 0.02):.0f}%)" in depth
+    speed = _svg(page, "chart-speedup")
+    assert speed.count('<path class="errbar"') == len(sim.k_table) + len(sim.measured.k_table)
+    # the tables: one standard error beside each figure
+    row = next(r for r in sim.k_table if r.k == sim.best_k)
+    assert f"<td>{row.tau_renewal_tokens:.2f} ± 0.05</td>" in page and f"<td>{row.speedup:.2f}× ± 0.03</td>" in page
+    assert f"<td>{100 * row.accept_rate_renewal:.1f} ± 2.0%</td>" in page
+    mrow = sim.measured.k_table[0]
+    assert f"<td>{mrow.tau_tokens:.2f} ± 0.05</td>" in page and "Measured over 2 seeds." in page
+    assert f"{100 * sim.depth.cumulative[0]:.1f} ± 1.0%" in page
+    assert f"{sim.metrics['tau_tokens']:.2f} ± 0.05 tokens" in page  # the key metric τ
+    # thin depths: greyed cells that say so, and the reason under the chart
+    thin_cells = re.findall(r'<td class="thin">([^<]*)</td>', page)
+    assert thin_cells and all(c.endswith("(thin)") or "%" in c for c in thin_cells)
+    assert sum(c.endswith("(thin)") for c in thin_cells) == 2 * thin_points  # r_j and a_j of each thin depth, estimate and measured
+    assert page.count("too thin to read — too few prompts or drafts reach them") == 1
+    assert "bars span ± 2 standard errors" in page
+    assert "<script" not in page.lower()
+
+
+def test_html_of_results_without_standard_errors_has_no_bars(real_results: RealResults) -> None:
+    """Results written before standard errors were kept (schema-1 files, and the fields
+    emptied) render as before: no bars, nothing greyed, no ± and no note about them."""
+    for r in (without_standard_errors(real_results.sim), load_result(V1 / "simulate.json")):
+        page = render_html(r)
+        assert 'class="errbar' not in page and 'class="faded"' not in page and 'class="thin"' not in page
+        assert "(thin)" not in page and "standard error" not in page and " ± " not in page
+        assert '<svg id="chart-depth"' in page and '<svg id="chart-speedup"' in page
+
+
+def test_html_shows_the_live_check_per_position_with_error_bars(real_results: RealResults) -> None:
+    """diagnose --against: the served and predicted per-position rates, each with its
+    ±2-SE bar, and the gap in standard errors (a result without the check has no section)."""
+    from specprobe.result.run import LiveCheck
+
+    live = LiveCheck(
+        url="http://127.0.0.1:8000", model="m", engine="vLLM", engine_version="0.32.0", k=3, prompts=6, requests=6, drafts=40, draft_tokens=120, accepted=54,
+        accept_rate=0.45, accept_rate_se=0.03, per_position=[0.7, 0.4, 0.25], per_position_se=[0.04, 0.05, 0.06],
+        predicted_accept_rate=0.5, predicted_accept_rate_se=0.02, predicted_per_position=[0.72, 0.47, 0.31], predicted_per_position_se=[0.02, 0.03, 0.03],
+        gap_rel=-0.1, gap_z=-0.05 / math.hypot(0.03, 0.02),
+    )
+    page = render_html(real_results.skip.model_copy(update={"live": live}))
+    chart = _svg(page, "chart-live")
+    assert chart.count('<path class="errbar"') == 6 and "(± 8%: 62%–78%)" in chart  # served position 1: 70% ± 2·4%
+    assert "<td>70.0 ± 4.0%</td><td>72.0 ± 2.0%</td>" in page
+    z = 0.05 / math.hypot(0.03, 0.02)
+    assert f"<td>45.0 ± 3.0%</td><td>50.0 ± 2.0%</td><td>-10.0% ± {100 * 0.1 / z:.1f}%, {z:.1f} SE — within noise</td>" in page
+    assert '<svg id="chart-live"' not in render_html(real_results.skip)
 
 
 def test_html_escapes_user_text(real_results: RealResults) -> None:

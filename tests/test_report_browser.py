@@ -18,6 +18,7 @@ from specprobe.judge.compare import compare_results, judge
 from specprobe.judge.rules import load_table
 from specprobe.report.html import render_compare_html, render_html
 from tests.conftest import RealResults
+from tests.helpers.noise import with_standard_errors
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium); .ci/run installs it")
@@ -54,7 +55,8 @@ def _console_errors(stderr: str) -> list[str]:
     return lines
 
 
-def _check_page(html: str, name: str, tmp: Path, chart_ids: tuple[str, ...]) -> None:
+def _check_page(html: str, name: str, tmp: Path, chart_ids: tuple[str, ...]) -> str:
+    """The page as chromium laid it out (its DOM), after every check passed."""
     page = tmp / f"{name}.html"
     page.write_text(html, encoding="utf-8")
     url = page.resolve().as_uri()
@@ -79,16 +81,33 @@ def _check_page(html: str, name: str, tmp: Path, chart_ids: tuple[str, ...]) -> 
     if SHOTS is not None:
         SHOTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, SHOTS / shot.name)
+    return dom.stdout
+
+
+def _error_bars(dom: str, chart_id: str) -> tuple[int, int]:
+    """(error bars, faded ones) laid out in a chart of the rendered DOM."""
+    body = dom.split(f'<svg id="{chart_id}"', 1)[1].split("</svg>", 1)[0]
+    return body.count('class="errbar'), body.count('class="errbar faded"')
 
 
 def test_result_report_renders_in_chromium(tmp_path: Path, real_results: RealResults) -> None:
-    _check_page(
-        render_html(real_results.sim), "report", tmp_path,
+    """With standard errors kept (the last depths thin): the bars and the faded depths are
+    in the rendered page, not only in the markup."""
+    sim = with_standard_errors(real_results.sim, thin_from=3)
+    dom = _check_page(
+        render_html(sim), "report", tmp_path,
         ("chart-depth", "chart-speedup", "chart-hist-accept", "chart-hist-kl", "chart-domain", "chart-entropy", "chart-position"),
     )
+    bars, faded = _error_bars(dom, "chart-depth")
+    assert bars > faded > 0
+    assert _error_bars(dom, "chart-speedup")[0] == len(sim.k_table) + len(sim.measured.k_table if sim.measured else [])
+    assert '<td class="thin">' in dom
 
 
 def test_compare_report_renders_in_chromium(tmp_path: Path, real_results: RealResults) -> None:
     table = load_table()
-    comparison = judge(compare_results(real_results.twin, real_results.skip, table=table, allow_procedure_change=True), table, fail_on="warning")
-    _check_page(render_compare_html(comparison), "compare", tmp_path, ("chart-domain", "chart-depth", "chart-speedup"))
+    base, cand = (with_standard_errors(r, thin_from=4) for r in (real_results.twin, real_results.skip))
+    comparison = judge(compare_results(base, cand, table=table, allow_procedure_change=True), table, fail_on="warning")
+    dom = _check_page(render_compare_html(comparison), "compare", tmp_path, ("chart-domain", "chart-depth", "chart-speedup"))
+    assert _error_bars(dom, "chart-depth")[1] > 0 and _error_bars(dom, "chart-speedup")[0] == 2 * len(comparison.k_table)
+    assert 'id="compare-k"' in dom and "SE — " in dom

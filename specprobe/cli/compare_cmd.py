@@ -36,7 +36,7 @@ def compare(
 ) -> None:
     """Compare a candidate drafter's result against a baseline's; exit 1 on a regression.
 
-    Judged by the SP5xx rules ('specprobe rules list --family 5'): acceptance dropped more than 20% relative; a domain fell below 70% while the overall rate held; the depth curve decays faster; KL rose past a band boundary; τ fell more than 15% at the compared K (the baseline's best K, or --k: never each side's own best K, which a cost timing can move). Results from another target model or prompt set, or whose acceptance follows another drafting (greedy against sampled drafts), are refused unless allowed; another engine's procedure with the same drafting is noted.
+    Judged by the SP5xx rules ('specprobe rules list --family 5'): acceptance dropped more than 20% relative; a domain fell below 70% while the overall rate held; the depth curve decays faster; KL rose past a band boundary; τ fell more than 15% at the compared K (the baseline's best K, or --k: never each side's own best K, which a cost timing can move) and beyond two standard errors of the difference — a fall within them is reported as within noise (SP506, info), not as a regression. Every change of τ, acceptance and speedup is printed with its standard error over prompts where the results carry one. Results from another target model or prompt set, or whose acceptance follows another drafting (greedy against sampled drafts), are refused unless allowed; another engine's procedure with the same drafting is noted.
 
     With --config, the probe config's baseline is the baseline and its outputs.json (what its diagnose run wrote) the candidate; its rules and fail_on apply unless given here.
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Metric:
     name: str
-    unit: str  # "frac" (0..1), "nats", "tokens", "ratio", "count", "bool", "x" (speedup), "temp"
+    unit: str  # "frac" (0..1), "nats", "tokens", "ratio", "count", "bool", "x" (speedup), "temp", "se" (standard errors)
     higher_is_better: bool | None  # None: neither (a setting or a fact)
     source: str  # check | diagnose | simulate | compare | monitor
     description: str
@@ -159,6 +159,14 @@ _METRICS: list[Metric] = [
     _m("tau_tokens_rel_change", "ratio", True, "compare", "Relative change of τ at compare_k (renewal estimate when both sides have it)."),
     _m("tau_rel_drop_frac", "frac", False, "compare", "max(0, −tau_tokens_rel_change): the relative drop of τ at compare_k."),
     _m("speedup_rel_change", "ratio", True, "compare", "Relative change of the estimated speedup at compare_k."),
+    _m("tau_tokens_rel_change_se", "frac", None, "compare", "Standard error of tau_tokens_rel_change: the difference's, sqrt(se_b² + se_c²) of each side's τ over prompts (the runs taken as independent), ÷ the baseline τ; null when a result carries none."),
+    _m("tau_tokens_change_z", "se", None, "compare", "The change of τ at compare_k in standard errors of the difference (signed); beyond ±2 it is more than noise."),
+    _m("tau_change_within_noise", "bool", None, "compare", "1 when τ at compare_k moved by less than 2 standard errors of the difference (|tau_tokens_change_z| < 2): a change, or a drop, that may be noise; 0 when beyond, or when a result carries no standard error (then the threshold alone judges)."),
+    _m("accept_rate_rel_change", "ratio", True, "compare", "Relative change of the acceptance at compare_k: accepted ÷ drafted tokens (renewal estimate when both sides have it)."),
+    _m("accept_rate_rel_change_se", "frac", None, "compare", "Standard error of accept_rate_rel_change (the difference's ÷ the baseline rate); null when a result carries none."),
+    _m("accept_rate_change_z", "se", None, "compare", "The change of the acceptance at compare_k in standard errors of the difference; beyond ±2 it is more than noise."),
+    _m("speedup_rel_change_se", "frac", None, "compare", "Standard error of speedup_rel_change over prompts (from τ's; the cost timing's own spread not included); null when a result carries none."),
+    _m("speedup_change_z", "se", None, "compare", "The change of the speedup at compare_k in standard errors of the difference; beyond ±2 it is more than noise."),
     _m("domain_accept_prob_min_baseline", "frac", True, "compare", "Lowest per-domain α in the baseline (domains present on both sides)."),
     _m("domain_accept_prob_min_candidate", "frac", True, "compare", "Lowest per-domain α in the candidate (domains present on both sides)."),
     _m("domain_worst_accept_prob_baseline", "frac", True, "compare", "Baseline α of the domain whose α dropped most (relative)."),
@@ -247,4 +255,6 @@ def format_value(name: str, value: float | int | None) -> str:
         return f"{float(value):.2f}×"
     if unit == "temp":
         return f"{float(value):g}"
+    if unit == "se":
+        return f"{float(value):+.1f} SE"
     return f"{float(value):.3g}"

@@ -6,11 +6,20 @@ speedup are compared at one fixed K — the baseline's best K, or the K the call
 never at each side's own best K, which a noisy cost timing can move; the SP5xx rules
 in the rules table judge those metrics, so what counts as a regression is data, not
 code. Pure functions over the typed results: no torch, nothing printed.
+
+Every compared figure that a result carries a standard error for (τ, the acceptance
+rate and the speedup at each K; the depth curve) keeps it, and each change carries the
+standard error of the difference, sqrt(se_b² + se_c²): the two runs are taken as
+independent. They ran on the same prompts, so their errors are positively correlated
+and this overstates the noise: a change called beyond noise is beyond it. τ's gate
+(SP505) holds back a drop within two standard errors (`tau_change_within_noise`; SP506
+says so instead); results written before standard errors were kept judge as before.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -18,7 +27,7 @@ from specprobe import __version__
 from specprobe.core.errors import InputError
 from specprobe.judge.catalog import CATALOG
 from specprobe.judge.rules import Chain, Num, RuleTable, Var, worst_severity
-from specprobe.report.fmt import num, pct, signed_pct
+from specprobe.report.fmt import NOISE_Z, k_change_lines, num, pct, signed_pct
 from specprobe.result import Result
 from specprobe.result import comparison as deltas  # the comparison's types: deltas.KDelta, …
 
@@ -46,6 +55,41 @@ def _rel(base: float | None, cand: float | None) -> float | None:
 
 def _delta(base: float | None, cand: float | None) -> float | None:
     return None if base is None or cand is None else cand - base
+
+
+def change_noise(base: float | None, base_se: float | None, cand: float | None, cand_se: float | None) -> tuple[float | None, float | None]:
+    """(standard error of cand − base, the change in standard errors z): the runs taken as
+    independent, se = sqrt(se_b² + se_c²). (None, None) when a side has no standard error;
+    z is None where the standard error is 0 (nothing to scale by)."""
+    if base is None or cand is None or base_se is None or cand_se is None:
+        return None, None
+    se = math.hypot(base_se, cand_se)
+    return se, ((cand - base) / se if se > 0 else (0.0 if cand == base else None))
+
+
+def _rel_se(base: float | None, diff_se: float | None) -> float | None:
+    """Standard error of a relative change: the difference's over |baseline|, so that the
+    relative change ÷ its standard error is the difference's z."""
+    return None if diff_se is None or base is None or base == 0 else diff_se / abs(base)
+
+
+def rel_change_noise(base: float | None, base_se: float | None, cand: float | None, cand_se: float | None) -> tuple[float | None, float | None, float | None]:
+    """(relative change, its standard error, the change in standard errors z)."""
+    se, z = change_noise(base, base_se, cand, cand_se)
+    return _rel(base, cand), _rel_se(base, se), z
+
+
+def overall_se(result: Result, name: str) -> float | None:
+    """A headline metric's standard error over prompts, where the result carries one: τ
+    and the speedup at the best K, from that K's row. α's mean carries none."""
+    row = next((r for r in result.k_table if r.k == result.best_k), None)
+    if row is None:
+        return None
+    if name == "tau_tokens":
+        return row.tau_renewal_se if row.tau_renewal_tokens is not None else None
+    if name == "speedup_best":
+        return row.speedup_se
+    return None
 
 
 def identity(result: Result) -> deltas.Identity:
@@ -190,7 +234,12 @@ def compare_results(
         hib = CATALOG[name].higher_is_better if name in CATALOG else None
         d = _delta(num(b), num(c))
         worse = None if d is None or hib is None else (d < 0 if hib else d > 0)
-        overall.append(deltas.OverallDelta(metric=name, baseline=b, candidate=c, delta=d, rel_change=_rel(num(b), num(c)), higher_is_better=hib, worse=worse))
+        b_se, c_se = overall_se(baseline, name), overall_se(candidate, name)
+        d_se, z = change_noise(num(b), b_se, num(c), c_se)
+        overall.append(deltas.OverallDelta(
+            metric=name, baseline=b, candidate=c, delta=d, rel_change=_rel(num(b), num(c)), higher_is_better=hib, worse=worse,
+            baseline_se=b_se, candidate_se=c_se, delta_se=d_se, delta_z=z, rel_change_se=_rel_se(num(b), d_se),
+        ))
 
     b_dom = {r.group: r for r in baseline.by_domain}
     c_dom = {r.group: r for r in candidate.by_domain}
@@ -215,8 +264,10 @@ def compare_results(
     both_measured = all(r.measured is not None and r.measured.depth is not None for r in (baseline, candidate))
     b_cum, b_cond, src = _depth_curve(baseline, both_measured)
     c_cum, c_cond, _ = _depth_curve(candidate, both_measured)
+    b_dse, b_thin = _depth_noise(baseline, both_measured)
+    c_dse, c_thin = _depth_noise(candidate, both_measured)
 
-    def at(xs: list[float | None], j: int) -> float | None:
+    def at(xs: Sequence[Any], j: int) -> Any:
         return xs[j] if j < len(xs) else None
 
     by_depth = [
@@ -228,6 +279,10 @@ def compare_results(
             conditional_candidate=at(c_cond, j),
             delta_conditional=_delta(at(b_cond, j), at(c_cond, j)),
             rel_change_cumulative=_rel(at(b_cum, j), at(c_cum, j)),
+            cumulative_baseline_se=at(b_dse, j),
+            cumulative_candidate_se=at(c_dse, j),
+            thin_baseline=at(b_thin, j),
+            thin_candidate=at(c_thin, j),
         )
         for j in range(max(len(b_cum), len(c_cum)))
     ]
@@ -243,6 +298,14 @@ def compare_results(
             tau_candidate=_tau(ck),
             speedup_baseline=bk.speedup if bk else None,
             speedup_candidate=ck.speedup if ck else None,
+            tau_baseline_se=_tau_se(bk),
+            tau_candidate_se=_tau_se(ck),
+            speedup_baseline_se=bk.speedup_se if bk else None,
+            speedup_candidate_se=ck.speedup_se if ck else None,
+            accept_rate_baseline=_rate(bk),
+            accept_rate_candidate=_rate(ck),
+            accept_rate_baseline_se=_rate_se(bk),
+            accept_rate_candidate_se=_rate_se(ck),
         ))
 
     compare_ks = list(ks) if ks else ([baseline.best_k] if baseline.best_k is not None else [])
@@ -270,12 +333,36 @@ def compare_results(
     )
 
 
+def _depth_noise(result: Result, prefer_measured: bool) -> tuple[list[float | None], list[bool]]:
+    """(standard error of each cumulative r_j, the depths too thin to read) of the curve
+    `_depth_curve` compares; empty where the result carries none."""
+    m = result.measured.depth if result.measured else None
+    d = m if prefer_measured and m is not None and m.cumulative else result.depth
+    return (list(d.cumulative_se), list(d.thin)) if d is not None else ([], [])
+
+
 def _tau(row: Any) -> float | None:
     """A K row's headline τ: the renewal estimate when the result has it, else the window."""
     if row is None:
         return None
     renewal = getattr(row, "tau_renewal_tokens", None)
     return renewal if renewal is not None else row.tau_tokens
+
+
+def _tau_se(row: Any) -> float | None:
+    """The standard error of `_tau(row)`: the renewal estimate's (the window's has none)."""
+    return row.tau_renewal_se if row is not None and row.tau_renewal_tokens is not None else None
+
+
+def _rate(row: Any) -> float | None:
+    """A K row's acceptance (accepted ÷ drafted): the renewal estimate's, else the window's."""
+    if row is None:
+        return None
+    return row.accept_rate_renewal if row.accept_rate_renewal is not None else row.accept_rate
+
+
+def _rate_se(row: Any) -> float | None:
+    return row.accept_rate_renewal_se if row is not None and row.accept_rate_renewal is not None else None
 
 
 def fixed_k_metrics(k_table: Sequence[deltas.KDelta], ks: Sequence[int]) -> dict[str, Any]:
@@ -288,13 +375,28 @@ def fixed_k_metrics(k_table: Sequence[deltas.KDelta], ks: Sequence[int]) -> dict
         if r is not None and (rel := _rel(r.tau_baseline, r.tau_candidate)) is not None:
             cands.append((rel, k, r))
     if not cands:
-        return {"compare_k": ks[0] if ks else None, "tau_tokens_rel_change": None, "tau_rel_drop_frac": None, "speedup_rel_change": None}
+        none = dict.fromkeys(("tau_tokens_rel_change", "tau_rel_drop_frac", "tau_tokens_rel_change_se", "tau_tokens_change_z", "tau_change_within_noise", "accept_rate_rel_change",
+                              "accept_rate_rel_change_se", "accept_rate_change_z", "speedup_rel_change", "speedup_rel_change_se", "speedup_change_z"))
+        return {"compare_k": ks[0] if ks else None, **none}
     rel, k, r = min(cands, key=lambda x: (x[0], x[1]))
+    tau_se, tau_z = change_noise(r.tau_baseline, r.tau_baseline_se, r.tau_candidate, r.tau_candidate_se)
+    rate_se, rate_z = change_noise(r.accept_rate_baseline, r.accept_rate_baseline_se, r.accept_rate_candidate, r.accept_rate_candidate_se)
+    sp_se, sp_z = change_noise(r.speedup_baseline, r.speedup_baseline_se, r.speedup_candidate, r.speedup_candidate_se)
     return {
         "compare_k": k,
         "tau_tokens_rel_change": rel,
         "tau_rel_drop_frac": max(0.0, -rel),
+        "tau_tokens_rel_change_se": _rel_se(r.tau_baseline, tau_se),
+        "tau_tokens_change_z": tau_z,
+        # A positive claim needs a standard error: without one (older results) the drop is
+        # not shown to be noise, and the threshold alone judges it, as before.
+        "tau_change_within_noise": 1 if tau_z is not None and abs(tau_z) <= NOISE_Z else 0,
+        "accept_rate_rel_change": _rel(r.accept_rate_baseline, r.accept_rate_candidate),
+        "accept_rate_rel_change_se": _rel_se(r.accept_rate_baseline, rate_se),
+        "accept_rate_change_z": rate_z,
         "speedup_rel_change": _rel(r.speedup_baseline, r.speedup_candidate),
+        "speedup_rel_change_se": _rel_se(r.speedup_baseline, sp_se),
+        "speedup_change_z": sp_z,
     }
 
 
@@ -367,9 +469,11 @@ def _evidence(comparison: deltas.Comparison) -> dict[str, list[str]]:
         if d.conditional_baseline is not None and d.conditional_candidate is not None
     ]
     depth_lines = depth_lines[:1] + depth_lines[-1:] if len(depth_lines) > 1 else depth_lines
+    tau_lines = k_change_lines(comparison)[:1]
     return {
         "domain_worst_accept_prob_candidate": dom_lines,
         "depth_decay_excess": depth_lines,
+        "tau_rel_drop_frac": tau_lines,
     }
 
 

@@ -31,6 +31,12 @@ class Series:
     values: Sequence[float | None]
     color: str
     dash: str = ""  # SVG stroke-dasharray; conditional curves and measurements are dashed
+    err: Sequence[float | None] = ()  # line charts: each point's error-bar half-width (the page says what it is: ±2 SE)
+    faded: Sequence[bool] = ()  # line charts: points too thin to read, drawn faded with the lines into them
+
+
+def _at(xs: Sequence[Any], i: int) -> Any:
+    return xs[i] if i < len(xs) else None
 
 
 def _nice_max(v: float) -> float:
@@ -92,8 +98,11 @@ def line_chart(
     hline: tuple[float, str] | None = None,
     mark_x: tuple[Any, str] | None = None,
 ) -> str:
-    """Lines over categorical x positions; None values break a line."""
+    """Lines over categorical x positions; None values break a line. A series' `err` draws
+    an error bar at each point (the axis makes room for it); its `faded` points, and the
+    lines into them, are drawn faded."""
     vals = [v for s in series for v in s.values if v is not None]
+    vals += [v + e for s in series for i, v in enumerate(s.values) if v is not None and (e := _at(s.err, i)) is not None]
     top = y_max if y_max is not None else _nice_max(max(vals + [hline[0] if hline else 0.0], default=1.0) * 1.05)
     pw, ph = W - ML - MR, H - MT - MB
     n = max(len(x), 1)
@@ -115,20 +124,43 @@ def line_chart(
         i = list(x).index(mark_x[0])
         parts.append(f'<line x1="{px(i):.1f}" y1="{MT}" x2="{px(i):.1f}" y2="{MT + ph}" class="mark" data-mark="{esc(mark_x[0])}"/>')
         parts.append(f'<text x="{px(i) + 4:.1f}" y="{MT + 12}" class="marktext">{esc(mark_x[1])}</text>')
+    # error bars of several series at one x sit side by side, a few pixels apart
+    with_err = [id(s) for s in series if any(e is not None for e in s.err)]
+    dodge = {sid: (i - (len(with_err) - 1) / 2) * 5.0 for i, sid in enumerate(with_err)}
     for s in series:
-        segs: list[list[tuple[float, float]]] = [[]]
+        segs: list[list[tuple[int, float, float]]] = [[]]
         for i, v in enumerate(s.values):
             if v is None:
                 segs.append([])
             else:
-                segs[-1].append((px(i), py(v)))
+                segs[-1].append((i, px(i), py(v)))
         dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
         for seg in segs:
-            if len(seg) > 1:
-                pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in seg)
-                parts.append(f'<polyline points="{pts}" fill="none" stroke="{s.color}" stroke-width="2.2"{dash}/>')
-            for a, b in seg:
-                parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{s.color}"><title>{esc(s.label)}</title></circle>')
+            # a run of the line is faded where it reaches a point too thin to read
+            runs: list[tuple[bool, list[tuple[float, float]]]] = []
+            for (i0, a0, b0), (i1, a1, b1) in zip(seg, seg[1:], strict=False):
+                fade = bool(_at(s.faded, i0) or _at(s.faded, i1))
+                if runs and runs[-1][0] == fade:
+                    runs[-1][1].append((a1, b1))
+                else:
+                    runs.append((fade, [(a0, b0), (a1, b1)]))
+            for fade, pts_run in runs:
+                pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in pts_run)
+                cls = ' class="faded"' if fade else ""
+                parts.append(f'<polyline points="{pts}" fill="none" stroke="{s.color}" stroke-width="2.2"{dash}{cls}/>')
+            for i, a, b in seg:
+                v = s.values[i]
+                e = _at(s.err, i)
+                fade = bool(_at(s.faded, i))
+                tip = f"{s.label}: {y_fmt(v) if v is not None else ''}" + (f" (± {y_fmt(e)}: {y_fmt(max(v - e, 0.0))}–{y_fmt(v + e)})" if e is not None and v is not None else "") + (" — too thin to read" if fade else "")
+                if e is not None and v is not None and e > 0:
+                    lo, hi, ex = py(v - e), py(v + e), a + dodge.get(id(s), 0.0)
+                    cls = "errbar faded" if fade else "errbar"
+                    parts.append(
+                        f'<path class="{cls}" d="M{ex:.1f},{lo:.1f}V{hi:.1f}M{ex - 4:.1f},{lo:.1f}h8M{ex - 4:.1f},{hi:.1f}h8" stroke="{s.color}" fill="none"><title>{esc(tip)}</title></path>'
+                    )
+                cls = ' class="faded"' if fade else ""
+                parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{s.color}"{cls}><title>{esc(tip)}</title></circle>')
     _legend(parts, [(s.label, s.color, s.dash) for s in series])
     parts.append("</svg>")
     return "\n".join(parts)

@@ -17,17 +17,20 @@ from specprobe.report.fmt import (
     NGRAM_NOTE,
     adaptive_wording,
     alignment_note,
+    change_with_noise,
     fixed,
     greedy_procedure,
     headline_others,
     headline_source,
     is_ngram,
+    k_change_lines,
     metric,
+    metric_se,
     ngram_cost_note,
     ngram_headline,
+    noise_words,
     pct,
     procedure_headline,
-    signed_pct,
     top_trees,
     tree_depth_rows,
     tree_label,
@@ -628,7 +631,8 @@ def render_summary(result: Result, console: Console) -> None:
 
 # ----------------------------------------------------------------------------- `compare`
 def render_comparison(comparison: Comparison, console: Console) -> None:
-    """Verdict, findings and the overall deltas of a judged comparison."""
+    """Verdict, findings and the overall deltas of a judged comparison; τ, acceptance and
+    speedup at the compared K, each change against its noise."""
     b, c = comparison.baseline, comparison.candidate
     console.print(f"[bold]{c.drafter}[/] against baseline [bold]{b.drafter}[/] on {c.target_name or c.target}", highlight=False)
     for note in comparison.notes:
@@ -636,12 +640,17 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
     _verdict_line(comparison, console)
     if comparison.findings:
         console.print(findings_table(comparison.findings))
-    g = Grid([Column("metric"), Column("baseline", justify="right"), Column("candidate", justify="right"), Column("relative", justify="right")], title="overall")
+    g = Grid([Column("metric"), Column("baseline", justify="right"), Column("candidate", justify="right"), Column("relative (± SE)", "relative", justify="right")],
+             title="overall (± one standard error over prompts where the results carry one)")
     for r in comparison.overall:
         rel = r.rel_change
-        style = "red" if r.worse and rel is not None and abs(rel) >= 0.05 else ""
-        g.add(r.metric, metric(r.metric, r.baseline, none="n/a"), metric(r.metric, r.candidate, none="n/a"), Text(signed_pct(rel, none="n/a"), style=style))
+        # red: a change for the worse of 5% or more that is not shown to be noise
+        style = "red" if r.worse and rel is not None and abs(rel) >= 0.05 and noise_words(r.delta_z) != "within noise" else ""
+        g.add(r.metric, metric_se(r.metric, r.baseline, r.baseline_se, none="n/a"), metric_se(r.metric, r.candidate, r.candidate_se, none="n/a"),
+              Text(change_with_noise(rel, r.rel_change_se, r.delta_z, none="n/a"), style=style))
     console.print(g)
+    for line in k_change_lines(comparison):
+        console.print(line, highlight=False)
 
 
 # ----------------------------------------------------------------------------- `demo`

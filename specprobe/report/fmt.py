@@ -42,6 +42,23 @@ def fixed(x: Any, fmt: str = ".3f", none: str = DASH) -> str:
     return none if v is None else format(v, fmt)
 
 
+def plus_minus(x: Any, se: Any, fmt: str = ".2f", none: str = DASH) -> str:
+    """A figure ± its standard error in one format: '1.84 ± 0.04' (the figure alone when
+    its SE is unknown)."""
+    v, s = num(x), num(se)
+    if v is None:
+        return none
+    return format(v, fmt) if s is None else f"{format(v, fmt)} ± {format(s, fmt)}"
+
+
+def pct_pm(x: Any, se: Any, digits: int = 1, none: str = DASH) -> str:
+    """A rate ± its standard error in percent: '48.0 ± 1.2%'."""
+    v, s = num(x), num(se)
+    if v is None:
+        return none
+    return pct(v, digits) if s is None else f"{100 * v:.{digits}f} ± {100 * s:.{digits}f}%"
+
+
 def metric(name: str, x: Any, none: str = DASH) -> str:
     """A catalogue metric with its unit (counts and flags as integers)."""
     v = num(x)
@@ -58,6 +75,71 @@ def signed_delta(name: str, x: Any, none: str = DASH) -> str:
         return none
     unit = CATALOG[name].unit if name in CATALOG else ""
     return f"{100 * v:+.1f} pts" if unit == "frac" else f"{v:+.3g}"
+
+
+# ----------------------------------------------------------------------------- noise
+# A change is told from noise at two standard errors (about 95% two-sided under a normal
+# law): the reports' "beyond noise" / "within noise" and compare's gate read this one line.
+# A change of exactly two is within it.
+NOISE_Z = 2.0
+
+
+def metric_se(name: str, x: Any, se: Any, none: str = DASH) -> str:
+    """A catalogue metric with its standard error in its unit: '62.3% ± 1.2%',
+    '1.84 ± 0.05 tokens', '1.31× ± 0.04'; the metric alone without one."""
+    v, s = num(x), num(se)
+    if v is None or s is None:
+        return metric(name, x, none)
+    unit = CATALOG[name].unit if name in CATALOG else ""
+    if unit == "frac":
+        return pct_pm(v, s)
+    if unit == "tokens":
+        return f"{v:.2f} ± {s:.2f} tokens"
+    if unit == "x":
+        return f"{v:.2f}× ± {s:.2f}"
+    return f"{metric(name, v)} ± {s:.3g}"
+
+
+def noise_words(z: Any) -> str:
+    """'beyond noise' when a change is more than NOISE_Z standard errors from zero, else
+    'within noise'; '' when no standard error is known."""
+    v = num(z)
+    return "" if v is None else ("beyond noise" if abs(v) > NOISE_Z else "within noise")
+
+
+def change_with_noise(rel: Any, rel_se: Any, z: Any, none: str = DASH) -> str:
+    """A relative change, its standard error and how far it is from noise:
+    '+3.1% ± 1.2%, 2.6 SE — beyond noise' (or '… — within noise'); the change alone
+    when the results carry no standard error."""
+    r, s, zz = num(rel), num(rel_se), num(z)
+    if r is None:
+        return none
+    if s is None or zz is None:
+        return signed_pct(r)
+    return f"{signed_pct(r)} ± {pct(s)}, {abs(zz):.1f} SE — {noise_words(zz)}"
+
+
+def k_change_lines(comparison: Any) -> list[str]:
+    """τ, acceptance and speedup at the compared K, each with its standard error and the
+    change's against its noise: 'τ at K=4: 2.10 ± 0.05 → 1.75 ± 0.06 (−16.7% ± 3.7%, 4.5
+    SE — beyond noise)'. Empty when no K was compared."""
+    m = comparison.metrics
+    k = m.get("compare_k")
+    r = next((row for row in comparison.k_table if row.k == k), None)
+    if r is None:
+        return []
+    lines = []
+    for label, name, b, b_se, c, c_se in (
+        ("τ", "tau_tokens", r.tau_baseline, r.tau_baseline_se, r.tau_candidate, r.tau_candidate_se),
+        ("acceptance (accepted ÷ drafted)", "accept_rate", r.accept_rate_baseline, r.accept_rate_baseline_se, r.accept_rate_candidate, r.accept_rate_candidate_se),
+        ("speedup", "speedup", r.speedup_baseline, r.speedup_baseline_se, r.speedup_candidate, r.speedup_candidate_se),
+    ):
+        if b is None and c is None:
+            continue
+        show = (lambda x, s: pct_pm(x, s, none="n/a")) if name == "accept_rate" else (lambda x, s: plus_minus(x, s, ".2f", none="n/a"))
+        change = change_with_noise(m.get(f"{name}_rel_change"), m.get(f"{name}_rel_change_se"), m.get(f"{name}_change_z"), none="n/a")
+        lines.append(f"{label} at K={k}: {show(b, b_se)} → {show(c, c_se)} ({change})")
+    return lines
 
 
 # ----------------------------------------------------------------------------- the headline

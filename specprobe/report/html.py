@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from specprobe.judge.catalog import CATALOG
+from specprobe.judge.compare import overall_se, rel_change_noise
 from specprobe.report.charts import (
     Series,
     bar_chart,
@@ -28,12 +29,18 @@ from specprobe.report.fmt import (
     NGRAM_NOTE,
     adaptive_wording,
     alignment_note,
+    change_with_noise,
     greedy_procedure,
     is_ngram,
+    k_change_lines,
     metric,
+    metric_se,
     ngram_cost_note,
     ngram_headline,
+    noise_words,
     pct,
+    pct_pm,
+    plus_minus,
     procedure_headline,
     signed_delta,
     signed_pct,
@@ -93,12 +100,15 @@ table { border-collapse: collapse; font-size: 12.5px; width: 100%; }
 th, td { border-bottom: 1px solid var(--line); padding: 3px 6px; text-align: right; white-space: nowrap; }
 th { background: var(--card); font-weight: 600; } td:first-child, th:first-child { text-align: left; }
 tr.best td { background: #ecfdf5; font-weight: 600; }
-td.worse { color: #b91c1c; } td.better { color: #15803d; }
+td.worse { color: #b91c1c; } td.better { color: #15803d; } td.noise { color: var(--muted); }
+td.thin { color: #9ca3af; }
+svg .errbar { stroke-width: 1.3; } svg .faded { opacity: 0.3; }
 table.kv td { text-align: left; white-space: normal; } table.kv td:first-child { width: 26%; white-space: nowrap; }
 .note { color: var(--muted); font-size: 12.5px; }
 .tag { display: inline-block; border: 1px solid; border-radius: 3px; padding: 0 5px; font-size: 11px; margin-left: 6px; }
 .tag.est { color: #2563eb; } .tag.meas { color: #ea580c; }
 footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
+.stack { margin: 10px 0 18px; break-inside: avoid; } .stack figure { max-width: 560px; margin-bottom: 10px; }
 @media (max-width: 900px) { .row { grid-template-columns: 1fr; } }
 @media print {
   @page { margin: 14mm; }
@@ -130,7 +140,10 @@ def _table(
     return "".join(out)
 
 
-def _row(chart: str, caption: str, table: str, title: str) -> str:
+def _row(chart: str, caption: str, table: str, title: str, *, stack: bool = False) -> str:
+    """A chart with its table beside it; `stack`: a table too wide for that goes under it."""
+    if stack:
+        return f'<div class="stack"><figure>{chart}<figcaption>{caption}</figcaption></figure><h3>{esc(title)}</h3>{table}</div>'
     return f'<div class="row"><figure>{chart}<figcaption>{caption}</figcaption></figure><div><h3>{esc(title)}</h3>{table}</div></div>'
 
 
@@ -222,7 +235,7 @@ def render_html(result: Result) -> str:
 
     # Key metrics: the handful a reader quotes.
     kpi_names = ["accept_prob_mean", "accept_prob_engine_mean", "ngram_proposal_frac", "ngram_draft_tokens_mean", "ngram_accept_frac", "kl_target_draft_nats", "greedy_agree_frac", "tau_tokens", "best_k", "speedup_best", "cost_ratio", "accept_prob_domain_min", "num_positions"]
-    kpis = "".join(f'<div class="kpi"><div class="v">{esc(metric(n, m.get(n)))}</div><div class="n">{esc(n)}</div></div>' for n in kpi_names if n in m)
+    kpis = "".join(f'<div class="kpi"><div class="v">{esc(metric_se(n, m.get(n), overall_se(result, n)))}</div><div class="n">{esc(n)}</div></div>' for n in kpi_names if n in m)
     notes = [
         "α = Σ min(p, q) per position, the alignment measure the drafter-quality findings read; KL(target‖draft) in nats is computed on the untruncated tempered softmax so it stays finite.",
         "τ(K), speedups and adaptive K follow the procedure: " + (result.procedure.description if result.procedure else "acceptance = α") + ".",
@@ -237,6 +250,7 @@ def render_html(result: Result) -> str:
     parts.append('<section id="charts"><h2>Acceptance and speedup</h2>')
     parts.append(_depth_section(result))
     parts.append(_speedup_section(result))
+    parts.append(_live_section(result))
     parts.append(_batch_section(result))
     parts.append(_tree_section(result))
     parts.append(_histogram_sections(result))
@@ -257,6 +271,28 @@ def render_html(result: Result) -> str:
     return _page(title, "\n".join(parts))
 
 
+# Error bars span ± ERR_BAR_SE standard errors; tables give ± one.
+ERR_BAR_SE = 2
+SE_NOTE = f"± one standard error over prompts in the tables; bars span ± {ERR_BAR_SE} standard errors."
+THIN_NOTE = "Grey, faded: depths too thin to read — too few prompts or drafts reach them, or the standard error is as large as the rate itself."
+
+
+def _bars(se: Sequence[float | None], n: int | None = None) -> list[float | None]:
+    """Error-bar half-widths from standard errors (None where there is none)."""
+    out = [None if x is None else ERR_BAR_SE * x for x in se]
+    return out if n is None else (out + [None] * n)[:n]
+
+
+def _times(x: float | None, se: float | None) -> str:
+    """A speedup ± its standard error: '1.31× ± 0.04' (the speedup alone without one)."""
+    v = fnum(x, ".2f")
+    return f"{v}×" + (f" ± {fnum(se, '.2f')}" if se is not None and x is not None else "")
+
+
+def _pct_thin(x: float | None, se: float | None, thin: bool | None) -> str:
+    return pct_pm(x, se) + (" (thin)" if thin else "")
+
+
 def _depth_section(result: Result) -> str:
     d = result.depth
     md = result.measured.depth if result.measured else None
@@ -266,26 +302,38 @@ def _depth_section(result: Result) -> str:
     if not xs or not ((d and d.cumulative) or (md and md.cumulative)):
         return ""
 
-    def align(src_depth: Sequence[int], values: Sequence[float | None]) -> list[float | None]:
+    def align(src_depth: Sequence[int], values: Sequence[Any]) -> list[Any]:
         lookup = dict(zip(src_depth, values, strict=False))
         return [lookup.get(x) for x in xs]
 
+    est_se = align(depth, d.cumulative_se if d else [])
+    est_thin = [bool(t) for t in align(depth, d.thin if d else [])]
     series = [
-        Series("cumulative r_j (estimate)", align(depth, d.cumulative if d else []), EST),
-        Series("conditional a_j (estimate)", align(depth, d.conditional if d else []), EST, "6 4"),
+        Series("cumulative r_j (estimate)", align(depth, d.cumulative if d else []), EST, err=_bars(est_se), faded=est_thin),
+        Series("conditional a_j (estimate)", align(depth, d.conditional if d else []), EST, "6 4", faded=est_thin),
     ]
+    ses: list[list[float | None]] = [est_se, [None] * len(xs)]
+    thins: list[list[bool]] = [est_thin, est_thin]
     if md and md.cumulative:
+        m_se = align(mdepth, md.cumulative_se)
+        m_thin = [bool(t) for t in align(mdepth, md.thin)]
         series += [
-            Series("cumulative (measured)", align(mdepth, md.cumulative), MEAS),
-            Series("conditional (measured)", align(mdepth, md.conditional), MEAS, "6 4"),
+            Series("cumulative (measured)", align(mdepth, md.cumulative), MEAS, err=_bars(m_se), faded=m_thin),
+            Series("conditional (measured)", align(mdepth, md.conditional), MEAS, "6 4", faded=m_thin),
         ]
+        ses += [m_se, [None] * len(xs)]
+        thins += [m_thin, m_thin]
     chart = line_chart("chart-depth", "Acceptance by draft depth", xs, series, y_label="acceptance", x_label="draft depth j (from 1)", y_fmt=pct_axis, y_max=1.0)
     head = ["depth", "r_j est.", "a_j est."] + (["r_j meas.", "a_j meas."] if md and md.cumulative else [])
-    body = [[x] + [pct(s.values[i]) for s in series] for i, x in enumerate(xs)]
+    body = [[x] + [_pct_thin(s.values[i], ses[j][i], thins[j][i]) for j, s in enumerate(series)] for i, x in enumerate(xs)]
     caption = "r_j: probability that drafts 1..j are all accepted (vLLM's per-position acceptance); a_j = r_j / r_(j−1). Solid: cumulative; dashed: conditional."
     if md and md.cumulative:
         caption += f" Orange: measured at K={md.k}."
-    return _row(chart, caption, _table(head, body), "Acceptance by draft depth")
+    if any(x is not None for se in ses for x in se):
+        caption += " " + SE_NOTE
+    if any(t for th in thins for t in th):
+        caption += " " + THIN_NOTE
+    return _row(chart, esc(caption), _table(head, body, cell_class=lambda i, j: "thin" if j > 0 and thins[j - 1][i] else ""), "Acceptance by draft depth")
 
 
 def _speedup_section(result: Result) -> str:
@@ -297,9 +345,9 @@ def _speedup_section(result: Result) -> str:
     est = {r.k: r for r in kt}
     mea = {r.k: r for r in mk}
     best = result.best_k
-    series = [Series("speedup (estimate)", [est[k].speedup if k in est else None for k in ks], EST)]
+    series = [Series("speedup (estimate)", [est[k].speedup if k in est else None for k in ks], EST, err=_bars([est[k].speedup_se if k in est else None for k in ks]))]
     if mk:
-        series.append(Series("speedup (measured)", [mea[k].speedup if k in mea else None for k in ks], MEAS, "6 4"))
+        series.append(Series("speedup (measured)", [mea[k].speedup if k in mea else None for k in ks], MEAS, "6 4", err=_bars([mea[k].speedup_se if k in mea else None for k in ks])))
     chart = line_chart(
         "chart-speedup", "Estimated speedup against draft length K", ks, series,
         y_label="speedup ×", x_label="draft length K", y_fmt=lambda v: f"{v:.2g}×",
@@ -307,17 +355,25 @@ def _speedup_section(result: Result) -> str:
     )
     head = ["K", "τ(K) est.", "τ window", "acc. rate", "τ i.i.d.", "v_K", "speedup est."] + (["τ meas.", "speedup meas.", "tok/s"] if mk else [])
     body = []
+    any_se = False
     for k in ks:
         e = est.get(k)
-        tau = (e.tau_renewal_tokens if e.tau_renewal_tokens is not None else e.tau_tokens) if e else None
-        rate = (e.accept_rate_renewal if e.accept_rate_renewal is not None else e.accept_rate) if e else None
+        renewal = e is not None and e.tau_renewal_tokens is not None
+        tau = (e.tau_renewal_tokens if renewal else e.tau_tokens) if e else None
+        tau_se = e.tau_renewal_se if e and renewal else None
+        rate_renewal = e is not None and e.accept_rate_renewal is not None
+        rate = (e.accept_rate_renewal if rate_renewal else e.accept_rate) if e else None
+        rate_se = e.accept_rate_renewal_se if e and rate_renewal else None
+        sp_se = e.speedup_se if e else None
         r: list[Any] = [
-            k, fnum(tau, ".2f"), fnum(e.tau_tokens if e else None, ".2f"), pct(rate), fnum(e.iid_tau_tokens if e else None, ".2f"),
-            fnum(e.verify_factor if e else None, ".2f"), fnum(e.speedup if e else None, ".2f") + "×",
+            k, plus_minus(tau, tau_se), fnum(e.tau_tokens if e else None, ".2f"), pct_pm(rate, rate_se), fnum(e.iid_tau_tokens if e else None, ".2f"),
+            fnum(e.verify_factor if e else None, ".2f"), _times(e.speedup if e else None, sp_se),
         ]
+        any_se = any_se or any(x is not None for x in (tau_se, rate_se, sp_se))
         if mk:
             mm = mea.get(k)
-            r += [fnum(mm.tau_tokens if mm else None, ".2f"), fnum(mm.speedup if mm else None, ".2f") + "×", fnum(mm.tokens_per_s if mm else None, ".1f")]
+            r += [plus_minus(mm.tau_tokens if mm else None, mm.tau_se if mm else None), _times(mm.speedup if mm else None, mm.speedup_se if mm else None), fnum(mm.tokens_per_s if mm else None, ".1f")]
+            any_se = any_se or bool(mm and (mm.tau_se is not None or mm.speedup_se is not None))
         body.append(r)
     cost, adaptive = result.cost, result.adaptive
     src = cost.sources if cost else {}
@@ -333,7 +389,37 @@ def _speedup_section(result: Result) -> str:
         caption += f" Adaptive K: no confidence threshold beats fixed K = {esc(str(result.metrics.get('best_k')))} (the best gives {fnum(adaptive.speedup, '.2f')}×)."
     elif adaptive:
         caption += f" Adaptive K ({esc(adaptive_wording(result, adaptive.threshold))}): {fnum(adaptive.speedup, '.2f')}× at mean K {fnum(adaptive.mean_k, '.2f')}."
-    return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if ks[i] == best else ""), "τ and speedup by K")
+    if any_se:
+        seeds = max((m.seeds for m in mk), default=1)
+        caption += " " + SE_NOTE + (f" Measured over {seeds} seeds." if seeds > 1 else "") + " The speedup's standard error is τ's; the cost timing's own spread is not in it."
+    # with the measured columns and standard errors the table is too wide to sit beside the chart
+    return _row(chart, caption, _table(head, body, row_class=lambda i: "best" if ks[i] == best else ""), "τ and speedup by K", stack=bool(mk) and any_se)
+
+
+def _live_section(result: Result) -> str:
+    """diagnose --against: the live server's acceptance by draft position beside the
+    prediction, each with ±2-SE bars, and accepted ÷ drafted with the gap in standard errors."""
+    v = result.live
+    if v is None or not (v.per_position or v.predicted_per_position):
+        return ""
+    n = max(len(v.per_position), len(v.predicted_per_position))
+    xs = list(range(1, n + 1))
+
+    def padded(xs_: Sequence[float | None]) -> list[float | None]:
+        return (list(xs_) + [None] * n)[:n]
+
+    series = [
+        Series(f"served ({v.engine})", padded(v.per_position), MEAS, err=_bars(v.per_position_se, n)),
+        Series("predicted (renewal estimate)", padded(v.predicted_per_position), EST, "6 4", err=_bars(v.predicted_per_position_se, n)),
+    ]
+    chart = line_chart("chart-live", f"Acceptance by draft position: {v.engine} against the prediction", xs, series, y_label="acceptance", x_label="draft position (from 1)", y_fmt=pct_axis, y_max=1.0)
+    ses = [padded(v.per_position_se), padded(v.predicted_per_position_se)]
+    body: list[list[Any]] = [[f"position {x}", pct_pm(series[0].values[i], ses[0][i]), pct_pm(series[1].values[i], ses[1][i]), ""] for i, x in enumerate(xs)]
+    gap = change_with_noise(v.gap_rel, None if v.gap_rel is None or not v.gap_z else abs(v.gap_rel / v.gap_z), v.gap_z)
+    body.append(["accepted ÷ drafted", pct_pm(v.accept_rate, v.accept_rate_se), pct_pm(v.predicted_accept_rate, v.predicted_accept_rate_se), gap])
+    caption = (f"{v.engine} {v.engine_version or ''} at {v.url}, K = {v.k}: {v.requests} of {v.prompts} prompts{' (' + v.stopped + ')' if v.stopped else ''}. "
+               "Per position: accepted at that position ÷ drafts (vLLM's per-position rate). Gap: (served − predicted) ÷ predicted. " + SE_NOTE)
+    return _row(chart, esc(caption), _table(("", "served", "predicted", "gap"), body), "Against the live server")
 
 
 def _batch_section(result: Result) -> str:
@@ -472,13 +558,24 @@ def render_compare_html(comparison: Comparison) -> str:
     ov = comparison.overall
 
     def cls(i: int, j: int) -> str:
-        if j != 3:
+        if j not in (3, 4):
             return ""
         w = ov[i].worse
+        if noise_words(ov[i].delta_z) == "within noise":
+            return "noise"
         return "" if w is None else ("worse" if w else "better")
 
-    body = [[r.metric, metric(r.metric, r.baseline), metric(r.metric, r.candidate), signed_delta(r.metric, r.delta), signed_pct(r.rel_change)] for r in ov]
-    parts.append(f'<section id="overall"><h2>Overall</h2>{_table(("metric", "baseline", "candidate", "Δ", "relative"), body, cell_class=cls)}</section>')
+    body = [
+        [r.metric, metric_se(r.metric, r.baseline, r.baseline_se), metric_se(r.metric, r.candidate, r.candidate_se), signed_delta(r.metric, r.delta), change_with_noise(r.rel_change, r.rel_change_se, r.delta_z)]
+        for r in ov
+    ]
+    se_note = ("± one standard error over prompts where the results carry one; the change's is the difference's, sqrt(se_b² + se_c²), "
+               "and a change beyond two of them is beyond noise (grey: within noise).")
+    k_lines = k_change_lines(comparison)
+    k_html = (f'<h3>At K = {esc(comparison.metrics.get("compare_k"))}, the draft length the gate compares</h3><ul id="compare-k">'
+              + "".join(f"<li>{esc(line)}</li>" for line in k_lines) + "</ul>") if k_lines else ""
+    parts.append(f'<section id="overall"><h2>Overall</h2>{_table(("metric", "baseline", "candidate", "Δ", "relative"), body, cell_class=cls)}'
+                 f'<p class="note">{esc(se_note)}</p>{k_html}</section>')
 
     parts.append('<section id="charts"><h2>Deltas</h2>')
     dom = comparison.by_domain
@@ -493,23 +590,60 @@ def render_compare_html(comparison: Comparison) -> str:
     dep = comparison.by_depth
     if dep:
         xs = [d.depth for d in dep]
+        b_thin = [bool(d.thin_baseline) for d in dep]
+        c_thin = [bool(d.thin_candidate) for d in dep]
         series = [
-            Series("baseline r_j", [d.cumulative_baseline for d in dep], BASE),
-            Series("baseline a_j", [d.conditional_baseline for d in dep], BASE, "6 4"),
-            Series("candidate r_j", [d.cumulative_candidate for d in dep], CAND),
-            Series("candidate a_j", [d.conditional_candidate for d in dep], CAND, "6 4"),
+            Series("baseline r_j", [d.cumulative_baseline for d in dep], BASE, err=_bars([d.cumulative_baseline_se for d in dep]), faded=b_thin),
+            Series("baseline a_j", [d.conditional_baseline for d in dep], BASE, "6 4", faded=b_thin),
+            Series("candidate r_j", [d.cumulative_candidate for d in dep], CAND, err=_bars([d.cumulative_candidate_se for d in dep]), faded=c_thin),
+            Series("candidate a_j", [d.conditional_candidate for d in dep], CAND, "6 4", faded=c_thin),
         ]
         chart = line_chart("chart-depth", "Acceptance by draft depth: baseline and candidate", xs, series, y_label="acceptance", x_label="draft depth j (from 1)", y_fmt=pct_axis, y_max=1.0)
-        dbody: list[list[Any]] = [[d.depth, pct(d.cumulative_baseline), pct(d.cumulative_candidate), pct(d.conditional_baseline), pct(d.conditional_candidate), pct(d.delta_conditional)] for d in dep]
-        parts.append(_row(chart, f"Depth curves ({esc(comparison.depth_source)}). Solid: cumulative r_j; dashed: conditional a_j.", _table(("depth", "r_j base", "r_j cand", "a_j base", "a_j cand", "Δ a_j"), dbody), "Acceptance by draft depth"))
+        dbody: list[list[Any]] = [
+            [d.depth, _pct_thin(d.cumulative_baseline, d.cumulative_baseline_se, d.thin_baseline), _pct_thin(d.cumulative_candidate, d.cumulative_candidate_se, d.thin_candidate),
+             pct(d.conditional_baseline), pct(d.conditional_candidate), pct(d.delta_conditional)]
+            for d in dep
+        ]
+        thin_cols = {1: b_thin, 2: c_thin, 3: b_thin, 4: c_thin}
+        caption = f"Depth curves ({comparison.depth_source}). Solid: cumulative r_j; dashed: conditional a_j."
+        if any(d.cumulative_baseline_se is not None or d.cumulative_candidate_se is not None for d in dep):
+            caption += " " + SE_NOTE
+        if any(b_thin) or any(c_thin):
+            caption += " " + THIN_NOTE
+        parts.append(_row(chart, esc(caption), _table(("depth", "r_j base", "r_j cand", "a_j base", "a_j cand", "Δ a_j"), dbody, cell_class=lambda i, j: "thin" if j in thin_cols and thin_cols[j][i] else ""), "Acceptance by draft depth"))
     kt = comparison.k_table
     if kt:
         ks = [r.k for r in kt]
-        series = [Series("baseline", [r.speedup_baseline for r in kt], BASE), Series("candidate", [r.speedup_candidate for r in kt], CAND)]
+        series = [
+            Series("baseline", [r.speedup_baseline for r in kt], BASE, err=_bars([r.speedup_baseline_se for r in kt])),
+            Series("candidate", [r.speedup_candidate for r in kt], CAND, err=_bars([r.speedup_candidate_se for r in kt])),
+        ]
         best_c = max(kt, key=lambda r: r.speedup_candidate or -1.0).k
         chart = line_chart("chart-speedup", "Estimated speedup against K", ks, series, y_label="speedup ×", x_label="draft length K", y_fmt=lambda v: f"{v:.2g}×", hline=(1.0, "1×"), mark_x=(best_c, f"candidate best K = {best_c}"))
-        kbody: list[list[Any]] = [[r.k, fnum(r.tau_baseline, ".2f"), fnum(r.tau_candidate, ".2f"), fnum(r.speedup_baseline, ".2f"), fnum(r.speedup_candidate, ".2f")] for r in kt]
-        parts.append(_row(chart, "Estimated speedup from each side's own cost ratio.", _table(("K", "τ base", "τ cand", "speedup base", "speedup cand"), kbody, row_class=lambda i: "best" if ks[i] == best_c else ""), "τ and speedup by K"))
+
+        def tau_change(r: Any) -> str:
+            return change_with_noise(*rel_change_noise(r.tau_baseline, r.tau_baseline_se, r.tau_candidate, r.tau_candidate_se))
+
+        kbody: list[list[Any]] = [
+            [r.k, plus_minus(r.tau_baseline, r.tau_baseline_se), plus_minus(r.tau_candidate, r.tau_candidate_se), tau_change(r),
+             pct_pm(r.accept_rate_baseline, r.accept_rate_baseline_se), pct_pm(r.accept_rate_candidate, r.accept_rate_candidate_se),
+             _times(r.speedup_baseline, r.speedup_baseline_se), _times(r.speedup_candidate, r.speedup_candidate_se)]
+            for r in kt
+        ]
+        caption = "Estimated speedup from each side's own cost ratio; acceptance: accepted ÷ drafted tokens."
+        if any(x is not None for r in kt for x in (r.tau_baseline_se, r.tau_candidate_se, r.speedup_baseline_se, r.speedup_candidate_se)):
+            caption += " " + SE_NOTE + " The speedup's standard error is τ's; the cost timing's own spread is not in it."
+        def k_cls(i: int, j: int) -> str:
+            if j != 3:
+                return ""
+            r = kt[i]
+            z = rel_change_noise(r.tau_baseline, r.tau_baseline_se, r.tau_candidate, r.tau_candidate_se)[2]
+            if noise_words(z) == "within noise":
+                return "noise"
+            return "worse" if (r.tau_candidate or 0) < (r.tau_baseline or 0) else ""
+
+        ktable = _table(("K", "τ base", "τ cand", "τ change", "accept base", "accept cand", "speedup base", "speedup cand"), kbody, row_class=lambda i: "best" if ks[i] == best_c else "", cell_class=k_cls)
+        parts.append(_row(chart, esc(caption), ktable, "τ, acceptance and speedup by K", stack=True))  # eight columns: under the chart
     parts.append("</section>")
     mrows = [[k, metric(k, v), CATALOG[k].description if k in CATALOG else ""] for k, v in comparison.metrics.items()]
     parts.append(f'<section id="compare-metrics"><h2>Compare metrics</h2>{_table(("metric", "value", "definition"), mrows, kind="kv")}</section>')

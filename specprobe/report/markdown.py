@@ -12,14 +12,19 @@ from typing import Any
 from specprobe.report.fmt import (
     NGRAM_NOTE,
     alignment_note,
+    change_with_noise,
     fixed,
     greedy_procedure,
     headline_reason,
     is_ngram,
+    k_change_lines,
     metric,
+    metric_se,
     ngram_cost_note,
     ngram_headline,
+    noise_words,
     pct,
+    pct_pm,
     procedure_headline,
     signed_pct,
     top_trees,
@@ -216,17 +221,31 @@ def render_compare_markdown(comparison: Comparison, *, fail_on: str | None = Non
     lines += ["#### Findings", ""]
     lines += _findings(comparison.findings, "No regression rule fired.")
     if comparison.overall:
-        lines += ["#### Overall", ""]
+        lines += ["#### Overall", "", "± one standard error over prompts, where the results carry one; a change is beyond noise at two standard errors.", ""]
         body = []
         for r in comparison.overall:
             rel = r.rel_change
-            mark = " 🔻" if r.worse and rel is not None and abs(rel) >= 0.05 else ""
-            body.append([r.metric, metric(r.metric, r.baseline), metric(r.metric, r.candidate), signed_pct(rel) + mark])
+            mark = " 🔻" if r.worse and rel is not None and abs(rel) >= 0.05 and noise_words(r.delta_z) != "within noise" else ""
+            body.append([r.metric, metric_se(r.metric, r.baseline, r.baseline_se), metric_se(r.metric, r.candidate, r.candidate_se), change_with_noise(rel, r.rel_change_se, r.delta_z) + mark])
         lines += _table(("metric", "baseline", "candidate", "relative"), body)
+    k_lines = k_change_lines(comparison)
+    if k_lines:
+        lines += [f"#### At K = {comparison.metrics.get('compare_k')}, the draft length the gate compares", ""]
+        lines += [f"- {line}" for line in k_lines] + [""]
     if comparison.by_domain:
         lines += ["#### α by domain", ""]
         lines += _table(("domain", "baseline", "candidate", "relative"), [[d.group, pct(d.baseline), pct(d.candidate), signed_pct(d.rel_change)] for d in comparison.by_domain])
     if comparison.by_depth:
+        thin = any(d.thin_baseline or d.thin_candidate for d in comparison.by_depth)
         lines += [f"#### Acceptance by draft depth ({comparison.depth_source}; depth from 1)", ""]
-        lines += _table(("depth", "r_j base", "r_j cand", "a_j base", "a_j cand"), [[d.depth, pct(d.cumulative_baseline), pct(d.cumulative_candidate), pct(d.conditional_baseline), pct(d.conditional_candidate)] for d in comparison.by_depth])
+        if thin:
+            lines += ["_thin: a depth too thin to read (too few prompts or drafts reach it, or its standard error is as large as its rate)._", ""]
+
+        def r_j(x: float | None, se: float | None, is_thin: bool | None) -> str:
+            return pct_pm(x, se) + (" (thin)" if is_thin else "")
+
+        lines += _table(("depth", "r_j base", "r_j cand", "a_j base", "a_j cand"), [
+            [d.depth, r_j(d.cumulative_baseline, d.cumulative_baseline_se, d.thin_baseline), r_j(d.cumulative_candidate, d.cumulative_candidate_se, d.thin_candidate), pct(d.conditional_baseline), pct(d.conditional_candidate)]
+            for d in comparison.by_depth
+        ])
     return "\n".join(lines) + "\n"

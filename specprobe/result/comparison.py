@@ -48,6 +48,11 @@ class OverallDelta(Part):
     rel_change: Num
     higher_is_better: bool | None = None
     worse: bool | None = None
+    baseline_se: Num = Field(default=None, description="The baseline value's standard error over prompts (null: the result carries none).")
+    candidate_se: Num = Field(default=None, description="The candidate value's standard error over prompts.")
+    delta_se: Num = Field(default=None, description="Standard error of delta: sqrt(baseline_se² + candidate_se²), the two runs taken as independent.")
+    delta_z: Num = Field(default=None, description="delta ÷ delta_se: the change in standard errors; beyond ±2 it is more than noise.")
+    rel_change_se: Num = Field(default=None, description="Standard error of rel_change: delta_se ÷ |baseline|.")
 
 
 class DomainDelta(Part):
@@ -70,14 +75,29 @@ class DepthDelta(Part):
     conditional_candidate: Num
     delta_conditional: Num
     rel_change_cumulative: Num
+    cumulative_baseline_se: Num = Field(default=None, description="Standard error of cumulative_baseline over prompts (null: the result carries none).")
+    cumulative_candidate_se: Num = None
+    thin_baseline: bool | None = Field(default=None, description="The baseline's evidence at this depth is too thin to read (null: not judged).")
+    thin_candidate: bool | None = None
 
 
 class KDelta(Part):
+    """τ, acceptance (accepted ÷ drafted) and speedup at one K on each side, each with its
+    standard error over prompts where the result carries one."""
+
     k: int
     tau_baseline: Num
     tau_candidate: Num
     speedup_baseline: Num
     speedup_candidate: Num
+    tau_baseline_se: Num = None
+    tau_candidate_se: Num = None
+    speedup_baseline_se: Num = None
+    speedup_candidate_se: Num = None
+    accept_rate_baseline: Num = Field(default=None, description="Accepted ÷ drafted tokens at this K (renewal estimate when the result has it, else the window).")
+    accept_rate_candidate: Num = None
+    accept_rate_baseline_se: Num = None
+    accept_rate_candidate_se: Num = None
 
 
 class CompareConfig(Record):
