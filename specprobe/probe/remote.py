@@ -10,19 +10,25 @@ same ids are computed here, as `diagnose` computes them (its own forward pass an
 
 `metrics.remote` turns each position into acceptance at both ends (exact where the
 listed tokens decide it: at T = 0 always, at T = 1 with greedy drafting where the
-drafter's argmax is listed); two accumulators, low and high, give every table twice.
-The result's tables are the low end; its `remote` section holds both ends, how many
-positions were exact, and the cost of the exchange (requests, bytes, seconds). KL and
-the target's entropy need the whole distribution: left out (null), and said so.
+drafter's argmax is listed; at another temperature a range unless the whole vocabulary
+was asked); two accumulators, low and high, give every table twice. The result's tables
+are the low end; its `remote` section holds both ends, how many positions were exact,
+and the cost of the exchange (requests, bytes, seconds, the scoring rate). KL and the
+target's entropy need the whole distribution: left out (null), and said so.
+
+The server's answers are kept per prompt as they arrive (`remote_cache`): a run cut
+short by Ctrl-C or by the server going away continues when run again, and another
+drafter scored against the same served target reuses them. The requests and the loop
+are in `remote_scoring` (references, scores, widening).
 
 Today: an independent drafter checkpoint (a self-draft needs the target's weights),
-single-turn prompts, a vLLM server, IN_FLIGHT requests at once (references and
-scores); the cost ratio and verify factor must be given (the
-target is not here to time)."""
+first turns of multi-turn prompts, a vLLM server, a few requests at once; the cost ratio
+and verify factor must be given (the target is not here to time)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from specprobe import __version__
@@ -34,7 +40,7 @@ from specprobe.judge.rules import RuleTable
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.remote import FIELDS, LEFT_OUT, supported
 from specprobe.models.drafters import drafter_kind_of
-from specprobe.models.loader import check_paths, load_model, local_spec
+from specprobe.models.loader import cache_root, check_paths, load_model, local_spec
 from specprobe.probe.alignment import effective_sampling
 from specprobe.probe.assemble import (
     build_result,
@@ -46,6 +52,7 @@ from specprobe.probe.assemble import (
 from specprobe.probe.live import REQUEST_TIMEOUT_S, sampling_request
 from specprobe.probe.references import encode_prompt, load_prompt_set
 from specprobe.probe.remote_scoring import (
+    References,
     ServerScoring,
     open_cache,
     probe_logprobs,
@@ -135,23 +142,18 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     pair.sources = relabel_sources(pair.sources, cfg.sampling_origins)
     why = supported(pair.target)
     if why is not None:
-        raise ConfigError(f"--target-server: {why}", "score at --temperature 0 or 1 without --top-k/--top-p/--min-p, or load the target here")
+        raise ConfigError(f"--target-server: {why}", "score without --top-k/--top-p/--min-p (any --temperature), or load the target here")
     prompts = list(prompt_set.prompts)
-    if any(p.num_turns > 1 for p in prompts):
-        notes.append("multi-turn prompts: only their first turn is scored")
     encoded = [encode_prompt(tok, p) for p in prompts]
-
     request = sampling_request(pair.target)
-    cache = open_cache(server, cfg, encoded, request, len(tok), progress)
     probe_logprobs(server, encoded, cfg.target_logprobs)  # a cap below N: exit 2 now, before the references cost anything
-    refs = server_references(server, encoded, cfg, request, cache, progress, label)
-    if refs.stopped is not None:  # nothing to score with: what the server wrote is kept
-        raise _kept(refs.stopped, f"{sum(1 for c in refs.conts if c)} of {len(prompts)} references written", cache)
-    s = ServerScoring(server, cfg, drafter, pair, cache, progress)
-    s.run(prompts, encoded, refs.conts)
+    items, item_enc, conts, refs = _references_by_turn(server, cfg, tok, prompts, encoded, request, progress, label)
+    cache = open_cache(server, cfg, [e + c for e, c in zip(item_enc, conts, strict=True)], {}, len(tok), progress, seed=0)
+    s = ServerScoring(server, cfg, drafter, pair, cache, progress, vocab=len(tok))
+    s.run(items, item_enc, conts)
     interrupted = refs.interrupted or s.interrupted
     if s.stopped is not None:
-        stop = _kept(s.stopped, f"{s.low.num_prompts} of {len(prompts)} prompts scored", cache)
+        stop = _kept(s.stopped, f"{s.low.num_prompts} of {len(items)} prompts scored", cfg.use_cache)
         if not s.low.num_prompts:
             raise stop
         progress.note(f"error: {stop.one_line()}")  # the run ends as an interrupted one: what was scored is written
@@ -185,11 +187,46 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     return build_result(header, {}, scored, cost, cfg, table, "independent", {"remote_target": [label, *notes]})
 
 
-def _kept(e: ServerError, done: str, cache: Any) -> ServerError:
+def _references_by_turn(server: Any, cfg: DiagnoseConfig, tok: Any, prompts: list[Any], encoded: list[list[int]], request: dict[str, Any], progress: Progress,
+                        label: str) -> tuple[list[Any], list[list[int]], list[list[int]], References]:
+    """The server's references for every turn: a later turn of a multi-turn question is
+    asked after the server's own answer to the turns before (as Spec-Bench's evaluation
+    does, and `diagnose` with the target here), as item "<id>#<turn>", seeded apart from
+    the first turns. -> (items, their prompt ids, their references, the first turns'
+    References with the seconds and interruptions of all)."""
+    refs = server_references(server, encoded, cfg, request, open_cache(server, cfg, encoded, request, len(tok), progress), progress, label)
+    if refs.stopped is not None:  # nothing to score with: what the server wrote is kept
+        raise _kept(refs.stopped, f"{sum(1 for c in refs.conts if c)} of {len(prompts)} references written", cfg.use_cache)
+    items, item_enc, conts = [p for p, c in zip(prompts, refs.conts, strict=True) if c], [e for e, c in zip(encoded, refs.conts, strict=True) if c], [c for c in refs.conts if c]
+    answers = {p.id: [tok.decode(c, skip_special_tokens=True)] for p, c in zip(prompts, refs.conts, strict=True) if c}
+    turn = 1
+    while not refs.interrupted:
+        later = [p for p in prompts if p.num_turns > turn and len(answers.get(p.id, ())) == turn]
+        if not later:
+            break
+        enc = [encode_prompt(tok, p, turn, answers[p.id]) for p in later]
+        progress.note(f"turn {turn + 1}: {len(later)} prompts continue after the server's own answers")
+        seed = cfg.seed + turn * 1_000_003
+        got = server_references(server, enc, cfg, request, open_cache(server, cfg, enc, request, len(tok), progress, seed=seed), progress, label, seed=seed)
+        if got.stopped is not None:
+            raise _kept(got.stopped, f"turn {turn + 1}: {sum(1 for c in got.conts if c)} of {len(later)} references written", cfg.use_cache)
+        refs.interrupted, refs.seconds = got.interrupted, refs.seconds + got.seconds
+        for p, e, c in zip(later, enc, got.conts, strict=True):
+            if c:
+                items.append(replace(p, id=f"{p.id}#{turn + 1}"))
+                item_enc.append(e)
+                conts.append(c)
+                answers[p.id].append(tok.decode(c, skip_special_tokens=True))
+        turn += 1
+    return items, item_enc, conts, refs
+
+
+def _kept(e: ServerError, done: str, cached: bool) -> ServerError:
     """The server stopped answering: the error, what was done, and how to go on."""
-    where = f" in {cache.where()}" if cache is not None and cache.usable else ""
-    again = "start it again and rerun the same command: it continues from there" if where else "start it again and rerun (--no-cache: it starts over)"
-    return ServerError(f"{e.message.rstrip('.')} — after {done}; what the server answered is kept{where}", again)
+    where = f" in {cache_root() / 'remote'}" if cached else ""
+    kept = f"; what the server answered is kept{where}" if cached else ""
+    again = "start it again and rerun the same command: it continues from there" if cached else "start it again and rerun (with --no-cache it starts over)"
+    return ServerError(f"{e.message.rstrip('.')} — after {done}{kept}", again)
 
 
 def _num(x: Any) -> float | None:

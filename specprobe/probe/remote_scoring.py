@@ -60,11 +60,13 @@ def in_order(ask: Callable[[int], T], items: Iterable[int], in_flight: int = IN_
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def open_cache(server: Any, cfg: DiagnoseConfig, encoded: Sequence[Sequence[int]], request: dict[str, Any], vocab: int, progress: Progress) -> RemoteCache | None:
-    """The run's cache (None with --no-cache)."""
+def open_cache(server: Any, cfg: DiagnoseConfig, encoded: Sequence[Sequence[int]], request: dict[str, Any], vocab: int, progress: Progress, seed: int | None = None) -> RemoteCache | None:
+    """The cache of the server's answers to these ids (None with --no-cache): for the
+    references, the prompts' ids with the sampling and seed sent; for the scores, the
+    whole sequences scored (prompt + reference), whatever wrote them."""
     if not cfg.use_cache:
         return None
-    key = run_key(server.engine.name, server.model, server.tokenizer_name, server.version, encoded, request, cfg.seed, cfg.max_new_tokens)
+    key = run_key(server.engine.name, server.model, server.tokenizer_name, server.version, encoded, request, cfg.seed if seed is None else seed, cfg.max_new_tokens)
     return RemoteCache(cache_root() / "remote", key, len(encoded), vocab, cfg.max_new_tokens, progress.note)
 
 
@@ -85,9 +87,10 @@ class References:
     cached: int = 0
 
 
-def server_references(server: Any, encoded: list[list[int]], cfg: DiagnoseConfig, request: dict[str, Any], cache: RemoteCache | None, progress: Progress, label: str) -> References:
-    """The server's on-policy references (the run's sampling, seed --seed + i for prompt
-    i), each kept as it arrives; those the cache has are not asked again."""
+def server_references(server: Any, encoded: list[list[int]], cfg: DiagnoseConfig, request: dict[str, Any], cache: RemoteCache | None, progress: Progress, label: str, seed: int | None = None) -> References:
+    """The server's on-policy references (the run's sampling, seed + i for prompt i; seed
+    --seed by default), each kept as it arrives; those the cache has are not asked again."""
+    seed = cfg.seed if seed is None else seed
     have = cache.references() if cache is not None else {}
     out = References([have.get(i, []) for i in range(len(encoded))], cached=len(have))
     todo = [i for i in range(len(encoded)) if i not in have]
@@ -95,7 +98,7 @@ def server_references(server: Any, encoded: list[list[int]], cfg: DiagnoseConfig
         progress.note(f"{len(have)} of {len(encoded)} references already written by the server (resumed from {cache.where() if cache else ''})")
 
     def ask(i: int) -> tuple[int, list[int]]:
-        cont = server.complete(encoded[i], cfg.max_new_tokens, request, cfg.seed + i, timeout=REQUEST_TIMEOUT_S)
+        cont = server.complete(encoded[i], cfg.max_new_tokens, request, seed + i, timeout=REQUEST_TIMEOUT_S)
         if cache is not None:
             cache.add_reference(i, cont)
         return i, cont
@@ -134,6 +137,7 @@ class ServerScoring:
     pair: Any
     cache: RemoteCache | None
     progress: Progress
+    vocab: int | None = None  # the target's vocabulary (the tokenizer's), for T ∉ {0, 1}
     low: Accumulator = field(init=False)
     high: Accumulator = field(init=False)
     rows: dict[str, list[Any]] = field(init=False)
@@ -149,6 +153,8 @@ class ServerScoring:
     stopped: ServerError | None = None
     notes: list[str] = field(default_factory=list)
     widened: dict[str, Any] = field(default_factory=dict)
+    keep_bounds: bool = False  # keep each prompt's per-position ends in `bounds` (tests, benchmarks)
+    bounds: dict[int, Bounded] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         c = self.cfg
@@ -220,9 +226,11 @@ class ServerScoring:
             hidden = self.drafter.last_hidden(x, torch.ones_like(x))
             dl = self.drafter.head(hidden[0, len(enc) - 1 : len(enc) - 1 + len(cont)]).float()  # [n, V']
         greedy = cfg.drafting == GREEDY
-        b = bounded_metrics(TopN.from_rows(rows, cfg.target_logprobs), dl, self.pair.target, self.pair.draft, greedy_drafting=greedy)
+        b = bounded_metrics(TopN.from_rows(rows, cfg.target_logprobs), dl, self.pair.target, self.pair.draft, greedy_drafting=greedy, vocab=self.vocab)
         if cfg.target_widen and not b.exact.all():
             b = self._widen(p, i, enc, cont, dl, b, wide)
+        if self.keep_bounds:
+            self.bounds[i] = b
         pos = np.arange(len(enc), len(enc) + len(cont))
         self.low.add_sequence(p.domain, pos, b.low, category=p.category)
         self.high.add_sequence(p.domain, pos, b.high, category=p.category)
@@ -251,7 +259,7 @@ class ServerScoring:
                 self.cache.add_scores(i, n, wide)
         wide = wide[:last]
         greedy = cfg.drafting == GREEDY
-        head = bounded_metrics(TopN.from_rows(wide, n), dl[:last], self.pair.target, self.pair.draft, greedy_drafting=greedy)
+        head = bounded_metrics(TopN.from_rows(wide, n), dl[:last], self.pair.target, self.pair.draft, greedy_drafting=greedy, vocab=self.vocab)
         loose = ~b.exact[:last]
         w["prompts"] += 1
         w["positions"] += int(loose.sum())
