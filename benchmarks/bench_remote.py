@@ -139,9 +139,13 @@ def run(args: Any, url: str, target: Path, drafter_path: Path) -> None:
 
     pre = Precomputed()
 
+    cpu: dict[str, list[float]] = {"forward": [], "client": []}
+
     def ours(model: Any = drafter) -> tuple[float, float]:
+        c0 = time.process_time()  # every thread of this process: the client's CPU, the server's is another process
         s = ServerScoring(server, cfg, model, pair, None, Progress())
         s.run(prompts, encoded, conts)
+        cpu["forward" if model is drafter else "client"].append(time.process_time() - c0)
         assert s.positions == answer and s.low.num_prompts == len(prompts)
         return s.seconds, s.wait_s
 
@@ -172,6 +176,8 @@ def run(args: Any, url: str, target: Path, drafter_path: Path) -> None:
     print(f"| specprobe's scoring half, the drafter's logits computed beforehand | {rate(p_s)} |")
     pre_ratio = statistics.median(b_s) / statistics.median(p_s)
     print(f"\nspecprobe ÷ bare: {ratio:.2f} (per round {lo:.2f}–{hi:.2f}); specprobe waited on the server {statistics.median(waits):.2f} s of {statistics.median(o_s):.2f} s (medians)")
+    per_k = {k: statistics.median(v[-args.rounds:]) / served * 1000 for k, v in cpu.items()}
+    print(f"CPU here per 1,000 positions scored (medians): {per_k['forward']:.2f} s with the drafter's forward, {per_k['client']:.2f} s without it (the client alone)")
     print(f"without the drafter's forward (the client alone) ÷ bare: {pre_ratio:.2f} (per round {min(b / o for b, o in zip(b_s, p_s, strict=True)):.2f}–{max(b / o for b, o in zip(b_s, p_s, strict=True)):.2f})")
 
 

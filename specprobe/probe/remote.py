@@ -146,7 +146,8 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     prompts = list(prompt_set.prompts)
     encoded = [encode_prompt(tok, p) for p in prompts]
     request = sampling_request(pair.target)
-    probe_logprobs(server, encoded, cfg.target_logprobs)  # a cap below N: exit 2 now, before the references cost anything
+    for n in (cfg.target_logprobs, cfg.target_widen) if cfg.target_widen else (cfg.target_logprobs,):
+        probe_logprobs(server, encoded, n)  # a cap below N: exit 2 now, before the references cost anything
     items, item_enc, conts, refs = _references_by_turn(server, cfg, tok, prompts, encoded, request, progress, label)
     cache = open_cache(server, cfg, [e + c for e, c in zip(item_enc, conts, strict=True)], {}, len(tok), progress, seed=0)
     s = ServerScoring(server, cfg, drafter, pair, cache, progress, vocab=len(tok))

@@ -275,8 +275,8 @@ class ServerScoring:
 
     def extra(self) -> dict[str, Any]:
         """What the result's `remote` section adds from this half."""
-        out: dict[str, Any] = {"resumed_prompts": self.resumed, "server_wait_s": self.wait_s,
-                               "positions_per_min": self.asked_positions / self.seconds * 60 if self.asked_positions and self.seconds > 0 else None}
+        per_s = self.asked_positions / self.seconds if self.asked_positions and self.seconds > 0 else None
+        out: dict[str, Any] = {"resumed_prompts": self.resumed, "server_wait_s": self.wait_s, "positions_per_s": per_s, "positions_per_min": per_s * 60 if per_s else None}
         if self.widened:
             out["widened"] = dict(self.widened)
         return out
