@@ -203,9 +203,14 @@ def _references_by_turn(server: Any, cfg: DiagnoseConfig, tok: Any, prompts: lis
     turn = 1
     while not refs.interrupted:
         later = [p for p in prompts if p.num_turns > turn and len(answers.get(p.id, ())) == turn]
+        enc = [encode_prompt(tok, p, turn, answers[p.id]) for p in later]
+        ctx = getattr(server, "max_model_len", None)
+        fits = [ctx is None or len(e) + cfg.max_new_tokens <= ctx for e in enc]
+        if not all(fits):
+            progress.note(f"turn {turn + 1}: {fits.count(False)} prompt(s) left out: with --max-new-tokens {cfg.max_new_tokens} they exceed the server's context of {ctx}")
+            later, enc = [p for p, f in zip(later, fits, strict=True) if f], [e for e, f in zip(enc, fits, strict=True) if f]
         if not later:
             break
-        enc = [encode_prompt(tok, p, turn, answers[p.id]) for p in later]
         progress.note(f"turn {turn + 1}: {len(later)} prompts continue after the server's own answers")
         seed = cfg.seed + turn * 1_000_003
         got = server_references(server, enc, cfg, request, open_cache(server, cfg, enc, request, len(tok), progress, seed=seed), progress, label, seed=seed)
