@@ -109,11 +109,48 @@ def test_greedy_target_is_exact_from_rank_one(draft: Sampling) -> None:
 def test_unsupported_target_sampling() -> None:
     assert supported(Sampling(temperature=0.0)) is None
     assert supported(Sampling(temperature=1.0)) is None
-    assert "temperature 0.7" in (supported(Sampling(temperature=0.7)) or "")
+    assert supported(Sampling(temperature=0.7)) is None  # bounded: see the tempered tests
     assert "top-k" in (supported(Sampling(temperature=1.0, top_k=50)) or "")
     t, d, actual = _pair(1, n_pos=4)
     with pytest.raises(ValueError):
-        bounded_metrics(_served(t, actual, 3), d, Sampling(temperature=0.7), Sampling(temperature=0.0))
+        bounded_metrics(_served(t, actual, 3), d, Sampling(temperature=1.0, top_k=50), Sampling(temperature=0.0))
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.5])
+@pytest.mark.parametrize("n", [1, 5, 20])
+@pytest.mark.parametrize("draft", [Sampling(temperature=0.0), Sampling(temperature=0.7)])
+def test_tempered_bounds_contain_the_truth(temperature: float, n: int, draft: Sampling) -> None:
+    """The target at T ∉ {0, 1} from raw top-n logprobs: every range holds the value
+    from the whole distribution at T; sharp and flat targets alike."""
+    target = Sampling(temperature=temperature)
+    for seed, sharp in ((0, 3.0), (1, 1.0), (2, 6.0)):
+        t, d, actual = _pair(seed, sharp=sharp)
+        b = bounded_metrics(_served(t, actual, n), d, target, draft)
+        truth = _truth(t, d, target, draft)
+        for f in ("accept_prob", "accept_prob_greedy_draft", "greedy_agree"):
+            assert np.all(b.low[f] <= truth[f] + 1e-5), (f, seed)
+            assert np.all(truth[f] <= b.high[f] + 1e-5), (f, seed)
+        assert np.all(b.low["accept_prob"] <= b.high["accept_prob"])
+
+
+def test_tempered_with_the_whole_vocabulary_is_exact() -> None:
+    t, d, actual = _pair(4)
+    target = Sampling(temperature=0.6)
+    for draft in (Sampling(temperature=0.0), Sampling(temperature=0.8)):
+        b = bounded_metrics(_served(t, actual, -1), d, target, draft)
+        truth = _truth(t, d, target, draft)
+        assert b.exact.all()
+        for f in ("accept_prob", "accept_prob_greedy_draft"):
+            np.testing.assert_allclose(b.low[f], truth[f], atol=1e-5)
+            np.testing.assert_allclose(b.high[f], truth[f], atol=1e-5)
+
+
+def test_tempered_ranges_narrow_as_n_grows() -> None:
+    t, d, actual = _pair(6)
+    target, draft = Sampling(temperature=0.7), Sampling(temperature=0.0)
+    width = [float((b.high["accept_prob_greedy_draft"] - b.low["accept_prob_greedy_draft"]).mean())
+             for b in (bounded_metrics(_served(t, actual, n), d, target, draft) for n in (2, 8, 32))]
+    assert width[0] > width[1] > width[2] > 0
 
 
 def test_greedy_drafting_with_a_sampled_draft_counts_the_greedy_field_exact() -> None:

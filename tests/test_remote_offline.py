@@ -144,7 +144,7 @@ def test_refused_before_anything_loads(drafter: str, extra: dict[str, Any], said
 def test_requests_in_flight_answer_in_order() -> None:
     import time
 
-    from specprobe.probe.remote import in_order
+    from specprobe.probe.remote_scoring import in_order
 
     lock, live, most = threading.Lock(), [0], [0]
 
@@ -168,3 +168,46 @@ def test_requests_in_flight_answer_in_order() -> None:
 
     with pytest.raises(ConfigError):
         list(in_order(fail, range(6)))
+
+
+def test_the_remote_cache_keeps_references_and_scores_per_prompt(tmp_path: Path) -> None:
+    """What an interrupted --target-server run keeps: references and the server's rows per
+    prompt, read back as written; a line cut by a kill or of another key is dropped with
+    one warning and that prompt is asked again; the key leaves out the URL."""
+    from specprobe.probe.remote_cache import RemoteCache, run_key
+
+    request = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    key = run_key("vllm", "target", "/models/smollm2", "0.32.0", [[1, 2], [3]], request, 0, 4)
+    assert key == run_key("vllm", "target", "/models/smollm2", "0.32.0", [[1, 2], [3]], dict(reversed(request.items())), 0, 4)
+    assert key != run_key("vllm", "target", "/models/smollm2", "0.32.0", [[1, 2], [3]], request, 1, 4)  # another seed
+    warned: list[str] = []
+    c = RemoteCache(tmp_path, key, 2, 100, 4, warned.append)
+    c.add_reference(1, [5, 6, 7])
+    rows = [{5: (-0.5, 1), 9: (-1.5, 2)}, {6: (-0.25, 1)}, {7: (-3.0, 4), 1: (-0.1, 1)}]
+    c.add_scores(1, 20, rows)
+    c.add_scores(1, 50, rows[:2])  # a widening answer: the first positions only
+    again = RemoteCache(tmp_path, key, 2, 100, 4, warned.append)
+    assert again.references() == {1: [5, 6, 7]}
+    assert again.scores(20, {1: 3}) == {1: rows}
+    assert again.scores(50, {1: 3}) == {1: rows[:2]}
+    assert again.scores(5, {1: 3}) == {}
+    assert warned == []
+    with again.scores_path.open("ab") as fh:
+        fh.write(b'{"key": "other", "prompt": 0, "n": 20, "rows": []}\n{"key": "' + key.encode() + b'", "prompt": 0, "n": 20, "rows": [[[5, -0.')
+    assert RemoteCache(tmp_path, key, 2, 100, 4, warned.append).scores(20, {0: 1, 1: 3}) == {1: rows}
+    assert len(warned) == 1 and "2 damaged or foreign line(s) dropped" in warned[0]
+    import shutil
+
+    for lengths, vocab in (({1: 2}, 100), ({1: 3}, 5)):  # rows longer than the reference; ids outside the vocabulary
+        copy = tmp_path / f"copy{vocab}"
+        copy.mkdir()
+        shutil.copy(again.scores_path, copy / again.scores_path.name)
+        assert RemoteCache(copy, key, 2, vocab, 4, warned.append).scores(20, lengths) == {}
+    assert len(warned) == 3
+
+
+def test_widening_must_ask_for_more() -> None:
+    cfg = DiagnoseConfig(target="", drafter="./d", target_server="http://h:8000", target_widen=10, target_logprobs=20, cost_ratio=0.1, verify_factor=1.0)
+    with pytest.raises(ConfigError, match="--target-widen 10 asks no more"):
+        refuse(cfg)
+    refuse(DiagnoseConfig(target="", drafter="./d", target_server="http://h:8000", target_widen=-1, target_logprobs=20, cost_ratio=0.1, verify_factor=1.0))

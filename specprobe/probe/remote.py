@@ -10,38 +10,37 @@ same ids are computed here, as `diagnose` computes them (its own forward pass an
 
 `metrics.remote` turns each position into acceptance at both ends (exact where the
 listed tokens decide it: at T = 0 always, at T = 1 with greedy drafting where the
-drafter's argmax is listed); two accumulators, low and high, give every table twice.
-The result's tables are the low end; its `remote` section holds both ends, how many
-positions were exact, and the cost of the exchange (requests, bytes, seconds). KL and
-the target's entropy need the whole distribution: left out (null), and said so.
+drafter's argmax is listed; at another temperature a range unless the whole vocabulary
+was asked); two accumulators, low and high, give every table twice. The result's tables
+are the low end; its `remote` section holds both ends, how many positions were exact,
+and the cost of the exchange (requests, bytes, seconds, the scoring rate). KL and the
+target's entropy need the whole distribution: left out (null), and said so.
+
+The server's answers are kept per prompt as they arrive (`remote_cache`): a run cut
+short by Ctrl-C or by the server going away continues when run again, and another
+drafter scored against the same served target reuses them. The requests and the loop
+are in `remote_scoring` (references, scores, widening).
 
 Today: an independent drafter checkpoint (a self-draft needs the target's weights),
-single-turn prompts, a vLLM server, IN_FLIGHT requests at once (references and
-scores); the cost ratio and verify factor must be given (the
-target is not here to time)."""
+first turns of multi-turn prompts, a vLLM server, a few requests at once; the cost ratio
+and verify factor must be given (the target is not here to time)."""
 
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
-
-import numpy as np
-import torch
+from dataclasses import replace
+from typing import Any
 
 from specprobe import __version__
 from specprobe.core.environment import environment
-from specprobe.core.errors import ConfigError
+from specprobe.core.errors import ConfigError, ServerError
 from specprobe.core.progress import Progress
-from specprobe.engines import GREEDY, get
+from specprobe.engines import get
 from specprobe.judge.rules import RuleTable
 from specprobe.metrics.accumulate import Accumulator
-from specprobe.metrics.remote import FIELDS, LEFT_OUT, TopN, bounded_metrics, supported
+from specprobe.metrics.remote import FIELDS, LEFT_OUT, supported
 from specprobe.models.drafters import drafter_kind_of
-from specprobe.models.loader import check_paths, load_model, local_spec
+from specprobe.models.loader import cache_root, check_paths, load_model, local_spec
 from specprobe.probe.alignment import effective_sampling
 from specprobe.probe.assemble import (
     build_result,
@@ -50,39 +49,22 @@ from specprobe.probe.assemble import (
     sampling_section,
     summarise,
 )
-from specprobe.probe.chunks import ROW_FIELDS
 from specprobe.probe.live import REQUEST_TIMEOUT_S, sampling_request
 from specprobe.probe.references import encode_prompt, load_prompt_set
+from specprobe.probe.remote_scoring import (
+    References,
+    ServerScoring,
+    open_cache,
+    probe_logprobs,
+    server_references,
+)
 from specprobe.probe.scoring import Scored
 from specprobe.probe.timing import cost_block
 from specprobe.result import Result
 from specprobe.settings.options import relabel_sources
 from specprobe.settings.pipeline import DiagnoseConfig
 
-T = TypeVar("T")
-IN_FLIGHT = 4  # requests at once (the server batches them; one more waits while the drafter runs here)
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 1234567890 — naïve café, 東京."
-
-
-def in_order(ask: Callable[[int], T], items: Iterable[int], in_flight: int = IN_FLIGHT) -> Iterator[T]:
-    """ask(i) for every item, up to `in_flight` requests at once, answers in the items'
-    order. Leaving early (an error, Ctrl-C) cancels what was not sent yet."""
-    pool = ThreadPoolExecutor(max_workers=in_flight)
-    pending: deque[Future[T]] = deque()
-    it = iter(items)
-    try:
-        for i in it:
-            pending.append(pool.submit(ask, i))
-            if len(pending) >= in_flight:
-                break
-        while pending:
-            got = pending.popleft().result()
-            nxt = next(it, None)
-            if nxt is not None:
-                pending.append(pool.submit(ask, nxt))
-            yield got
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def refuse(cfg: DiagnoseConfig) -> None:
@@ -100,6 +82,9 @@ def refuse(cfg: DiagnoseConfig) -> None:
             raise ConfigError(f"{flag} does not combine with --target-server yet", f"leave out {flag}")
     if cfg.reference == "dataset":
         raise ConfigError("--target-server writes on-policy references on the server", "leave out --reference dataset")
+    if cfg.target_widen and (cfg.target_logprobs < 0 or 0 <= cfg.target_widen <= cfg.target_logprobs):
+        raise ConfigError(f"--target-widen {cfg.target_widen} asks no more than --target-logprobs {cfg.target_logprobs} already does",
+                          "give --target-widen a larger top-n than --target-logprobs (-1: the whole vocabulary), or leave it out")
 
 
 def _tokenizer(name: str, offline: bool) -> Any:
@@ -157,72 +142,26 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     pair.sources = relabel_sources(pair.sources, cfg.sampling_origins)
     why = supported(pair.target)
     if why is not None:
-        raise ConfigError(f"--target-server: {why}", "score at --temperature 0 or 1 without --top-k/--top-p/--min-p, or load the target here")
+        raise ConfigError(f"--target-server: {why}", "score without --top-k/--top-p/--min-p (any --temperature), or load the target here")
     prompts = list(prompt_set.prompts)
-    if any(p.num_turns > 1 for p in prompts):
-        notes.append("multi-turn prompts: only their first turn is scored")
     encoded = [encode_prompt(tok, p) for p in prompts]
-
-    # references: the server writes them (the run's sampling, one seed per prompt)
     request = sampling_request(pair.target)
-    t0 = time.perf_counter()
-    conts: list[list[int]] = []
-    interrupted = False
-    with progress.task(f"references from {label}", len(encoded)) as advance:
-        try:
-            for cont in in_order(lambda i: server.complete(encoded[i], cfg.max_new_tokens, request, cfg.seed + i, timeout=REQUEST_TIMEOUT_S), range(len(encoded))):
-                conts.append(cont)
-                advance()
-        except KeyboardInterrupt:
-            interrupted = True
-            progress.note(f"interrupted while the server wrote references: scoring the {len(conts)} prompts that have one")
-    conts += [[] for _ in range(len(encoded) - len(conts))]
-    reference_s = time.perf_counter() - t0
-
-    # scoring: the server's prompt logprobs, the drafter's logits here
-    def acc() -> Accumulator:
-        return Accumulator(k_max=cfg.k_max, drafting=cfg.drafting, p_min=cfg.draft_p_min, n_min=cfg.draft_n_min,
-                           threshold_single=cfg.accept_threshold_single, threshold_acc=cfg.accept_threshold_acc)
-
-    low, high = acc(), acc()
-    rows: dict[str, list[Any]] = {k: [] for k in ("prompt_id", "domain", "position", *ROW_FIELDS)}
-    exact = positions = requests = size = 0
-    order = [i for i in range(len(prompts)) if conts[i]]
-    t1 = time.perf_counter()
-    with progress.task(f"scoring {sum(len(conts[i]) for i in order)} positions on the server", len(order)) as advance:
-        try:
-            asked = in_order(lambda i: server.prompt_logprobs(encoded[i] + conts[i], cfg.target_logprobs, REQUEST_TIMEOUT_S), order)
-            for i, scores in zip(order, asked, strict=False):
-                p, enc, cont = prompts[i], encoded[i], conts[i]
-                full = enc + cont
-                requests, size = requests + 1, size + scores.bytes
-                got = scores.rows[len(enc) - 1 : len(enc) - 1 + len(cont)]  # row k: the token at k + 1
-                for j, (r, t) in enumerate(zip(got, cont, strict=True)):
-                    if t not in r:
-                        raise ConfigError(f"the server's scores for prompt {p.id} do not list the token sent at position {len(enc) + j} ({t})",
-                                          "the server re-tokenised the prompt: check that it takes token ids (vLLM's /v1/completions does)")
-                top = TopN.from_rows(got, cfg.target_logprobs)
-                with torch.inference_mode():
-                    x = torch.tensor([full], device=drafter.device)
-                    hidden = drafter.last_hidden(x, torch.ones_like(x))
-                    dl = drafter.head(hidden[0, len(enc) - 1 : len(enc) - 1 + len(cont)]).float()  # [n, V']
-                b = bounded_metrics(top, dl, pair.target, pair.draft, greedy_drafting=cfg.drafting == GREEDY)
-                pos = np.arange(len(enc), len(enc) + len(cont))
-                low.add_sequence(p.domain, pos, b.low, category=p.category)
-                high.add_sequence(p.domain, pos, b.high, category=p.category)
-                exact += int(b.exact.sum())
-                positions += len(cont)
-                if cfg.keep_positions:
-                    rows["prompt_id"].extend([p.id] * len(cont))
-                    rows["domain"].extend([p.domain] * len(cont))
-                    rows["position"].extend(pos.tolist())
-                    for f in ROW_FIELDS:
-                        rows[f].extend([None] * len(cont) if f in LEFT_OUT else np.round(b.low[f], 6).tolist())
-                advance()
-        except KeyboardInterrupt:
-            interrupted = True
-            progress.note(f"interrupted: keeping the {low.num_prompts} prompts scored")
-    scoring_s = time.perf_counter() - t1
+    for n in (cfg.target_logprobs, cfg.target_widen) if cfg.target_widen else (cfg.target_logprobs,):
+        probe_logprobs(server, encoded, n)  # a cap below N: exit 2 now, before the references cost anything
+    items, item_enc, conts, refs = _references_by_turn(server, cfg, tok, prompts, encoded, request, progress, label)
+    cache = open_cache(server, cfg, [e + c for e, c in zip(item_enc, conts, strict=True)], {}, len(tok), progress, seed=0)
+    s = ServerScoring(server, cfg, drafter, pair, cache, progress, vocab=len(tok))
+    s.run(items, item_enc, conts)
+    interrupted = refs.interrupted or s.interrupted
+    if s.stopped is not None:
+        stop = _kept(s.stopped, f"{s.low.num_prompts} of {len(items)} prompts scored", cfg.use_cache)
+        if not s.low.num_prompts:
+            raise stop
+        progress.note(f"error: {stop.one_line()}")  # the run ends as an interrupted one: what was scored is written
+        interrupted = True
+    low, high, rows, positions, exact = s.low, s.high, s.rows, s.positions, s.exact
+    requests, size, reference_s, scoring_s = s.requests, s.bytes, refs.seconds, s.seconds
+    notes += s.notes
 
     header = {
         "command": "diagnose",
@@ -242,10 +181,58 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     hi_sections = summarise(Scored(high, {}), cost, cfg)
     lo_sections = summarise(Scored(low, {}), cost, cfg)
     section = remote_section(server, cfg, (low, high), lo_sections, hi_sections, positions, exact, requests, size, reference_s, scoring_s, notes)
+    section.update(s.extra())
     scored.remote = (section, {k: None for k in (*LEFT_OUT, "kl_target_draft_p90_nats", "tv_mean", "accept_prob_high_entropy")})
     if not section["exact"]:
         progress.note(f"--target-server: {exact} of {positions} positions exact; the tables are the low ends of each range (the result's `remote` section has both)")
     return build_result(header, {}, scored, cost, cfg, table, "independent", {"remote_target": [label, *notes]})
+
+
+def _references_by_turn(server: Any, cfg: DiagnoseConfig, tok: Any, prompts: list[Any], encoded: list[list[int]], request: dict[str, Any], progress: Progress,
+                        label: str) -> tuple[list[Any], list[list[int]], list[list[int]], References]:
+    """The server's references for every turn: a later turn of a multi-turn question is
+    asked after the server's own answer to the turns before (as Spec-Bench's evaluation
+    does, and `diagnose` with the target here), as item "<id>#<turn>", seeded apart from
+    the first turns. -> (items, their prompt ids, their references, the first turns'
+    References with the seconds and interruptions of all)."""
+    refs = server_references(server, encoded, cfg, request, open_cache(server, cfg, encoded, request, len(tok), progress), progress, label)
+    if refs.stopped is not None:  # nothing to score with: what the server wrote is kept
+        raise _kept(refs.stopped, f"{sum(1 for c in refs.conts if c)} of {len(prompts)} references written", cfg.use_cache)
+    items, item_enc, conts = [p for p, c in zip(prompts, refs.conts, strict=True) if c], [e for e, c in zip(encoded, refs.conts, strict=True) if c], [c for c in refs.conts if c]
+    answers = {p.id: [tok.decode(c, skip_special_tokens=True)] for p, c in zip(prompts, refs.conts, strict=True) if c}
+    turn = 1
+    while not refs.interrupted:
+        later = [p for p in prompts if p.num_turns > turn and len(answers.get(p.id, ())) == turn]
+        enc = [encode_prompt(tok, p, turn, answers[p.id]) for p in later]
+        ctx = getattr(server, "max_model_len", None)
+        fits = [ctx is None or len(e) + cfg.max_new_tokens <= ctx for e in enc]
+        if not all(fits):
+            progress.note(f"turn {turn + 1}: {fits.count(False)} prompt(s) left out: with --max-new-tokens {cfg.max_new_tokens} they exceed the server's context of {ctx}")
+            later, enc = [p for p, f in zip(later, fits, strict=True) if f], [e for e, f in zip(enc, fits, strict=True) if f]
+        if not later:
+            break
+        progress.note(f"turn {turn + 1}: {len(later)} prompts continue after the server's own answers")
+        seed = cfg.seed + turn * 1_000_003
+        got = server_references(server, enc, cfg, request, open_cache(server, cfg, enc, request, len(tok), progress, seed=seed), progress, label, seed=seed)
+        if got.stopped is not None:
+            raise _kept(got.stopped, f"turn {turn + 1}: {sum(1 for c in got.conts if c)} of {len(later)} references written", cfg.use_cache)
+        refs.interrupted, refs.seconds = got.interrupted, refs.seconds + got.seconds
+        for p, e, c in zip(later, enc, got.conts, strict=True):
+            if c:
+                items.append(replace(p, id=f"{p.id}#{turn + 1}"))
+                item_enc.append(e)
+                conts.append(c)
+                answers[p.id].append(tok.decode(c, skip_special_tokens=True))
+        turn += 1
+    return items, item_enc, conts, refs
+
+
+def _kept(e: ServerError, done: str, cached: bool) -> ServerError:
+    """The server stopped answering: the error, what was done, and how to go on."""
+    where = f" in {cache_root() / 'remote'}" if cached else ""
+    kept = f"; what the server answered is kept{where}" if cached else ""
+    again = "start it again and rerun the same command: it continues from there" if cached else "start it again and rerun (with --no-cache it starts over)"
+    return ServerError(f"{e.message.rstrip('.')} — after {done}{kept}", again)
 
 
 def _num(x: Any) -> float | None:

@@ -373,9 +373,16 @@ def remote_lines(result: Result) -> list[str]:
     v = result.remote
     if v is None:
         return []
-    rate = f", {v.positions_per_s:,.0f} positions/s" if v.positions_per_s else ""
-    return [f"left out (they need the whole target distribution): {', '.join(v.left_out)}",
-            f"scoring: {v.requests} requests, {v.bytes / 1e6:.2f} MB, {_f(v.scoring_s, '.1f')} s{rate}; references {_f(v.reference_s, '.1f')} s", *v.notes]
+    rate = f", {v.positions_per_min:,.0f} positions/min" if v.positions_per_min else (f", {v.positions_per_s:,.0f} positions/s" if v.positions_per_s else "")
+    wait = f" ({v.server_wait_s:.1f} s waiting on the server)" if v.server_wait_s is not None and v.positions_per_min else ""
+    resumed = f"; {v.resumed_prompts} prompts' scores kept from an earlier run" if v.resumed_prompts else ""
+    lines = [f"left out (they need the whole target distribution): {', '.join(v.left_out)}",
+             f"scoring: {v.requests} requests, {v.bytes / 1e6:.2f} MB, {_f(v.scoring_s, '.1f')} s{rate}{wait}; references {_f(v.reference_s, '.1f')} s{resumed}"]
+    if v.widened is not None:
+        w = v.widened
+        top = "all" if w.logprobs < 0 else str(w.logprobs)
+        lines.append(f"widened to top-{top}: {w.made_exact:,} of {w.positions:,} loose positions made exact ({w.prompts} prompts, {w.requests} requests, {w.bytes / 1e6:.2f} MB, {_f(w.seconds, '.1f')} s)")
+    return [*lines, *v.notes]
 
 
 def cost_line(result: Result) -> str | None:

@@ -610,6 +610,19 @@ class RemoteK(Part):
     speedup_high: Num = None
 
 
+class RemoteWidening(Part):
+    """--target-widen: prompts with loose positions asked again with a wider top-n, each
+    cut after its last loose position."""
+
+    logprobs: int = Field(description="The wider top-n asked (−1: the whole vocabulary).")
+    prompts: int = 0
+    positions: int = Field(default=0, description="Loose positions asked again.")
+    made_exact: int = Field(default=0, description="Of those, the ones the wider answer made exact.")
+    requests: int = 0
+    bytes: int = 0
+    seconds: Num = None
+
+
 class RemoteTarget(Part):
     """diagnose --target-server: the target served by an engine, scored teacher-forced from
     its prompt logprobs (the top-n and the actual token per position), the drafter run
@@ -638,7 +651,11 @@ class RemoteTarget(Part):
     bytes: int = Field(default=0, description="Bytes of the scoring answers.")
     reference_s: Num = Field(default=None, description="Wall seconds the server took to write the references (a few requests at once).")
     scoring_s: Num = Field(default=None, description="Wall seconds of the scoring: the server's prompt logprobs (a few requests at once) beside the drafter's forward here.")
-    positions_per_s: Num = Field(default=None, description="Scored positions per wall second of the scoring.")
+    positions_per_s: Num = Field(default=None, description="Positions the server scored in this run per wall second of the scoring (prompts resumed from the cache not counted).")
+    positions_per_min: Num = Field(default=None, description="The same rate per minute, as the run prints it.")
+    server_wait_s: Num = Field(default=None, description="Of scoring_s, the seconds the loop here waited on the server's answers (the rest: the drafter's forward and the bounds here).")
+    resumed_prompts: int = Field(default=0, description="Prompts whose scores an interrupted run had kept (the cache), not asked again.")
+    widened: RemoteWidening | None = Field(default=None, description="--target-widen: the loose prompts asked again with a wider top-n.")
     notes: list[str] = Field(default_factory=list)
 
 

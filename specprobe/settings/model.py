@@ -205,6 +205,11 @@ SETTINGS: tuple[Setting, ...] = (
         int, 20, panel=PAIR, commands=frozenset({DIAGNOSE}), file_key="target_logprobs", ge=-1, metavar="N",
     ),
     Setting(
+        "target_widen", "--target-widen",
+        "With --target-server: a prompt whose positions the top --target-logprobs leaves loose is asked again with top-N, cut after its last loose position (N above --target-logprobs and at most the server's --max-logprobs; -1: the whole vocabulary). 0: off. The result's remote section says how many positions became exact and what it cost.",
+        int, 0, panel=PAIR, commands=frozenset({DIAGNOSE}), file_key="target_widen", ge=-1, metavar="N",
+    ),
+    Setting(
         "offline", "--offline",
         "Never download: a Hugging Face repo id must be in the local cache (as HF_HUB_OFFLINE=1). Without it a repo id not cached is downloaded.",
         bool, False, panel=PAIR, commands=MODELS, file_key="offline", recorded=False,

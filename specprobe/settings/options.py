@@ -139,6 +139,7 @@ class RunOptions:
             target_server=self.target_server,
             target_model=self.target_model,
             target_logprobs=self.target_logprobs,
+            target_widen=self.target_widen,
             device=self.device,
             gguf_weights=self.gguf_weights,
             dtype=self.dtype,

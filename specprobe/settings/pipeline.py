@@ -87,6 +87,7 @@ class DiagnoseConfig:
     target_server: str | None = None
     target_model: str | None = None
     target_logprobs: int = 20
+    target_widen: int = 0  # a second, wider top-n for the prompts with loose positions (0: off)
     offline: bool = False
     device: str = "auto"
     gguf_weights: str = "auto"  # a quantized GGUF: held as its blocks, the fp32 path, or auto (held when fp32 would not fit)
@@ -222,7 +223,7 @@ class DiagnoseConfig:
             for k in ("against", "against_model", "against_timeout"):
                 d.pop(k)
         if d["target_server"] is None:  # recorded only when the target was served
-            for k in ("target_server", "target_model", "target_logprobs"):
+            for k in ("target_server", "target_model", "target_logprobs", "target_widen"):
                 d.pop(k)
         for k in ("revision", "draft_revision", "device_map", "max_memory", "target_quant", "draft_quant", "kv_cache_dtype", "draft_kv_cache_dtype"):
             if d[k] is None:

@@ -60,6 +60,8 @@ class VllmServer(LiveServer):
         self.model = model
         # vLLM's `root`: the checkpoint (a path or a hub id) its tokenizer came from
         self.tokenizer_name = next((str(m["root"]) for m in entries if str(m.get("id")) == model and m.get("root")), None)
+        # its context (prompt + answer) in tokens, as it reports it
+        self.max_model_len = next((int(m["max_model_len"]) for m in entries if str(m.get("id")) == model and isinstance(m.get("max_model_len"), int)), None)
         try:
             got = http.get_json(self.url + "/version", timeout=timeout, what="vLLM")
             self.version = str(got.get("version")) if isinstance(got, dict) and got.get("version") else None
