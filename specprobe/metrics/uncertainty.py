@@ -25,6 +25,9 @@ import numpy as np
 # drafts is read: nothing was accepted). Reports grey thin depths out; the figures stay in the result.
 MIN_PROMPTS = 2
 MIN_DRAFTS = 30
+# Two figures agree when they are within AGREE_SE standard errors of their difference
+# (about a 95 % band): what the reports, the calibration rule and the tests call agreement.
+AGREE_SE = 2.0
 
 
 def ratio_se(num: np.ndarray, den: np.ndarray, sq: np.ndarray, n: float | np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ from specprobe import __version__
 from specprobe.core.environment import environment
 from specprobe.engines import GREEDY, get
 from specprobe.judge.rules import RuleTable, worst_severity
+from specprobe.metrics.uncertainty import combined_z
 from specprobe.result import NOTHING_SCORED, Evaluation, Finding, Measured, Result
 
 if TYPE_CHECKING:
@@ -416,6 +417,7 @@ def measured_metrics(m: Measured) -> dict[str, Any]:
     best = max(m.k_table, key=lambda r: (r.speedup if r.speedup is not None else -1.0, -r.k))
     tau_m, tau_e = cal.tau_tokens, cal.tau_estimate  # tau_estimate: the renewal estimate
     gap = (tau_e - tau_m) / tau_m if tau_m and tau_e is not None else None
+    z = combined_z(tau_e - tau_m, *(x if x is not None else math.nan for x in (cal.tau_estimate_se, cal.tau_se))) if tau_m is not None and tau_e is not None else math.nan
     s_gap = cal.speedup_gap
     return {
         "calibration_k": cal.k,
@@ -424,6 +426,8 @@ def measured_metrics(m: Measured) -> dict[str, Any]:
         "tau_window_estimated_tokens": cal.tau_window,
         "tau_gap_rel": gap,
         "tau_gap_rel_abs": abs(gap) if gap is not None else None,
+        "tau_gap_z": None if math.isnan(z) else z,
+        "tau_gap_z_abs": None if math.isnan(z) else abs(z),
         "speedup_estimated_cal_k": cal.speedup_estimate,
         "speedup_measured_cal_k": cal.speedup,
         "speedup_gap_rel": s_gap,

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from specprobe.judge.catalog import CATALOG, format_value
+from specprobe.metrics.uncertainty import AGREE_SE, combined_z
 from specprobe.result import NOTHING_SCORED
 
 DASH = "–"  # en dash: Markdown and HTML
@@ -40,6 +41,32 @@ def fixed(x: Any, fmt: str = ".3f", none: str = DASH) -> str:
     """A number in a format spec, e.g. fixed(2.345, '.2f') → '2.35'."""
     v = num(x)
     return none if v is None else format(v, fmt)
+
+
+def plus_minus(x: Any, se: Any, fmt: str = ".2f", none: str = DASH) -> str:
+    """A figure ± its standard error in one format: '1.84 ± 0.04' (the figure alone when
+    its SE is unknown)."""
+    v, s = num(x), num(se)
+    if v is None:
+        return none
+    return format(v, fmt) if s is None else f"{format(v, fmt)} ± {format(s, fmt)}"
+
+
+def pct_pm(x: Any, se: Any, digits: int = 1, none: str = DASH) -> str:
+    """A rate ± its standard error in percent: '48.0 ± 1.2%'."""
+    v, s = num(x), num(se)
+    if v is None:
+        return none
+    return pct(v, digits) if s is None else f"{100 * v:.{digits}f} ± {100 * s:.{digits}f}%"
+
+
+def se_apart(z: Any, none: str = "SE unknown") -> str:
+    """A gap in standard errors of the difference, and whether that is agreement:
+    '+1.3 SE: within 2' / '−2.6 SE: outside 2'."""
+    v = num(z)
+    if v is None:
+        return none
+    return f"{v:+.1f} SE: {'within' if abs(v) <= AGREE_SE else 'outside'} {AGREE_SE:g}"
 
 
 def metric(name: str, x: Any, none: str = DASH) -> str:
@@ -239,3 +266,18 @@ def top_trees(result: Any, n: int = 6) -> list[Any]:
         return []
     rows = [r for r in tr.grid if num(r.speedup) is not None]
     return sorted(rows, key=lambda r: (-r.speedup, r.tokens, r.steps))[:n]
+
+
+def agreement_lines(result: Any) -> list[str]:
+    """Per measured K: the estimate against the loop in standard errors of their
+    difference (each side's over prompts; the loop's seeds pooled per prompt)."""
+    m = result.measured
+    out = []
+    for r in m.k_table if m is not None else []:
+        if r.tau_estimate is None or r.tau_tokens is None:
+            continue
+        z = combined_z(r.tau_estimate - r.tau_tokens, *(x if x is not None else math.nan for x in (r.tau_estimate_se, r.tau_se)))
+        seeds = f" × {r.seeds} seeds" if r.seeds > 1 else ""
+        out.append(f"K={r.k}: τ est {plus_minus(r.tau_estimate, r.tau_estimate_se, '.3f')}, meas {plus_minus(r.tau_tokens, r.tau_se, '.3f')} "
+                   f"({r.prompts} prompts{seeds}): {signed_pct((r.tau_estimate - r.tau_tokens) / r.tau_tokens if r.tau_tokens else None)}, {se_apart(z)}")
+    return out

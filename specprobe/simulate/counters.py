@@ -83,7 +83,7 @@ class SimCounters:
         each prompt's row adds into its own."""
         if other.k != self.k or other.units.shape != self.units.shape:
             raise ValueError("pooled runs must share K and prompts")
-        for name in ("verify_steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_tokens", "target_calls", "target_s", "draft_calls", "draft_s", "wall_s", "seeds"):
+        for name in ("verify_steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_tokens", "target_calls", "target_s", "draft_calls", "draft_s", "wall_s", "prompts", "seeds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_at = self.accepted_at + other.accepted_at
         self.drafted_at = self.drafted_at + other.drafted_at
