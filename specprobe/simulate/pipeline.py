@@ -350,3 +350,4 @@ def _per_step_tau(section: dict[str, Any]) -> None:
         if steps > 0:
             row["tau_tokens"] = (row["emitted_tokens"] - row["prompts"]) / steps
             row["tau_gap"] = row["tau_estimate"] - row["tau_tokens"]
+            row["tau_se"] = row["speedup_se"] = nan  # the per-prompt counts hold drafts, not verify steps: no SE for this τ
