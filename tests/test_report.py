@@ -209,7 +209,9 @@ def test_csv_tables(tmp_path: Path, real_results: RealResults) -> None:
     paths = write_csv(sim, tmp_path / "sim")
     assert "positions.csv" not in {p.name for p in paths}
     depth = pd.read_csv(tmp_path / "sim" / "depth.csv")
-    assert list(depth.columns) == ["depth", "cumulative_estimate", "conditional_estimate", "cumulative_measured", "conditional_measured"]
+    assert list(depth.columns) == ["depth", "cumulative_estimate", "conditional_estimate", "cumulative_se_estimate", "thin_estimate",
+                                   "cumulative_measured", "conditional_measured", "cumulative_se_measured", "thin_measured"]
+    assert depth.cumulative_se_measured.notna().sum() == len(sim.measured.depth.depth)  # each rate with its standard error
     measured_to = len(sim.measured.depth.depth)
     assert depth.depth.tolist() == list(range(1, len(sim.depth.depth) + 1)) and depth.cumulative_measured.notna().sum() == measured_to
     k = pd.read_csv(tmp_path / "sim" / "k_table.csv")

@@ -5,6 +5,8 @@ a uniform coin ≤ p(x) ÷ threshold_acc or p(x) ≥ threshold_single."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -96,9 +98,11 @@ def test_estimate_and_loop_follow_the_thresholds_and_sp215_says_it_is_lossy(tiny
         got[th] = run_simulate(SimulateConfig(d, ks=[3], baseline=False))
     exact, relaxed = got[1.0], got[0.3]
     assert relaxed.metrics["accept_prob_engine_mean"] > exact.metrics["accept_prob_engine_mean"] + 0.02
-    for r in (exact, relaxed):  # the seeded loop against its own estimate (noise of ~150 tokens)
+    for r in (exact, relaxed):  # the seeded loop against its own estimate: within 2 standard errors of the difference (each side's over prompts)
         row = r.measured.k_table[0]
-        assert row.tau_tokens == pytest.approx(row.tau_estimate, rel=0.08)
+        assert row.tau_se > 0 and row.tau_estimate_se > 0
+        assert abs(row.tau_tokens - row.tau_estimate) <= 2 * math.hypot(row.tau_se, row.tau_estimate_se), row
+        assert r.metrics["tau_gap_z_abs"] <= 2
     assert relaxed.measured.k_table[0].tau_tokens > exact.measured.k_table[0].tau_tokens
     assert relaxed.metrics["acceptance_lossy"] == 1 and exact.metrics["acceptance_lossy"] == 0
     assert "SP215" in {f.rule_id for f in relaxed.findings} and "SP215" not in {f.rule_id for f in exact.findings}

@@ -381,11 +381,13 @@ def test_calibration_rule_fires_on_a_gap() -> None:
     from specprobe.judge.rules import load_table
 
     table = load_table([])
-    found = table.findings({"tau_gap_rel_abs": 0.25, "num_drafts_measured": 400, "tau_estimated_tokens": 2.5, "tau_measured_tokens": 2.0, "calibration_k": 4})
+    gap = {"tau_gap_rel_abs": 0.25, "tau_gap_z_abs": 3.1, "num_drafts_measured": 400, "tau_estimated_tokens": 2.5, "tau_measured_tokens": 2.0, "calibration_k": 4}
+    found = table.findings(gap)
     assert [f.rule_id for f in found] == ["SP601"]
-    assert "2.50 tokens" in found[0].message and "2 tokens" in found[0].message
-    assert not table.findings({"tau_gap_rel_abs": 0.25, "num_drafts_measured": 10})  # too few drafts to judge
-    assert not table.findings({"tau_gap_rel_abs": 0.05, "num_drafts_measured": 400})
+    assert "2.50 tokens" in found[0].message and "2 tokens" in found[0].message and "3.1 standard errors" in found[0].message
+    assert not table.findings({**gap, "num_drafts_measured": 10})  # too few drafts to judge
+    assert not table.findings({**gap, "tau_gap_rel_abs": 0.05})
+    assert not table.findings({**gap, "tau_gap_z_abs": 1.5})  # within the noise of both sides: not a finding
 
 
 def test_interrupt_keeps_what_was_measured(tiny_pair, tmp_path, monkeypatch) -> None:

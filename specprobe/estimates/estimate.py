@@ -135,6 +135,7 @@ class KRow:
     # standard errors over prompts of the renewal figures (prompts the independent units)
     accept_rate_renewal_se: float = math.nan
     tau_renewal_se: float = math.nan
+    speedup_se: float = math.nan  # speedup × tau_renewal_se ÷ τ: the round cost is fixed at a K
 
 
 def k_table(

@@ -211,6 +211,8 @@ _METRICS: list[Metric] = [
     _m("tau_window_estimated_tokens", "tokens", True, "simulate", "Teacher-forced window estimate of τ at calibration_k (every start position averaged)."),
     _m("tau_gap_rel", "ratio", None, "simulate", "(τ estimated − τ measured) ÷ τ measured at calibration_k; > 0 when the estimate is optimistic."),
     _m("tau_gap_rel_abs", "ratio", False, "simulate", "|tau_gap_rel|: how far the teacher-forced estimate is from the real loop."),
+    _m("tau_gap_z", "ratio", None, "simulate", "(τ estimated − τ measured) at calibration_k in standard errors of the difference (each side's over prompts, the loop's seeds pooled per prompt)."),
+    _m("tau_gap_z_abs", "ratio", False, "simulate", "|tau_gap_z|: within 2 the estimate and the loop agree within their noise."),
     _m("accept_rate_measured", "frac", True, "simulate", "Measured accepted ÷ drafted tokens at calibration_k."),
     _m("num_drafts_measured", "count", None, "simulate", "Draft→verify steps (per row) measured at calibration_k."),
     _m("speedup_measured", "x", True, "simulate", "Measured tokens/s of speculative decoding ÷ plain target decoding of the same prompts, at the best measured K."),

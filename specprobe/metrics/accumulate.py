@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from specprobe.estimates.estimate import renewal_counts, renewal_tau, renewal_tokens_per_verify
+from specprobe.metrics.uncertainty import ratio_se, squares, thin
 
 # Fields summed per group; index order is fixed.
 FIELDS = ("accept_prob", "greedy_agree", "kl_target_draft_nats", "target_entropy_nats", "draft_confidence", "accept_prob_greedy_draft")
@@ -87,6 +88,11 @@ class Accumulator:
     # accepting depths 1..i (a_i) and its drafts (d). Sums again, so shards still merge.
     renewal_sq: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     renewal_pos_sq: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3)))
+    # the depth curve's spread over prompts (`depth_se`): per depth j (row j−1), Σ s², Σ s·c,
+    # Σ c² of each sequence's Σ_t r_j(t) (s) and its windows (c), and how many sequences
+    # reached depth j; nan in states saved before they were kept
+    depth_sq: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    depth_prompts: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         if self.drafting not in _ACCEPT:
@@ -98,6 +104,9 @@ class Accumulator:
             self.renewal_rounds = np.zeros(self.k_max)
             self.renewal_accepted = np.zeros((self.k_max, self.k_max))
             self.renewal_drafted = np.zeros((self.k_max, self.k_max))
+        if len(self.depth_sq) != self.k_max:
+            self.depth_sq = np.zeros((self.k_max, 3))
+            self.depth_prompts = np.zeros(self.k_max)
         if len(self.renewal_sq) != self.k_max:
             self.renewal_sq = np.zeros((self.k_max, 3))
             self.renewal_pos_sq = np.zeros((self.k_max, self.k_max, 3))
@@ -170,8 +179,11 @@ class Accumulator:
                 break
             r = r[:m] * depth_alpha[j - 1][j - 1 : j - 1 + m]
             # under the early stop depth j counts only where the round drafted it
-            self.depth_sum[j - 1] += (r if drafts is None else r * (drafts[:m] >= j)).sum()
+            got = float((r if drafts is None else r * (drafts[:m] >= j)).sum())
+            self.depth_sum[j - 1] += got
             self.depth_count[j - 1] += m
+            self.depth_sq[j - 1] += squares(got, m)
+            self.depth_prompts[j - 1] += 1
             r_by_j.append(r)
         # Adaptive K over full windows only (starts t ≤ n − k_max).
         w = n - self.k_max + 1
@@ -253,6 +265,8 @@ class Accumulator:
         self.renewal_drafted += other.renewal_drafted
         self.renewal_sq += other.renewal_sq
         self.renewal_pos_sq += other.renewal_pos_sq
+        self.depth_sq += other.depth_sq
+        self.depth_prompts += other.depth_prompts
         return self
 
     def to_state(self) -> dict[str, Any]:
@@ -282,6 +296,8 @@ class Accumulator:
             "renewal_drafted": self.renewal_drafted.tolist(),
             "renewal_sq": self.renewal_sq.tolist(),
             "renewal_pos_sq": self.renewal_pos_sq.tolist(),
+            "depth_sq": self.depth_sq.tolist(),
+            "depth_prompts": self.depth_prompts.tolist(),
         }
 
     @classmethod
@@ -314,6 +330,12 @@ class Accumulator:
         else:
             acc.renewal_sq = np.full((acc.k_max, 3), np.nan)
             acc.renewal_pos_sq = np.full((acc.k_max, acc.k_max, 3), np.nan)
+        if "depth_sq" in s:  # likewise the depth curve's
+            acc.depth_sq = np.asarray(s["depth_sq"], dtype=float).reshape(acc.k_max, 3)
+            acc.depth_prompts = np.asarray(s["depth_prompts"], dtype=float).reshape(acc.k_max)
+        else:
+            acc.depth_sq = np.full((acc.k_max, 3), np.nan)
+            acc.depth_prompts = np.full(acc.k_max, np.nan)
         return acc
 
     # ------------------------------------------------------------------ reading
@@ -399,6 +421,19 @@ class Accumulator:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.depth_count > 0, self.depth_sum / np.maximum(self.depth_count, 1), np.nan)
 
+    def depth_se(self) -> np.ndarray:
+        """[k_max] the standard error over prompts of each r_j (`cumulative_depth`); nan
+        where fewer than two prompts reached depth j or the sums are unavailable (a state
+        saved before they were kept took part)."""
+        return ratio_se(self.depth_sum, self.depth_count, self.depth_sq, self.depth_prompts)
+
+    def depth_thin(self) -> list[bool]:
+        """Per depth: too thin to read (`uncertainty.thin`); empty when the spread over
+        prompts is unavailable."""
+        if np.isnan(self.depth_prompts).any():
+            return []
+        return thin(self.cumulative_depth(), self.depth_se(), self.depth_prompts, self.depth_count)
+
     def _renewal_complete(self) -> bool:
         """Every scored position went through the renewal sums (false after merging in a
         state saved before they existed)."""
@@ -422,15 +457,8 @@ class Accumulator:
         n = self.num_prompts
         if not self._renewal_complete() or n < 2:
             return np.full(self.k_max, math.nan), np.full((self.k_max, self.k_max), math.nan)
-
-        def se(num: np.ndarray, den: np.ndarray, sq: np.ndarray) -> np.ndarray:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = num / den
-                resid = np.maximum(sq[..., 0] - 2 * r * sq[..., 1] + r * r * sq[..., 2], 0.0)  # Σ (A − r·D)²
-                return np.sqrt(n / (n - 1) * resid) / den
-
-        rate = se(self.renewal_accepted.sum(axis=1), self.renewal_drafted.sum(axis=1), self.renewal_sq)
-        pos = se(self.renewal_accepted, np.broadcast_to(self.renewal_drafted[:, :1], self.renewal_accepted.shape), self.renewal_pos_sq)
+        rate = ratio_se(self.renewal_accepted.sum(axis=1), self.renewal_drafted.sum(axis=1), self.renewal_sq, n)
+        pos = ratio_se(self.renewal_accepted, np.broadcast_to(self.renewal_drafted[:, :1], self.renewal_accepted.shape), self.renewal_pos_sq, n)
         return rate, pos
 
     def renewal_tokens_per_verify(self) -> np.ndarray:

@@ -18,6 +18,7 @@ from specprobe import __version__
 from specprobe.core.environment import environment
 from specprobe.engines import GREEDY, get
 from specprobe.judge.rules import RuleTable, worst_severity
+from specprobe.metrics.uncertainty import combined_z
 from specprobe.result import NOTHING_SCORED, Evaluation, Finding, Measured, Result
 
 if TYPE_CHECKING:
@@ -254,15 +255,19 @@ def _per_drafted(row: Any, drafted: Any) -> Any:
 
 
 def _with_standard_errors(rows: list[Any], acc: Any) -> list[Any]:
-    """Each K's renewal acceptance and τ with their standard errors over prompts
-    (`Accumulator.renewal_se`); τ − 1 is the acceptance times the mean draft length."""
+    """Each K's renewal acceptance, τ and speedup with their standard errors over prompts
+    (`Accumulator.renewal_se`); τ − 1 is the acceptance times the mean draft length, and
+    the speedup is τ over a round cost fixed at each K, so its relative SE is τ's (the
+    cost's own timing spread is speedup_low–speedup_high)."""
     rate_se, _ = acc.renewal_se()
     out = []
     for row in rows:
         se = float(rate_se[row.k - 1]) if row.k <= len(rate_se) else math.nan
         d = acc.renewal_drafted[row.k - 1, : row.k] if row.k <= acc.k_max else None
         length = float(d.sum() / d[0]) if d is not None and d[0] > 0 else float(row.k)
-        out.append(replace(row, accept_rate_renewal_se=se, tau_renewal_se=se * length))
+        tau = row.tau_renewal_tokens
+        speedup_se = row.speedup * se * length / tau if tau and not math.isnan(tau) else math.nan  # nan τ: the speedup is the window's
+        out.append(replace(row, accept_rate_renewal_se=se, tau_renewal_se=se * length, speedup_se=speedup_se))
     return out
 
 
@@ -370,7 +375,8 @@ def summarise(scored: Scored, cost: dict[str, Any], cfg: DiagnoseConfig) -> dict
         "by_entropy": acc.by_entropy(),
         "by_position": pos,
         "histograms": acc.histograms(),
-        "depth": {"depth": list(range(1, cfg.k_max + 1)), "cumulative": cum, "conditional": cond, "source": "estimate", "head_depths": list(scored.head_depths)},
+        "depth": {"depth": list(range(1, cfg.k_max + 1)), "cumulative": cum, "conditional": cond, "source": "estimate", "head_depths": list(scored.head_depths),
+                  "cumulative_se": acc.depth_se().tolist(), "thin": acc.depth_thin()},
         "k_table": [asdict(r) for r in ktab],
         # never worse than the best fixed K: a threshold that loses to it is reported, not recommended
         "adaptive": {**asdict(adaptive), "beats_fixed": bool(adaptive.speedup > (priced.metrics.get("speedup_best") or 0.0))} if adaptive else None,
@@ -388,7 +394,7 @@ def simulate_result(estimate: Result, cfg: SimulateConfig, measured: dict[str, A
     fields: dict[str, Any] = {
         **estimate.model_dump(),
         "command": "simulate",
-        "config": {**estimate.config.model_dump(), "k": list(cfg.ks), "adaptive_threshold": cfg.adaptive_threshold},
+        "config": {**estimate.config.model_dump(), "k": list(cfg.ks), "adaptive_threshold": cfg.adaptive_threshold, "seeds": cfg.seeds},
     }
     if measured is None:
         return Result.model_validate(fields)
@@ -411,6 +417,7 @@ def measured_metrics(m: Measured) -> dict[str, Any]:
     best = max(m.k_table, key=lambda r: (r.speedup if r.speedup is not None else -1.0, -r.k))
     tau_m, tau_e = cal.tau_tokens, cal.tau_estimate  # tau_estimate: the renewal estimate
     gap = (tau_e - tau_m) / tau_m if tau_m and tau_e is not None else None
+    z = combined_z(tau_e - tau_m, *(x if x is not None else math.nan for x in (cal.tau_estimate_se, cal.tau_se))) if tau_m is not None and tau_e is not None else math.nan
     s_gap = cal.speedup_gap
     return {
         "calibration_k": cal.k,
@@ -419,6 +426,8 @@ def measured_metrics(m: Measured) -> dict[str, Any]:
         "tau_window_estimated_tokens": cal.tau_window,
         "tau_gap_rel": gap,
         "tau_gap_rel_abs": abs(gap) if gap is not None else None,
+        "tau_gap_z": None if math.isnan(z) else z,
+        "tau_gap_z_abs": None if math.isnan(z) else abs(z),
         "speedup_estimated_cal_k": cal.speedup_estimate,
         "speedup_measured_cal_k": cal.speedup,
         "speedup_gap_rel": s_gap,

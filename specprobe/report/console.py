@@ -12,10 +12,12 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
+from specprobe.metrics.uncertainty import MIN_DRAFTS, MIN_PROMPTS
 from specprobe.report.fmt import (
     EM_DASH,
     NGRAM_NOTE,
     adaptive_wording,
+    agreement_lines,
     alignment_note,
     change_with_noise,
     fixed,
@@ -30,6 +32,8 @@ from specprobe.report.fmt import (
     ngram_headline,
     noise_words,
     pct,
+    pct_pm,
+    plus_minus,
     procedure_headline,
     top_trees,
     tree_depth_rows,
@@ -250,6 +254,7 @@ def depth_k_table(result: Result) -> Grid:
         [
             Column("K", justify="right"),
             Column("r_K cumulative", "r_K", "right"),
+            Column("± standard error of r_K over prompts", "r ±SE", "right", "drop", 8),
             Column("a_K conditional", "a_K", "right", "drop", 2),
             Column("τ(K) tokens", "τ(K)", "right"),
             Column("± standard error of τ(K) over prompts", "±SE", "right", "drop", 7),
@@ -262,6 +267,8 @@ def depth_k_table(result: Result) -> Grid:
         title="by draft depth / K (teacher-forced" + (f", acceptance = {result.procedure.acceptance}" if result.procedure else "") + "; τ(K) renewal, τ win window)",
     )
     cum = result.depth.cumulative if result.depth else []
+    cum_se = result.depth.cumulative_se if result.depth else []
+    thin = result.depth.thin if result.depth else []
     cond = result.depth.conditional if result.depth else []
     best = result.best_k
     equivalent = result.best_k_equivalent  # Ks the cost timing cannot tell apart; best is the smallest (SP312)
@@ -271,12 +278,23 @@ def depth_k_table(result: Result) -> Grid:
             mark = " ≈ best"  # within the timing's spread of it (SP312)
         tau = row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
         rate = row.accept_rate_renewal if row.accept_rate_renewal is not None else row.accept_rate
+        speedup = f"{_f(row.speedup, '.2f')}×" + (f" ± {_f(row.speedup_se, '.2f')}" if row.speedup_se is not None else "")
         g.add(
-            str(row.k), _pct(cum[i] if i < len(cum) else None), _pct(cond[i] if i < len(cond) else None),
+            _thin(str(row.k), thin, i), _thin(_pct(cum[i] if i < len(cum) else None), thin, i), _pct(cum_se[i] if i < len(cum_se) else None), _pct(cond[i] if i < len(cond) else None),
             _f(tau, ".2f"), _f(row.tau_renewal_se, ".2f"), _f(row.tau_tokens, ".2f"), _pct(rate), _f(row.iid_tau_tokens, ".2f"), _f(row.verify_factor, ".2f"),
-            f"{_f(row.speedup, '.2f')}×{mark}",
+            f"{speedup}{mark}",
         )
+    if any(thin):
+        g.caption = THIN_NOTE
     return g
+
+
+THIN_NOTE = f"dim: a depth too thin to read (under {MIN_PROMPTS} prompts or {MIN_DRAFTS} drafts reach it, or its SE ≥ its rate)"
+
+
+def _thin(text: str, thin: list[bool], i: int) -> Text | str:
+    """A depth's cell, dimmed where the depth is too thin to read."""
+    return Text(text, style="dim") if i < len(thin) and thin[i] else text
 
 
 def tree_tables(result: Result) -> list[Grid]:
@@ -551,44 +569,52 @@ def measured_tables(result: Result, console: Console) -> None:
     g = Grid(
         [
             Column("K", justify="right"),
-            Column("τ measured", "τ meas", "right"),
-            Column("τ estimate", "τ est", "right"),
+            Column("τ measured ± SE", "τ meas", "right"),
+            Column("τ estimate ± SE", "τ est", "right"),
             Column("τ window", "τ win", "right", "drop", 8),
             Column("gap est−meas", "gap", "right", "drop", 4),
-            Column("accept rate", "acc", "right", "drop", 3),
-            Column("tokens/s", "tok/s", "right"),
+            Column("accept rate ± SE", "acc", "right", "drop", 3),
+            Column("tokens/s", "tok/s", "right", "drop", 1),
             Column("speedup est", "S est", "right", "drop", 2),
-            Column("speedup"),
+            Column("speedup ± SE", "speedup"),
             Column("drafts", None, "right", "drop", 5),
             Column("draft ms/step", "draft ms", "right", "drop", 7),
             Column("target ms/step", "target ms", "right", "drop", 6),
         ],
-        title="measured by real speculative decoding (τ includes the bonus token)",
+        title="measured by real speculative decoding (τ includes the bonus token; ± standard errors over prompts)",
     )
     best = max(m.k_table, key=lambda r: r.speedup if r.speedup is not None and not math.isnan(r.speedup) else -1.0)
     for r in m.k_table:
         mark = " ◀ best" if r is best else ""
+        speedup = f"{_f(r.speedup, '.2f')}×" + (f" ± {_f(r.speedup_se, '.2f')}" if r.speedup_se is not None else "")
         g.add(
-            str(r.k), _f(r.tau_tokens, ".2f"), _f(r.tau_estimate, ".2f"), _f(r.tau_window, ".2f"), _f(r.tau_gap, "+.2f"), _pct(r.accept_rate),
-            _f(r.tokens_per_s, ".1f"), f"{_f(r.speedup_estimate, '.2f')}×", f"{_f(r.speedup, '.2f')}×{mark}", str(r.num_drafts),
+            str(r.k), plus_minus(r.tau_tokens, r.tau_se, none=EM_DASH), plus_minus(r.tau_estimate, r.tau_estimate_se, none=EM_DASH), _f(r.tau_window, ".2f"), _f(r.tau_gap, "+.2f"),
+            pct_pm(r.accept_rate, r.accept_rate_se, none=EM_DASH), _f(r.tokens_per_s, ".1f"), f"{_f(r.speedup_estimate, '.2f')}×", f"{speedup}{mark}", str(r.num_drafts),
             _f(r.draft_ms_per_step, ".1f"), _f(r.target_ms_per_step, ".1f"),
         )
     console.print(g)
+    for line in agreement_lines(result):
+        console.print(line, highlight=False)
     d = m.depth
     est = result.depth.cumulative if result.depth else []
+    est_se = result.depth.cumulative_se if result.depth else []
     if d is not None and d.depth:
         g = Grid(
             [
                 Column("position", "pos", "right"),
                 Column("accepted", None, "right", "drop", 1),
-                Column("r_i measured", "r_i meas", "right"),
-                Column("a_i measured", "a_i meas", "right"),
-                Column("r_i estimate", "r_i est", "right"),
+                Column("r_i measured ± SE", "r_i meas", "right"),
+                Column("a_i measured", "a_i meas", "right", "drop", 2),
+                Column("r_i estimate ± SE", "r_i est", "right"),
             ],
-            title=f"per draft position at K={d.k} (depth from 1; vLLM counting)",
+            title=f"per draft position at K={d.k} (depth from 1; vLLM counting; ± standard errors over prompts)",
         )
         for i, pos in enumerate(d.depth):
-            g.add(str(pos), str(d.accepted_per_position[i]), _pct(d.cumulative[i]), _pct(d.conditional[i]), _pct(est[i] if i < len(est) else None))
+            se = d.cumulative_se[i] if i < len(d.cumulative_se) else None
+            g.add(_thin(str(pos), d.thin, i), str(d.accepted_per_position[i]), _thin(pct_pm(d.cumulative[i], se, none=EM_DASH), d.thin, i), _pct(d.conditional[i]),
+                  pct_pm(est[i] if i < len(est) else None, est_se[i] if i < len(est_se) else None, none=EM_DASH))
+        if any(d.thin):
+            g.caption = THIN_NOTE
         console.print(g)
     console.print(f"plain target decoding (baseline): {_f(m.baseline_tokens_per_s, '.1f')} tokens/s on the same prompts, device and batch size")
     a = m.adaptive

@@ -114,10 +114,10 @@ def tables(result: Result | Comparison) -> dict[str, Any]:
         out["k_table"] = out["k_table"].merge(m, on="k", how="outer")
     d = result.depth
     if d and d.depth:
-        depth = pd.DataFrame({"depth": d.depth, "cumulative_estimate": d.cumulative, "conditional_estimate": d.conditional})
+        depth = pd.DataFrame({"depth": d.depth, "cumulative_estimate": d.cumulative, "conditional_estimate": d.conditional, **_depth_se(d, "estimate")})
         md = meas.depth if meas else None
         if md and md.depth:
-            mdf = pd.DataFrame({"depth": md.depth, "cumulative_measured": md.cumulative, "conditional_measured": md.conditional})
+            mdf = pd.DataFrame({"depth": md.depth, "cumulative_measured": md.cumulative, "conditional_measured": md.conditional, **_depth_se(md, "measured")})
             depth = depth.merge(mdf, on="depth", how="outer")
         out["depth"] = depth
     if result.positions is not None:
@@ -128,6 +128,18 @@ def tables(result: Result | Comparison) -> dict[str, Any]:
 
 
 NGRAM_COLUMNS = ["scope", "group", "verify_steps", "proposal_frac", "draft_tokens_mean", "accept_frac", "tau_tokens", "speedup"]
+
+
+def _depth_se(d: Any, side: str) -> dict[str, list[Any]]:
+    """The depth curve's standard errors and thin flags as columns (none in results
+    written before they were kept)."""
+    n = len(d.depth)
+    out: dict[str, list[Any]] = {}
+    if len(d.cumulative_se) == n:
+        out[f"cumulative_se_{side}"] = d.cumulative_se
+    if len(d.thin) == n:
+        out[f"thin_{side}"] = d.thin
+    return out
 
 
 def _ngram_frame(result: Result) -> Any:

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from specprobe.judge.catalog import CATALOG, format_value
+from specprobe.metrics.uncertainty import AGREE_SE, combined_z
 from specprobe.result import NOTHING_SCORED
 
 DASH = "–"  # en dash: Markdown and HTML
@@ -59,6 +60,15 @@ def pct_pm(x: Any, se: Any, digits: int = 1, none: str = DASH) -> str:
     return pct(v, digits) if s is None else f"{100 * v:.{digits}f} ± {100 * s:.{digits}f}%"
 
 
+def se_apart(z: Any, none: str = "SE unknown") -> str:
+    """A gap in standard errors of the difference, and whether that is agreement:
+    '+1.3 SE: within 2' / '−2.6 SE: outside 2'."""
+    v = num(z)
+    if v is None:
+        return none
+    return f"{v:+.1f} SE: {'within' if abs(v) <= AGREE_SE else 'outside'} {AGREE_SE:g}"
+
+
 def metric(name: str, x: Any, none: str = DASH) -> str:
     """A catalogue metric with its unit (counts and flags as integers)."""
     v = num(x)
@@ -78,10 +88,10 @@ def signed_delta(name: str, x: Any, none: str = DASH) -> str:
 
 
 # ----------------------------------------------------------------------------- noise
-# A change is told from noise at two standard errors (about 95% two-sided under a normal
-# law): the reports' "beyond noise" / "within noise" and compare's gate read this one line.
-# A change of exactly two is within it.
-NOISE_Z = 2.0
+# A change is told from noise at AGREE_SE (two) standard errors (about 95% two-sided under a
+# normal law): the reports' "beyond noise" / "within noise", compare's gate and the
+# estimate-against-loop agreement all read that one constant. A change of exactly two is within it.
+NOISE_Z = AGREE_SE
 
 
 def metric_se(name: str, x: Any, se: Any, none: str = DASH) -> str:
@@ -321,3 +331,18 @@ def top_trees(result: Any, n: int = 6) -> list[Any]:
         return []
     rows = [r for r in tr.grid if num(r.speedup) is not None]
     return sorted(rows, key=lambda r: (-r.speedup, r.tokens, r.steps))[:n]
+
+
+def agreement_lines(result: Any) -> list[str]:
+    """Per measured K: the estimate against the loop in standard errors of their
+    difference (each side's over prompts; the loop's seeds pooled per prompt)."""
+    m = result.measured
+    out = []
+    for r in m.k_table if m is not None else []:
+        if r.tau_estimate is None or r.tau_tokens is None:
+            continue
+        z = combined_z(r.tau_estimate - r.tau_tokens, *(x if x is not None else math.nan for x in (r.tau_estimate_se, r.tau_se)))
+        seeds = f" × {r.seeds} seeds" if r.seeds > 1 else ""
+        out.append(f"K={r.k}: τ est {plus_minus(r.tau_estimate, r.tau_estimate_se, '.3f')}, meas {plus_minus(r.tau_tokens, r.tau_se, '.3f')} "
+                   f"({r.prompts} prompts{seeds}): {signed_pct((r.tau_estimate - r.tau_tokens) / r.tau_tokens if r.tau_tokens else None)}, {se_apart(z)}")
+    return out

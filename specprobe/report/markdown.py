@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from specprobe.metrics.uncertainty import MIN_DRAFTS, MIN_PROMPTS
 from specprobe.report.fmt import (
+    DASH,
     NGRAM_NOTE,
+    agreement_lines,
     alignment_note,
     change_with_noise,
     fixed,
@@ -25,6 +28,7 @@ from specprobe.report.fmt import (
     noise_words,
     pct,
     pct_pm,
+    plus_minus,
     procedure_headline,
     signed_pct,
     top_trees,
@@ -109,27 +113,41 @@ def render_markdown(result: Result | Comparison, *, fail_on: str | None = None) 
         best = result.best_k
         eq, eq_words = result.best_k_equivalent, result.best_k_equivalent_words()  # the smallest of Ks within noise is the best
         lines += ["#### τ and speedup by K (estimate" + (", measured" if mk else "") + ")", ""]
-        head = ["K", "τ(K)", "τ window", "accept rate", "v_K", "speedup"] + (["τ measured", "speedup measured"] if mk else [])
+        head = ["K", "τ(K) ± SE", "τ window", "accept rate ± SE", "v_K", "speedup ± SE"] + (["τ measured ± SE", "speedup measured ± SE"] if mk else [])
         body = []
         for r in result.k_table:
             tau = r.tau_renewal_tokens if r.tau_renewal_tokens is not None else r.tau_tokens
             rate = r.accept_rate_renewal if r.accept_rate_renewal is not None else r.accept_rate
             row: list[Any] = [
-                f"**{r.k}** (best{', ' + eq_words if eq_words else ''})" if r.k == best else f"{r.k} (≈ best)" if r.k in eq else r.k, fixed(tau, ".2f"), fixed(r.tau_tokens, ".2f"), pct(rate), fixed(r.verify_factor, ".2f"), f"{r.speedup or 0:.2f}×",
+                f"**{r.k}** (best{', ' + eq_words if eq_words else ''})" if r.k == best else f"{r.k} (≈ best)" if r.k in eq else r.k, plus_minus(tau, r.tau_renewal_se if r.tau_renewal_tokens is not None else None), fixed(r.tau_tokens, ".2f"),
+                pct_pm(rate, r.accept_rate_renewal_se if r.accept_rate_renewal is not None else None), fixed(r.verify_factor, ".2f"), _times(r.speedup or 0, r.speedup_se),
             ]
             if mk:
                 mm = mk.get(r.k)
-                row += [fixed(mm.tau_tokens if mm else None, ".2f"), fixed(mm.speedup if mm else None, ".2f") + ("×" if mm and mm.speedup is not None else "")]
+                row += [plus_minus(mm.tau_tokens, mm.tau_se) if mm else DASH, _times(mm.speedup, mm.speedup_se) if mm else DASH]
             body.append(row)
         lines += _table(head, body)
+        lines += [f"- {line}" for line in agreement_lines(result)] + ([""] if mk else [])
         lines += _cost_lines(result)
     lines += _tree_lines(result)
     d = result.depth
     if d and d.cumulative:
         lines += ["#### Acceptance by draft depth (estimate; depth from 1)", ""]
-        lines += _table(("depth", "cumulative r_j", "conditional a_j"), [[j, pct(c), pct(a)] for j, c, a in zip(d.depth, d.cumulative, d.conditional, strict=False)])
+        se = d.cumulative_se if len(d.cumulative_se) == len(d.depth) else [None] * len(d.depth)
+        thin = d.thin if len(d.thin) == len(d.depth) else [False] * len(d.depth)
+        lines += _table(("depth", "cumulative r_j ± SE", "conditional a_j"), [[f"{j} (thin)" if t else j, pct_pm(c, e), pct(a)] for j, c, e, a, t in zip(d.depth, d.cumulative, se, d.conditional, thin, strict=False)])
+        if any(thin):
+            lines += [f"_thin: a depth too thin to read (under {MIN_PROMPTS} prompts or {MIN_DRAFTS} drafts reach it, or its standard error is as large as its rate)._", ""]
     lines.append("_Estimates from teacher forcing" + ("; measured values from real speculative decoding._" if mk else "._"))
     return "\n".join(lines) + "\n"
+
+
+def _times(x: Any, se: Any) -> str:
+    """A speedup ± its standard error: '0.93× ± 0.03'."""
+    v = fixed(x, ".2f")
+    if v == DASH:
+        return v
+    return f"{v}×" + (f" ± {fixed(se, '.2f')}" if fixed(se, ".2f") != DASH else "")
 
 
 def _tree_lines(result: Result) -> list[str]:

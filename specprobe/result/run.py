@@ -60,6 +60,7 @@ class RunConfig(Record):
     # simulate only
     k: list[int] | None = None
     adaptive_threshold: float | None = None
+    seeds: int | None = None
 
     @model_serializer(mode="wrap")
     def _only_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -290,6 +290,8 @@ SETTINGS: tuple[Setting, ...] = (
                              EXPORT: "The draft length K to export (default: the result's best K); a per-batch-size schedule is written only for the result's own K."}),
     Setting("adaptive_threshold", "--adaptive-threshold", "Also measure adaptive K: stop drafting at the first depth whose drafter confidence max q is below this.", float | None, panel=SHAPE, commands=frozenset({SIMULATE}), file_key="adaptive_threshold",
             ge=0, le=1, hint="it is a drafter confidence max q; use e.g. 0.4"),
+    Setting("seeds", "--seeds", "Run the loop under this many seeds (--seed, --seed + 1, …) and pool them: more drafts behind every measured figure, each with its standard error over prompts.", int, 1,
+            panel=SHAPE, commands=frozenset({SIMULATE}), file_key="seeds", ge=1, le=64, hint="use 1–64, e.g. 3"),
     Setting("verify_factor", "--verify-factor", "Override: a round costs (1 + K·c)·v target steps; default: the verify pass over K+1 tokens timed on the device for every K.", float | None, panel=COST, commands=RUNS, file_key="verify_factor",
             gt=0, hint="use e.g. 1.5, or leave it out to measure it on the device"),
     Setting("cost_ratio", "--cost-ratio", "Override: drafter/target cost per step c; default: timed on the device.", float | None, panel=COST, commands=RUNS, file_key="cost_ratio", gt=0, hint="leave it out to measure it on the device"),

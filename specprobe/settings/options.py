@@ -158,7 +158,7 @@ class RunOptions:
         )
 
     def simulate_config(self) -> SimulateConfig:
-        return SimulateConfig(self.diagnose_config(keep_positions=False), ks=list(self.k), adaptive_threshold=self.adaptive_threshold)
+        return SimulateConfig(self.diagnose_config(keep_positions=False), ks=list(self.k), adaptive_threshold=self.adaptive_threshold, seeds=self.seeds)
 
 
 # ----------------------------------------------------------------------------- the merge

@@ -241,14 +241,16 @@ class SimulateConfig:
     ks: list[int] = field(default_factory=lambda: [1, 2, 4])
     adaptive_threshold: float | None = None
     baseline: bool = True  # also time plain target decoding (the speedup's denominator)
+    seeds: int = 1  # the loop under seeds seed, seed + 1, …, pooled
 
     def __post_init__(self) -> None:
         if not self.ks:
             raise ConfigError("--k lists no draft length", "use e.g. --k 1,2,4")
         check("k", list(self.ks), "--k")
         check("adaptive_threshold", self.adaptive_threshold, "--adaptive-threshold")
+        check("seeds", self.seeds, "--seeds")
 
     def to_dict(self) -> dict[str, Any]:
         d = self.diagnose.to_dict()
-        d.update({"k": list(self.ks), "adaptive_threshold": self.adaptive_threshold})
+        d.update({"k": list(self.ks), "adaptive_threshold": self.adaptive_threshold, "seeds": self.seeds})
         return d

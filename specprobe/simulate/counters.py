@@ -15,6 +15,10 @@ from typing import Any
 import numpy as np
 
 from specprobe.metrics import spec_counts
+from specprobe.metrics.uncertainty import linear_se, thin, unit_ratio_se
+
+# the columns of `SimCounters.units` before the per-position ones
+_ACC, _DRAFTED, _DRAFTS = 0, 1, 2
 
 
 @dataclass
@@ -40,11 +44,95 @@ class SimCounters:
     tree: Any = None  # a tree run: the `estimates.tree.TreeShape` it verified (k = its depth)
     label: int | None = None  # the K it is reported at when that is not k (n-gram types beside a draft model: the model's K; k the loop's width)
     by_rank: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [S, T] accepted depth-d nodes that were their parent's rank-r candidate
+    # [P, 3 + 2K] per prompt: accepted tokens, drafted tokens, drafts, then drafts with
+    # positions 1..i accepted and drafts that proposed position i (i = 1..K); no rows when
+    # the loop did not count per prompt (the standard errors are then nan)
+    units: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    seeds: int = 1  # seeds pooled into these counts (`add`)
 
     def __post_init__(self) -> None:
         if len(self.accepted_at) != self.k:
             self.accepted_at = np.zeros(self.k)
             self.drafted_at = np.zeros(self.k)
+
+    # ------------------------------------------------------------------ per prompt
+    def open_units(self, prompts: int) -> None:
+        """Per-prompt rows for a run over `prompts` prompts (kept if already that many)."""
+        if self.units.shape != (prompts, 3 + 2 * self.k):
+            self.units = np.zeros((prompts, 3 + 2 * self.k))
+
+    def count_units(self, rows: list[int], accepted: np.ndarray, drafted: np.ndarray, reached: np.ndarray | None = None, accepted_at: np.ndarray | None = None) -> None:
+        """One verify step of the live rows: row r is prompt rows[r], proposed drafted[r]
+        tokens and had the first accepted[r] accepted; reached[r, i] / accepted_at[r, i]:
+        whether the draft counts as proposing / accepting depth i + 1 (by default: it
+        proposed it / accepted[r] > i)."""
+        if not len(self.units):
+            return
+        idx = np.asarray(rows, dtype=np.int64)
+        accepted, drafted = np.asarray(accepted), np.asarray(drafted)
+        depth = np.arange(self.k)[None, :]  # [1, K]
+        u = self.units
+        np.add.at(u[:, _ACC], idx, accepted)
+        np.add.at(u[:, _DRAFTED], idx, drafted)
+        np.add.at(u[:, _DRAFTS], idx, drafted > 0)
+        np.add.at(u[:, 3 : 3 + self.k], idx, accepted[:, None] > depth if accepted_at is None else accepted_at)
+        np.add.at(u[:, 3 + self.k :], idx, drafted[:, None] > depth if reached is None else reached)
+
+    def add(self, other: SimCounters) -> SimCounters:
+        """Pool another run of the same prompts and K (another seed): counts add, and
+        each prompt's row adds into its own."""
+        if other.k != self.k or other.units.shape != self.units.shape:
+            raise ValueError("pooled runs must share K and prompts")
+        for name in ("verify_steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_tokens", "target_calls", "target_s", "draft_calls", "draft_s", "wall_s", "prompts", "seeds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.accepted_at = self.accepted_at + other.accepted_at
+        self.drafted_at = self.drafted_at + other.drafted_at
+        self.units = self.units + other.units
+        if self.by_rank.shape == other.by_rank.shape:
+            self.by_rank = self.by_rank + other.by_rank
+        return self
+
+    @property
+    def unit_prompts(self) -> int:
+        return len(self.units)
+
+    def cumulative_se(self) -> list[float]:
+        """The standard error over prompts of each `cumulative()` r_i."""
+        if not len(self.units) or self.k == 0:
+            return [float("nan")] * self.k
+        k = self.k
+        return unit_ratio_se(self.units[:, 3 : 3 + k], self.units[:, 3 + k :]).tolist()
+
+    def thin(self) -> list[bool]:
+        """Per depth: too thin to read (`metrics.uncertainty.thin`); empty without per-prompt counts."""
+        if not len(self.units) or self.k == 0:
+            return []
+        reached = (self.units[:, 3 + self.k :] > 0).sum(axis=0)
+        return thin(self.cumulative(), self.cumulative_se(), reached, self.drafted_at)
+
+    @property
+    def accept_rate_se(self) -> float:
+        """The standard error over prompts of `accept_rate`."""
+        if not len(self.units):
+            return float("nan")
+        return float(unit_ratio_se(self.units[:, _ACC], self.units[:, _DRAFTED]))
+
+    @property
+    def tau_se(self) -> float:
+        """The standard error over prompts of `tau_tokens`: 1 + Σ_i A_i ÷ D_i linearised,
+        each prompt's influence Σ_i (a_i − r_i·d_i) ÷ D_i (1 + A ÷ drafts under an early
+        stop)."""
+        if not len(self.units) or self.k == 0 or self.num_drafts == 0:
+            return float("nan")
+        u, k = self.units, self.k
+        if self.early_stop:
+            a, n = u[:, _ACC], u[:, _DRAFTS]
+            return linear_se((a - a.sum() / n.sum() * n) / n.sum())
+        a, d = u[:, 3 : 3 + k], u[:, 3 + k :]
+        big_d = d.sum(axis=0)
+        live = big_d > 0
+        r = a.sum(axis=0)[live] / big_d[live]
+        return linear_se(((a[:, live] - r * d[:, live]) / big_d[live]).sum(axis=1))
 
     def cumulative(self) -> list[float]:
         """r_i: accepted at position i ÷ drafts that proposed position i (depth from 1)."""

@@ -91,6 +91,7 @@ def speculate(
     run = run or SimRun(SimCounters(k, threshold))
     run.outputs = [[] for _ in prompts]
     c = run.counters
+    c.open_units(len(prompts))
     with torch.inference_mode():
         for bi, idx in enumerate(_batches(prompts, batch_size)):
             gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + bi)
@@ -152,7 +153,7 @@ def decode_batch(batch: Batch, s: Settings, run: SimRun) -> None:
             n, nxt = verify(batch, s, prop)  # [B] accepted drafts n ≤ m, [B] next token
             roll_back(batch, prop, n)
             batch.source.accept(prop, n, nxt)  # rolls back d_{n+1}..d_m, queues what was verified
-            count(c, prop, n, s.k)
+            count(c, prop, n, s.k, batch.rows)
             emit(batch, run, prop, n, nxt, s.eos)
     finally:
         c.target_calls += batch.target.calls
@@ -201,8 +202,9 @@ def roll_back(batch: Batch, prop: Proposal, n: torch.Tensor) -> None:
     tgt.invalidate_from(tgt.length - (prop.drafted - n))
 
 
-def count(c: SimCounters, prop: Proposal, n: torch.Tensor, k: int) -> None:
-    """vLLM conventions: a draft is one row's verify step that proposed ≥ 1 token."""
+def count(c: SimCounters, prop: Proposal, n: torch.Tensor, k: int, rows: list[int] | None = None) -> None:
+    """vLLM conventions: a draft is one row's verify step that proposed ≥ 1 token. rows:
+    each live row's prompt, for the per-prompt counts."""
     drafted = prop.drafted
     c.verify_steps += int(drafted.shape[0])
     c.num_drafts += int((drafted > 0).sum())
@@ -212,6 +214,8 @@ def count(c: SimCounters, prop: Proposal, n: torch.Tensor, k: int) -> None:
         depth = torch.arange(k, device=drafted.device)[None, :]  # [1, K]
         c.accepted_at += (n[:, None] > depth).sum(0).cpu().numpy()  # first i+1 all accepted
         c.drafted_at += (drafted[:, None] > depth).sum(0).cpu().numpy()  # proposed depth i+1
+    if rows is not None:
+        c.count_units(rows, n.cpu().numpy(), drafted.cpu().numpy())
 
 
 def emit(batch: Batch, run: SimRun, prop: Proposal, n: torch.Tensor, nxt: torch.Tensor, eos: frozenset[int]) -> None:

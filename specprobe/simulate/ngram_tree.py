@@ -129,6 +129,7 @@ def speculate_ngram_tree(
     run = run or SimRun(SimCounters(k))
     c = run.counters
     run.outputs = [[] for _ in prompts]
+    c.open_units(len(prompts))
     with torch.inference_mode():
         for bi, idx in enumerate(_batches(prompts, batch_size)):
             gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + bi)
@@ -174,16 +175,24 @@ def _decode(batch: Batch, src: NgramTreeSource, k: int, sampling: Sampling, eos:
                 prop.tokens[r, : len(toks)] = torch.tensor(toks)
             emitted.append(_emit([*toks, int(nxt[r])], batch.remaining[r], eos)[0])
         # accepted: the path's tokens that are emitted (a path past EOS or the budget is cut)
-        _count(run.counters, trees_before, [min(len(p), len(e)) for p, e in zip(paths, emitted, strict=True)])
+        _count(run.counters, trees_before, [min(len(p), len(e)) for p, e in zip(paths, emitted, strict=True)], batch.rows)
         src.accept(emitted)
         n = torch.tensor([len(p) for p in paths], dtype=torch.long, device=tgt.device)
         emit(batch, run, prop, n, torch.tensor(nxt, dtype=torch.long, device=tgt.device), eos)
         ta.squeeze(batch.target)
 
 
-def _count(c: SimCounters, trees: list[NgramTree | None], accepted: list[int]) -> None:
-    """vLLM's counters (module doc); depth d drafted: a tree with a real node at depth d."""
+def _count(c: SimCounters, trees: list[NgramTree | None], accepted: list[int], rows: list[int] | None = None) -> None:
+    """vLLM's counters (module doc); depth d drafted: a tree with a real node at depth d.
+    rows: each row's prompt, for the per-prompt counts."""
     c.verify_steps += len(accepted)
+    if rows is not None and c.k:
+        real = [t is not None and t.real > 0 for t in trees]
+        drafted = np.asarray([t.real if t is not None and r else 0 for t, r in zip(trees, real, strict=True)])
+        deep = np.asarray([max(t.depths()[1 : t.real + 1]) if t is not None and r else 0 for t, r in zip(trees, real, strict=True)])
+        depth = np.arange(c.k)[None, :]
+        got = np.asarray([n if r else 0 for n, r in zip(accepted, real, strict=True)])[:, None] > depth  # real drafts only, as below
+        c.count_units(rows, np.asarray(accepted), drafted, deep[:, None] > depth, got)
     for tree, n in zip(trees, accepted, strict=True):
         c.accepted_tokens += n  # a padding node the target's token matched included
         if tree is None or not tree.real:

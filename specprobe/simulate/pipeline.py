@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from math import nan
 from pathlib import Path
 from typing import Any
@@ -62,13 +63,23 @@ def estimate_by_k(rows: Sequence[Any]) -> dict[int, tuple[float, float, float]]:
     return out
 
 
-def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, tuple[float, float, float]]) -> dict[str, Any]:
+def estimate_se_by_k(rows: Sequence[Any]) -> dict[int, float]:
+    """The estimate's K table -> K: the renewal τ's standard error over prompts (nan
+    where it is unknown)."""
+    return {r.k: float(r.tau_renewal_se) if getattr(r, "tau_renewal_se", None) is not None else nan for r in rows}
+
+
+def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, tuple[float, float, float]], estimate_se: dict[int, float] | None = None) -> dict[str, Any]:
     """One measured K beside the estimate at that K: renewal and window τ, and the
-    estimated speedup against the measured one (gaps relative to the measurement)."""
+    estimated speedup against the measured one (gaps relative to the measurement); each
+    measured figure with its standard error over prompts (`SimCounters`: a prompt's
+    seeds pooled into one unit), the speedup's from τ's (the round's cost is the same
+    for every prompt at a K; its timing spread is not in it)."""
     k = c.label if c.label is not None else c.k
     est, window, est_speedup = estimate.get(k, (nan, nan, nan))
     tau = c.tau_tokens
     speedup = c.tokens_per_s / baseline_tps if baseline_tps and baseline_tps > 0 else nan
+    tau_se = c.tau_se
     return {
         "k": k,
         "tau_tokens": tau,
@@ -86,7 +97,12 @@ def _measured_row(c: SimCounters, baseline_tps: float, estimate: dict[int, tuple
         "speedup_gap": (est_speedup - speedup) / speedup if speedup and speedup > 0 else nan,
         "emitted_tokens": c.emitted_tokens,
         "wall_s": c.wall_s,
-        "prompts": c.prompts,
+        "prompts": c.prompts // max(c.seeds, 1),
+        "seeds": c.seeds,
+        "tau_se": tau_se,
+        "accept_rate_se": c.accept_rate_se,
+        "speedup_se": speedup * tau_se / tau if tau and tau == tau else nan,
+        "tau_estimate_se": (estimate_se or {}).get(k, nan),
     }
 
 
@@ -111,12 +127,13 @@ def tree_block(c: SimCounters, estimate: dict[int, tuple[float, float, float]]) 
     }
 
 
-def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, tuple[float, float, float]], procedure: Procedure | None = None) -> dict[str, Any]:
+def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adaptive: SimCounters | None, estimate: dict[int, tuple[float, float, float]], procedure: Procedure | None = None,
+                     estimate_se: dict[int, float] | None = None) -> dict[str, Any]:
     """The result's "measured" block (depth indexed from 1; τ includes the bonus token);
     its note says which draft-and-verify procedure the loop ran. A tree run (its counters
     carry the tree) measures that tree alone: its row sits in k_table at K = its depth."""
     base_tps = baseline.tokens_per_s if baseline is not None else float("nan")
-    k_rows = [_measured_row(c, base_tps, estimate) for c in runs if c.num_drafts]
+    k_rows = [_measured_row(c, base_tps, estimate, estimate_se) for c in runs if c.num_drafts]
     deepest = max((c for c in runs if c.num_drafts), key=lambda c: c.k, default=None)
     depth = None
     if deepest is not None:
@@ -124,6 +141,8 @@ def measured_section(runs: list[SimCounters], baseline: SimCounters | None, adap
             "k": deepest.k,
             "depth": list(range(1, deepest.k + 1)),
             "cumulative": deepest.cumulative(),
+            "cumulative_se": deepest.cumulative_se(),
+            "thin": deepest.thin(),
             "cumulative_vllm": deepest.cumulative_vllm(),
             "conditional": deepest.conditional(),
             "accepted_per_position": [int(x) for x in deepest.accepted_at],
@@ -213,60 +232,114 @@ def run_simulate(cfg: SimulateConfig, progress: Any = None, table: Any = None, p
         return simulate_result(estimate, cfg, None, table).model_copy(update={"interrupted": True})
     encoded = refs.encoded
     tau_estimate = estimate_by_k(estimate.k_table)
+    estimate_se = estimate_se_by_k(estimate.k_table)
     shape = dcfg.tree_shape
     if shape is not None:
         own = estimate.trees.tree if estimate.trees is not None else None
         if own is not None and own.tau_tokens is not None:  # the tree's own estimate (else the chain's at K = its depth)
             tau_estimate[shape.steps] = (own.tau_tokens, own.tau_window_tokens if own.tau_window_tokens is not None else nan, own.speedup if own.speedup is not None else nan)
+            estimate_se[shape.steps] = nan  # the chain's SE is not the tree's
         progress.note(f"--tree: the tree {shape.label()} is measured, not the chains of --k")
     # the engine's own procedure, so the measurement is what that engine would measure
     procedure = Procedure.of(dcfg.engine, dcfg.drafting, n_min=dcfg.draft_n_min, p_min=dcfg.draft_p_min, thresholds=dcfg.thresholds)
-    kw = {"target_sampling": pair.sampling.target, "draft_sampling": pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(target), "seed": dcfg.seed, "batch_size": dcfg.batch_size, "procedure": procedure}
-    runs: list[SimCounters] = []
-    baseline: SimCounters | None = None
-    adaptive: SimCounters | None = None
+    measure = _Measure(cfg, dcfg, target.model, step, encoded, pair, procedure, progress, ngram=ngram, mixed=mixed)
+    pooled: _Runs | None = None
+    current: _Runs | None = None
+    done = 0
     interrupted = False
-    n = len(encoded)
     try:
-        if cfg.baseline:
-            run = SimRun(SimCounters(0))
-            baseline = run.counters
-            with progress.task(f"plain target decoding (baseline, {n} prompts)", n) as advance:
-                speculate(target.model, None, encoded, k=0, run=run, advance=advance, **kw)
-        if shape is not None:
-            run = SimRun(SimCounters(shape.steps))
-            runs.append(run.counters)
-            with progress.task(f"tree speculative decoding {shape.label()} ({n} prompts)", n) as advance:
-                speculate_tree(target.model, step, encoded, shape=shape, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=dcfg.seed, batch_size=dcfg.batch_size, run=run, advance=advance,
-                               thresholds=procedure.thresholds)
-        # an n-gram drafter drafts its own length (vLLM's ngram without k=: each K)
-        for k in [] if shape is not None else sorted({drafter.max_draft(k) for k in cfg.ks}) if ngram else cfg.ks:
-            if mixed:  # the model drafts up to K, the n-gram types their own lengths: the loop's width is the longer
-                run = SimRun(SimCounters(drafter.width(k), early_stop=procedure.p_min > 0 or procedure.n_min > 1, label=k))
-                runs.append(run.counters)
-                with progress.task(f"speculative decoding, the draft model's K={k} ({n} prompts)", n) as advance:
-                    speculate(target.model, drafter.with_k(k), encoded, k=drafter.width(k), run=run, advance=advance, **kw)
-                continue
-            run = SimRun(SimCounters(k, early_stop=procedure.p_min > 0 or procedure.n_min > 1))
-            runs.append(run.counters)
-            with progress.task(f"speculative decoding K={k} ({n} prompts)", n) as advance:
-                if ngram and drafter.is_tree:  # SGLang's NGRAM: its padded tree, verified as a tree
-                    speculate_ngram_tree(target.model, drafter, encoded, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=dcfg.seed, batch_size=dcfg.batch_size, run=run, advance=advance)
-                else:
-                    speculate(target.model, step, encoded, k=k, run=run, advance=advance, **kw)
-        if cfg.adaptive_threshold is not None and not ngram and not mixed and shape is None:  # a deterministic draft's confidence is 1
-            run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
-            adaptive = run.counters
-            knob = get(dcfg.engine).adaptive_knob  # the engine's own flag, where it has one
-            gate = f"{knob} {cfg.adaptive_threshold:g}" if knob else f"confidence ≥ {cfg.adaptive_threshold:g}"
-            with progress.task(f"adaptive K≤{max(cfg.ks)}, {gate} ({n} prompts)", n) as advance:
-                speculate(target.model, step, encoded, k=max(cfg.ks), threshold=cfg.adaptive_threshold, run=run, advance=advance, **kw)
+        for i in range(cfg.seeds):
+            current = _Runs()
+            measure.seed(current, dcfg.seed + i, f", seed {dcfg.seed + i} ({i + 1} of {cfg.seeds})" if cfg.seeds > 1 else "")
+            pooled = current if pooled is None else pooled.add(current)
+            done += 1
     except KeyboardInterrupt:
         interrupted = True
-    section = measured_section(runs, baseline, adaptive, tau_estimate, procedure)
+        if pooled is None:  # the first seed, as far as it got
+            pooled = current
+        elif cfg.seeds > 1:
+            progress.note(f"interrupted: {done} of {cfg.seeds} seeds measured and pooled; the seed under way is left out")
+    got = pooled or _Runs()
+    runs, baseline, adaptive = got.runs, got.baseline, got.adaptive
+    section = measured_section(runs, baseline, adaptive, tau_estimate, procedure, estimate_se)
     if ngram or mixed:
         _per_step_tau(section)
     return simulate_result(estimate, cfg, section, table, interrupted=interrupted)
+
+
+@dataclass
+class _Runs:
+    """One seed's counters (or several seeds' pooled): the speculative runs in order,
+    plain decoding, adaptive K."""
+
+    runs: list[SimCounters] = field(default_factory=list)
+    baseline: SimCounters | None = None
+    adaptive: SimCounters | None = None
+
+    def add(self, other: _Runs) -> _Runs:
+        """Pool another seed's runs of the same prompts into these (run by run)."""
+        for mine, theirs in zip(self.runs, other.runs, strict=True):
+            mine.add(theirs)
+        for mine_, theirs_ in ((self.baseline, other.baseline), (self.adaptive, other.adaptive)):
+            if mine_ is not None and theirs_ is not None:
+                mine_.add(theirs_)
+        return self
+
+
+@dataclass
+class _Measure:
+    """Everything the loop runs under one seed: plain decoding, the tree or each K's
+    chain, adaptive K — each run's counters appended as it starts, so Ctrl-C keeps what
+    the seed measured so far."""
+
+    cfg: SimulateConfig
+    dcfg: Any
+    target: Any
+    step: Any
+    encoded: list[Any]
+    pair: Any
+    procedure: Procedure
+    progress: Any
+    ngram: bool = False
+    mixed: bool = False
+
+    def seed(self, out: _Runs, seed: int, said: str) -> None:
+        cfg, dcfg, target, step, drafter, procedure, progress = self.cfg, self.dcfg, self.target, self.step, self.pair.drafter, self.procedure, self.progress
+        n, encoded, shape = len(self.encoded), self.encoded, dcfg.tree_shape
+        kw = {"target_sampling": self.pair.sampling.target, "draft_sampling": self.pair.sampling.draft, "max_new_tokens": dcfg.max_new_tokens, "eos_ids": eos_ids(self.pair.target), "seed": seed, "batch_size": dcfg.batch_size, "procedure": procedure}
+        if cfg.baseline:
+            run = SimRun(SimCounters(0))
+            out.baseline = run.counters
+            with progress.task(f"plain target decoding (baseline, {n} prompts{said})", n) as advance:
+                speculate(target, None, encoded, k=0, run=run, advance=advance, **kw)
+        if shape is not None:
+            run = SimRun(SimCounters(shape.steps))
+            out.runs.append(run.counters)
+            with progress.task(f"tree speculative decoding {shape.label()} ({n} prompts{said})", n) as advance:
+                speculate_tree(target, step, encoded, shape=shape, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=seed, batch_size=dcfg.batch_size, run=run, advance=advance,
+                               thresholds=procedure.thresholds)
+        # an n-gram drafter drafts its own length (vLLM's ngram without k=: each K)
+        for k in [] if shape is not None else sorted({drafter.max_draft(k) for k in cfg.ks}) if self.ngram else cfg.ks:
+            if self.mixed:  # the model drafts up to K, the n-gram types their own lengths: the loop's width is the longer
+                run = SimRun(SimCounters(drafter.width(k), early_stop=procedure.p_min > 0 or procedure.n_min > 1, label=k))
+                out.runs.append(run.counters)
+                with progress.task(f"speculative decoding, the draft model's K={k} ({n} prompts{said})", n) as advance:
+                    speculate(target, drafter.with_k(k), encoded, k=drafter.width(k), run=run, advance=advance, **kw)
+                continue
+            run = SimRun(SimCounters(k, early_stop=procedure.p_min > 0 or procedure.n_min > 1))
+            out.runs.append(run.counters)
+            with progress.task(f"speculative decoding K={k} ({n} prompts{said})", n) as advance:
+                if self.ngram and drafter.is_tree:  # SGLang's NGRAM: its padded tree, verified as a tree
+                    speculate_ngram_tree(target, drafter, encoded, target_sampling=kw["target_sampling"], max_new_tokens=dcfg.max_new_tokens, eos_ids=kw["eos_ids"], seed=seed, batch_size=dcfg.batch_size, run=run, advance=advance)
+                else:
+                    speculate(target, step, encoded, k=k, run=run, advance=advance, **kw)
+        if cfg.adaptive_threshold is not None and not self.ngram and not self.mixed and shape is None:  # a deterministic draft's confidence is 1
+            run = SimRun(SimCounters(max(cfg.ks), cfg.adaptive_threshold))
+            out.adaptive = run.counters
+            knob = get(dcfg.engine).adaptive_knob  # the engine's own flag, where it has one
+            gate = f"{knob} {cfg.adaptive_threshold:g}" if knob else f"confidence ≥ {cfg.adaptive_threshold:g}"
+            with progress.task(f"adaptive K≤{max(cfg.ks)}, {gate} ({n} prompts{said})", n) as advance:
+                speculate(target, step, encoded, k=max(cfg.ks), threshold=cfg.adaptive_threshold, run=run, advance=advance, **kw)
 
 
 def _per_step_tau(section: dict[str, Any]) -> None:
@@ -277,3 +350,4 @@ def _per_step_tau(section: dict[str, Any]) -> None:
         if steps > 0:
             row["tau_tokens"] = (row["emitted_tokens"] - row["prompts"]) / steps
             row["tau_gap"] = row["tau_estimate"] - row["tau_tokens"]
+            row["tau_se"] = row["speedup_se"] = nan  # the per-prompt counts hold drafts, not verify steps: no SE for this τ

@@ -168,6 +168,7 @@ def speculate_tree(
     if c.by_rank.shape != (shape.steps, shape.topk):
         c.by_rank = np.zeros((shape.steps, shape.topk))
     run.outputs = [[] for _ in prompts]
+    c.open_units(len(prompts))
     with torch.inference_mode():
         for bi, idx in enumerate(_batches(prompts, batch_size)):
             gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + bi)
@@ -218,7 +219,7 @@ def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos:
             cols.append([u for u in range(blk.unseen) if uvalid[r][u]] + [blk.unseen + x for x in pc])
         tgt.valid[:, start:] &= keep
         src.accept(tree, paths, nxt, cols)
-        _count(run.counters, tree, verified, paths, shape, cap)
+        _count(run.counters, tree, verified, paths, shape, cap, batch.rows)
         prop = Proposal.nothing(len(paths), shape.steps, tgt.device)
         for r, pth in enumerate(paths):
             if pth:
@@ -230,7 +231,7 @@ def _decode(batch: Batch, shape: TreeShape, sampling: Sampling, vocab: int, eos:
             ta.squeeze(src.stream)
 
 
-def _count(c: SimCounters, tree: Tree, verified: np.ndarray, paths: list[list[int]], shape: TreeShape, cap: np.ndarray) -> None:
+def _count(c: SimCounters, tree: Tree, verified: np.ndarray, paths: list[list[int]], shape: TreeShape, cap: np.ndarray, rows: list[int] | None = None) -> None:
     """The chain's counters and the rank of each accepted node. A draft: a row's verify
     step with ≥ 1 node; drafted tokens: the nodes verified; depth d drafted: a draft whose
     tree could reach depth d (not cut by the budget), so r_d = accepted at d ÷ those is
@@ -248,3 +249,6 @@ def _count(c: SimCounters, tree: Tree, verified: np.ndarray, paths: list[list[in
         for d, j in enumerate(p):
             c.accepted_at[d] += 1
             c.by_rank[d, int(tree.rank[j])] += 1
+    if rows is not None:  # each row's prompt, for the standard errors
+        reached = (drafted[:, None] > 0) & (cap[:, None] > np.arange(shape.steps)[None, :])
+        c.count_units(rows, np.asarray([len(p) for p in paths]), drafted, reached)
