@@ -374,3 +374,20 @@ def test_vllm_json_names_the_command_line_that_serves_it_and_synthetic_support(t
     assert f'note: serve it: vllm serve {r.target.spec} --speculative-config "$(cat {out})" --override-generation-config' in res.output
     ex = export_config(r, src, "vllm", k=2, synthetic=True)
     assert any("vLLM 0.32.0 takes this form" in n for n in ex.note)
+
+
+def test_vllm_serves_at_the_precision_the_result_scored_at(tmp_path: Path) -> None:
+    """dtype: the result's own (vLLM's auto would serve a float32 checkpoint in bfloat16):
+    `dtype:` in the YAML, `--dtype` on the JSON's serve line; none for a result that does
+    not say."""
+    r, src = _result(tmp_path)
+    d: dict[str, Any] = json.loads(r.to_json())
+    for dtype in ("bfloat16", "float32"):
+        d["environment"] = {**d["environment"], "dtype": dtype}
+        src.write_text(Result.model_validate(d).to_json(), encoding="utf-8")
+        yaml_text = export_config(Result.model_validate(d), src, "vllm", output=tmp_path / "serve.yaml").text
+        assert f'dtype: "{dtype}"' in yaml_text.splitlines()
+        res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(tmp_path / "spec.json")])
+        assert res.exit_code == 0 and f"--dtype {dtype}\n" in res.output, res.output
+    d["environment"] = None
+    assert "dtype" not in export_config(Result.model_validate(d), src, "vllm", output=tmp_path / "serve.yaml").text
