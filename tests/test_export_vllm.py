@@ -151,7 +151,7 @@ def test_vllm_serves_a_diagnose_result_exported_as_json_at_the_predicted_accepta
 
     5 % relative, not a band of standard errors: both sides are greedy, so the gap repeats
     from run to run and is the estimate's bias (where rounds start), not sampling noise;
-    the standard errors over prompts (~10 % of the rate at this size) would hide a real
+    the standard errors over prompts (~20 % of the rate at this size) would hide a real
     one. Measured: 55 of 193 drafts accepted against 52.7 predicted (+4.3 %). The export
     pins `--dtype float32`, the precision diagnose scored at: vLLM's dtype auto serves this
     float32 checkpoint in bfloat16, which read 56 of 191 (+7.3 %).
