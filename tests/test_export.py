@@ -397,3 +397,20 @@ def test_sglang_and_trtllm_exports_name_the_builtin_target_as_its_checkpoint_fol
     folder = ensure_gguf_cached(builtin_gguf_path("smollm2"))
     assert f'{key}"{folder}"' in text and '"smollm2"' not in text
     assert "serves the checkpoint folder specprobe dequantised it into" in text
+
+
+def test_vllm_serves_at_the_precision_the_result_scored_at(tmp_path: Path) -> None:
+    """dtype: the result's own (vLLM's auto would serve a float32 checkpoint in bfloat16):
+    `dtype:` in the YAML, `--dtype` on the JSON's serve line; none for a result that does
+    not say."""
+    r, src = _result(tmp_path)
+    d: dict[str, Any] = json.loads(r.to_json())
+    for dtype in ("bfloat16", "float32"):
+        d["environment"] = {**d["environment"], "dtype": dtype}
+        src.write_text(Result.model_validate(d).to_json(), encoding="utf-8")
+        yaml_text = export_config(Result.model_validate(d), src, "vllm", output=tmp_path / "serve.yaml").text
+        assert f'dtype: "{dtype}"' in yaml_text.splitlines()
+        res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(tmp_path / "spec.json")])
+        assert res.exit_code == 0 and f"--dtype {dtype}\n" in res.output, res.output
+    d["environment"] = None
+    assert "dtype" not in export_config(Result.model_validate(d), src, "vllm", output=tmp_path / "serve.yaml").text

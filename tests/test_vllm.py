@@ -8,7 +8,7 @@ Greedy (T = 0) is deterministic on both sides, so the bound is the estimate's ow
 error, not sampling noise. Then `monitor` watches the same server under a bounded
 loopback load (its /metrics live, the per-request records it returns, its log) and must
 equal the counters exactly, and the vLLM alert rules run under `promtool test rules` on
-its series. Skipped when vLLM is not installed; where CI expects it
+its series and in a real Prometheus scraping it. Skipped when vLLM is not installed; where CI expects it
 (SPECPROBE_EXPECT_VLLM=1), its absence fails loudly instead.
 """
 
@@ -362,3 +362,155 @@ def test_alert_rules_on_the_servers_recorded_series(loaded: dict[str, Any], pair
     test_path.write_text(yaml.safe_dump(test, sort_keys=False))
     res = subprocess.run([promtool, "test", "rules", str(test_path)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- a real Prometheus scraping the server
+PROM_LOAD, PROM_WINDOW, PROM_BOUND_S = 4, "5m", 240  # requests; the rules' window; the most the class may take from Prometheus' start
+
+
+def _prom(base: str, endpoint: str, **params: str) -> Any:
+    """One call of Prometheus' HTTP API on loopback, its data, refused unless it says success."""
+    import urllib.parse
+
+    from tests.helpers.llamacpp import http_json
+
+    doc = http_json(f"{base}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}", timeout=10)
+    assert doc["status"] == "success", doc
+    return doc["data"]
+
+
+def _prom_value(base: str, query: str) -> dict[str, float]:
+    """An instant query's result as {the series' labels (without __name__): value}."""
+    out = {}
+    for s in _prom(base, "query", query=query)["result"]:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(s["metric"].items()) if k != "__name__")
+        out[labels] = float(s["value"][1])
+    return out
+
+
+def _wait(what: str, ok: Any, limit_s: float, log: Path) -> Any:
+    """Poll `ok()` every 0.5 s until it returns something truthy; fail after `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            got = ok()
+        except OSError:  # Prometheus not listening yet
+            got = None
+        if got:
+            return got
+        time.sleep(0.5)
+    pytest.fail(f"{what} within {limit_s:g} s; Prometheus' log: {log.read_text(errors='replace')[-2000:]}")
+
+
+class TestPrometheusScrapingTheServer:
+    """A real Prometheus (the `prometheus` binary, on loopback) scrapes the server's
+    /metrics every second and evaluates the rules `specprobe alerts --engine vllm` writes
+    every second, while PROM_LOAD requests run. The server is idle before and after them,
+    and Prometheus' window holds every sample it took (it started under PROM_WINDOW ago),
+    so the rules' increase() ratios are the counters' delta over the load: the same
+    extrapolation scales numerator and denominator (one scrape, one timestamp)."""
+
+    @pytest.fixture(scope="class")
+    def prom(self, server: VllmServer, pair: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        import yaml
+
+        from tests.helpers import stop
+        from tests.helpers.llamacpp import free_port
+
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.skip("prometheus is not installed (Debian: apt-get install prometheus; .ci/run does)")
+        work = pair["work"] / "prometheus"
+        work.mkdir(exist_ok=True)
+        rules = work / "rules.yml"
+        proc = subprocess.run([sys.executable, "-m", "specprobe", "alerts", "--engine", "vllm", "--prometheus", str(rules),
+                               "--window", PROM_WINDOW, "--baseline-window", "10m", "--drift-window", "30m", "--for", "0s",
+                               "--evaluation-interval", "1s"], cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        cfg = work / "prometheus.yml"
+        cfg.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules)],
+            "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}]}],
+        }))  # fmt: skip
+        port, log = free_port(), work / "prometheus.log"
+        started = time.monotonic()
+        with log.open("wb") as fh:
+            p = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={work / 'tsdb'}",
+                                  f"--web.listen-address=127.0.0.1:{port}"], stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        series = "vllm:spec_decode_num_draft_tokens_total"
+        drafted = f"sum({series})"
+        try:
+            # two scrapes of the idle server before the load: the window's first sample is `before`
+            _wait("Prometheus did not scrape vLLM twice", lambda: max(_prom_value(base, f"count_over_time({series}[{PROM_WINDOW}])").values(), default=0) >= 2, 60, log)
+            before = spec_counts(server.metrics())
+            for i in range(PROM_LOAD):
+                server.complete(pair["ids"][i % len(pair["ids"])], MAX_TOKENS, temperature=0.0, seed=i, timeout=120)
+            time.sleep(1.0)
+            after = spec_counts(server.metrics())
+            # Prometheus holds the post-load sample, and its rules ran on it
+            _wait("Prometheus did not scrape the post-load counters", lambda: _prom_value(base, drafted).get("") == after.draft_tokens, 30, log)
+            scraped = max(_prom_value(base, f"timestamp({series})").values())
+
+            def evaluated() -> bool:
+                groups = _prom(base, "rules")["groups"]
+                return bool(groups) and all(_epoch(g["lastEvaluation"]) > scraped + 2.5 for g in groups)  # a recording after the ingest, an alert after that
+
+            _wait("Prometheus did not evaluate the rules after that scrape", evaluated, 30, log)
+            assert time.monotonic() - started < PROM_BOUND_S, "the window may no longer hold the pre-load sample"
+            assert spec_counts(server.metrics()) == after  # idle since
+            yield {"base": base, "delta": after - before, "rules": rules, "work": work, "log": log}
+        finally:
+            stop(p, 20)
+
+    def test_the_rules_evaluate_without_error_on_the_real_series(self, prom: dict[str, Any]) -> None:
+        """Every recording and alerting rule, on vLLM's own series: health ok, no error."""
+        import yaml
+
+        groups = _prom(prom["base"], "rules")["groups"]
+        written = [r.get("record") or r.get("alert") for g in yaml.safe_load(prom["rules"].read_text())["groups"] for r in g["rules"]]
+        loaded = [r["name"] for g in groups for r in g["rules"]]
+        assert sorted(loaded) == sorted(written)
+        bad = [(r["name"], r["health"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok" or r.get("lastError")]
+        assert bad == [], bad
+
+    def test_the_rules_acceptance_is_the_counters_delta(self, prom: dict[str, Any]) -> None:
+        """The recorded acceptance, mean acceptance length and per-position rates against
+        the delta of vLLM's /metrics read directly; the SP401/SP402 alert that fires is
+        the one the delta's acceptance calls for."""
+        base, d = prom["base"], prom["delta"]
+        assert d.drafts > 0 and d.draft_tokens == K * d.drafts
+        w = PROM_WINDOW
+        assert _prom_value(base, f"specprobe:spec_decode_acceptance_rate:{w}") == {"model_name=target": pytest.approx(d.accept_rate, rel=1e-9)}
+        assert _prom_value(base, f"specprobe:spec_decode_mean_acceptance_length:{w}") == {"model_name=target": pytest.approx(1 + d.accepted / d.drafts, rel=1e-9)}
+        assert list(_prom_value(base, f"specprobe:spec_decode_acceptance_rate_by_engine:{w}").values()) == [pytest.approx(d.accept_rate, rel=1e-9)]
+        per_pos = _prom_value(base, f"specprobe:spec_decode_acceptance_rate_per_position:{w}")
+        # a position whose counter stood at 0 before the load is extrapolated less far back
+        # (increase()'s zero clamp) than the drafts counter: up to half a scrape of the window
+        assert [per_pos[f"model_name=target,position={i}"] for i in range(K)] == pytest.approx(d.per_pos_rate, rel=0.02)
+        firing = {a["labels"]["rule_id"] for a in _prom(base, "alerts")["alerts"] if a["state"] == "firing" and a["labels"].get("model_name") == "target"}
+        expected = {"SP401"} if d.accept_rate < 0.05 else {"SP402"} if d.accept_rate < 0.5 else set()
+        assert firing & {"SP401", "SP402"} == expected, (firing, d.accept_rate)
+
+    def test_monitor_reads_the_same_acceptance_from_prometheus(self, prom: dict[str, Any], pair: dict[str, Any]) -> None:
+        """`specprobe monitor --prometheus URL --once` over the same window: the counters'
+        acceptance, and the same SP401/SP402 finding the rules fire."""
+        d: SpecCounts = prom["delta"]
+        doc = _monitor(pair, "monitor-prometheus", "--prometheus", prom["base"], "--engine", "vllm", "--once", "--window", PROM_WINDOW, "--baseline-window", "10m")
+        assert [m["model"] for m in doc["models"]] == ["target"], doc
+        now = _now(doc, "target")
+        assert now["accept_rate"] == pytest.approx(d.accept_rate, rel=1e-9)
+        assert now["accepted_tokens"] / now["drafts"] == pytest.approx(d.accepted / d.drafts, rel=1e-9)
+        assert now["per_pos_cum"] == pytest.approx(d.per_pos_rate, rel=0.02)
+        found = {rule for m in doc["models"] for rule in m["findings"]} & {"SP401", "SP402"}
+        firing = {a["labels"]["rule_id"] for a in _prom(prom["base"], "alerts")["alerts"] if a["state"] == "firing"} & {"SP401", "SP402"}
+        assert found == firing, (found, firing)
+
+
+def _epoch(rfc3339: str) -> float:
+    """Prometheus' RFC 3339 time (nanoseconds, Z) as epoch seconds."""
+    from datetime import datetime
+
+    head, _, frac = rfc3339.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + "+00:00").timestamp() + (float("0." + frac) if frac else 0.0)

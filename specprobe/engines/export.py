@@ -46,6 +46,7 @@ class Plan:
     tree: dict[str, Any] | None = None  # a draft tree (steps, topk, tokens, paths) instead of a chain of K
     ngram: dict[str, int | float] = field(default_factory=dict)  # an n-gram drafter's knobs, as the engine spells them
     sampling: dict[str, float] = field(default_factory=dict)  # the target's sampling the result measured
+    dtype: str | None = None  # the precision the result scored the target at (float32, bfloat16, float16; None: unknown)
     notes: list[str] = field(default_factory=list)
     speedup_at: str = ""  # what that speedup is for: "K = 3", "its draft tree"
     speedup: float | None = None  # the result's predicted speedup for what is written (its K, or its tree)

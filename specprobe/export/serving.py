@@ -164,6 +164,9 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
     if result.sampling is not None:  # served as the result measured it (each engine's own defaults differ)
         t = result.sampling.target
         p.sampling = {"temperature": float(t.temperature), "top_k": int(t.top_k), "top_p": float(t.top_p), "min_p": float(t.min_p)}
+    env = result.environment
+    if env is not None and result.remote is None and env.dtype in ("float32", "bfloat16", "float16"):
+        p.dtype = env.dtype  # scored here, at this precision (a --target-server's target: the server's)
     followed = result.procedure.engine if result.procedure is not None else None
     if followed and followed != engine:
         p.notes.append(f"the result's numbers follow {get(followed).label}'s draft-and-verify procedure, not {label}'s: 'specprobe diagnose … --engine {engine}' gives {label}'s")

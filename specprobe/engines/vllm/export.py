@@ -40,6 +40,10 @@ GGUF_NOTE = (
     "wants the original model's tokenizer (tokenizer: its repo id): that would serve the quantised blocks in less "
     "memory; the folder serves the same weights as floats (fp32 safetensors with the tokenizer, 4–8× the file's size)"
 )
+DTYPE_NOTE = (
+    "the precision the result scored the target at; without it vLLM's dtype auto serves a float32 checkpoint in "
+    "bfloat16 (float16 where bfloat16 is missing), and greedy acceptance moves with the precision"
+)
 # vLLM's synthetic acceptance, as the build checked here takes it
 SYNTHETIC_NOTE = (
     "vLLM 0.32.0 takes this form: its speculative config's rejection_sample_method \"synthetic\" with "
@@ -81,12 +85,15 @@ class VLLMWriter(Writer):
             p.notes.append("; ".join(ggufs) + f" — {GGUF_NOTE}")
         if p.rates is not None:
             p.notes.append(SYNTHETIC_NOTE)
+        if p.dtype is not None:
+            p.notes.append(f"dtype {p.dtype}: {DTYPE_NOTE}")
 
     def write(self, p: Plan, output: Path | None) -> str:
         as_yaml = output is not None and output.suffix.lower() in (".yaml", ".yml")
         if not as_yaml and p.target:  # the JSON has no target: the command line that serves it does
             sampling = f" --override-generation-config {shell_word(json.dumps(p.sampling))}" if p.sampling else ""
-            p.notes.append(f"serve it: vllm serve {shell_word(p.target)} --speculative-config \"$(cat {shell_word(str(output)) if output is not None else 'SPEC.json'})\"{sampling}")
+            dtype = f" --dtype {p.dtype}" if p.dtype else ""
+            p.notes.append(f"serve it: vllm serve {shell_word(p.target)} --speculative-config \"$(cat {shell_word(str(output)) if output is not None else 'SPEC.json'})\"{sampling}{dtype}")
         return write_vllm(p, as_yaml=as_yaml)
 
 
@@ -115,6 +122,8 @@ def write_vllm(p: Plan, as_yaml: bool = False) -> str:
     lines = comments(p.notes)
     if p.target:
         lines.append(f"model: {yaml_scalar(p.target)}")
+    if p.dtype:  # the precision the result scored at
+        lines.append(f"dtype: {yaml_scalar(p.dtype)}")
     if p.sampling:  # the requests' defaults: the sampling the result measured
         lines.append(f"override-generation-config: {yaml_scalar(p.sampling)}")
     lines.append("speculative-config:")
