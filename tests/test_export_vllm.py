@@ -152,7 +152,8 @@ def test_vllm_serves_a_diagnose_result_exported_as_json_at_the_predicted_accepta
     5 % relative, not a band of standard errors: both sides are greedy, so the gap repeats
     from run to run and is the estimate's bias (where rounds start), not sampling noise;
     the standard errors over prompts (~20 % of the rate at this size) would hide a real
-    one. Measured: 55 of 193 drafts accepted against 52.7 predicted (+4.3 %). The export
+    one. The bound adds one accepted token's worth (a greedy token flipped by another
+    CPU's rounding). Measured: 55 of 193 drafts accepted against 52.7 predicted (+4.3 %). The export
     pins `--dtype float32`, the precision diagnose scored at: vLLM's dtype auto serves this
     float32 checkpoint in bfloat16, which read 56 of 191 (+7.3 %).
     The pair predicts a speedup under 1 (a drafter this costly cannot pay), which export
@@ -180,5 +181,8 @@ def test_vllm_serves_a_diagnose_result_exported_as_json_at_the_predicted_accepta
     assert live["k"] == best and live["requests"] == PROMPTS and live["stopped"] is None, live
     # the same greedy run twice: the prediction beside the server is the exported result's own
     assert live["predicted_accept_rate"] == pytest.approx(row["accept_rate_renewal"], rel=1e-6)
-    assert live["accept_rate"] == pytest.approx(live["predicted_accept_rate"], rel=0.05), live
+    # 5 %, and one accepted token's worth more: another CPU's float rounding can flip one
+    # greedy token on either side (one token is 1/193 here, ~1.9 % of the rate)
+    slack = 0.05 * live["predicted_accept_rate"] + 1.0 / live["draft_tokens"]
+    assert abs(live["accept_rate"] - live["predicted_accept_rate"]) <= slack, live
     assert "SP701" not in {f["rule_id"] for f in against["findings"]}
