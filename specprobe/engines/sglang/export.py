@@ -52,6 +52,8 @@ class SGLangWriter(Writer):
     def locate(self, p: Plan) -> None:
         """A built-in or GGUF target or draft model as the checkpoint folder it opens."""
         p.notes += locate_folders(p, self.label)
+        if p.dtype is not None and p.target:
+            p.notes.append(f"dtype {p.dtype}: the precision the result scored the target at (SGLang's --dtype auto serves a float32 checkpoint in half precision, which moves acceptance)")
 
     def write(self, p: Plan, output: Path | None) -> str:
         return write_sglang(p)
@@ -61,6 +63,8 @@ def write_sglang(p: Plan) -> str:
     lines = comments(p.notes)
     if p.target:
         lines.append(f"model-path: {yaml_scalar(p.target)}")
+        if p.dtype:  # the precision the result scored at
+            lines.append(f"dtype: {yaml_scalar(p.dtype)}")
     lines.append(f"speculative-algorithm: {p.method}")
     if p.kind == "ngram":  # NGRAM: the tree's size and the cache's knobs, as the result measured them
         lines += [f"{key}: {yaml_scalar(v)}" for key, v in p.ngram.items()]
