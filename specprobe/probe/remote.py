@@ -15,14 +15,20 @@ The result's tables are the low end; its `remote` section holds both ends, how m
 positions were exact, and the cost of the exchange (requests, bytes, seconds). KL and
 the target's entropy need the whole distribution: left out (null), and said so.
 
+Where the server also scores ids it is given (SGLang's `token_ids_logprob`), the
+drafter runs first and its argmax over the reference is asked for beside the top-n: a
+greedy drafting's acceptance p_target(argmax q) is then exact at every position, at
+any n (the `chosen_ids` hook; probabilistic drafting keeps the top-n bounds).
+
 Today: an independent drafter checkpoint (a self-draft needs the target's weights),
-single-turn prompts, a vLLM server, IN_FLIGHT requests at once (references and
+single-turn prompts, a vLLM or SGLang server, IN_FLIGHT requests at once (references and
 scores); the cost ratio and verify factor must be given (the
 target is not here to time)."""
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -137,6 +143,13 @@ def check_tokenizers(server: Any, tok: Any, draft_tok: Any, timeout: float) -> l
     return notes
 
 
+def chosen_ids(server: Any, cfg: DiagnoseConfig, target: Any) -> bool:
+    """Whether to ask the server for the drafter's own argmax ids beside the top-n: where
+    it scores ids it is given (SGLang's token_ids_logprob), the drafting is greedy and the
+    target samples (at T = 0 rank 1 already decides every position)."""
+    return bool(getattr(server, "scores_chosen", False)) and cfg.drafting == GREEDY and not target.greedy
+
+
 def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Result:
     """The whole --target-server run -> its result."""
     assert cfg.target_server is not None
@@ -148,6 +161,12 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     progress.note(f"--target-server: {label}")
     tok_name = cfg.target or server.tokenizer_name or server.model
     tok = _tokenizer(tok_name, cfg.offline)
+    if cfg.target_logprobs > len(tok):
+        raise ConfigError(f"--target-logprobs {cfg.target_logprobs} asks for more tokens per position than the target's vocabulary ({len(tok)})",
+                          "lower --target-logprobs (-1 asks for the whole vocabulary where the engine allows it)")
+    if cfg.target_logprobs < 0 and not server.lists_every_token:
+        raise ConfigError(f"{server.engine.label}'s API has no 'every token' setting for --target-logprobs -1",
+                          f"give --target-logprobs N: the top-N (at most the vocabulary, {len(tok)})")
     dspec = local_spec(cfg.drafter, cfg.draft_revision, cfg.offline, progress.note)
     check_paths(None, dspec)
     progress.note(f"loading drafter {cfg.drafter}")
@@ -188,13 +207,32 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     rows: dict[str, list[Any]] = {k: [] for k in ("prompt_id", "domain", "position", *ROW_FIELDS)}
     exact = positions = requests = size = 0
     order = [i for i in range(len(prompts)) if conts[i]]
+    chosen = chosen_ids(server, cfg, pair.target)
+    if chosen:
+        notes.append("the server scored the drafter's argmax at every position (its own token ids, asked beside the top-n): greedy drafting is exact")
     t1 = time.perf_counter()
     with progress.task(f"scoring {sum(len(conts[i]) for i in order)} positions on the server", len(order)) as advance:
         try:
-            asked = in_order(lambda i: server.prompt_logprobs(encoded[i] + conts[i], cfg.target_logprobs, REQUEST_TIMEOUT_S), order)
-            for i, scores in zip(order, asked, strict=False):
+            lock = threading.Lock()
+
+            def draft(i: int) -> torch.Tensor:
+                """[n, V'] the drafter's logits predicting prompt i's reference tokens."""
+                enc, cont = encoded[i], conts[i]
+                with lock, torch.inference_mode():
+                    x = torch.tensor([enc + cont], device=drafter.device)
+                    hidden = drafter.last_hidden(x, torch.ones_like(x))
+                    return drafter.head(hidden[0, len(enc) - 1 : len(enc) - 1 + len(cont)]).float()
+
+            def ask(i: int) -> tuple[Any, torch.Tensor | None]:
+                full = encoded[i] + conts[i]
+                if not chosen:
+                    return server.prompt_logprobs(full, cfg.target_logprobs, REQUEST_TIMEOUT_S), None
+                dl = draft(i)  # the drafter first: its argmax is what the server scores
+                ids = sorted({t for t in dl.argmax(-1).tolist() if t < len(tok)})
+                return server.prompt_logprobs_chosen(full, cfg.target_logprobs, ids, REQUEST_TIMEOUT_S), dl
+
+            for i, (scores, dl) in zip(order, in_order(ask, order), strict=False):
                 p, enc, cont = prompts[i], encoded[i], conts[i]
-                full = enc + cont
                 requests, size = requests + 1, size + scores.bytes
                 got = scores.rows[len(enc) - 1 : len(enc) - 1 + len(cont)]  # row k: the token at k + 1
                 for j, (r, t) in enumerate(zip(got, cont, strict=True)):
@@ -202,10 +240,7 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
                         raise ConfigError(f"the server's scores for prompt {p.id} do not list the token sent at position {len(enc) + j} ({t})",
                                           "the server re-tokenised the prompt: check that it takes token ids (vLLM's /v1/completions does)")
                 top = TopN.from_rows(got, cfg.target_logprobs)
-                with torch.inference_mode():
-                    x = torch.tensor([full], device=drafter.device)
-                    hidden = drafter.last_hidden(x, torch.ones_like(x))
-                    dl = drafter.head(hidden[0, len(enc) - 1 : len(enc) - 1 + len(cont)]).float()  # [n, V']
+                dl = draft(i) if dl is None else dl
                 b = bounded_metrics(top, dl, pair.target, pair.draft, greedy_drafting=cfg.drafting == GREEDY)
                 pos = np.arange(len(enc), len(enc) + len(cont))
                 low.add_sequence(p.domain, pos, b.low, category=p.category)

@@ -18,7 +18,8 @@ the output is then no longer the target's distribution. It verifies draft trees.
 
 from __future__ import annotations
 
-from specprobe.engines.base import GREEDY, JOINT, Engine, SamplingOrder
+from specprobe.engines.base import GREEDY, JOINT, Engine, LiveServer, SamplingOrder
+from specprobe.engines.sglang.client import SglangServer
 
 
 class SGLang(Engine):
@@ -36,6 +37,9 @@ class SGLang(Engine):
     eagle3_default_for_other_formats = True
     ngram_types = ("sglang-ngram",)  # its NGRAM algorithm (a trie, a draft tree)
     serving_knobs = {"accept_threshold_single": "speculative_accept_threshold_single", "accept_threshold_acc": "speculative_accept_threshold_acc"}
+
+    def live_server(self, url: str, model: str | None = None, timeout: float = 30.0) -> LiveServer:
+        return SglangServer(self, url, model, timeout)
 
 
 ENGINE = SGLang()
