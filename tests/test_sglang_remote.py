@@ -78,20 +78,17 @@ def remote0(server: str, pair: dict[str, Any]) -> dict[str, Any]:
     return _remote(server, pair, "0", "remote0.json")
 
 
-def _references(server: str, pair: dict[str, Any], temperature: float) -> list[tuple[list[int], list[int]]]:
-    """The run's prompt ids and the server's references at seed 0 + i, as diagnose asks."""
-    from transformers import AutoTokenizer
-
+def _references(target: Target, pair: dict[str, Any], temperature: float) -> list[tuple[list[int], list[int]]]:
+    """The run's prompt ids and the references the server wrote for them (seed 0 + i, as
+    diagnose asks), from the stand-in's own log."""
     from specprobe.probe.references import encode_prompt, load_prompt_set
     from specprobe.settings.pipeline import DiagnoseConfig
 
-    live = get("sglang").live_server(server, None)
-    tok = AutoTokenizer.from_pretrained(str(pair["target"]))
     prompts = load_prompt_set(DiagnoseConfig(target="", drafter="", prompts=str(pair["prompts"]))).prompts
     seqs = []
     for i, p in enumerate(prompts):
-        enc = encode_prompt(tok, p)
-        seqs.append((enc, live.complete(enc, MAX_TOKENS, {"temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0}, i, timeout=300)))
+        enc = encode_prompt(target.tok, p)
+        seqs.append((enc, target.written[(tuple(enc), temperature, i)]))
     return seqs
 
 
@@ -199,7 +196,7 @@ def test_answers_without_logprobs_are_refused_in_one_line(server: str) -> None:
 
 
 # ----------------------------------------------------------------------------- diagnose
-def test_greedy_served_scoring_matches_the_local_target(remote0: dict[str, Any], server: str, pair: dict[str, Any]) -> None:
+def test_greedy_served_scoring_matches_the_local_target(remote0: dict[str, Any], target: Target, pair: dict[str, Any]) -> None:
     r = remote0["remote"]
     assert r["engine"] == "sglang" and r["engine_version"] == "0.5.23"
     assert r["exact"] and r["exact_positions"] == r["positions"] > 0
@@ -207,7 +204,7 @@ def test_greedy_served_scoring_matches_the_local_target(remote0: dict[str, Any],
     assert r["accept_low"] == r["accept_high"]
     assert remote0["metrics"]["kl_target_draft_nats"] is None  # left out: it needs all of p
     assert "LOW END" not in remote0["_stdout"]
-    seqs = _references(server, pair, 0.0)
+    seqs = _references(target, pair, 0.0)
     local = _local(pair, seqs, 0.0)
     served = _served_values(remote0, seqs, "accept_prob_greedy_draft")
     worst = max(float(np.abs(g - loc["accept_prob_greedy_draft"]).max()) for g, loc in zip(served, local, strict=True))
@@ -226,52 +223,58 @@ def test_greedy_served_diagnose_agrees_with_the_local_one(remote0: dict[str, Any
         assert a["tau_low"] == pytest.approx(b["tau_renewal_tokens"], rel=1e-3)
 
 
-def test_sampled_target_is_exact_with_the_drafters_own_ids(server: str, pair: dict[str, Any], target: Target) -> None:
+@pytest.fixture(scope="module")
+def remote1(server: str, pair: dict[str, Any], target: Target) -> dict[str, Any]:
+    before = len(target.top_asked)
+    result = _remote(server, pair, "1", "remote1.json")
+    result["_asked"] = target.top_asked[before:]
+    return result
+
+
+def test_sampled_target_is_exact_with_the_drafters_own_ids(remote1: dict[str, Any], pair: dict[str, Any], target: Target) -> None:
     """T = 1, SGLang's greedy drafting: the drafter runs first and the server scores its
-    argmax at every position (token_ids_logprob), so every position is exact at top-5."""
-    asked_before = len(target.top_asked)
-    r1 = _remote(server, pair, "1", "remote1.json")
+    argmax at every position (token_ids_logprob), so every position is exact at top-20."""
+    r1 = remote1
     rem = r1["remote"]
     assert rem["exact"] and rem["exact_positions"] == rem["positions"] > 0, rem
     assert any("drafter's argmax" in n for n in rem["notes"])
     assert "LOW END" not in r1["_stdout"]
-    assert target.top_asked[asked_before:] == [20] * PROMPTS  # --target-logprobs' default, once per prompt
-    seqs = _references(server, pair, 1.0)  # the same seeds: the same references
+    assert r1["_asked"] == [20] * PROMPTS  # --target-logprobs' default, once per prompt
+    seqs = _references(target, pair, 1.0)
     local = _local(pair, seqs, 1.0)
     served = _served_values(r1, seqs, "accept_prob_greedy_draft")
     worst = max(float(np.abs(g - loc["accept_prob_greedy_draft"]).max()) for g, loc in zip(served, local, strict=True))
     assert worst <= 1e-3, worst
 
 
-def test_sampled_target_bounds_contain_the_local_value(server: str, pair: dict[str, Any]) -> None:
+def test_sampled_target_bounds_contain_the_local_value(remote1: dict[str, Any], server: str, pair: dict[str, Any], target: Target) -> None:
     """T = 1, top-5 alone: where the drafter's argmax is not listed p(argmax q) and α
     are ranges, and each holds the value from the target loaded here; the drafter's ids
-    asked beside them make greedy drafting exact and tighten α."""
-    import torch
-
+    asked beside them make greedy drafting exact."""
+    from specprobe.metrics.core import position_metrics_reference
     from specprobe.metrics.remote import TopN, bounded_metrics
     from specprobe.metrics.sampling import Sampling
 
-    seqs = _references(server, pair, 1.0)
+    seqs = _references(target, pair, 1.0)  # the references remote1's run had written
     t1 = Sampling(temperature=1.0)
     live = get("sglang").live_server(server, None)
     loose = total = 0
-    for draft in (Sampling(temperature=0.0), t1):
-        local = _local(pair, seqs, 1.0, draft)
-        key = "accept_prob_greedy_draft" if draft.greedy else "accept_prob"
-        for (enc, cont), loc in zip(seqs, local, strict=True):
-            sl = slice(len(enc) - 1, len(enc) - 1 + len(cont))
-            ids = sorted(set(loc["dl"].argmax(-1).tolist()))
-            for rows, chosen in ((live.prompt_logprobs(enc + cont, 5, 300).rows, False), (live.prompt_logprobs_chosen(enc + cont, 5, ids, 300).rows, True)):
-                b = bounded_metrics(TopN.from_rows(rows[sl], 5), loc["dl"], t1, draft)
-                truth = loc[key]
-                assert np.all(b.low[key] <= truth + 1e-4) and np.all(truth <= b.high[key] + 1e-4), (b.low[key], truth, b.high[key])
+    for (enc, cont), loc in zip(seqs, _local(pair, seqs, 1.0), strict=True):
+        sl = slice(len(enc) - 1, len(enc) - 1 + len(cont))
+        ids = sorted(set(loc["dl"].argmax(-1).tolist()))
+        asked = {False: live.prompt_logprobs(enc + cont, 5, 300).rows[sl], True: live.prompt_logprobs_chosen(enc + cont, 5, ids, 300).rows[sl]}
+        for draft in (Sampling(temperature=0.0), t1):
+            pm = position_metrics_reference(loc["tl"], loc["dl"], t1, draft)
+            key = "accept_prob_greedy_draft" if draft.greedy else "accept_prob"
+            truth = getattr(pm, key).double().numpy()
+            for chosen, rows in asked.items():
+                b = bounded_metrics(TopN.from_rows(rows, 5), loc["dl"], t1, draft)
+                assert np.all(b.low[key] <= truth + 1e-4) and np.all(truth <= b.high[key] + 1e-4), (chosen, b.low[key], truth, b.high[key])
                 if draft.greedy and chosen:
                     assert b.exact.all() and np.abs(b.low[key] - truth).max() <= 1e-4
                 elif draft.greedy:
                     loose += int((~b.exact).sum())
                     total += len(cont)
-        assert torch.is_tensor(local[0]["dl"])
     assert 0 < loose < total  # top-5 alone leaves some positions to a range: the ids close them
 
 

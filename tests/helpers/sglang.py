@@ -66,6 +66,7 @@ class Target:
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.lock = threading.Lock()
         self.top_asked: list[int] = []  # every top_logprobs_num received (a test checks what was sent)
+        self.written: dict[tuple[tuple[int, ...], float, int], list[int]] = {}  # (input ids, temperature, seed) -> the tokens sampled
 
     def logprobs(self, ids: list[int]) -> Any:
         """[len(ids), V] log_softmax over the vocabulary at each position (fp32, raw)."""
@@ -205,6 +206,7 @@ class SglangHandler(BaseHTTPRequestHandler):
             return
         t0 = time.perf_counter()
         out, steps = t.sample(ids, params)
+        t.written[(tuple(ids), float(params.get("temperature", 1.0)), int(params.get("sampling_seed") or 42))] = out
         word = (lambda x: t.tok.decode([x])) if text else (lambda x: None)
         finish = {"type": "stop", "matched": out[-1]} if out and out[-1] in t.eos and not params.get("ignore_eos") else {"type": "length", "length": len(out)}
         meta: dict[str, Any] = {"id": f"{abs(hash((tuple(ids), t0))):032x}", "finish_reason": finish, "prompt_tokens": len(ids), "weight_version": "default",
