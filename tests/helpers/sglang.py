@@ -18,7 +18,9 @@ The shapes are read from SGLang 0.5.23's source (the PyPI release):
   python/sglang/srt/layers/logprob_processor.py     raw log_softmax; topk(top_logprobs_num) with no
                                                     guard (past the vocabulary the scheduler raises,
                                                     and its exception stops the server)
-  python/sglang/srt/sampling/sampling_params.py     sampling_seed, top_k -1; FINISH_* to_json
+  python/sglang/srt/sampling/sampling_params.py     sampling_seed, top_k -1
+  python/sglang/srt/sampling/sampling_batch_info.py sampling_seed used only under deterministic inference
+  python/sglang/srt/managers/schedule_batch.py      FINISH_LENGTH / FINISH_MATCHED_TOKEN to_json
   python/sglang/srt/entrypoints/openai/protocol.py  ModelCard, TokenizeResponse, ErrorResponse
 A logprob of −inf goes out as null, as orjson writes it. `sampling_seed` is honoured
 always (the real server honours it under --enable-deterministic-inference).
@@ -88,7 +90,7 @@ class Target:
         t = float(params.get("temperature", 1.0))
         top_k = int(params.get("top_k", -1))
         top_p, min_p = float(params.get("top_p", 1.0)), float(params.get("min_p", 0.0))
-        g = torch.Generator().manual_seed(int(params.get("sampling_seed") or 42))
+        g = torch.Generator().manual_seed(_seed(params))
         out: list[int] = []
         steps = []
         with self.lock, torch.inference_mode():
@@ -115,6 +117,12 @@ class Target:
                     break
                 x = [nxt]
         return out, steps
+
+
+def _seed(params: dict[str, Any]) -> int:
+    """SGLang's seed for a request: its sampling_seed, 42 where none is given."""
+    seed = params.get("sampling_seed")
+    return 42 if seed is None else int(seed)
 
 
 def _triple(lp: float, t: int, text: str | None) -> list[Any]:
@@ -206,7 +214,7 @@ class SglangHandler(BaseHTTPRequestHandler):
             return
         t0 = time.perf_counter()
         out, steps = t.sample(ids, params)
-        t.written[(tuple(ids), float(params.get("temperature", 1.0)), int(params.get("sampling_seed") or 42))] = out
+        t.written[(tuple(ids), float(params.get("temperature", 1.0)), _seed(params))] = out
         word = (lambda x: t.tok.decode([x])) if text else (lambda x: None)
         finish = {"type": "stop", "matched": out[-1]} if out and out[-1] in t.eos and not params.get("ignore_eos") else {"type": "length", "length": len(out)}
         meta: dict[str, Any] = {"id": f"{abs(hash((tuple(ids), t0))):032x}", "finish_reason": finish, "prompt_tokens": len(ids), "weight_version": "default",

@@ -14,6 +14,8 @@ tokens; `tree_speculative_sampling_target_only` verifies with the target's
 probabilities: a chain accepts its draft with p_target(draft). Its accept thresholds
 (`--speculative-accept-threshold-single/-acc`, 1.0 by default) accept more below 1, and
 the output is then no longer the target's distribution. It verifies draft trees.
+
+Its HTTP server as a target (`diagnose --target-server`): `client.py`.
 """
 
 from __future__ import annotations
