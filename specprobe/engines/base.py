@@ -130,6 +130,17 @@ class LiveServer:
         the actual token and the top-`n` (−1: the whole vocabulary)."""
         raise ConfigError(f"--target-server: specprobe cannot score prompts on {self.engine.label} yet", "serve the target with vLLM")
 
+    # whether the API takes n = −1 for every token's logprob (vLLM's prompt_logprobs does)
+    lists_every_token: bool = True
+    # whether the server also scores token ids it is given, at every position (SGLang's
+    # `token_ids_logprob`): then the drafter's argmax is scored wherever it ranks
+    scores_chosen: bool = False
+
+    def prompt_logprobs_chosen(self, ids: Sequence[int], n: int, chosen: Sequence[int], timeout: float) -> PromptScores:
+        """prompt_logprobs, and at every position also the logprobs of the ids `chosen`
+        (listed beside the top-n with a rank past n where they are not among them)."""
+        raise ConfigError(f"--target-server: {self.engine.label}'s API scores no chosen token ids", "leave the scoring to the top-n")
+
     def tokenize(self, text: str, timeout: float) -> list[int] | None:
         """The server's own token ids for `text` (None: it has no tokenize endpoint)."""
         return None

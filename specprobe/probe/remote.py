@@ -21,8 +21,13 @@ short by Ctrl-C or by the server going away continues when run again, and anothe
 drafter scored against the same served target reuses them. The requests and the loop
 are in `remote_scoring` (references, scores, widening).
 
+Where the server also scores ids it is given (SGLang's `token_ids_logprob`), the
+drafter runs first and its argmax over the reference is asked for beside the top-n: a
+greedy drafting's acceptance p_target(argmax q) is then exact at every position, at
+any n (the `chosen_ids` hook; probabilistic drafting keeps the top-n bounds).
+
 Today: an independent drafter checkpoint (a self-draft needs the target's weights),
-first turns of multi-turn prompts, a vLLM server, a few requests at once; the cost ratio
+every turn of multi-turn prompts, a vLLM or SGLang server, a few requests at once; the cost ratio
 and verify factor must be given (the target is not here to time)."""
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from specprobe import __version__
 from specprobe.core.environment import environment
 from specprobe.core.errors import ConfigError, ServerError
 from specprobe.core.progress import Progress
-from specprobe.engines import get
+from specprobe.engines import GREEDY, get
 from specprobe.judge.rules import RuleTable
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.remote import FIELDS, LEFT_OUT, supported
@@ -122,6 +127,13 @@ def check_tokenizers(server: Any, tok: Any, draft_tok: Any, timeout: float) -> l
     return notes
 
 
+def chosen_ids(server: Any, cfg: DiagnoseConfig, target: Any) -> bool:
+    """Whether to ask the server for the drafter's own argmax ids beside the top-n: where
+    it scores ids it is given (SGLang's token_ids_logprob), the drafting is greedy and the
+    target samples (at T = 0 rank 1 already decides every position)."""
+    return bool(getattr(server, "scores_chosen", False)) and cfg.drafting == GREEDY and not target.greedy
+
+
 def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Result:
     """The whole --target-server run -> its result."""
     assert cfg.target_server is not None
@@ -133,6 +145,12 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     progress.note(f"--target-server: {label}")
     tok_name = cfg.target or server.tokenizer_name or server.model
     tok = _tokenizer(tok_name, cfg.offline)
+    if cfg.target_logprobs > len(tok):
+        raise ConfigError(f"--target-logprobs {cfg.target_logprobs} asks for more tokens per position than the target's vocabulary ({len(tok)})",
+                          "lower --target-logprobs (-1 asks for the whole vocabulary where the engine allows it)")
+    if cfg.target_logprobs < 0 and not server.lists_every_token:
+        raise ConfigError(f"{server.engine.label}'s API has no 'every token' setting for --target-logprobs -1",
+                          f"give --target-logprobs N: the top-N (at most the vocabulary, {len(tok)})")
     dspec = local_spec(cfg.drafter, cfg.draft_revision, cfg.offline, progress.note)
     check_paths(None, dspec)
     progress.note(f"loading drafter {cfg.drafter}")
@@ -150,7 +168,10 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
         probe_logprobs(server, encoded, n)  # a cap below N: exit 2 now, before the references cost anything
     items, item_enc, conts, refs = _references_by_turn(server, cfg, tok, prompts, encoded, request, progress, label)
     cache = open_cache(server, cfg, [e + c for e, c in zip(item_enc, conts, strict=True)], {}, len(tok), progress, seed=0)
-    s = ServerScoring(server, cfg, drafter, pair, cache, progress, vocab=len(tok))
+    chosen = chosen_ids(server, cfg, pair.target)
+    if chosen:
+        notes.append("the server scored the drafter's argmax at every position (its own token ids, asked beside the top-n): greedy drafting is exact")
+    s = ServerScoring(server, cfg, drafter, pair, cache, progress, vocab=len(tok), chosen=chosen)
     s.run(items, item_enc, conts)
     interrupted = refs.interrupted or s.interrupted
     if s.stopped is not None:

@@ -14,6 +14,7 @@ keep the first answer (the wider one could only repeat them)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -141,6 +142,7 @@ class ServerScoring:
     low: Accumulator = field(init=False)
     high: Accumulator = field(init=False)
     rows: dict[str, list[Any]] = field(init=False)
+    _lock: Any = field(init=False, repr=False)
     positions: int = 0
     exact: int = 0
     requests: int = 0
@@ -153,6 +155,7 @@ class ServerScoring:
     stopped: ServerError | None = None
     notes: list[str] = field(default_factory=list)
     widened: dict[str, Any] = field(default_factory=dict)
+    chosen: bool = False  # ask the server for the drafter's argmax ids too (`remote.chosen_ids`)
     keep_bounds: bool = False  # keep each prompt's per-position ends in `bounds` (tests, benchmarks)
     bounds: dict[int, Bounded] = field(default_factory=dict)
 
@@ -161,13 +164,15 @@ class ServerScoring:
         self.low, self.high = (Accumulator(k_max=c.k_max, drafting=c.drafting, p_min=c.draft_p_min, n_min=c.draft_n_min,
                                            threshold_single=c.accept_threshold_single, threshold_acc=c.accept_threshold_acc) for _ in range(2))
         self.rows = {k: [] for k in ("prompt_id", "domain", "position", *ROW_FIELDS)}
+        self._lock = threading.Lock()  # the drafter runs in the request threads where `chosen`
         w = c.target_widen
         self.widened = {"logprobs": w, "prompts": 0, "positions": 0, "made_exact": 0, "requests": 0, "bytes": 0, "seconds": 0.0} if w else {}
 
     # ------------------------------------------------------------------ the server's side
-    def _scores(self, ids: list[int], start: int, cont: list[int], n: int, pid: str) -> tuple[Rows, int]:
-        """The rows of cont's positions in ids (row k: the token at start + k), checked."""
-        got = self.server.prompt_logprobs(ids, n, REQUEST_TIMEOUT_S)
+    def _scores(self, ids: list[int], start: int, cont: list[int], n: int, pid: str, chosen: list[int] | None = None) -> tuple[Rows, int]:
+        """The rows of cont's positions in ids (row k: the token at start + k), checked;
+        `chosen`: token ids the server scores at every position beside the top-n."""
+        got = self.server.prompt_logprobs(ids, n, REQUEST_TIMEOUT_S) if chosen is None else self.server.prompt_logprobs_chosen(ids, n, chosen, REQUEST_TIMEOUT_S)
         rows = got.rows[start - 1 : start - 1 + len(cont)]
         for j, (r, t) in enumerate(zip(rows, cont, strict=False)):
             if t not in r:
@@ -186,13 +191,17 @@ class ServerScoring:
             self.progress.note(f"{len(have)} of {len(order)} prompts already scored by the server (resumed from {self.cache.where() if self.cache else ''})")
         wide = self.cache.scores(cfg.target_widen, {i: len(conts[i]) for i in order}) if self.cache is not None and cfg.target_widen else {}
 
-        def ask(i: int) -> tuple[Rows, int]:
+        def ask(i: int) -> tuple[Rows, int, torch.Tensor | None]:
             if i in have:
-                return have[i], 0
-            rows, size = self._scores(encoded[i] + conts[i], len(encoded[i]), conts[i], n, prompts[i].id)
+                return have[i], 0, None
+            dl = chosen = None
+            if self.chosen:  # the drafter first: its argmax is what the server scores
+                dl = self._draft(encoded[i], conts[i])
+                chosen = sorted({t for t in dl.argmax(-1).tolist() if self.vocab is None or t < self.vocab})
+            rows, size = self._scores(encoded[i] + conts[i], len(encoded[i]), conts[i], n, prompts[i].id, chosen)
             if self.cache is not None:
                 self.cache.add_scores(i, n, rows)
-            return rows, size
+            return rows, size, dl
 
         t0 = time.perf_counter()
         total = sum(len(conts[i]) for i in order)
@@ -201,11 +210,11 @@ class ServerScoring:
                 answers = in_order(ask, order)
                 for i in order:
                     w0 = time.perf_counter()
-                    rows, size = next(answers)
+                    rows, size, dl = next(answers)
                     self.wait_s += time.perf_counter() - w0
                     if size:
                         self.requests, self.bytes, self.asked_positions = self.requests + 1, self.bytes + size, self.asked_positions + len(rows)
-                    self._one(prompts[i], i, encoded[i], conts[i], rows, wide.get(i))
+                    self._one(prompts[i], i, encoded[i], conts[i], rows, wide.get(i), dl)
                     advance()
             except KeyboardInterrupt:
                 self.interrupted = True
@@ -218,13 +227,17 @@ class ServerScoring:
             self.progress.note(f"scored {self.asked_positions:,} positions on the server in {self.seconds:.1f} s: {per_min:,.0f} positions/min "
                                f"({self.wait_s:.1f} s of it waiting on the server's answers, the rest the drafter here)")
 
-    def _one(self, p: Any, i: int, enc: list[int], cont: list[int], rows: Rows, wide: Rows | None) -> None:
-        cfg = self.cfg
-        full = enc + cont
-        with torch.inference_mode():
-            x = torch.tensor([full], device=self.drafter.device)
+    def _draft(self, enc: list[int], cont: list[int]) -> torch.Tensor:
+        """[n, V'] the drafter's logits predicting cont's tokens after enc."""
+        with self._lock, torch.inference_mode():
+            x = torch.tensor([enc + cont], device=self.drafter.device)
             hidden = self.drafter.last_hidden(x, torch.ones_like(x))
-            dl = self.drafter.head(hidden[0, len(enc) - 1 : len(enc) - 1 + len(cont)]).float()  # [n, V']
+            return self.drafter.head(hidden[0, len(enc) - 1 : len(enc) - 1 + len(cont)]).float()
+
+    def _one(self, p: Any, i: int, enc: list[int], cont: list[int], rows: Rows, wide: Rows | None, dl: torch.Tensor | None = None) -> None:
+        cfg = self.cfg
+        if dl is None:
+            dl = self._draft(enc, cont)
         greedy = cfg.drafting == GREEDY
         b = bounded_metrics(TopN.from_rows(rows, cfg.target_logprobs), dl, self.pair.target, self.pair.draft, greedy_drafting=greedy, vocab=self.vocab)
         if cfg.target_widen and not b.exact.all():

@@ -191,7 +191,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "target_server", "--target-server",
-        "Score against a target an engine already serves (e.g. http://127.0.0.1:8000, vLLM's OpenAI-compatible server): it writes the references and scores them teacher-forced (prompt logprobs, top --target-logprobs per position), the DRAFTER runs here. Then TARGET may be left out (given: the tokenizer to use). Where the drafter's token is not in the top-n, acceptance is a range, both ends reported.",
+        "Score against a target an engine already serves (e.g. http://127.0.0.1:8000: vLLM's OpenAI-compatible server, or SGLang's with --engine sglang): it writes the references and scores them teacher-forced (prompt logprobs, top --target-logprobs per position), the DRAFTER runs here. Then TARGET may be left out (given: the tokenizer to use). Where the drafter's token is not in the top-n, acceptance is a range, both ends reported.",
         str | None, panel=PAIR, commands=frozenset({DIAGNOSE}), file_key="target_server", metavar="URL", show_default=False,
     ),
     Setting(
@@ -201,7 +201,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "target_logprobs", "--target-logprobs",
-        "With --target-server: the top-n target logprobs asked per position (at most the server's --max-logprobs, vLLM's default 20; -1: the whole vocabulary, exact but heavy).",
+        "With --target-server: the top-n target logprobs asked per position (at most the server's --max-logprobs, vLLM's default 20; -1: the whole vocabulary, exact but heavy, vLLM only). SGLang also scores the drafter's own tokens: greedy drafting exact at any n..",
         int, 20, panel=PAIR, commands=frozenset({DIAGNOSE}), file_key="target_logprobs", ge=-1, metavar="N",
     ),
     Setting(

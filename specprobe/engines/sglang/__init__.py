@@ -14,11 +14,14 @@ tokens; `tree_speculative_sampling_target_only` verifies with the target's
 probabilities: a chain accepts its draft with p_target(draft). Its accept thresholds
 (`--speculative-accept-threshold-single/-acc`, 1.0 by default) accept more below 1, and
 the output is then no longer the target's distribution. It verifies draft trees.
+
+Its HTTP server as a target (`diagnose --target-server`): `client.py`.
 """
 
 from __future__ import annotations
 
-from specprobe.engines.base import GREEDY, JOINT, Engine, SamplingOrder
+from specprobe.engines.base import GREEDY, JOINT, Engine, LiveServer, SamplingOrder
+from specprobe.engines.sglang.client import SglangServer
 
 
 class SGLang(Engine):
@@ -36,6 +39,9 @@ class SGLang(Engine):
     eagle3_default_for_other_formats = True
     ngram_types = ("sglang-ngram",)  # its NGRAM algorithm (a trie, a draft tree)
     serving_knobs = {"accept_threshold_single": "speculative_accept_threshold_single", "accept_threshold_acc": "speculative_accept_threshold_acc"}
+
+    def live_server(self, url: str, model: str | None = None, timeout: float = 30.0) -> LiveServer:
+        return SglangServer(self, url, model, timeout)
 
 
 ENGINE = SGLang()
