@@ -12,22 +12,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from specprobe.metrics.accumulate import FIELDS, Accumulator
+from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.uncertainty import AGREE_SE, MIN_DRAFTS, combined_z, thin
 from specprobe.simulate.counters import SimCounters
+from tests.test_live import (
+    _acc,  # prompts of random acceptance, as the live check's tests make them
+)
 
 BOOT = 3000
-
-
-def _acc(seed: int, prompts: int, k_max: int = 4) -> Accumulator:
-    rng = np.random.default_rng(seed)
-    acc = Accumulator(k_max=k_max, drafting="greedy")
-    for _ in range(prompts):
-        n = int(rng.integers(20, 60))
-        vals = {f: np.full(n, 0.5) for f in FIELDS}
-        vals["accept_prob_greedy_draft"] = np.clip(rng.normal(rng.uniform(0.1, 0.9), 0.2, n), 0, 1)
-        acc.add_sequence("chat", np.arange(n), vals)
-    return acc
 
 
 def test_the_depth_curve_se_matches_a_bootstrap_over_prompts_and_survives_shards() -> None:

@@ -77,6 +77,23 @@ def check_url(url: str, what: str = "the server") -> None:
         raise ConfigError(f"{url!r} is not a URL {what} can be reached at", "write it as http://HOST:PORT, e.g. http://127.0.0.1:8000")
 
 
+def served_model(url: str, model: str | None, *, timeout: float, what: str) -> tuple[str, dict[str, Any]]:
+    """The model an OpenAI-compatible server (`url`) serves that the run asks for (`model`;
+    None: its one model) and its /v1/models card; a one-line ConfigError naming what it
+    serves otherwise."""
+    check_url(url, what)
+    listed = get_json(url + "/v1/models", timeout=timeout, what=what)
+    entries = [m for m in (listed.get("data") or []) if isinstance(m, dict)] if isinstance(listed, dict) else []
+    served = [str(m.get("id")) for m in entries]
+    if model is None:
+        if len(served) != 1:
+            raise ConfigError(f"the server at {url} serves {len(served)} models ({', '.join(served) or 'none'})", "name one with --against-model (--target-model with --target-server)")
+        model = served[0]
+    elif model not in served:
+        raise ConfigError(f"the server at {url} does not serve {model!r} (it serves {', '.join(served) or 'nothing'})", "pass one of its models with --against-model (--target-model with --target-server)")
+    return model, next(m for m in entries if str(m.get("id")) == model)
+
+
 def get_json(url: str, *, timeout: float = 30.0, what: str = "the server") -> Any:
     return _parse(request(url, timeout=timeout, what=what), url, what)
 

@@ -103,23 +103,12 @@ class SglangServer(LiveServer):
 
     def __init__(self, engine: Engine, url: str, model: str | None, timeout: float) -> None:
         self.engine, self.url, self.timeout = engine, url.rstrip("/"), timeout
-        http.check_url(self.url, WHAT)
-        listed = http.get_json(self.url + "/v1/models", timeout=timeout, what=WHAT)
-        entries = [m for m in (listed.get("data") or []) if isinstance(m, dict)] if isinstance(listed, dict) else []
-        served = [str(m.get("id")) for m in entries]
-        if model is None:
-            if len(served) != 1:
-                raise ConfigError(f"the server at {self.url} serves {len(served)} models ({', '.join(served) or 'none'})", "name one with --against-model (--target-model with --target-server)")
-            model = served[0]
-        elif model not in served:
-            raise ConfigError(f"the server at {self.url} does not serve {model!r} (it serves {', '.join(served) or 'nothing'})", "pass one of its models with --against-model (--target-model with --target-server)")
-        self.model = model
-        card = next(m for m in entries if str(m.get("id")) == model)
+        self.model, card = http.served_model(self.url, model, timeout=timeout, what=WHAT)
         # a LoRA adapter is listed with its base model as `parent`: /generate names it in lora_path
-        self.lora = model if card.get("parent") else None
+        self.lora = self.model if card.get("parent") else None
         info = _first_json(self.url, ("/model_info", "/get_model_info"), timeout)
         if info.get("is_generation") is False:
-            raise ConfigError(f"the server at {self.url} serves {model!r} as an embedding model", "point --target-server at a server that generates (without --is-embedding)")
+            raise ConfigError(f"the server at {self.url} serves {self.model!r} as an embedding model", "point --target-server at a server that generates (without --is-embedding)")
         # where its tokenizer came from (its /v1/models `root` is only the served name)
         self.tokenizer_name = str(info.get("tokenizer_path") or info.get("model_path") or "") or None
         got = _first_json(self.url, ("/server_info", "/get_server_info"), timeout)

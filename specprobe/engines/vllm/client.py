@@ -47,21 +47,11 @@ def counters_from_text(text: str) -> SpecCounters:
 class VllmServer(LiveServer):
     def __init__(self, engine: Engine, url: str, model: str | None, timeout: float) -> None:
         self.engine, self.url, self.timeout = engine, url.rstrip("/"), timeout
-        http.check_url(self.url, "vLLM")
-        listed = http.get_json(self.url + "/v1/models", timeout=timeout, what="vLLM")
-        entries = [m for m in (listed.get("data") or []) if isinstance(m, dict)] if isinstance(listed, dict) else []
-        served = [str(m.get("id")) for m in entries]
-        if model is None:
-            if len(served) != 1:
-                raise ConfigError(f"the server at {self.url} serves {len(served)} models ({', '.join(served) or 'none'})", "name one with --against-model (--target-model with --target-server)")
-            model = served[0]
-        elif model not in served:
-            raise ConfigError(f"the server at {self.url} does not serve {model!r} (it serves {', '.join(served) or 'nothing'})", "pass one of its models with --against-model (--target-model with --target-server)")
-        self.model = model
+        self.model, card = http.served_model(self.url, model, timeout=timeout, what="vLLM")
         # vLLM's `root`: the checkpoint (a path or a hub id) its tokenizer came from
-        self.tokenizer_name = next((str(m["root"]) for m in entries if str(m.get("id")) == model and m.get("root")), None)
+        self.tokenizer_name = str(card["root"]) if card.get("root") else None
         # its context (prompt + answer) in tokens, as it reports it
-        self.max_model_len = next((int(m["max_model_len"]) for m in entries if str(m.get("id")) == model and isinstance(m.get("max_model_len"), int)), None)
+        self.max_model_len = int(card["max_model_len"]) if isinstance(card.get("max_model_len"), int) else None
         try:
             got = http.get_json(self.url + "/version", timeout=timeout, what="vLLM")
             self.version = str(got.get("version")) if isinstance(got, dict) and got.get("version") else None
