@@ -26,13 +26,16 @@ summed over seeds, and accepted ÷ drafted is a ratio estimator over prompts (it
 linearised variance, which a bootstrap over prompts approximates). diagnose's is its own
 `accept_rate_renewal_se` per seed, combined over seeds as independent. The gap is read in
 units of the combined standard error of the two sides, √(se_a² + se_b²) (the sides are
-independent runs on the same prompts, so this is conservative). At T = 0 both sides are
+independent runs on the same prompts, so this is conservative: a prompt's acceptance
+moves both sides alike). simulate against vLLM is also read paired: the standard error of
+the difference itself, each prompt's influence on both sides taken together, which is
+several times smaller where prompts differ more than runs do. At T = 0 both sides are
 deterministic and the standard error over prompts says how much another prompt set
 would move the figure, not run-to-run noise.
 
 Every unit of work is kept under --work and reused, so a run cut short resumes.
 
-    python benchmarks/bench_vllm_peer.py --prompts 60 --max-tokens 48 --seeds 2 --work /tmp/peer
+    python benchmarks/bench_vllm_peer.py --prompts 16 --max-tokens 32 --seeds 2 --work /tmp/peer
 """
 
 from __future__ import annotations
@@ -127,6 +130,19 @@ def ratio_se(num: list[float], den: list[float]) -> tuple[float, float]:
         return (sum(num) / total if total > 0 else math.nan), math.nan
     r = sum(num) / total
     return r, math.sqrt(n / (n - 1) * sum((a - r * d) ** 2 for a, d in zip(num, den, strict=True))) / total
+
+
+def paired_gap_se(x: list[list[float]], y: list[list[float]]) -> float:
+    """The standard error of (Σ a ÷ Σ d) of x minus that of y, both measured on the same
+    prompts (rows [accepted, drafted, …] in prompt order): linearised, each prompt's
+    influence on the difference, so what a prompt does to both sides cancels."""
+    n = len(x)
+    if n < 2 or len(y) != n:
+        return math.nan
+    dx, dy = sum(r[1] for r in x), sum(r[1] for r in y)
+    rx, ry = sum(r[0] for r in x) / dx, sum(r[0] for r in y) / dy
+    infl = [(p[0] - rx * p[1]) / dx - (q[0] - ry * q[1]) / dy for p, q in zip(x, y, strict=True)]
+    return math.sqrt(n / (n - 1) * sum(v * v for v in infl))
 
 
 def z_of(a: tuple[float, float], b: tuple[float, float]) -> float:
@@ -306,7 +322,8 @@ def main() -> None:
             continue
         for t in cfg.temps:
             try:
-                v = side(served(None, cfg, target, draft, ids, a, work, only_read=True)[t], cfg.k)
+                got_t = served(None, cfg, target, draft, ids, a, work, only_read=True)[t]
+                v = side(got_t, cfg.k)
                 sp = specprobe_side(cfg, t, a.layers, target, pf, a, work, only_read=True)
             except FileNotFoundError as e:
                 print(f"{cfg.name} T={t:g}: not run yet ({Path(e.filename).name})")
@@ -325,11 +342,14 @@ def main() -> None:
                 row[f"{s}_gap"] = row[s][0] / v["rate"][0] - 1 if v["rate"][0] > 0 else math.nan
                 row[f"{s}_z"] = z_of(row[s], v["rate"])
                 row[f"{s}_pos_z"] = [z_of(p, q) for p, q in zip(row[f"{s}_pos"], v["pos"], strict=False)]
+            paired = paired_gap_se(sp["loop"], got_t)
+            row["simulate_gap_se_paired"] = paired
+            row["simulate_z_paired"] = (sim["rate"][0] - v["rate"][0]) / paired if paired > 0 else math.nan
             table.append(row)
             print(
                 f"{cfg.name} T={t:g} ({row['seeds']} seed(s), {v['drafted']:.0f} drafted): vLLM {fmt(v['rate'])}  "
                 f"diagnose {fmt(sp['diagnose'])} ({row['diagnose_gap']:+.1%}, z {row['diagnose_z']:+.1f})  "
-                f"simulate {fmt(sim['rate'])} ({row['simulate_gap']:+.1%}, z {row['simulate_z']:+.1f})",
+                f"simulate {fmt(sim['rate'])} ({row['simulate_gap']:+.1%}, z {row['simulate_z']:+.1f}; paired over prompts: ± {row['simulate_gap_se_paired']:.4f}, z {row['simulate_z_paired']:+.1f})",
                 flush=True,
             )
             print("    per position vLLM " + " / ".join(f"{p[0]:.3f}" for p in v["pos"])

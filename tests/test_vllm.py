@@ -136,6 +136,8 @@ Z = 3.0
 
 def _assert_agrees(live: dict[str, Any]) -> None:
     """The served counters within the statistical bound of the prediction."""
+    ses = [live["accept_rate_se"], live["predicted_accept_rate_se"], *live["per_position_se"], *live["predicted_per_position_se"]]
+    assert None not in ses, live  # every figure has its standard error over the prompts
     both = math.hypot(live["accept_rate_se"], live["predicted_accept_rate_se"])
     gap = live["accept_rate"] - live["predicted_accept_rate"]
     assert abs(gap) <= max(0.05 * live["predicted_accept_rate"], Z * both), live
