@@ -144,7 +144,7 @@ def effective_sampling(
         **penalties,
     )
     # an engine that draws a sampled draft at the temperature alone leaves q untruncated
-    bare = eng.draft_temperature_only and eng.drafting(drafting) == PROBABILISTIC
+    bare = eng.draft_temperature_only and eng.drafting(drafting) == PROBABILISTIC and target.truncates
     for key, flag in (("temperature", flags.draft_temperature), ("top_k", flags.draft_top_k), ("top_p", flags.draft_top_p)):
         src[f"draft.{key}"] = "flag" if flag is not None else f"off ({eng.label} samples drafts at the temperature only)" if bare and key != "temperature" else "target's"
     draft = Sampling(
