@@ -28,8 +28,8 @@ linearised variance, which a bootstrap over prompts approximates). diagnose's is
 units of the combined standard error of the two sides, √(se_a² + se_b²) (the sides are
 independent runs on the same prompts, so this is conservative: a prompt's acceptance
 moves both sides alike). simulate against vLLM is also read paired: the standard error of
-the difference itself, each prompt's influence on both sides taken together, which is
-several times smaller where prompts differ more than runs do. At T = 0 both sides are
+the difference itself, each prompt's influence on both sides taken together (about half
+the unpaired one at T = 0.7 here). At T = 0 both sides are
 deterministic and the standard error over prompts says how much another prompt set
 would move the figure, not run-to-run noise.
 
@@ -208,6 +208,7 @@ def _hooked_specprobe(counts_out: Path, argv: list[str]) -> None:
     (K = 0, the speedup's denominator, not compared here) runs on the first prompt only."""
     import specprobe.simulate.pipeline as pipeline
     from specprobe.cli.main import run
+    from specprobe.simulate.loop import _batches
 
     loop = pipeline.speculate
     kept: dict[int, list[list[float]]] = {}
@@ -226,10 +227,13 @@ def _hooked_specprobe(counts_out: Path, argv: list[str]) -> None:
         out = loop(target, draft, prompts, k=k, run=run, advance=after, **kw)
         if k:
             prev = [0.0] * len(snaps[0])
-            kept[k] = []
+            rows = []
             for s in snaps:
-                kept[k].append([x - y for x, y in zip(s, prev, strict=True)])
+                rows.append([x - y for x, y in zip(s, prev, strict=True)])
                 prev = s
+            # the loop decodes prompts shortest first (`loop._batches`): back to prompt order
+            order = [i for b in _batches(prompts, 1) for i in b]
+            kept[k] = [rows[order.index(i)] for i in range(len(prompts))]
         return out
 
     pipeline.speculate = speculate  # type: ignore[assignment]
