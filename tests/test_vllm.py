@@ -196,16 +196,25 @@ def test_against_probabilistic_drafting_at_k2(vllm_python: Path, pair: dict[str,
     _assert_agrees(live)
 
 
-def test_against_ngram_prompt_lookup(vllm_python: Path, pair: dict[str, Any]) -> None:
+def test_ngram_prompt_lookup_as_vllm_serves_it(vllm_python: Path, pair: dict[str, Any]) -> None:
     """vLLM's `ngram` method (prompt_lookup_min 2, max 5, K = 4; its own start, no draft
-    model) against `diagnose ngram:min=2,max=5` at T = 0: specprobe's prompt lookup is
-    vLLM's, so the same drafts are proposed and greedy verification accepts the same."""
+    model) against `diagnose` and `simulate ngram:min=2,max=5` at T = 0 (`diagnose --against`
+    takes model drafters only). Both sides are deterministic, so the bound is 5 % of
+    accepted ÷ drafted (the benchmark read +0.5 % on 16 prompts; on these 8 the loop reads
+    0.543 against vLLM's 0.538). The draft counts themselves differ: vLLM drafts K to the
+    end of a request, specprobe at most the budget left − 1, and n-gram matches come late
+    in an answer (70 draft tokens against vLLM's 91 here), so only the rate is compared."""
     with vllm_server(vllm_python, pair["target"], None, K, pair["work"] / "vllm-ngram.log", startup_timeout=900, method="ngram",
                      extra_spec={"prompt_lookup_min": 2, "prompt_lookup_max": 5}) as s:  # fmt: skip
-        r = _against(pair, s.base, pair["work"] / "against-ngram.json", temperature="0", drafter="ngram:min=2,max=5")
-    live = r["live"]
-    assert live["k"] == K and live["requests"] == PROMPTS and live["drafts"] > 0
-    _assert_agrees(live)
+        counts, _ = serve_prompts(s, pair["ids"], MAX_TOKENS, temperature=0.0, deadline_s=600)
+    assert counts.drafts > 0 and counts.draft_tokens == K * counts.drafts  # vLLM's prompt lookup drafts K every time it drafts
+    drafter = "ngram:min=2,max=5"
+    diag = _specprobe("diagnose", pair, pair["work"] / "diagnose-ngram.json", drafter=drafter)
+    row = next(r for r in diag["k_table"] if r["k"] == K)
+    assert (row["accept_rate_renewal"] or row["accept_rate"]) == pytest.approx(counts.accept_rate, rel=0.05), (row, counts)
+    sim = _specprobe("simulate", pair, pair["work"] / "simulate-ngram.json", "--k", str(K), "--batch-size", "1", drafter=drafter)
+    measured = next(r for r in sim["measured"]["k_table"] if r["k"] == K)
+    assert measured["accept_rate"] == pytest.approx(counts.accept_rate, rel=0.05), (measured, counts)
 
 
 # ----------------------------------------------------------------------------- monitor and alerts on the live server
