@@ -207,7 +207,7 @@ def test_ngram_prompt_lookup_as_vllm_serves_it(vllm_python: Path, pair: dict[str
     with vllm_server(vllm_python, pair["target"], None, K, pair["work"] / "vllm-ngram.log", startup_timeout=900, method="ngram",
                      extra_spec={"prompt_lookup_min": 2, "prompt_lookup_max": 5}) as s:  # fmt: skip
         counts, _ = serve_prompts(s, pair["ids"], MAX_TOKENS, temperature=0.0, deadline_s=600)
-    assert counts.drafts > 0 and counts.draft_tokens == K * counts.drafts  # vLLM's prompt lookup drafts K every time it drafts
+    assert 0 < counts.drafts and counts.draft_tokens <= K * counts.drafts  # up to K a draft (fewer where the match's continuation is short)
     drafter = "ngram:min=2,max=5"
     diag = _specprobe("diagnose", pair, pair["work"] / "diagnose-ngram.json", drafter=drafter)
     row = next(r for r in diag["k_table"] if r["k"] == K)
