@@ -89,6 +89,24 @@ def test_drafting_not_given_is_the_engines_own(tiny_pair) -> None:
     assert "SP012" in found and rep.facts["drafting"] == "probabilistic"
 
 
+def test_vllm_samples_a_probabilistic_draft_at_the_temperature_only(tiny_pair) -> None:
+    """vLLM draws a probabilistic draft from the drafter's softmax at the request's
+    temperature, without its top-k, top-p or min-p (`compute_probs_and_sample_next_token`):
+    q stays untruncated while the target's p is truncated. Greedy drafting, and engines
+    that sample the drafter with every setting, keep the target's settings on q."""
+    info = load_info(str(tiny_pair["target"]))
+    flags = SamplingFlags(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05)
+    pair = effective_sampling(flags, info.generation_config, None, engine="vllm", drafting="probabilistic")
+    assert (pair.target.top_k, pair.target.top_p, pair.target.min_p) == (20, 0.9, 0.05)
+    assert (pair.draft.temperature, pair.draft.top_k, pair.draft.top_p, pair.draft.min_p) == (0.7, 0, 1.0, 0.0)
+    assert pair.sources["draft.top_p"].startswith("off (vLLM samples drafts")
+    for engine, drafting in (("vllm", "greedy"), ("transformers", "probabilistic")):
+        other = effective_sampling(flags, info.generation_config, None, engine=engine, drafting=drafting)
+        assert (other.draft.top_k, other.draft.top_p, other.draft.min_p) == (20, 0.9, 0.05), engine
+    told = effective_sampling(SamplingFlags(temperature=0.7, top_p=0.9, draft_top_p=0.8), info.generation_config, None, engine="vllm", drafting="probabilistic")
+    assert told.draft.top_p == 0.8 and told.sources["draft.top_p"] == "flag"  # a flag still wins
+
+
 def test_unknown_engine_or_drafting_is_a_config_error(tiny_pair) -> None:
     info = load_info(str(tiny_pair["target"]))
     with pytest.raises(ConfigError, match="engine 'tgi'"):

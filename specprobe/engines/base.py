@@ -174,6 +174,9 @@ class Engine:
     relaxed_thresholds: ClassVar[bool] = False  # accept thresholds below 1 (lossy) are its knob
     draft_stops: ClassVar[bool] = False  # it stops drafts early (p_min) and drops short ones (n_min)
     drafts_stop_at_end_of_generation: ClassVar[bool] = False  # an n-gram draft stops at an end-of-generation token
+    # a sampled (probabilistic) draft is drawn from the drafter's tempered distribution
+    # alone: the request's top-k, top-p and min-p shape the target's p, never the draft's q
+    draft_temperature_only: ClassVar[bool] = False
     serving_config: ClassVar[bool] = True  # it has a serving config `export` can write
     # its own knobs a serving config may set, as settings: setting name -> the key its
     # serving config reader files them under (`ServingConfig.extra`)

@@ -25,6 +25,7 @@ from specprobe.engines import (
     DEFAULT_SEMANTICS,
     DRAFT_SAMPLING,
     GREEDY,
+    PROBABILISTIC,
     get,
     sampling_order,
 )
@@ -142,13 +143,15 @@ def effective_sampling(
         semantics=sem,  # type: ignore[arg-type]
         **penalties,
     )
+    # an engine that draws a sampled draft at the temperature alone leaves q untruncated
+    bare = eng.draft_temperature_only and eng.drafting(drafting) == PROBABILISTIC and target.truncates
     for key, flag in (("temperature", flags.draft_temperature), ("top_k", flags.draft_top_k), ("top_p", flags.draft_top_p)):
-        src[f"draft.{key}"] = "flag" if flag is not None else "target's"
+        src[f"draft.{key}"] = "flag" if flag is not None else f"off ({eng.label} samples drafts at the temperature only)" if bare and key != "temperature" else "target's"
     draft = Sampling(
         temperature=float(flags.draft_temperature) if flags.draft_temperature is not None else target.temperature,
-        top_k=int(flags.draft_top_k or 0) if flags.draft_top_k is not None else target.top_k,
-        top_p=float(flags.draft_top_p) if flags.draft_top_p is not None else target.top_p,
-        min_p=target.min_p,
+        top_k=int(flags.draft_top_k or 0) if flags.draft_top_k is not None else 0 if bare else target.top_k,
+        top_p=float(flags.draft_top_p) if flags.draft_top_p is not None else 1.0 if bare else target.top_p,
+        min_p=0.0 if bare else target.min_p,
         semantics=target.semantics,
         **penalties,
     )

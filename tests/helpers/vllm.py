@@ -270,6 +270,31 @@ def serve_prompts(
     return spec_counts(server.metrics()) - before, answers
 
 
+def serve_each(
+    server: VllmServer,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    *,
+    temperature: float = 0.0,
+    seed: int = 0,
+    deadline_s: float = 1800.0,
+    request_timeout_s: float = 300.0,
+) -> list[SpecCounts]:
+    """As `serve_prompts`, with the counters' delta of each request on its own (a scrape
+    after each answer): the prompts as units, for a standard error over prompts."""
+    start = time.monotonic()
+    before = spec_counts(server.metrics())
+    out = []
+    for i, ids in enumerate(prompts):
+        if time.monotonic() - start > deadline_s:
+            raise RuntimeError(f"vLLM took over {deadline_s:.0f}s for {i} of {len(prompts)} prompts")
+        server.complete(ids, max_tokens, temperature=temperature, seed=seed + i, timeout=request_timeout_s)
+        now = spec_counts(server.metrics())
+        out.append(now - before)
+        before = now
+    return out
+
+
 # ----------------------------------------------------------------------------- the tests' pair
 def require_vllm_python() -> Path:
     """The vLLM venv's python; a skip without one, or a failure where CI expects one

@@ -10,7 +10,10 @@ when T < 1e-5 (`_SAMPLING_EPS`).
 Drafting and verifying: `speculative_config.draft_sample_method`, default "greedy": the
 proposal is the drafter's argmax, a one-hot q for the rejection sampler, so a draft
 token is accepted with probability p_target(argmax q); "probabilistic" samples the draft
-from q and accepts with min(1, p/q) — acceptance Σ min(p, q).
+from q and accepts with min(1, p/q) — acceptance Σ min(p, q). That q is the drafter's
+softmax at the request's temperature alone (`compute_probs_and_sample_next_token`: "we
+ignore most of the sampling parameters in generating the draft tokens. We only use the
+temperature"); top-k, top-p and min-p shape the target's p only.
 
 Vocabularies: a draft model whose vocab_size differs from the target's is refused
 ('Target and draft model should have the same vocabulary size') unless
@@ -67,6 +70,7 @@ class VLLM(Engine):
     sampling = SAMPLING
     draft_sampling = GREEDY
     knob = "speculative_config.draft_sample_method"
+    draft_temperature_only = True  # a probabilistic draft: the drafter at the request's temperature, nothing else
     # EAGLE-3 heads: the aux layer ids as written index hidden_states (speculators format)
     eagle3_aux_offset = 0
     eagle3_format = "speculators"
