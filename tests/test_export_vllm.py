@@ -17,7 +17,6 @@ Skipped without vLLM or the SmolLM2 package."""
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -189,12 +188,12 @@ def test_vllm_serves_a_diagnose_result_exported_as_json_at_the_predicted_accepta
     assert "SP701" not in {f["rule_id"] for f in against["findings"]}
 
 
-def test_vllm_accepts_at_the_exported_synthetic_rates(vllm_python: Path, tmp_path: Path) -> None:
+def test_the_exported_synthetic_config_starts_and_the_cpu_build_refuses_it_as_export_says(vllm_python: Path, tmp_path: Path) -> None:
     """`export --synthetic`: vLLM 0.32's rejection_sample_method "synthetic" with the
     result's per-position rates. Served as written (the JSON through the printed command
-    line), the server drafts K and accepts position i in about r_i of its drafts (r_i:
-    P(the first i drafts all accepted), from the result's depth curve): each within 3
-    binomial standard errors plus one draft's worth."""
+    line), the real server starts with it (the keys are its own) and drafts; this CPU build
+    then asserts that its CPU sampler has no synthetic mode, at the first verify step, and
+    its engine stops. The export says exactly that, so a user runs it on a GPU build."""
     from specprobe.models.loader import builtin_gguf_path, ensure_gguf_cached
     from tests.helpers.vllm import write_self_draft_checkpoint
 
@@ -206,17 +205,12 @@ def test_vllm_accepts_at_the_exported_synthetic_rates(vllm_python: Path, tmp_pat
     rates = spec["synthetic_acceptance_rates"]
     assert spec["rejection_sample_method"] == "synthetic" and len(rates) == K and spec["num_speculative_tokens"] == K
     assert all(a >= b for a, b in zip(rates, rates[1:], strict=False)) and 0 < rates[0] < 1, rates
+    said = "Synthetic acceptance not supported with CPU sampling"
+    assert said in notes and "GPU build" in notes
     serve = next(line.removeprefix("note: serve it: ") for line in notes.splitlines() if line.startswith("note: serve it: "))
-    with _serving(vllm_python, tmp_path, ["bash", "-c", serve], "synthetic") as server:
-        before = spec_counts(server.metrics())
-        for seed in range(6):  # the lighthouse prompt (see _drafted_k), 48 tokens, 6 times
-            body = {"model": server.model, "prompt": [19161, 253, 1890, 1977, 563, 253, 33059, 40061, 30], "max_tokens": 48,
-                    "temperature": 0.0, "ignore_eos": True, "seed": seed}  # fmt: skip
-            assert http_json(server.base + "/v1/completions", body, timeout=300)["usage"]["completion_tokens"] == 48
-        c = spec_counts(server.metrics()) - before
-    got = c.per_pos_rate
-    print(f"synthetic: {c.drafts:g} drafts, per position {[round(g, 3) for g in got]} against the exported {[round(r, 3) for r in rates]}")
-    assert c.draft_tokens / c.drafts == pytest.approx(K) and c.drafts >= 60, c
-    for i, (g, r) in enumerate(zip(got, rates, strict=True), start=1):
-        se = math.sqrt(r * (1 - r) / c.drafts)
-        assert abs(g - r) <= 3 * se + 1 / c.drafts, (i, g, r, se, c)
+    with _serving(vllm_python, tmp_path, ["bash", "-c", serve], "synthetic") as server:  # it starts: the config is valid
+        body = {"model": server.model, "prompt": [19161, 253, 1890, 1977, 563, 253, 33059, 40061, 30], "max_tokens": 16, "temperature": 0.0, "ignore_eos": True}
+        with pytest.raises(Exception):  # noqa: B017, PT011 - the engine stops: an HTTP error or a dropped connection
+            http_json(server.base + "/v1/completions", body, timeout=300)
+        log = server.log.read_text(errors="replace")
+    assert said in log, log[-3000:]

