@@ -257,16 +257,9 @@ def serve_prompts(
 ) -> tuple[SpecCounts, list[list[int]]]:
     """Every prompt once, one request at a time (no batch effects), the counters' delta
     and the token ids each answer got. Bounded: fails past `deadline_s` in all."""
-    start = time.monotonic()
     before = spec_counts(server.metrics())
-    answers = []
-    for i, ids in enumerate(prompts):
-        if time.monotonic() - start > deadline_s:
-            raise RuntimeError(
-                f"vLLM took over {deadline_s:.0f}s for {i} of {len(prompts)} prompts"
-            )
-        out = server.complete(ids, max_tokens, temperature=temperature, seed=seed + i)
-        answers.append([int(t) for t in out["choices"][0].get("token_ids") or []])
+    answers: list[list[int]] = []
+    serve_each(server, prompts, max_tokens, temperature=temperature, seed=seed, deadline_s=deadline_s, answers=answers)
     return spec_counts(server.metrics()) - before, answers
 
 
@@ -279,16 +272,21 @@ def serve_each(
     seed: int = 0,
     deadline_s: float = 1800.0,
     request_timeout_s: float = 300.0,
+    answers: list[list[int]] | None = None,
 ) -> list[SpecCounts]:
-    """As `serve_prompts`, with the counters' delta of each request on its own (a scrape
-    after each answer): the prompts as units, for a standard error over prompts."""
+    """Every prompt once, one request at a time (no batch effects), the counters' delta of
+    each request on its own (a scrape after each answer): the prompts as units, for a
+    standard error over prompts. `answers`: gets the token ids each answer got. Bounded:
+    fails past `deadline_s` in all."""
     start = time.monotonic()
     before = spec_counts(server.metrics())
     out = []
     for i, ids in enumerate(prompts):
         if time.monotonic() - start > deadline_s:
             raise RuntimeError(f"vLLM took over {deadline_s:.0f}s for {i} of {len(prompts)} prompts")
-        server.complete(ids, max_tokens, temperature=temperature, seed=seed + i, timeout=request_timeout_s)
+        got = server.complete(ids, max_tokens, temperature=temperature, seed=seed + i, timeout=request_timeout_s)
+        if answers is not None:
+            answers.append([int(t) for t in got["choices"][0].get("token_ids") or []])
         now = spec_counts(server.metrics())
         out.append(now - before)
         before = now
