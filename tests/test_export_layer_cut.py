@@ -91,3 +91,19 @@ def test_cut_config_cuts_the_per_layer_lists_and_refuses_out_of_range() -> None:
     assert layer_of("model.layers.3.mlp.up_proj.weight") == 3 and layer_of("transformer.h.11.attn.c_attn.weight") == 11
     assert layer_of("gpt_neox.layers.0.attention.dense.weight") == 0
     assert layer_of("model.norm.weight") is None and layer_of("lm_head.weight") is None and layer_of("model.embed_tokens.weight") is None
+
+
+def test_write_draft_never_replaces_what_is_there(real_results, tmp_path: Path) -> None:
+    """A folder of the user's that holds files, or a file, is refused in one line (exit 2)
+    and left as it was; nothing else is written."""
+    src = _saved(real_results.skip, tmp_path, "skip.json")
+    out = tmp_path / "spec.json"
+    mine = tmp_path / "models"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine", encoding="utf-8")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "vllm", "--write-draft", str(mine), "-o", str(out), "--force"]), "already holds files")
+    assert [p.name for p in mine.iterdir()] == ["keep.txt"] and not out.exists()
+    afile = tmp_path / "a.txt"
+    afile.write_text("x", encoding="utf-8")
+    one_line_refusal(runner.invoke(app, ["export", str(src), "--engine", "vllm", "--write-draft", str(afile), "-o", str(out), "--force"]), "--write-draft")
+    assert afile.read_text(encoding="utf-8") == "x" and not out.exists()

@@ -62,8 +62,15 @@ def export(
     if engine is not None and not get(engine).serving_config:
         raise ConfigError(f"--engine {engine} has no serving config", "use " + ", ".join(e.name for e in ENGINES if e.serving_config))
     # every output checked, and kept off the input, before anything is read or written
-    if export_out is not None:
-        check_outputs([OutputPath("--output", export_out, "dir" if training else "file")], [InputPath("RESULT.json", result_file)])
+    outs = [OutputPath("--output", export_out, "dir" if training else "file")] if export_out is not None else []
+    if write_draft is not None:
+        outs.append(OutputPath("--write-draft", write_draft, "dir"))
+    if outs:
+        check_outputs(outs, [InputPath("RESULT.json", result_file)])
+    if write_draft is not None:
+        from specprobe.models.cut import check_draft_folder
+
+        check_draft_folder(write_draft)  # never a folder of the user's files: the cut replaces its folder whole
     result = load_result(result_file)
 
     if training is not None:

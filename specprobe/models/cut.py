@@ -48,6 +48,16 @@ def cut_config(cfg: dict[str, Any], n_layers: int) -> dict[str, Any]:
     return out
 
 
+def check_draft_folder(dst: Path) -> None:
+    """Where a cut may be written: a new or empty folder, or one that holds a checkpoint
+    (kept when it is the same cut); never a file or a folder of other files, which the
+    atomic rename would replace (ModelLoadError, one line)."""
+    if dst.is_file():
+        raise ModelLoadError(f"{dst} is a file, not a folder to write the draft checkpoint into", "pass a new folder to --write-draft")
+    if dst.is_dir() and not (dst / "config.json").is_file() and any(dst.iterdir()):
+        raise ModelLoadError(f"{dst} is a folder that already holds files", "pass a new (or empty) folder to --write-draft")
+
+
 def write_layer_cut(src: Path, dst: Path, n_layers: int) -> Path:
     """The checkpoint folder `src` cut to its first `n_layers` decoder layers, written to
     `dst` (same embedding, final norm, head and tokenizer files). Written whole or not at
@@ -64,6 +74,7 @@ def write_layer_cut(src: Path, dst: Path, n_layers: int) -> Path:
     shards = sorted(src.glob("*.safetensors"))
     if not shards:
         raise ModelLoadError(f"{src} holds no *.safetensors: only safetensors checkpoints are cut", "save the target with save_pretrained(safe_serialization=True) and export again")
+    check_draft_folder(dst)
     if (dst / "config.json").is_file():
         try:
             if json.loads((dst / "config.json").read_text(encoding="utf-8")) == cfg:
