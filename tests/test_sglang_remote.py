@@ -294,3 +294,29 @@ def test_bad_input_is_one_line_exit_2(case: str, server: str, pair: dict[str, An
     want = {"model": "does not serve 'llama-405b'", "logprobs": "than the target's vocabulary (", "every_token": "no 'every token' setting"}[case]
     assert want in said.splitlines()[-1], said
     assert all(k <= target.vocab for k in target.top_asked)  # nothing that would stop a real SGLang was sent
+
+
+def test_kept_answers_serve_another_drafter_only_where_they_list_its_choice(server: str, pair: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T = 1, greedy drafting: the kept answers of one drafter's run (its own argmax ids
+    scored) are reused by another drafter only where they list that drafter's choice at
+    every position; the rest are asked again, so the second run is exact everywhere too.
+    Run again, the second drafter asks nothing new."""
+    from specprobe.models.cut import write_layer_cut
+
+    monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    other = write_layer_cut(pair["target"], tmp_path / "draft12", 12)
+    common = [c for c in _common(pair, "1") if c != "--no-cache"]
+
+    def run(drafter: Path, name: str) -> dict[str, Any]:
+        proc = _run(["--target-server", server, str(drafter), *common], tmp_path / name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result: dict[str, Any] = json.loads((tmp_path / name).read_text())
+        return result
+
+    first = run(pair["draft"], "a.json")["remote"]
+    second = run(other, "b.json")["remote"]
+    again = run(other, "c.json")["remote"]
+    for rem in (first, second, again):
+        assert rem["exact"] and rem["exact_positions"] == rem["positions"] > 0, rem
+    assert second["requests"] > 0  # the first drafter's answers lacked this one's choices somewhere
+    assert again["requests"] == 0 and again["resumed_prompts"] == PROMPTS, again

@@ -192,12 +192,17 @@ class ServerScoring:
         wide = self.cache.scores(cfg.target_widen, {i: len(conts[i]) for i in order}) if self.cache is not None and cfg.target_widen else {}
 
         def ask(i: int) -> tuple[Rows, int, torch.Tensor | None]:
-            if i in have:
-                return have[i], 0, None
             dl = chosen = None
             if self.chosen:  # the drafter first: its argmax is what the server scores
                 dl = self._draft(encoded[i], conts[i])
-                chosen = sorted({t for t in dl.argmax(-1).tolist() if self.vocab is None or t < self.vocab})
+                top = dl.argmax(-1).tolist()
+                # kept answers serve only where they list this drafter's choice at every
+                # position (another drafter's run kept its own ids)
+                if i in have and all(t in r for t, r in zip(top, have[i], strict=False)):
+                    return have[i], 0, dl
+                chosen = sorted({t for t in top if self.vocab is None or t < self.vocab})
+            elif i in have:
+                return have[i], 0, None
             rows, size = self._scores(encoded[i] + conts[i], len(encoded[i]), conts[i], n, prompts[i].id, chosen)
             if self.cache is not None:
                 self.cache.add_scores(i, n, rows)
