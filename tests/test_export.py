@@ -401,16 +401,24 @@ def test_sglang_and_trtllm_exports_name_the_builtin_target_as_its_checkpoint_fol
 
 def test_vllm_serves_at_the_precision_the_result_scored_at(tmp_path: Path) -> None:
     """dtype: the result's own (vLLM's auto would serve a float32 checkpoint in bfloat16):
-    `dtype:` in the YAML, `--dtype` on the JSON's serve line; none for a result that does
-    not say."""
+    `dtype:` in the YAML, `--dtype` on the JSON's serve line — unless that is wider than
+    the checkpoint stores (a bfloat16 checkpoint scored in float32 on a CPU is not pinned
+    to float32: twice the memory), or the checkpoint's precision is unknown; none for a
+    result that does not say."""
     r, src = _result(tmp_path)
     d: dict[str, Any] = json.loads(r.to_json())
-    for dtype in ("bfloat16", "float32"):
-        d["environment"] = {**d["environment"], "dtype": dtype}
+    for stored, scored, pinned in (("float32", "float32", True), ("bfloat16", "bfloat16", True), ("float32", "bfloat16", True),
+                                   ("bfloat16", "float32", False), (None, "float32", False)):  # fmt: skip
+        ckpt = tmp_path / f"ckpt-{stored}"
+        ckpt.mkdir(exist_ok=True)
+        (ckpt / "config.json").write_text(json.dumps({"torch_dtype": stored} if stored else {}), encoding="utf-8")
+        d["environment"] = {**d["environment"], "dtype": scored}
+        d["target"] = {**d["target"], "spec": str(ckpt)}
         src.write_text(Result.model_validate(d).to_json(), encoding="utf-8")
-        yaml_text = export_config(Result.model_validate(d), src, "vllm", output=tmp_path / "serve.yaml").text
-        assert f'dtype: "{dtype}"' in yaml_text.splitlines()
+        ex = export_config(Result.model_validate(d), src, "vllm", output=tmp_path / "serve.yaml")
+        assert (f'dtype: "{scored}"' in ex.text.splitlines()) == pinned, (stored, scored, ex.text)
         res = runner.invoke(app, ["export", str(src), "--engine", "vllm", "-o", str(tmp_path / "spec.json")])
-        assert res.exit_code == 0 and f"--dtype {dtype}\n" in res.output, res.output
+        assert res.exit_code == 0 and (f"--dtype {scored}\n" in res.output) == pinned, res.output
+        assert ("dtype not pinned" in res.output) != pinned, res.output
     d["environment"] = None
     assert "dtype" not in export_config(Result.model_validate(d), src, "vllm", output=tmp_path / "serve.yaml").text

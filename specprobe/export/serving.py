@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from specprobe.core.errors import ConfigError, InputError
 from specprobe.engines import ENGINES, GREEDY, PROBABILISTIC, Engine, get
-from specprobe.engines.export import Plan, Writer
+from specprobe.engines.export import BUILTIN, GGUF, REPO, Plan, Writer, model_form
 from specprobe.engines.export import fmt as _f
 from specprobe.result import Result
 
@@ -165,8 +165,8 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
         t = result.sampling.target
         p.sampling = {"temperature": float(t.temperature), "top_k": int(t.top_k), "top_p": float(t.top_p), "min_p": float(t.min_p)}
     env = result.environment
-    if env is not None and result.remote is None and env.dtype in ("float32", "bfloat16", "float16"):
-        p.dtype = env.dtype  # scored here, at this precision (a --target-server's target: the server's)
+    if env is not None and result.remote is None and env.dtype in _WIDTH:  # scored here (a --target-server's target: the server's)
+        p.dtype = _served_dtype(p, env.dtype)
     followed = result.procedure.engine if result.procedure is not None else None
     if followed and followed != engine:
         p.notes.append(f"the result's numbers follow {get(followed).label}'s draft-and-verify procedure, not {label}'s: 'specprobe diagnose … --engine {engine}' gives {label}'s")
@@ -254,6 +254,51 @@ def _tree_text(row: Any) -> str:
 
 def _tree_dict(row: Any, why: str) -> dict[str, Any]:
     return {"steps": row.steps, "topk": row.topk, "tokens": row.tokens, "paths": row.paths, "tau": row.tau_tokens, "speedup": row.speedup, "why": why}
+
+
+_WIDTH = {"float32": 32, "bfloat16": 16, "float16": 16}
+
+
+def _checkpoint_dtype(spec: str | None) -> str | None:
+    """The precision the target's checkpoint stores (its config.json's torch_dtype / dtype),
+    as far as this machine can read it without loading anything: a built-in or GGUF target
+    is served from the float32 folder specprobe dequantises it into; a repo id from its
+    cached snapshot; None where unknown."""
+    if not spec:
+        return None
+    form = model_form(spec)
+    if form in (BUILTIN, GGUF):
+        return "float32"
+    folder: Path | None = Path(spec).expanduser()
+    if form == REPO:
+        from specprobe.models.hub import hub_snapshot
+
+        folder = hub_snapshot(spec)
+    if folder is None:
+        return None
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    text: dict[str, Any] = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else {}
+    got = cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype") or text.get("dtype")
+    return str(got) if got in _WIDTH else None
+
+
+def _served_dtype(p: Plan, scored: str) -> str | None:
+    """The dtype the config pins: the one the result scored at, unless that is wider than
+    the checkpoint's own (a 16-bit checkpoint scored in float32 on a CPU: pinning float32
+    would serve it at twice the memory and slower, for a difference in the last bits) or
+    the checkpoint's is unknown; a note says which."""
+    stored = _checkpoint_dtype(p.target)
+    if stored is not None and _WIDTH[scored] <= _WIDTH[stored]:
+        return scored
+    why = f"the checkpoint stores {stored}, which the engine serves as it is" if stored else "the checkpoint's own precision is not known here"
+    p.notes.append(f"dtype not pinned: the result scored the target at {scored}, but {why} (acceptance at another precision can differ by a few percent; "
+                   f"diagnose at --dtype {stored or 'bfloat16'} to predict it exactly)")
+    return None
 
 
 def _self_layers(result: Result) -> int:
