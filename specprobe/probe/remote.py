@@ -170,7 +170,8 @@ def run_remote(cfg: DiagnoseConfig, progress: Progress, table: RuleTable) -> Res
     cache = open_cache(server, cfg, [e + c for e, c in zip(item_enc, conts, strict=True)], {}, len(tok), progress, seed=0)
     chosen = chosen_ids(server, cfg, pair.target)
     if chosen:
-        notes.append("the server scored the drafter's argmax at every position (its own token ids, asked beside the top-n): greedy drafting is exact")
+        notes.append("the server scored the drafter's argmax at every position (its own token ids, asked beside the top-n): greedy drafting is exact"
+                     + ("" if abs(pair.target.temperature - 1.0) <= 1e-9 else " up to the tempered normaliser, which the top-n bounds (exact positions counted below)"))
     s = ServerScoring(server, cfg, drafter, pair, cache, progress, vocab=len(tok), chosen=chosen)
     s.run(items, item_enc, conts)
     interrupted = refs.interrupted or s.interrupted
