@@ -76,10 +76,12 @@ def test_renewal_standard_errors_match_a_bootstrap_over_prompts_and_survive_shar
     d = np.array([p.renewal_drafted.sum(1) for p in parts])
     boot = [a[ix].sum(0) / d[ix].sum(0) for ix in (rng.integers(0, 40, 40) for _ in range(3000))]
     assert se == pytest.approx(np.std(boot, axis=0), rel=0.15)  # the linearised SE is the bootstrap's, to its own noise
-    first = np.array([p.renewal_accepted[3, 0] for p in parts])
-    drafts = np.array([p.renewal_drafted[3, 0] for p in parts])
-    boot1 = [first[ix].sum() / drafts[ix].sum() for ix in (rng.integers(0, 40, 40) for _ in range(3000))]
-    assert pos_se[3, 0] == pytest.approx(np.std(boot1), rel=0.15)
+    for i in (0, 3):  # per position at K = 4: rounds accepting 1..i ÷ rounds drafting depth i
+        acc_i = np.array([p.renewal_accepted[3, i] for p in parts])
+        drafts_i = np.array([p.renewal_drafted[3, i] for p in parts])
+        boot_i = [acc_i[ix].sum() / drafts_i[ix].sum() for ix in (rng.integers(0, 40, 40) for _ in range(3000))]
+        assert pos_se[3, i] == pytest.approx(np.std(boot_i), rel=0.15)
+        assert whole.renewal_per_position(4)[1][i] == pos_se[3, i]
     assert np.isnan(_acc(prompts=1).renewal_se()[0]).all()  # one prompt: no spread to read
 
 

@@ -197,7 +197,12 @@ def test_csv_tables(tmp_path: Path, real_results: RealResults) -> None:
     diag, sim = real_results.skip, real_results.sim
     paths = write_csv(diag, tmp_path / "csv")
     names = sorted(p.name for p in paths)
-    assert names == sorted(["summary.csv", "findings.csv", "by_domain.csv", "by_entropy.csv", "by_position.csv", "depth.csv", "k_table.csv", "positions.csv"])
+    assert names == sorted(["summary.csv", "findings.csv", "by_domain.csv", "by_entropy.csv", "by_position.csv", "depth.csv", "k_table.csv", "k_positions.csv", "positions.csv"])
+    per_pos = pd.read_csv(tmp_path / "csv" / "k_positions.csv")  # each K's rate per draft position, as the engines count it
+    assert list(per_pos.columns) == ["k", "position", "rate", "se"] and len(per_pos) == sum(r.k for r in diag.k_table)
+    last = diag.k_table[-1]
+    assert per_pos[per_pos.k == last.k].rate.tolist() == pytest.approx(last.per_position_renewal, rel=1e-5)
+    assert "per_position_renewal" not in pd.read_csv(tmp_path / "csv" / "k_table.csv").columns  # lists stay out of the flat table
     pos = pd.read_csv(tmp_path / "csv" / "positions.csv")
     assert len(pos) == diag.metrics["num_positions"] and list(pos.columns)[:3] == ["prompt_id", "domain", "position"]
     summary = pd.read_csv(tmp_path / "csv" / "summary.csv")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -136,6 +136,9 @@ class KRow:
     accept_rate_renewal_se: float = math.nan
     tau_renewal_se: float = math.nan
     speedup_se: float = math.nan  # speedup × tau_renewal_se ÷ τ: the round cost is fixed at a K
+    # per draft position as an engine counts it: rounds accepting 1..i ÷ rounds drafted (renewal)
+    per_position_renewal: list[float] = field(default_factory=list)
+    per_position_renewal_se: list[float] = field(default_factory=list)
 
 
 def k_table(

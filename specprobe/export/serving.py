@@ -103,11 +103,14 @@ def schedule_from_costs(result: Result) -> list[tuple[int, int, int]] | None:
 
 
 def synthetic_rates(result: Result, k: int) -> list[float]:
-    """r_1..r_K from the result's depth curve: the probability that the first i drafts are
-    all accepted, clamped to [0, 1] and made non-increasing (a running minimum; the curve
-    is one by construction, the clamp only guards rounding)."""
+    """r_1..r_K: the probability that the first i drafts of a round are all accepted, as
+    the engine counts it at this K (the K row's renewal per-position rates; the depth
+    curve, which counts every start position, for results without them), clamped to
+    [0, 1] and made non-increasing (a running minimum; the curve is one by construction,
+    the clamp only guards rounding)."""
     depth = result.depth
-    cum = list(depth.cumulative) if depth is not None else []
+    row = next((r for r in result.k_table if r.k == k and len(r.per_position_renewal) >= k), None)
+    cum = list(row.per_position_renewal) if row is not None else list(depth.cumulative) if depth is not None else []
     if len(cum) < k or any(c is None for c in cum[:k]):
         have = len(cum)
         raise InputError(

@@ -84,8 +84,9 @@ class Accumulator:
     renewal_drafted: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     # the renewal counters' spread over prompts, for their standard errors (`renewal_se`):
     # per K (row K−1), over sequences, Σ A², Σ A·D and Σ D² of each sequence's accepted
-    # tokens A and drafted tokens D; per (K, depth i), Σ a_i², Σ a_i·d and Σ d² of its rounds
-    # accepting depths 1..i (a_i) and its drafts (d). Sums again, so shards still merge.
+    # tokens A and drafted tokens D; per (K, depth i), Σ a_i², Σ a_i·d_i and Σ d_i² of its
+    # rounds accepting depths 1..i (a_i) and its rounds drafting depth i (d_i). Sums again,
+    # so shards still merge.
     renewal_sq: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     renewal_pos_sq: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3)))
     # the depth curve's spread over prompts (`depth_se`): per depth j (row j−1), Σ s², Σ s·c,
@@ -203,8 +204,8 @@ class Accumulator:
         self.renewal_drafted += ren.drafted
         a, d = ren.accepted.sum(axis=1), ren.drafted.sum(axis=1)  # [K] accepted, drafted tokens
         self.renewal_sq += np.stack([a * a, a * d, d * d], axis=1)
-        drafts = ren.drafted[:, :1]  # [K, 1] rounds that drafted (depth 1)
-        self.renewal_pos_sq += np.stack([ren.accepted**2, ren.accepted * drafts, np.broadcast_to(drafts**2, ren.accepted.shape)], axis=2)
+        # per position i: rounds accepting 1..i against the rounds that drafted depth i
+        self.renewal_pos_sq += np.stack([ren.accepted**2, ren.accepted * ren.drafted, ren.drafted**2], axis=2)
 
     def relaxed(self, p: np.ndarray) -> np.ndarray:
         """SGLang's acceptance of a greedy draft whose target probability is p
@@ -295,7 +296,7 @@ class Accumulator:
             "renewal_accepted": self.renewal_accepted.tolist(),
             "renewal_drafted": self.renewal_drafted.tolist(),
             "renewal_sq": self.renewal_sq.tolist(),
-            "renewal_pos_sq": self.renewal_pos_sq.tolist(),
+            "renewal_pos_sq_by_depth": self.renewal_pos_sq.tolist(),
             "depth_sq": self.depth_sq.tolist(),
             "depth_prompts": self.depth_prompts.tolist(),
         }
@@ -326,7 +327,9 @@ class Accumulator:
             acc.renewal_drafted = np.asarray(s["renewal_drafted"], dtype=float).reshape(acc.k_max, acc.k_max)
         if "renewal_sq" in s:  # states saved before the standard errors existed: none (nan)
             acc.renewal_sq = np.asarray(s["renewal_sq"], dtype=float).reshape(acc.k_max, 3)
-            acc.renewal_pos_sq = np.asarray(s["renewal_pos_sq"], dtype=float).reshape(acc.k_max, acc.k_max, 3)
+            # (states saved when these sums were against depth 1's drafts, "renewal_pos_sq": none)
+            pos_sq = s.get("renewal_pos_sq_by_depth")
+            acc.renewal_pos_sq = np.full((acc.k_max, acc.k_max, 3), np.nan) if pos_sq is None else np.asarray(pos_sq, dtype=float).reshape(acc.k_max, acc.k_max, 3)
         else:
             acc.renewal_sq = np.full((acc.k_max, 3), np.nan)
             acc.renewal_pos_sq = np.full((acc.k_max, acc.k_max, 3), np.nan)
@@ -452,14 +455,30 @@ class Accumulator:
         """Standard errors over prompts of the renewal counters' ratios, prompts taken as
         the independent units (a ratio estimator's linearised variance, as a bootstrap over
         prompts approximates it): ([K] accepted ÷ drafted at each K, [K, K] rounds accepting
-        depths 1..i ÷ drafts, vLLM's per-position rate, row K−1). nan where fewer than two
+        depths 1..i ÷ rounds drafting depth i, the per-position rate, row K−1). nan where fewer than two
         prompts were scored or the sums are unavailable."""
         n = self.num_prompts
         if not self._renewal_complete() or n < 2:
             return np.full(self.k_max, math.nan), np.full((self.k_max, self.k_max), math.nan)
         rate = ratio_se(self.renewal_accepted.sum(axis=1), self.renewal_drafted.sum(axis=1), self.renewal_sq, n)
-        pos = ratio_se(self.renewal_accepted, np.broadcast_to(self.renewal_drafted[:, :1], self.renewal_accepted.shape), self.renewal_pos_sq, n)
+        pos = ratio_se(self.renewal_accepted, self.renewal_drafted, self.renewal_pos_sq, n)
         return rate, pos
+
+    def renewal_per_position(self, k: int) -> tuple[list[float], list[float]]:
+        """At K = k, per draft position i = 1..k: the rounds accepting depths 1..i ÷ the
+        rounds that drafted depth i (A_i ÷ D_i, the terms of τ's sum: a round cut short at
+        the end of a reference drafts fewer), and its standard error over prompts. vLLM's
+        per-position counter over its drafts is this rate (it drafts K every round).
+        ([], []) when unavailable."""
+        if not 1 <= k <= self.k_max or not self._renewal_complete():
+            return [], []
+        a, d = self.renewal_accepted[k - 1, :k], self.renewal_drafted[k - 1, :k]
+        if d[0] <= 0:
+            return [], []
+        _, pos_se = self.renewal_se()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rates = np.where(d > 0, a / d, math.nan)
+        return rates.tolist(), pos_se[k - 1, :k].tolist()
 
     def renewal_tokens_per_verify(self) -> np.ndarray:
         """[K] Σ tokens ÷ Σ expected rounds, final short rounds included; nan when unavailable."""

@@ -267,7 +267,8 @@ def _with_standard_errors(rows: list[Any], acc: Any) -> list[Any]:
         length = float(d.sum() / d[0]) if d is not None and d[0] > 0 else float(row.k)
         tau = row.tau_renewal_tokens
         speedup_se = row.speedup * se * length / tau if tau and not math.isnan(tau) else math.nan  # nan τ: the speedup is the window's
-        out.append(replace(row, accept_rate_renewal_se=se, tau_renewal_se=se * length, speedup_se=speedup_se))
+        pos, pse = acc.renewal_per_position(row.k)  # per draft position, as the engine counts it
+        out.append(replace(row, accept_rate_renewal_se=se, tau_renewal_se=se * length, speedup_se=speedup_se, per_position_renewal=pos, per_position_renewal_se=pse))
     return out
 
 

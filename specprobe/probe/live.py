@@ -144,10 +144,10 @@ def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[st
     served, served_se = _ratio_se(a, d)
     pos = [_ratio_se(np.array([_pad(r.per_pos, k)[i] for r in run.requests]), drafts) for i in range(k)]
 
-    rate_se, pos_se = acc.renewal_se()
+    rate_se, _ = acc.renewal_se()
     with np.errstate(invalid="ignore", divide="ignore"):
         predicted = float(acc.renewal_accepted[k - 1].sum() / acc.renewal_drafted[k - 1].sum())
-        predicted_pos = (acc.renewal_accepted[k - 1, :k] / acc.renewal_drafted[k - 1, 0]).tolist()
+    predicted_pos, predicted_pos_se = acc.renewal_per_position(k)
     predicted_se = float(rate_se[k - 1])
     both = math.sqrt(predicted_se**2 + served_se**2) if not (math.isnan(predicted_se) or math.isnan(served_se)) else math.nan
     gap = served - predicted
@@ -195,7 +195,7 @@ def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[st
         "predicted_accept_rate": _num(predicted),
         "predicted_accept_rate_se": _num(predicted_se),
         "predicted_per_position": [_num(x) for x in predicted_pos],
-        "predicted_per_position_se": [_num(x) for x in pos_se[k - 1, :k].tolist()],
+        "predicted_per_position_se": [_num(x) for x in predicted_pos_se],
         "gap_rel": _num(gap_rel),
         "gap_z": _num(z),
         "known_issues": [b.name for b in issues],

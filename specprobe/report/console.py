@@ -249,6 +249,17 @@ def length_table(result: Result) -> Grid:
     return g
 
 
+def per_position_estimate(result: Result, k: int | None) -> tuple[list[Any], list[Any]]:
+    """The estimate to set beside a per-draft-position count at K (vLLM's counting):
+    the K row's renewal rates (rounds start where the previous one ended, as in the
+    loop), else the depth curve (every start position), which reads higher where a
+    rejection is followed by harder text."""
+    row = next((r for r in result.k_table if r.k == k), None)
+    if row is not None and row.per_position_renewal:
+        return list(row.per_position_renewal), list(row.per_position_renewal_se)
+    return (list(result.depth.cumulative), list(result.depth.cumulative_se)) if result.depth else ([], [])
+
+
 def depth_k_table(result: Result) -> Grid:
     g = Grid(
         [
@@ -596,8 +607,7 @@ def measured_tables(result: Result, console: Console) -> None:
     for line in agreement_lines(result):
         console.print(line, highlight=False)
     d = m.depth
-    est = result.depth.cumulative if result.depth else []
-    est_se = result.depth.cumulative_se if result.depth else []
+    est, est_se = per_position_estimate(result, d.k if d is not None else None)
     if d is not None and d.depth:
         g = Grid(
             [

@@ -3,7 +3,9 @@
 Files: summary.csv (one row per metric, with unit, target and drafter; flags and
 counts as integers), findings.csv, by_domain.csv,
 by_entropy.csv, by_position.csv, depth.csv (estimate and, for simulate, measured
-columns; depth indexed from 1), k_table.csv, positions.csv when the result carries
+columns; depth indexed from 1), k_table.csv, k_positions.csv (each K's per-position
+acceptance as an engine counts it, rounds starting where the previous one ended, with
+its standard error), positions.csv when the result carries
 per-position rows; ngram.csv for an n-gram drafter (its walk overall, by domain and by
 category: verify steps, proposal rate, tokens a draft, accepted per token, τ, speedup). For a compare result: summary, findings, overall, by_domain,
 by_depth, k_table.
@@ -98,6 +100,12 @@ def tables(result: Result | Comparison) -> dict[str, Any]:
     for key, rows in result_tables.items():
         if rows:
             out[key] = _frame(rows)
+    if "k_table" in out:  # per draft position, long form: one row per (K, position)
+        out["k_table"] = out["k_table"].drop(columns=["per_position_renewal", "per_position_renewal_se"], errors="ignore")
+        per_pos = [{"k": r.k, "position": i, "rate": v, "se": (r.per_position_renewal_se[i - 1] if i - 1 < len(r.per_position_renewal_se) else None)}
+                   for r in result.k_table for i, v in enumerate(r.per_position_renewal, start=1)]
+        if per_pos:
+            out["k_positions"] = pd.DataFrame(per_pos)
     if result.drafter.kind == "ngram" and result.scored:
         out["ngram"] = _ngram_frame(result)
     if result.trees is not None:  # draft trees: the grid, and the run's tree by depth and accepted rank

@@ -314,6 +314,7 @@ def _depth_section(result: Result) -> str:
     ]
     ses: list[list[float | None]] = [est_se, [None] * len(xs)]
     thins: list[list[bool]] = [est_thin, est_thin]
+    row = next((r for r in result.k_table if md is not None and r.k == md.k and r.per_position_renewal), None)
     if md and md.cumulative:
         m_se = align(mdepth, md.cumulative_se)
         m_thin = [bool(t) for t in align(mdepth, md.thin)]
@@ -323,12 +324,21 @@ def _depth_section(result: Result) -> str:
         ]
         ses += [m_se, [None] * len(xs)]
         thins += [m_thin, m_thin]
+        if row is not None:  # the estimate counted as the loop counts: per draft at its K
+            per_draft = list(range(1, len(row.per_position_renewal) + 1))
+            r_se = align(per_draft, row.per_position_renewal_se)
+            series.append(Series(f"per draft at K={md.k} (estimate)", align(per_draft, row.per_position_renewal), EST, "2 3", err=_bars(r_se)))
+            ses.append(r_se)
+            thins.append([False] * len(xs))
     chart = line_chart("chart-depth", "Acceptance by draft depth", xs, series, y_label="acceptance", x_label="draft depth j (from 1)", y_fmt=pct_axis, y_max=1.0)
-    head = ["depth", "r_j est.", "a_j est."] + (["r_j meas.", "a_j meas."] if md and md.cumulative else [])
+    head = ["depth", "r_j est.", "a_j est."] + (["r_j meas.", "a_j meas."] if md and md.cumulative else []) + (["per draft est."] if md and md.cumulative and row is not None else [])
     body = [[x] + [_pct_thin(s.values[i], ses[j][i], thins[j][i]) for j, s in enumerate(series)] for i, x in enumerate(xs)]
     caption = "r_j: probability that drafts 1..j are all accepted (vLLM's per-position acceptance); a_j = r_j / r_(j−1). Solid: cumulative; dashed: conditional."
     if md and md.cumulative:
         caption += f" Orange: measured at K={md.k}."
+        if row is not None:
+            caption += (" Dotted: the estimate counted as the loop counts, rounds starting where the previous one ended (the one to compare with the"
+                        " measured curve; r_j counts every start position and reads higher where a rejection is followed by harder text).")
     if any(x is not None for se in ses for x in se):
         caption += " " + SE_NOTE
     if any(t for th in thins for t in th):

@@ -279,6 +279,8 @@ class KRow(Part):
     accept_rate_renewal_se: Num = Field(default=None, description="Standard error of accept_rate_renewal over prompts (prompts the independent units; a ratio estimator's linearised variance, as a bootstrap over prompts approximates it).")
     tau_renewal_se: Num = Field(default=None, description="Standard error of tau_renewal_tokens over prompts: accept_rate_renewal_se × the mean draft length.")
     speedup_se: Num = Field(default=None, description="Standard error of speedup over prompts (the τ it comes from; the verify cost's own timing spread is speedup_low–speedup_high).")
+    per_position_renewal: list[Num] = Field(default_factory=list, description="Per draft position i = 1..K, the rounds that accept positions 1..i ÷ the rounds that drafted position i (renewal counts: rounds start where the previous one ended; a round cut short at the end of a reference drafts fewer). A server that drafts K every round counts this as accepted at position i ÷ drafts (vLLM's spec_decode_num_accepted_tokens_per_pos ÷ spec_decode_num_drafts): the figure to set beside a server's. depth.cumulative counts every start position instead, and reads higher where a rejection is followed by harder text.")
+    per_position_renewal_se: list[Num] = Field(default_factory=list, description="Standard errors of per_position_renewal over prompts.")
 
 
 class Adaptive(Part):
