@@ -287,6 +287,9 @@ def test_html_draws_standard_errors_and_greys_thin_depths(real_results: RealResu
     assert sim.depth is not None and sim.measured is not None and sim.measured.depth is not None
     depth = _svg(page, "chart-depth")
     drawn = [x for x in sim.depth.cumulative if x is not None] + [x for x in sim.measured.depth.cumulative if x is not None]
+    per_draft = next(r for r in sim.k_table if r.k == sim.measured.depth.k).per_position_renewal  # the estimate counted as the loop counts
+    assert per_draft and "per draft at K=" in depth
+    drawn += [x for x in per_draft if x is not None]
     assert depth.count('<path class="errbar') == len(drawn)  # one bar per cumulative point, none on the conditional curves
     thin_points = sum(1 for d, x in zip(sim.depth.depth, sim.depth.cumulative, strict=True) if d >= 3 and x is not None)
     thin_points += sum(1 for d, x in zip(sim.measured.depth.depth, sim.measured.depth.cumulative, strict=True) if d >= 3 and x is not None)

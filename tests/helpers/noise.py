@@ -50,7 +50,7 @@ def with_standard_errors(
 def without_standard_errors(r: Result) -> Result:
     """`r` as a result written before standard errors were kept."""
     out = with_standard_errors(r, tau_se=None, rate_se=None, speedup_se=None)
-    upd: dict[str, object] = {}
+    upd: dict[str, object] = {"k_table": [row.model_copy(update={"per_position_renewal": [], "per_position_renewal_se": []}) for row in out.k_table]}
     if out.depth is not None:
         upd["depth"] = out.depth.model_copy(update={"cumulative_se": [], "thin": []})
     if out.measured is not None:
