@@ -10,6 +10,10 @@ which are server-start settings, each serving every temperature of its row):
     dm-greedy-4, dm-greedy-2        draft model, draft_sample_method greedy, K = 4 / 2
     dm-prob-4, dm-prob-2            the same, draft_sample_method probabilistic
     ngram-4                         method ngram, prompt_lookup_min 2, max 5, K = 4
+    eagle3-4, eagle3-2, eagle3-prob-4
+                                    method eagle3: the EAGLE-3 head given by --eagle3
+                                    (speculators layout; benchmarks/train_heads.py trains
+                                    one for SmolLM2 in minutes), greedy or probabilistic
 
 At T = 0 probabilistic drafting is greedy in vLLM (`compute_probs_and_sample_next_token`
 takes the argmax of an all-greedy batch), so dm-prob-* rows run at T > 0 only.
@@ -72,11 +76,21 @@ class Config:
     drafting: str  # vLLM's draft_sample_method (specprobe's --draft-sampling)
     temps: tuple[float, ...]
 
-    def drafter(self, layers: int) -> str:
-        return f"self:layers={layers}" if self.method == "draft_model" else f"ngram:min={NGRAM_MIN},max={NGRAM_MAX}"
+    def drafter(self, a: argparse.Namespace) -> str:
+        if self.method == "eagle3":
+            return str(head_path(a))
+        return f"self:layers={a.layers}" if self.method == "draft_model" else f"ngram:min={NGRAM_MIN},max={NGRAM_MAX}"
 
-    def extra_spec(self) -> dict[str, Any]:
+    def extra_spec(self, a: argparse.Namespace) -> dict[str, Any]:
+        if self.method == "eagle3":
+            return {"model": str(head_path(a)), "draft_sample_method": self.drafting}
         return {"prompt_lookup_min": NGRAM_MIN, "prompt_lookup_max": NGRAM_MAX} if self.method == "ngram" else {}
+
+
+def head_path(a: argparse.Namespace) -> Path:
+    if a.eagle3 is None:
+        sys.exit("the eagle3-* configs need --eagle3 HEAD (an EAGLE-3 head in the speculators layout: benchmarks/train_heads.py writes one)")
+    return Path(a.eagle3).resolve()
 
 
 CONFIGS = {
@@ -87,6 +101,9 @@ CONFIGS = {
         Config("dm-prob-4", "draft_model", 4, "probabilistic", (0.7,)),
         Config("dm-prob-2", "draft_model", 2, "probabilistic", (0.7,)),
         Config("ngram-4", "ngram", 4, "greedy", (0.0, 0.7)),
+        Config("eagle3-4", "eagle3", 4, "greedy", (0.0, 0.7)),
+        Config("eagle3-2", "eagle3", 2, "greedy", (0.0, 0.7)),
+        Config("eagle3-prob-4", "eagle3", 4, "probabilistic", (0.7,)),
     )
 }
 
@@ -157,7 +174,7 @@ def served(py: Path | None, cfg: Config, target: Path, draft: Path, ids: list[li
     if any(not f.is_file() for f in files.values()) and not only_read:
         assert py is not None
         with vllm_server(py, target, draft if cfg.method == "draft_model" else None, cfg.k, work / f"vllm-{cfg.name}.log",
-                         startup_timeout=1200, expand_fix=not a.no_expand_fix, method=cfg.method, draft_sampling=cfg.drafting, extra_spec=cfg.extra_spec()) as server:  # fmt: skip
+                         startup_timeout=1200, expand_fix=not a.no_expand_fix, method=cfg.method, draft_sampling=cfg.drafting, extra_spec=cfg.extra_spec(a)) as server:  # fmt: skip
             for (t, s), f in files.items():
                 if f.is_file():
                     continue
@@ -187,7 +204,8 @@ def seeds_at(t: float, a: argparse.Namespace) -> int:
 
 def specprobe_run(drafter: str, drafting: str, t: float, seed: int, target: Path, pf: Path, a: argparse.Namespace, work: Path, only_read: bool = False) -> tuple[dict, dict[int, list[list[float]]]]:
     """(simulate's result, {K: the loop's per-prompt counts}) for one seed."""
-    tag = f"{drafter.replace(':', '_').replace('=', '').replace(',', '_')}-{drafting}-T{t:g}-s{seed}"
+    name = Path(drafter).name if "/" in drafter else drafter  # a head's folder: its name
+    tag = f"{name.replace(':', '_').replace('=', '').replace(',', '_')}-{drafting}-T{t:g}-s{seed}"
     out, counts = work / f"sim-{tag}.json", work / f"sim-{tag}.counts.json"
     if not (out.is_file() and counts.is_file()) and not only_read:
         cmd = [sys.executable, __file__, "--specprobe-counts", str(counts), "--",
@@ -246,19 +264,19 @@ def _hooked_specprobe(counts_out: Path, argv: list[str]) -> None:
     counts_out.write_text(json.dumps(kept))
 
 
-def specprobe_side(cfg: Config, t: float, layers: int, target: Path, pf: Path, a: argparse.Namespace, work: Path, only_read: bool = False) -> dict[str, Any]:
-    runs = [specprobe_run(cfg.drafter(layers), cfg.drafting, t, s, target, pf, a, work, only_read) for s in range(seeds_at(t, a))]
+def specprobe_side(cfg: Config, t: float, target: Path, pf: Path, a: argparse.Namespace, work: Path, only_read: bool = False) -> dict[str, Any]:
+    runs = [specprobe_run(cfg.drafter(a), cfg.drafting, t, s, target, pf, a, work, only_read) for s in range(seeds_at(t, a))]
     k = cfg.k
     rows = [next(r for r in res["k_table"] if r["k"] == k) for res, _ in runs]
     rates = [r["accept_rate_renewal"] if r.get("accept_rate_renewal") is not None else r["accept_rate"] for r in rows]
     ses = [r.get("accept_rate_renewal_se") or math.nan for r in rows]
     n = len(runs)
     diag = (sum(rates) / n, math.sqrt(sum(x * x for x in ses)) / n)
-    depth = [res.get("depth") or {} for res, _ in runs]
-    diag_pos = [
-        (sum(d["cumulative"][i] for d in depth) / n, math.sqrt(sum((d.get("cumulative_se") or [math.nan] * k)[i] ** 2 for d in depth)) / n)
-        for i in range(min(k, len(depth[0].get("cumulative", []))))
-    ]
+    # per draft position as vLLM counts it: the K row's renewal rates (rounds start where the
+    # previous one ended); results without them: the depth curve, which counts every start
+    per = [(r["per_position_renewal"], r["per_position_renewal_se"]) if r.get("per_position_renewal") else
+           (res["depth"]["cumulative"], res["depth"].get("cumulative_se") or [math.nan] * k) for r, (res, _) in zip(rows, runs, strict=True)]
+    diag_pos = [(sum(v[i] for v, _ in per) / n, math.sqrt(sum(se[i] ** 2 for _, se in per)) / n) for i in range(min(k, len(per[0][0])))]
     loop = summed([c[k] for _, c in runs])
     return {"diagnose": diag, "diagnose_pos": diag_pos, "loop": loop}
 
@@ -293,6 +311,7 @@ def main() -> None:
     ap.add_argument("--side", default="all", choices=["all", "served", "specprobe", "table"],
                     help="run only vLLM's side or only specprobe's (two processes can fill one --work at once), or only print the table from --work")
     ap.add_argument("--no-expand-fix", action="store_true", help="vLLM 0.32.0 as shipped (its CPU expand bug at T > 0); use another --work")
+    ap.add_argument("--eagle3", type=Path, default=None, help="the EAGLE-3 head (speculators layout) the eagle3-* configs serve")
     ap.add_argument("--work", type=Path, default=None)
     a = ap.parse_args()
     py = find_vllm_python()
@@ -321,14 +340,14 @@ def main() -> None:
             served(py, cfg, target, draft, ids, a, work)
         if a.side in ("all", "specprobe"):
             for t in cfg.temps:
-                specprobe_side(cfg, t, a.layers, target, pf, a, work)
+                specprobe_side(cfg, t, target, pf, a, work)
         if a.side in ("served", "specprobe"):
             continue
         for t in cfg.temps:
             try:
                 got_t = served(None, cfg, target, draft, ids, a, work, only_read=True)[t]
                 v = side(got_t, cfg.k)
-                sp = specprobe_side(cfg, t, a.layers, target, pf, a, work, only_read=True)
+                sp = specprobe_side(cfg, t, target, pf, a, work, only_read=True)
             except FileNotFoundError as e:
                 print(f"{cfg.name} T={t:g}: not run yet ({Path(e.filename).name})")
                 continue
@@ -341,7 +360,7 @@ def main() -> None:
                 "simulate": sim["rate"], "simulate_pos": sim["pos"],
             }  # fmt: skip
             # the loop's drafts cut short at the end of a request, which vLLM drafts in full
-            row["simulate_cut"] = 1 - sum(r[1] for r in sp["loop"]) / (cfg.k * sum(r[2] for r in sp["loop"])) if cfg.method == "draft_model" else math.nan
+            row["simulate_cut"] = 1 - sum(r[1] for r in sp["loop"]) / (cfg.k * sum(r[2] for r in sp["loop"])) if cfg.method != "ngram" else math.nan
             for s in ("diagnose", "simulate"):
                 row[f"{s}_gap"] = row[s][0] / v["rate"][0] - 1 if v["rate"][0] > 0 else math.nan
                 row[f"{s}_z"] = z_of(row[s], v["rate"])
