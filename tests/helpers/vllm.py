@@ -127,8 +127,9 @@ def server_command(
         "--no-enable-prefix-caching",
         "--max-num-seqs", "4",
         "--enforce-eager",  # no graph compile: minutes less at startup on a CPU
-        # the one worker in the server's own process, not a process of its own (with
-        # VLLM_ENABLE_V1_MULTIPROCESSING=0 below, the engine core too): 13-30 s less per start
+        # the one worker inside the engine core's process, not a process of its own: one
+        # Python start-up and import of vLLM and torch less, 13-30 s a start here (the
+        # counters, /metrics and the generated text are the same)
         "--distributed-executor-backend", "uni",
     ]  # fmt: skip
     if max_logprobs is not None:  # more than vLLM's default 20 top logprobs per position (-1: all)
@@ -173,9 +174,6 @@ def vllm_server(
         "TRANSFORMERS_OFFLINE": "1",
         "SPECPROBE_VLLM_EXPAND_FIX": "1" if expand_fix else "0",
         "OMP_WAIT_POLICY": "PASSIVE",
-        # the engine core in the API server's process: one Python start-up and one import of
-        # vLLM and torch less (the counters, /metrics and the per-request metrics are the same)
-        "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
     }
     env.pop("PYTHONPATH", None)
     with log.open("wb") as fh:
