@@ -237,11 +237,11 @@ def test_an_eagle3_head_as_vllm_serves_it(vllm_python: Path, pair: dict[str, Any
     greedy, T = 0) against `diagnose` of the same head. The CPU build loads it (sharing the
     target's embeddings, keeping the head's own LM head and draft vocabulary). Both sides
     are deterministic, so the bound is in accepted tokens: 5 % of accepted ÷ drafted or
-    three accepted tokens, whichever is more, and per position 0.03 and one token. A head
-    trained for 30 s is unsure of many tokens, and where its top two are near-tied vLLM's
-    fp32 kernels and torch's pick differently: this head read 24 of 444 drafted on vLLM and
-    26.3 in diagnose (2.3 tokens, +9.5 %); the 6-minute head of the benchmark, −1.3 % and
-    +2.0 % at K = 4 and 2. The per-position rates compared are the K row's, counted as the
+    three accepted tokens, whichever is more, and per position 0.03 and one token. This head
+    read 24 of 444 drafted on vLLM and 26.3 in diagnose (2.3 tokens, +9.5 %); the 6-minute
+    head of the benchmark −1.3 % and +2.0 % at K = 4 and 2. The likely cause, not measured:
+    a head trained for 30 s is unsure of many tokens, and where its top two nearly tie,
+    vLLM's fp32 kernels and torch's can pick differently. The per-position rates compared are the K row's, counted as the
     server counts them (rounds start where the previous one ended): the depth curve, which
     counts every start, read position 1 at 0.227 where vLLM read 0.190 for a head whose
     rejections come in runs (benchmarks/bench_vllm_peer.py, docs/engines/vllm.md)."""
