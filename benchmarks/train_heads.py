@@ -164,7 +164,7 @@ def train_eagle3(target: Any, data: dict[str, Any], out: Path, args: argparse.Na
         head.norm.weight.copy_(target.model.model.norm.weight)
     embed = target.model.get_input_embeddings()
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
-    marks = sorted(args.save_at)
+    marks = sorted(args.save_at_steps or args.save_at)
     n, width = ids.shape
     t0, step = time.perf_counter(), 0
     rng = torch.Generator().manual_seed(0)
@@ -188,7 +188,7 @@ def train_eagle3(target: Any, data: dict[str, Any], out: Path, args: argparse.Na
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         # the default layers (2, L//2, L−3) are written as no ids: vLLM and SGLang then agree
-        step = _step("eagle3", opt, loss, step, t0, marks, lambda mark: write_eagle3_speculators(out / f"eagle3-{mark:g}min", head, cfg, draft, v, aux_ids=None, verifier="HuggingFaceTB/SmolLM2-135M-Instruct", verifier_architectures=list(target.config.architectures or [])))
+        step = _step("eagle3", opt, loss, step, t0, marks, args, lambda mark: write_eagle3_speculators(out / f"eagle3-{_label(mark, args)}", head, cfg, draft, v, aux_ids=None, verifier="HuggingFaceTB/SmolLM2-135M-Instruct", verifier_architectures=list(target.config.architectures or [])))
 
 
 # ----------------------------------------------------------------------------- Medusa
@@ -207,7 +207,7 @@ def train_medusa(target: Any, data: dict[str, Any], out: Path, args: argparse.Na
             seq[0].weight.zero_()  # FasterDecoding starts each ResBlock as the identity
             seq[0].bias.zero_()
     opt = torch.optim.AdamW(blocks.parameters(), lr=args.lr, weight_decay=0.0)
-    marks = sorted(args.save_at)
+    marks = sorted(args.save_at_steps or args.save_at)
     n, width = ids.shape
     t0, step = time.perf_counter(), 0
     rng = torch.Generator().manual_seed(1)
@@ -230,18 +230,24 @@ def train_medusa(target: Any, data: dict[str, Any], out: Path, args: argparse.Na
             loss = loss - (tgt * logq).sum(-1).mean()
         opt.zero_grad()
         loss.backward()
-        step = _step("medusa", opt, loss, step, t0, marks, lambda mark: write_medusa_fasterdecoding(out / f"medusa-{mark:g}min", blocks, num_layers=1, base_model="HuggingFaceTB/SmolLM2-135M-Instruct"))
+        step = _step("medusa", opt, loss, step, t0, marks, args, lambda mark: write_medusa_fasterdecoding(out / f"medusa-{_label(mark, args)}", blocks, num_layers=1, base_model="HuggingFaceTB/SmolLM2-135M-Instruct"))
 
 
-def _step(name: str, opt: Any, loss: Any, step: int, t0: float, marks: list[float], write: Callable[[float], Path]) -> int:
+def _label(mark: float, args: argparse.Namespace) -> str:
+    """A checkpoint's name after its mark: `8min`, or `60steps` under --save-at-steps."""
+    return f"{mark:g}steps" if args.save_at_steps else f"{mark:g}min"
+
+
+def _step(name: str, opt: Any, loss: Any, step: int, t0: float, marks: list[float], args: argparse.Namespace, write: Callable[[float], Path]) -> int:
     """One optimizer step -> the step count; every 10 a progress line, and a checkpoint
-    (`write(minutes)`) at each mark of the minutes of training passed."""
+    (`write(mark)`) at each mark passed: minutes of training, or with --save-at-steps
+    optimizer steps (the same head on any machine, however loaded)."""
     opt.step()
     step += 1
     elapsed = (time.perf_counter() - t0) / 60
     if step % 10 == 0:
         print(f"{name} step {step:4d}  {elapsed:5.1f} min  loss {float(loss.detach()):.3f}")
-    while marks and elapsed >= marks[0]:
+    while marks and (step if args.save_at_steps else elapsed) >= marks[0]:
         dest = write(marks[0])
         print(f"wrote {dest} after {step} steps")
         marks.pop(0)
@@ -253,6 +259,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("heads"))
     ap.add_argument("--which", nargs="+", default=["eagle3", "medusa"], choices=["eagle3", "medusa"])
     ap.add_argument("--save-at", nargs="+", type=float, default=[1.0, 8.0], help="minutes of training at which to write a checkpoint")
+    ap.add_argument("--save-at-steps", nargs="+", type=int, default=None,
+                    help="instead of --save-at: optimizer steps at which to write a checkpoint, named <head>-<N>steps (reproducible whatever the machine's load)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--tokens", type=int, default=96, help="on-policy tokens per training prompt")
     ap.add_argument("--prompts", type=int, default=None, help="use this many of the training prompts (default: all)")
@@ -280,7 +288,8 @@ def main() -> None:
         train_eagle3(target, data, args.out, args, aux)
     if "medusa" in args.which:
         train_medusa(target, data, args.out, args)
-    print(f"done; e.g. specprobe diagnose smollm2 {args.out}/eagle3-{max(args.save_at):g}min --temperature {args.temperature} --k-max 4")
+    last = max(args.save_at_steps or args.save_at)
+    print(f"done; e.g. specprobe diagnose smollm2 {args.out}/eagle3-{_label(last, args)} --temperature {args.temperature} --k-max 4")
 
 
 if __name__ == "__main__":
