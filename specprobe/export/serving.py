@@ -102,6 +102,11 @@ def schedule_from_costs(result: Result) -> list[tuple[int, int, int]] | None:
     return out
 
 
+def _per_round_row(result: Result, k: int) -> Any:
+    """The K row that carries per-position rates counted per round at this K, or None."""
+    return next((r for r in result.k_table if r.k == k and len(r.per_position_renewal) >= k), None)
+
+
 def synthetic_rates(result: Result, k: int) -> list[float]:
     """r_1..r_K: the probability that the first i drafts of a round are all accepted, as
     the engine counts it at this K (the K row's renewal per-position rates; the depth
@@ -109,7 +114,7 @@ def synthetic_rates(result: Result, k: int) -> list[float]:
     [0, 1] and made non-increasing (a running minimum; the curve is one by construction,
     the clamp only guards rounding)."""
     depth = result.depth
-    row = next((r for r in result.k_table if r.k == k and len(r.per_position_renewal) >= k), None)
+    row = _per_round_row(result, k)
     cum = list(row.per_position_renewal) if row is not None else list(depth.cumulative) if depth is not None else []
     if len(cum) < k or any(c is None for c in cum[:k]):
         have = len(cum)
@@ -205,7 +210,9 @@ def plan(result: Result, source: Path, engine: str, k: int | None = None, synthe
 
     if synthetic:
         p.rates = synthetic_rates(result, chosen)
-        p.notes.append(f"synthetic acceptance: rates r_i = P(the first i drafts all accepted) from the result's depth curve ({result.depth.source if result.depth else '?'}), i = 1..{chosen}; tokens per verify step 1 + Σ r_i = {p.tau_synthetic:.4g}")
+        rates_from = (f"the K = {chosen} row's per-position rates, rounds starting where the previous one ended" if _per_round_row(result, chosen) is not None
+                  else f"the result's depth curve ({result.depth.source if result.depth else '?'})")
+        p.notes.append(f"synthetic acceptance: rates r_i = P(the first i drafts all accepted) from {rates_from}, i = 1..{chosen}; tokens per verify step 1 + Σ r_i = {p.tau_synthetic:.4g}")
     if drafting == PROBABILISTIC and w.sampled_drafts_note is not None:
         p.notes.append(w.sampled_drafts_note)
     # the target and drafter as files the engine opens (a built-in name is none)

@@ -333,7 +333,7 @@ def _depth_section(result: Result) -> str:
     chart = line_chart("chart-depth", "Acceptance by draft depth", xs, series, y_label="acceptance", x_label="draft depth j (from 1)", y_fmt=pct_axis, y_max=1.0)
     head = ["depth", "r_j est.", "a_j est."] + (["r_j meas.", "a_j meas."] if md and md.cumulative else []) + (["per draft est."] if md and md.cumulative and row is not None else [])
     body = [[x] + [_pct_thin(s.values[i], ses[j][i], thins[j][i]) for j, s in enumerate(series)] for i, x in enumerate(xs)]
-    caption = "r_j: probability that drafts 1..j are all accepted (vLLM's per-position acceptance); a_j = r_j / r_(j−1). Solid: cumulative; dashed: conditional."
+    caption = "r_j: probability that drafts 1..j are all accepted, averaged over every start position; a_j = r_j / r_(j−1). Solid: cumulative; dashed: conditional."
     if md and md.cumulative:
         caption += f" Orange: measured at K={md.k}."
         if row is not None:
