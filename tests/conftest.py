@@ -20,6 +20,18 @@ from specprobe.result import Result
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Under pytest-xdist (`-n`, on by default in pyproject.toml) each worker takes its share of
+# the cores for torch, here and in every `python -m specprobe` it starts (set before torch
+# is imported): two workers on two cores each spinning two OpenMP threads would fight.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # a worker starts with COLUMNS=80 and LINES=24 in its environment (seen with xdist 3.8),
+    # which would fix every console at 80 columns from import on; a console's width is
+    # what a test sets, as in a run without workers
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 # A shell starts a background job (`pytest … &`, nohup) with SIGINT ignored, and Python
 # then never installs its KeyboardInterrupt handler: the Ctrl-C tests would test the
 # shell. Python's own handler, as in a terminal (children spawned by the tests inherit it).
@@ -39,6 +51,37 @@ def _import_every_module() -> None:
 
 
 _import_every_module()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker a core, at most 4 (each holds torch, a few models and, in the
+    engine tests, a server: about 2 GB)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+# Minutes each of the longest files took alone on an idle 2-core machine (pytest
+# --durations): only the order the files are handed out depends on these.
+LONGEST_FILES = {"tests/test_vllm.py": 7.5, "tests/test_vllm_methods.py": 5.5, "tests/test_vllm_remote.py": 3.6,
+                 "tests/test_export_vllm.py": 2.9, "tests/test_llamacpp_sampled.py": 2.7, "tests/test_sglang_remote.py": 1.7,
+                 "tests/test_llamacpp_quant.py": 1.4, "tests/test_vllm_check.py": 1.1}  # fmt: skip
+
+
+def _module_rank(item: pytest.Item) -> int:
+    marks = {m.name for m in item.iter_markers()}
+    return 0 if "vllm" in marks else 1 if "engine" in marks else 2 if "slow" in marks else 3
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first, then the other real-engine and real-model files: under
+    xdist a file runs whole on one worker (`--dist loadfile`: a module's vLLM or
+    llama-server start is not repeated), and handing out the longest units first keeps
+    the run from ending on one worker finishing a seven-minute file while the others
+    idle. A stable sort on a per-file key: each file's tests stay together, in order."""
+    rank: dict[str, int] = {}
+    for item in items:
+        f = item.nodeid.split("::")[0]
+        rank[f] = min(rank.get(f, 3), _module_rank(item))
+    items.sort(key=lambda item: (-LONGEST_FILES.get(f := item.nodeid.split("::")[0], 0.0), rank[f]))
 
 
 @pytest.fixture

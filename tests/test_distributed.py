@@ -69,7 +69,7 @@ def test_two_gloo_ranks_give_the_single_process_result(tiny_pair: dict[str, Path
     assert differences(single, two, rel=REL_OTHER_BATCHING) == []
     assert two["metrics"]["num_prompts"] == 5 and [f["rule_id"] for f in two["findings"]] == [f["rule_id"] for f in single["findings"]]
     # rank 1 wrote nothing and printed no result: one "wrote" line in the job's output
-    assert proc.stderr.count(f"wrote {tmp_path / 'two.json'}") == 1
+    assert " ".join(proc.stderr.split()).count(f"wrote {tmp_path / 'two.json'}") == 1  # once (rank 0), wherever a long path wraps
     # each rank saved its part in the cache: a restarted job reuses both
     assert len(list((tmp_path / "cache" / "parts").glob("*/*-of-2.json"))) == 2
 

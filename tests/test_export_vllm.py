@@ -45,7 +45,9 @@ K, LAYERS = 3, 24
 K_MAX, PROMPTS, MAX_TOKENS = 4, 8, 32  # the diagnose runs
 ROOT = Path(__file__).resolve().parent.parent
 # where to listen and how to start on a CPU: not part of the export
-LOCAL = ["--host", "127.0.0.1", "--served-model-name", "target", "--max-model-len", "2048", "--enforce-eager", "--no-enable-prefix-caching"]
+# (the worker inside the engine core's process, as tests/helpers/vllm.py starts every server)
+LOCAL = ["--host", "127.0.0.1", "--served-model-name", "target", "--max-model-len", "2048", "--enforce-eager", "--no-enable-prefix-caching",
+         "--distributed-executor-backend", "uni"]  # fmt: skip
 
 
 def _builtin_result(tmp_path: Path, drafter: str) -> Path:

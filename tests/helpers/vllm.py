@@ -176,6 +176,7 @@ def vllm_server(
         "OMP_WAIT_POLICY": "PASSIVE",
     }
     env.pop("PYTHONPATH", None)
+    env.pop("OMP_NUM_THREADS", None)  # a test worker's share of the cores (tests/conftest.py): vLLM binds its own threads
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             command(port) if command is not None else server_command(python, target, draft, port, k, **kw),
@@ -332,3 +333,11 @@ def smollm2_pair(work: Path, layers: int, prompts: int) -> dict[str, Any]:
     from benchmarks.bench_vllm_peer import pick_prompts
 
     return {"work": work, "target": target, "draft": draft, "prompts": pick_prompts(prompts, work / "prompts.jsonl")}
+
+
+def smollm2_pair_ids(work: Path, layers: int, prompts: int) -> dict[str, Any]:
+    """`smollm2_pair` and the prompts as the token ids vLLM is sent (chat template applied)."""
+    p = smollm2_pair(work, layers, prompts)  # puts the repo on sys.path
+    from benchmarks.bench_vllm_peer import encoded
+
+    return {**p, "ids": encoded(p["target"], p["prompts"])}
