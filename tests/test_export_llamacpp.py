@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import stop, wait_healthy
-from tests.helpers.llamacpp import free_port, http_json, write_self_draft_gguf
+from tests.helpers.llamacpp import free_port, http_json, worker_threads, write_self_draft_gguf
 from tests.test_export import _result
 from tests.test_llamacpp import BINARY, needs_server
 
@@ -64,7 +64,7 @@ def test_llama_server_runs_the_exported_synthetic_rates(tmp_path: Path) -> None:
 
     port = free_port()
     log = tmp_path / "server.log"
-    cmd = ["nice", str(BINARY), *args, "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-c", "4096", "-t", "2", "-tb", "2", "--no-warmup", "--log-colors", "off"]
+    cmd = ["nice", str(BINARY), *args, "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-c", "4096", *_threads(), "--no-warmup", "--log-colors", "off"]
     proc = _start(cmd, log, port)
     try:
         body = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": N_PREDICT, "ignore_eos": True, "temperature": 0.0, "top_k": 1, "seed": 7, "cache_prompt": False}
@@ -81,10 +81,17 @@ def test_llama_server_runs_the_exported_synthetic_rates(tmp_path: Path) -> None:
     assert mean_len == pytest.approx(expected, rel=0.05)
 
 
+def _threads() -> list[str]:
+    """How many threads and how they wait, for this machine (not part of the export): a
+    pytest-xdist worker's share of the cores, waiting without spinning."""
+    n = str(worker_threads())
+    return ["-t", n, "-tb", n, "--poll", "0"]
+
+
 def _start(cmd: list[str], log: Path, port: int) -> subprocess.Popen:  # type: ignore[type-arg]
     """llama-server from `cmd` (its log in `log`), healthy on `port` within 300 s."""
     with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})  # noqa: S603
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, start_new_session=True)  # noqa: S603
     try:
         wait_healthy(proc, log, "llama-server", lambda: http_json(f"http://127.0.0.1:{port}/health", timeout=5).get("status") == "ok", 300, 0.5)
     except BaseException:
@@ -125,7 +132,7 @@ def test_llama_server_serves_the_exported_args_of_a_builtin_target_with_speculat
 
     port = free_port()
     log = tmp_path / "server.log"
-    cmd = ["nice", str(BINARY), *args, "--host", "127.0.0.1", "--port", str(port), "--metrics", "-np", "1", "-c", "2048", "-t", "2", "-tb", "2", "--no-warmup", "--log-colors", "off"]
+    cmd = ["nice", str(BINARY), *args, "--host", "127.0.0.1", "--port", str(port), "--metrics", "-np", "1", "-c", "2048", *_threads(), "--no-warmup", "--log-colors", "off"]
     proc = _start(cmd, log, port)
     try:
         body = {"prompt": "Write a short story about a lighthouse keeper.", "n_predict": 64, "ignore_eos": True, "temperature": 0.0, "top_k": 1, "seed": 7, "cache_prompt": False}

@@ -229,3 +229,31 @@ def test_monitor_reads_the_captured_vllm_text_too() -> None:
     assert missing_families("vllm-v1", names, "vllm") == []
     drafted = sum(s.value for s in samples if s.name == "vllm:spec_decode_num_draft_tokens_total")
     assert drafted == counters_from_text(text).draft_tokens == 92.0
+
+
+class _CutOff(BaseHTTPRequestHandler):
+    """Answers every request with a Content-Length it never sends in full, then hangs up:
+    a server that dies while writing its answer (vLLM killed mid-response did this)."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "122451")
+        self.end_headers()
+        self.wfile.write(b'{"choices": [')
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def test_an_answer_cut_off_part_way_is_a_server_that_did_not_answer() -> None:
+    """http.client's IncompleteRead is no OSError: it once escaped `diagnose --target-server`
+    as a traceback. It is retried like a dropped connection, then one line."""
+    from specprobe.engines.http import request
+
+    for base in loopback_stub(_CutOff):
+        with pytest.raises(ServerError, match=r"did not answer \(its answer was cut off: IncompleteRead\)"):
+            request(base + "/v1/completions", {"prompt": [1, 2]}, retries=1, what="vLLM")

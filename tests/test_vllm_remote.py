@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers import kill_group
 from tests.helpers.vllm import (
     VllmServer,
     smollm2_pair,
@@ -252,8 +253,7 @@ def test_a_run_the_server_left_continues_where_it_stopped(vllm_python: Path, ser
             deadline = time.monotonic() + 600
             while kept() == 0 and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
-            doomed.process.kill()
-            doomed.process.wait()
+            kill_group(doomed.process)  # the server and its engine core, as a crash would
             _, err = proc.communicate(timeout=600)
         finally:
             if proc.poll() is None:

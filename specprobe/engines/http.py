@@ -6,6 +6,7 @@ server imports nothing heavy."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -55,8 +56,10 @@ def request(url: str, body: dict[str, Any] | None = None, *, timeout: float = 60
                 wait *= 2
                 continue
             raise ServerError(f"{what} at {url} answered HTTP {e.code}: {_body_of(e) or e.reason}", "check the request's settings against the server's (model name, max_model_len, max_logprobs)") from None
-        except (ConnectionResetError, ConnectionRefusedError, TimeoutError, urllib.error.URLError) as e:
-            reason = getattr(e, "reason", e)
+        except (ConnectionError, TimeoutError, urllib.error.URLError, http.client.HTTPException) as e:
+            # an answer cut off part way (the server died while sending it) is a dropped
+            # connection too: http.client raises IncompleteRead, no OSError
+            reason = f"its answer was cut off: {type(e).__name__}" if isinstance(e, http.client.HTTPException) else getattr(e, "reason", e)
             if attempt < retries:
                 time.sleep(wait)
                 wait *= 2

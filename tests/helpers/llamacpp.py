@@ -128,6 +128,13 @@ class LlamaServer:
         return out
 
 
+def worker_threads() -> int:
+    """Two threads, or a pytest-xdist worker's share of the cores: two servers of two
+    threads each on a 2-core machine wait on each other at every step."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, min(2, (os.cpu_count() or 1) // workers))
+
+
 def server_command(binary: Path, target: Path, draft: Path | None, port: int, k: int, *, threads: int = 2, ctx: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
     """Greedy speculative decoding with a fixed draft length K: no minimum draft length
     and no confidence cut-off (p_min 0), one slot so requests never share a batch.
@@ -162,15 +169,17 @@ def server_command(binary: Path, target: Path, draft: Path | None, port: int, k:
 
 
 @contextmanager
-def llama_server(binary: Path, target: Path, draft: Path | None, k: int, log: Path, *, threads: int = 2, startup_timeout: float = 300.0, extra: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
-    """Start llama-server on a free loopback port, wait for /health, stop it on exit."""
+def llama_server(binary: Path, target: Path, draft: Path | None, k: int, log: Path, *, threads: int | None = None, startup_timeout: float = 300.0, extra: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
+    """Start llama-server on a free loopback port, wait for /health, stop it on exit.
+    `threads`: this test worker's share of the cores unless given."""
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as fh:
         # Passive OpenMP waits: on a shared, oversubscribed CPU the default spin-waiting of
         # two thread pools (target and draft) makes every step many times slower.
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        proc = subprocess.Popen(server_command(binary, target, draft, port, k, threads=threads, extra=extra), stdout=fh, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+        proc = subprocess.Popen(server_command(binary, target, draft, port, k, threads=threads or worker_threads(), extra=extra), stdout=fh, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)  # noqa: S603
     server = LlamaServer(proc, port, log)
     try:
         wait_healthy(proc, log, "llama-server", lambda: http_json(server.base + "/health", timeout=5).get("status") == "ok", startup_timeout, 0.5)

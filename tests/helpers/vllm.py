@@ -176,13 +176,18 @@ def vllm_server(
         "OMP_WAIT_POLICY": "PASSIVE",
     }
     env.pop("PYTHONPATH", None)
-    env.pop("OMP_NUM_THREADS", None)  # a test worker's share of the cores (tests/conftest.py): vLLM binds its own threads
+    # One torch thread, on whichever core is free: vLLM's CPU build otherwise binds its one
+    # thread to core 0 and keeps core 1 for other work (VLLM_CPU_OMP_THREADS_BIND=auto),
+    # so two servers started at once (pytest-xdist) would share one core.
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    env["OMP_NUM_THREADS"] = "1"
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             command(port) if command is not None else server_command(python, target, draft, port, k, **kw),
             stdout=fh,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=True,  # stopped with its engine core (tests/helpers.stop)
         )  # noqa: S603
     server = VllmServer(proc, port, log, "target")
     try:
