@@ -302,6 +302,12 @@ def test_sweep_cli(tiny_pair: dict[str, Path], prompts: Path, tmp_path: Path) ->
     assert "recommended:" in res.output and "self:layers=1" in res.output
     doc = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert doc["command"] == "sweep" and len(doc["rows"]) == 2 and doc["target_passes"] >= 1
-    assert Result.model_validate_json((tmp_path / "each" / "self_layers_1.json").read_text(encoding="utf-8")).drilldown is not None
+    each = Result.model_validate_json((tmp_path / "each" / "self_layers_1.json").read_text(encoding="utf-8"))
+    assert each.drilldown is not None
+    # τ and speedup at the drafter's best K carry that K row's standard errors, in the JSON and the table
+    row = next(r for r in doc["rows"] if r["drafter"] == "self:layers=1")
+    best = next(k for k in each.k_table if k.k == each.best_k)
+    assert row["tau_tokens_se"] == pytest.approx(best.tau_renewal_se) and row["speedup_best_se"] == pytest.approx(best.speedup_se)
+    assert best.tau_renewal_se is not None and f"{row['tau_tokens']:.2f} ± {best.tau_renewal_se:.2f}" in res.output
     bad = runner.invoke(app, ["sweep", str(tiny_pair["target"])])
     assert bad.exit_code == 2 and "drafters" in bad.stderr

@@ -19,7 +19,7 @@ from specprobe.cli.common import (
     takes_settings,
 )
 from specprobe.core.errors import ConfigError
-from specprobe.report.fmt import EM_DASH, fixed, pct
+from specprobe.report.fmt import EM_DASH, fixed, metric_se, pct, plus_minus
 from specprobe.report.terminal import Column, Grid
 from specprobe.settings.model import OUTPUTS_PANEL, PAIR
 
@@ -37,8 +37,8 @@ def render_sweep(report: object, console: Console) -> None:
             Column("KL nats", "KL", "right", "drop", 2),
             Column("cost ratio", "c", "right"),
             Column("best K", "K", "right"),
-            Column("τ(K)", justify="right"),
-            Column("speedup", "×", "right"),
+            Column("τ(K) ± SE", "τ(K)", "right"),
+            Column("speedup ± SE", "×", "right"),
             Column("verdict", fallback="drop", order=3),
         ],
         title=f"sweep: {len(report.rows)} drafters against {report.target} · {report.num_prompts} prompts, {report.num_positions:,} positions ({report.reference}) · {report.target_passes} target passes",
@@ -48,7 +48,7 @@ def render_sweep(report: object, console: Console) -> None:
         g.add(
             ("▶ " if r.drafter == report.recommended else "  ") + r.drafter, pct(r.accept_prob_mean, none=EM_DASH), fixed(r.kl_target_draft_nats, ".3f", none=EM_DASH),
             fixed(r.cost_ratio, ".3f", none=EM_DASH) + ("" if r.cost_measured or r.cost_ratio is None else "*"), str(r.best_k or EM_DASH),
-            fixed(r.tau_tokens, ".2f", none=EM_DASH), fixed(r.speedup_best, ".2f", none=EM_DASH) + "×", r.stopped and "stopped: alignment errors" or r.verdict, style=mark,
+            plus_minus(r.tau_tokens, r.tau_tokens_se, none=EM_DASH), metric_se("speedup_best", r.speedup_best, r.speedup_best_se, none=EM_DASH), r.stopped and "stopped: alignment errors" or r.verdict, style=mark,
         )
     console.print(g)
     # drafters with a draft length of their own (llama.cpp's n-gram types, suffix decoding)

@@ -72,7 +72,9 @@ class SweepRow(Part):
     cost_measured: bool = False
     best_k: int | None = None
     tau_tokens: Num = None
+    tau_tokens_se: Num = Field(default=None, description="Standard error of tau_tokens over prompts (the best K's row).")
     speedup_best: Num = None
+    speedup_best_se: Num = Field(default=None, description="Standard error of speedup_best over prompts (from τ's; the cost timing's own spread not included).")
     tau_by_k: list[Num] = Field(default_factory=list, description="τ(K) for K = 1..k_max.")
     speedup_by_k: list[Num] = Field(default_factory=list, description="Estimated speedup for K = 1..k_max.")
     verdict: str = ""
@@ -146,6 +148,7 @@ def sweep_row(r: Result) -> SweepRow:
         accept_prob_mean=m.get("accept_prob_mean"), accept_prob_engine_mean=m.get("accept_prob_engine_mean", m.get("ngram_accept_frac")), kl_target_draft_nats=m.get("kl_target_draft_nats"),
         cost_ratio=m.get("cost_ratio"), cost_measured=bool(r.cost.measured) if r.cost else False,
         best_k=r.best_k, tau_tokens=m.get("tau_tokens"), speedup_best=m.get("speedup_best"),
+        tau_tokens_se=by_k[r.best_k].tau_renewal_se if r.best_k in by_k else None, speedup_best_se=by_k[r.best_k].speedup_se if r.best_k in by_k else None,
         tau_by_k=[by_k[k].tau_tokens if k in by_k else None for k in ks], speedup_by_k=[by_k[k].speedup if k in by_k else None for k in ks],
         verdict=r.verdict, stopped=r.stopped,
         tree_tau_tokens=m.get("tree_tau_tokens"), tree_speedup=m.get("tree_speedup"),

@@ -711,7 +711,7 @@ def demo_table(rows: list[tuple[str, Result]]) -> Grid:
             Column("engine accept", "accept", "right"),
             Column("greedy agree", "greedy", "right", "drop", 4),
             Column("KL nats", "KL", "right", "drop", 2),
-            Column("τ(4)", None, "right"),
+            Column("τ(4) ± SE", "τ(4)", "right"),
             Column("verdict (the finding it comes from)", "verdict", fallback="under", order=3),
         ],
         title="specprobe demo — SmolLM2-135M-Instruct target (teacher-forced, on-policy references)"
@@ -721,10 +721,18 @@ def demo_table(rows: list[tuple[str, Result]]) -> Grid:
         m = r.metrics
         align_err = [f.rule_id for f in r.findings if f.rule_id.startswith("SP0") and f.severity == "error"]
         check = Text("✗ " + ", ".join(align_err), style="red") if align_err else Text("✓ aligned", style="green")
-        k4 = next((row.tau_tokens for row in r.k_table if row.k == 4), None)
+        row4 = next((row for row in r.k_table if row.k == 4), None)
+        # the renewal τ(4) (rounds start where the previous one ended, as the engine counts)
+        # ± its standard error over prompts; the window τ where a result has no renewal
+        if row4 is None:
+            tau4 = EM_DASH
+        elif row4.tau_renewal_tokens is not None:
+            tau4 = plus_minus(row4.tau_renewal_tokens, row4.tau_renewal_se)
+        else:
+            tau4 = _f(row4.tau_tokens, ".2f")
         top = headline_source(r)
         diag = Text(r.verdict, style=SEV_STYLE.get(r.worst_severity, "green"))
         if top:
             diag.append(f" ({top.rule_id} {top.name})", style="default")
-        g.add(label, check, _pct(m.get("accept_prob_mean")), _pct(m.get("accept_prob_engine_mean")), _pct(m.get("greedy_agree_frac")), _f(m.get("kl_target_draft_nats"), ".2f"), _f(k4, ".2f"), diag)
+        g.add(label, check, _pct(m.get("accept_prob_mean")), _pct(m.get("accept_prob_engine_mean")), _pct(m.get("greedy_agree_frac")), _f(m.get("kl_target_draft_nats"), ".2f"), tau4, diag)
     return g

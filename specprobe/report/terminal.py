@@ -170,7 +170,8 @@ class Grid:
                 yield from _indented(console, _text(note), max_width)
         if dropped:
             names = ", ".join(self.columns[i].header for i in dropped)
-            yield Text(f" (not shown at {max_width} columns: {names}; a wider terminal, or COLUMNS=120, shows them)", style="dim")
+            wide = next((w for w in range(max_width + 1, 1000) if not self.layout(w)[2]), 1000)  # the narrowest width that drops none
+            yield Text(f" (not shown at {max_width} columns: {names}; a terminal {wide} wide, or COLUMNS={wide}, shows them)", style="dim")
         if self.caption:
             yield Text(self.caption, style="dim")
 
