@@ -54,9 +54,14 @@ _import_every_module()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: a worker a core, at most 4 (each holds torch, a few models and, in the
-    engine tests, a server: about 2 GB)."""
-    return max(1, min(os.cpu_count() or 1, 4))
+    """`-n auto`: a worker a core, at most 4, and one per 8 GiB of memory (a worker holds
+    torch and a few models and, in the vLLM tests, a server of about 5 GB: engine core,
+    worker and API server)."""
+    try:
+        gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):  # not on this OS: the cores decide
+        gib = float("inf")
+    return max(1, min(os.cpu_count() or 1, 4, int(gib // 8)))
 
 
 # Minutes each of the longest files took alone on an idle 2-core machine (pytest
