@@ -46,7 +46,7 @@ def stop(proc: subprocess.Popen, timeout: float) -> None:  # type: ignore[type-a
 def _own_group(proc: subprocess.Popen) -> bool:  # type: ignore[type-arg]
     try:
         return os.getpgid(proc.pid) == proc.pid
-    except ProcessLookupError:  # exited and reaped: its group id is its pid, as it was started
+    except ProcessLookupError:  # exited and reaped: whatever is left of a group of that id goes too (none, unless it led one)
         return True
 
 
