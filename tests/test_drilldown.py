@@ -309,5 +309,6 @@ def test_sweep_cli(tiny_pair: dict[str, Path], prompts: Path, tmp_path: Path) ->
     best = next(k for k in each.k_table if k.k == each.best_k)
     assert row["tau_tokens_se"] == pytest.approx(best.tau_renewal_se) and row["speedup_best_se"] == pytest.approx(best.speedup_se)
     assert best.tau_renewal_se is not None and f"{row['tau_tokens']:.2f} ± {best.tau_renewal_se:.2f}" in res.output
+    assert row["tau_by_k"][each.best_k - 1] == pytest.approx(row["tau_tokens"])  # one τ: the same figure per K as at the best
     bad = runner.invoke(app, ["sweep", str(tiny_pair["target"])])
     assert bad.exit_code == 2 and "drafters" in bad.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -254,6 +255,5 @@ def test_an_answer_cut_off_part_way_is_a_server_that_did_not_answer() -> None:
     as a traceback. It is retried like a dropped connection, then one line."""
     from specprobe.engines.http import request
 
-    for base in loopback_stub(_CutOff):
-        with pytest.raises(ServerError, match=r"did not answer \(its answer was cut off: IncompleteRead\)"):
-            request(base + "/v1/completions", {"prompt": [1, 2]}, retries=1, what="vLLM")
+    with contextmanager(loopback_stub)(_CutOff) as base, pytest.raises(ServerError, match=r"did not answer \(its answer was cut off: IncompleteRead\)"):
+        request(base + "/v1/completions", {"prompt": [1, 2]}, retries=1, what="vLLM")

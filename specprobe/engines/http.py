@@ -56,10 +56,10 @@ def request(url: str, body: dict[str, Any] | None = None, *, timeout: float = 60
                 wait *= 2
                 continue
             raise ServerError(f"{what} at {url} answered HTTP {e.code}: {_body_of(e) or e.reason}", "check the request's settings against the server's (model name, max_model_len, max_logprobs)") from None
-        except (ConnectionError, TimeoutError, urllib.error.URLError, http.client.HTTPException) as e:
+        except (ConnectionError, TimeoutError, urllib.error.URLError, http.client.IncompleteRead) as e:
             # an answer cut off part way (the server died while sending it) is a dropped
             # connection too: http.client raises IncompleteRead, no OSError
-            reason = f"its answer was cut off: {type(e).__name__}" if isinstance(e, http.client.HTTPException) else getattr(e, "reason", e)
+            reason = "its answer was cut off: IncompleteRead" if isinstance(e, http.client.IncompleteRead) else getattr(e, "reason", e)
             if attempt < retries:
                 time.sleep(wait)
                 wait *= 2

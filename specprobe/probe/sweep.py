@@ -75,7 +75,7 @@ class SweepRow(Part):
     tau_tokens_se: Num = Field(default=None, description="Standard error of tau_tokens over prompts (the best K's row).")
     speedup_best: Num = None
     speedup_best_se: Num = Field(default=None, description="Standard error of speedup_best over prompts (from τ's; the cost timing's own spread not included).")
-    tau_by_k: list[Num] = Field(default_factory=list, description="τ(K) for K = 1..k_max.")
+    tau_by_k: list[Num] = Field(default_factory=list, description="τ(K) for K = 1..k_max: the renewal estimate (as tau_tokens), the window τ where a result has none.")
     speedup_by_k: list[Num] = Field(default_factory=list, description="Estimated speedup for K = 1..k_max.")
     verdict: str = ""
     stopped: str | None = None
@@ -149,11 +149,16 @@ def sweep_row(r: Result) -> SweepRow:
         cost_ratio=m.get("cost_ratio"), cost_measured=bool(r.cost.measured) if r.cost else False,
         best_k=r.best_k, tau_tokens=m.get("tau_tokens"), speedup_best=m.get("speedup_best"),
         tau_tokens_se=by_k[r.best_k].tau_renewal_se if r.best_k in by_k else None, speedup_best_se=by_k[r.best_k].speedup_se if r.best_k in by_k else None,
-        tau_by_k=[by_k[k].tau_tokens if k in by_k else None for k in ks], speedup_by_k=[by_k[k].speedup if k in by_k else None for k in ks],
+        tau_by_k=[_tau(by_k[k]) if k in by_k else None for k in ks], speedup_by_k=[by_k[k].speedup if k in by_k else None for k in ks],
         verdict=r.verdict, stopped=r.stopped,
         tree_tau_tokens=m.get("tree_tau_tokens"), tree_speedup=m.get("tree_speedup"),
         tree_best=_tree_best(r), tree_best_speedup=m.get("tree_best_speedup"),
     )
+
+
+def _tau(row: Any) -> Num:
+    """τ(K) of a K row as the headline counts it: renewal, else the window τ."""
+    return row.tau_renewal_tokens if row.tau_renewal_tokens is not None else row.tau_tokens
 
 
 def _tree_best(r: Result) -> str | None:
