@@ -316,12 +316,15 @@ def test_not_utf8_names_the_line(tmp_path):
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        (gzip.compress(b'{"prompt": "a"}\n'), r"is a gzip-compressed file, not JSON lines"),
+        # mtime=0: gzip stamps the current second into its header, and the bytes name the
+        # test, so pytest-xdist workers collecting a second apart saw different tests
+        (gzip.compress(b'{"prompt": "a"}\n', mtime=0), r"is a gzip-compressed file, not JSON lines"),
         (b"PAR1\x15\x04", r"is a Parquet file"),
         ('{"prompt": "a"}\n'.encode("utf-16"), r"is UTF-16 text, not UTF-8"),
         (b'{"prompt": "a"}\n\x00\x01\x02', r":2: binary data \(NUL byte at offset 16\)"),
         (b'[{"prompt": "a"},\n {"prompt": "b"}]\n', r"is one JSON array, not JSON lines"),
     ],
+    ids=["gzip", "parquet", "utf-16", "nul-byte", "json-array"],
 )
 def test_binary_and_near_miss_files(tmp_path, data, match):
     f = tmp_path / "odd.jsonl"
