@@ -10,6 +10,7 @@ import importlib.util
 import os
 import pkgutil
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,15 +106,27 @@ def no_models(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(mod, "load_model", boom)
 
 
-@pytest.fixture(scope="session")
-def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("specprobe-cache")
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One specprobe cache for the whole run, never the user's: under pytest-xdist the
+    workers share it (their temp folders' common parent), so SmolLM2 is dequantised once
+    in all (the loader builds an entry under a lock: a second worker waits for the first).
+    Set for the session, before any module fixture runs (a module's server pair loads
+    models too), and again per test below, for the tests that change the environment."""
+    base = tmp_path_factory.getbasetemp()
+    cache = base.parent / "specprobe-cache" if os.environ.get("PYTEST_XDIST_WORKER") else base / "specprobe-cache"
+    cache.mkdir(exist_ok=True)
+    before = os.environ.get("SPECPROBE_CACHE_DIR")
+    os.environ["SPECPROBE_CACHE_DIR"] = str(cache)
+    yield cache
+    if before is None:
+        os.environ.pop("SPECPROBE_CACHE_DIR", None)
+    else:
+        os.environ["SPECPROBE_CACHE_DIR"] = before
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(session_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Never write to the user's cache from tests; one cache per session keeps the GGUF
-    # dequantised once.
     monkeypatch.setenv("SPECPROBE_CACHE_DIR", str(session_cache))
 
 

@@ -808,6 +808,41 @@ def test_gguf_cache_entry_damage_is_detected_and_rebuilt(tiny_pair: dict[str, Pa
     assert calls == [1, 1]  # the rebuilt entry is trusted
 
 
+def test_G08_two_runs_at_once_convert_once(tiny_pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs that need the same GGUF at the same moment (two terminals; the test
+    suite's workers): one converts, the other waits for it and uses its entry. Before the
+    lock both converted, and the second rename replaced a folder the first was reading."""
+    from specprobe.models import loader
+
+    gguf_file, calls, _ = _gguf_cache(tiny_pair, tmp_path, monkeypatch)
+    convert = loader._dequantise_into
+
+    def slow(path: Path, folder: Path) -> None:
+        time.sleep(0.5)  # both runs are past their "is it cached?" check by now
+        convert(path, folder)
+
+    monkeypatch.setattr(loader, "_dequantise_into", slow)
+    both = threading.Barrier(2)
+    got: list[Path] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            both.wait(10)
+            got.append(loader.ensure_gguf_cached(gguf_file))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert calls == [1] and len(got) == 2 and got[0] == got[1]
+    assert not [p for p in got[0].parent.iterdir() if p.name.startswith(".tmp-")]
+
+
 def test_G07_entry_from_an_older_specprobe_is_kept(tiny_pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole entry whose marker predates the sha256 and file sizes is checked by its
     structure and used, not converted again."""

@@ -233,21 +233,53 @@ def ensure_gguf_cached(path: Path, progress: Any = None) -> Path:
     trusted (specprobe.models.cache_check)."""
     _offline()
     sha256 = file_sha256(path)
-    target = gguf_cache_dir(path, sha256)
-    if target.exists():
-        why = entry_problem(target, sha256)
-        if why is None:
-            return target
-        if progress:
-            progress(f"GGUF cache entry {target} cannot be used ({why}); rebuilding it")
-    _check_gguf_header(path)
-    if progress:
-        progress(f"dequantising {path.name} once (cached in {target.parent})")
-    with atomic_dir(target) as tmp:
-        _dequantise_into(path, tmp)
-        # written last, so a folder without it is never a finished entry
-        (tmp / "specprobe-cache.json").write_text(json.dumps(manifest(tmp, sha256, path, time.time())))
+    return _cache_entry(path, sha256, gguf_cache_dir(path, sha256), _dequantise_into, progress, weights=True)
+
+
+def _cache_entry(path: Path, sha256: str, target: Path, build: Any, progress: Any, *, weights: bool) -> Path:
+    """`target` as a finished cache entry of GGUF `path`: used as it is when sound, else
+    built by `build(path, folder)` into a temp folder renamed into place. Built under a
+    lock beside it, so two runs that need the same entry at once (two terminals, a CI
+    matrix on one cache) build it once: the second waits, then finds it finished."""
+    with entry_lock(target):
+        if target.exists():
+            why = entry_problem(target, sha256, weights=weights)
+            if why is None:
+                return target
+            if progress:
+                progress(f"GGUF cache entry {target} cannot be used ({why}); rebuilding it")
+        _check_gguf_header(path)
+        if progress and weights:
+            progress(f"dequantising {path.name} once (cached in {target.parent})")
+        with atomic_dir(target) as tmp:
+            build(path, tmp)
+            # written last, so a folder without it is never a finished entry
+            (tmp / "specprobe-cache.json").write_text(json.dumps(manifest(tmp, sha256, path, time.time())))
     return target
+
+
+@contextmanager
+def entry_lock(target: Path) -> Iterator[None]:
+    """Exclusive use of cache entry `target` while it is checked and built (an advisory
+    lock on `.<name>.lock` beside it; released when the process ends, however it ends).
+    Where the platform or the folder allows no lock, no lock: the rename keeps an entry
+    whole either way, and a race costs only a second build."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _dequantise_into(path: Path, folder: Path) -> None:
@@ -351,18 +383,7 @@ def ensure_gguf_info(path: Path, progress: Any = None) -> Path:
     checks its entries."""
     _offline()
     sha256 = file_sha256(path)
-    target = gguf_info_dir(path, sha256)
-    if target.exists():
-        why = entry_problem(target, sha256, weights=False)
-        if why is None:
-            return target
-        if progress:
-            progress(f"GGUF cache entry {target} cannot be used ({why}); rebuilding it")
-    _check_gguf_header(path)
-    with atomic_dir(target) as tmp:
-        _describe_into(path, tmp)
-        (tmp / "specprobe-cache.json").write_text(json.dumps(manifest(tmp, sha256, path, time.time())))
-    return target
+    return _cache_entry(path, sha256, gguf_info_dir(path, sha256), _describe_into, progress, weights=False)
 
 
 def _describe_into(path: Path, folder: Path) -> None:
