@@ -45,7 +45,8 @@ K, LAYERS = 3, 24
 K_MAX, PROMPTS, MAX_TOKENS = 4, 8, 32  # the diagnose runs
 ROOT = Path(__file__).resolve().parent.parent
 # where to listen and how to start on a CPU: not part of the export
-# (the worker inside the engine core's process, as tests/helpers/vllm.py starts every server)
+# (the worker inside the engine core's process, as tests/helpers/vllm.py starts every server:
+# its `vllm_server` sets VLLM_ENABLE_V1_MULTIPROCESSING=0, without which the CPU build runs "mp")
 LOCAL = ["--host", "127.0.0.1", "--served-model-name", "target", "--max-model-len", "2048", "--enforce-eager", "--no-enable-prefix-caching",
          "--distributed-executor-backend", "uni"]  # fmt: skip
 
