@@ -106,11 +106,15 @@ def test_diagnose_and_simulate_predict_vllm_greedy(
     Both sides are greedy and fp32, so the figures repeat from run to run; what differs
     is where rounds start (the estimate averages over every start, the loops restart
     after each round). At 6 prompts × 24 tokens (396 drafts) one accepted token moves the
-    rate by 2.4 % and diagnose read −5.0 %: this size keeps that granularity under 1 %."""
+    rate by 2.4 % and diagnose read −5.0 %: this size keeps that granularity under 1 %.
+
+    simulate runs the 8 prompts as one batch: greedy in fp32, each row decodes the tokens
+    it decodes alone (the same accepted counts at batch size 1 and 8, to the token, and
+    half the CPU time)."""
     vllm = served["counts"]
     # simulate's result is diagnose's estimate (its K table) and the measured loop in one run
     sim = _specprobe(
-        "simulate", pair, pair["work"] / "simulate.json", "--k", str(K), "--batch-size", "1"
+        "simulate", pair, pair["work"] / "simulate.json", "--k", str(K), "--batch-size", str(PROMPTS)
     )
     row = next(r for r in sim["k_table"] if r["k"] == K)
     predicted = row["accept_rate_renewal"] or row["accept_rate"]
@@ -172,12 +176,12 @@ LOAD, IN_FLIGHT = 8, 2  # requests, at once
 
 
 def _live_s(served_s: float) -> int:
-    """Seconds between monitor's two scrapes: 1.5 times what the same 8 prompts took one
-    at a time, and 20 s more (the load runs them two at once, so it takes less than that
-    unless the machine got busier; `loaded` then runs it once more with room). A fixed
-    75 s waited about a minute for nothing on an idle machine, and was too short on a
-    busy one."""
-    return math.ceil(1.5 * served_s + 20)
+    """Seconds between monitor's two scrapes: what the same 8 prompts took one at a time,
+    and 15 s more. The load runs them two at once, which vLLM batches, so it takes about
+    two thirds of that unless the machine got busier; `loaded` then runs it once more with
+    room. A fixed 75 s waited about a minute for nothing on an idle machine, and was too
+    short on a busy one; 1.5 times + 20 s left a core idle for over a minute."""
+    return math.ceil(served_s + 15)
 
 
 def _scrapes(server: VllmServer) -> int:
