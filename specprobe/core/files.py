@@ -10,7 +10,8 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -183,3 +184,28 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 def write_json(path: str | Path, result: dict[str, Any]) -> Path:
     return write_text_atomic(path, json.dumps(result, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+@contextmanager
+def exclusive_lock(path: Path, on_error: Callable[[OSError], None] | None = None) -> Iterator[None]:
+    """Exclusive use, while the block runs, of what the lock file `path` (created) stands
+    for: an advisory lock that another run blocks on, released when the process ends
+    however it ends. No lock where the platform has none (Windows) or the file cannot be
+    opened (`on_error` is told why)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        if on_error is not None:
+            on_error(e)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

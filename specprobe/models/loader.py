@@ -30,6 +30,7 @@ from typing import Any
 
 from specprobe.core.delegate import Via
 from specprobe.core.errors import ModelLoadError
+from specprobe.core.files import exclusive_lock
 from specprobe.drafters.base import ModelInfo
 from specprobe.drafters.ngram import is_ngram_spec
 from specprobe.models.anatomy import forward_last_hidden, output_head
@@ -260,26 +261,12 @@ def _cache_entry(path: Path, sha256: str, target: Path, build: Any, progress: An
 
 @contextmanager
 def entry_lock(target: Path) -> Iterator[None]:
-    """Exclusive use of cache entry `target` while it is checked and built (an advisory
-    lock on `.<name>.lock` beside it; released when the process ends, however it ends).
-    Where the platform or the folder allows no lock, no lock: the rename keeps an entry
-    whole either way, and a race costs only a second build."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
+    """Exclusive use of cache entry `target` while it is checked and built (a lock file
+    `.<name>.lock` beside it). Where the folder allows no lock, no lock: the rename keeps
+    an entry whole either way, and a race costs only a second build."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(target.parent / f".{target.name}.lock"):
         yield
-        return
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _dequantise_into(path: Path, folder: Path) -> None:

@@ -26,10 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-try:  # POSIX; elsewhere runs that share a cache are not serialised
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+from specprobe.core.files import exclusive_lock
 
 
 class ReferenceCache:
@@ -56,20 +53,11 @@ class ReferenceCache:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Exclusive use of the file (blocks while another run holds it)."""
-        if not self.usable or fcntl is None:
+        if not self.usable:
             yield
             return
-        try:
-            fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as e:
-            self._give_up(e)
+        with exclusive_lock(self.path.with_suffix(".lock"), self._give_up):
             yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
 
     # ------------------------------------------------------------------ reading
     def read(self) -> dict[int, list[list[int]]]:
