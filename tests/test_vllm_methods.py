@@ -41,7 +41,7 @@ def test_against_the_shipped_cpu_build_blames_the_serving_stack(vllm_python: Pat
     5.6 % seen against ~10 % at K = 4). SP701 says the stack, not the drafter, loses it.
     16 prompts: at 8 the prediction's own standard error (~2.3 points) can hide a −44 %
     gap. K = 2: the fault is in sampling, not in drafting, and at an acceptance near 0 the
-    server runs K + 1 forward passes a token, so K = 4 took it two thirds longer."""
+    server runs K + 1 forward passes a token, so K = 4 runs two thirds more passes."""
     from benchmarks.bench_vllm_peer import pick_prompts
 
     wide = {**pair, "prompts": pick_prompts(2 * PROMPTS, pair["work"] / "prompts16.jsonl")}

@@ -185,7 +185,8 @@ def vllm_server(
     # engine core polls the worker's queue while it computes: serving 8 prompts × 32 tokens
     # took the engine core 43 s and the worker 59 s of CPU, against 51 s for the one
     # process with this (the same counters, to the token: 72 of 704 accepted both ways),
-    # and a start 20 s of CPU against 31. The API server keeps its engine core apart.
+    # and a start 20 s of CPU against 31; one run each, beside a test suite. The API
+    # server keeps its engine core apart.
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     with log.open("wb") as fh:
         proc = subprocess.Popen(
