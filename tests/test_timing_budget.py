@@ -194,7 +194,10 @@ _PEAKS = textwrap.dedent("""
     raw = timing.cost_block(target, drafter, None, k_max=4, batch_sizes=[1, 16], context_tokens=L, budget_s=0.0, memory_bytes="auto")
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     naive = 16 * L * probe.bytes_per_token()
-    print(json.dumps({{"scoring_kb": scoring, "after_kb": after, "naive_bytes": naive, "allowed_bytes": raw["memory_bytes"], "contexts": [b["context_tokens"] for b in raw["batches"]]}}))
+    # a fixed allowance a quarter of what batch 16's caches would need: shortened whatever the machine
+    fixed = timing.cost_block(target, drafter, None, k_max=4, batch_sizes=[16], context_tokens=L, budget_s=0.0, memory_bytes=naive / 4)
+    print(json.dumps({{"scoring_kb": scoring, "after_kb": after, "naive_bytes": naive, "allowed_bytes": raw["memory_bytes"],
+                      "contexts": [b["context_tokens"] for b in raw["batches"]], "fixed_contexts": [b["context_tokens"] for b in fixed["batches"]]}}))
 """)
 
 
@@ -205,16 +208,18 @@ def test_the_cost_step_at_long_context_stays_within_1_5x_the_scoring_peak() -> N
     out = subprocess.run([sys.executable, "-c", _PEAKS.format(root=root, length=3000)], capture_output=True, text=True, timeout=300, cwd=root)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    # unbounded, batch 16's cache alone would add more than half the scoring's peak (whatever
-    # the interpreter's own baseline: it measured 1.1–2.3 GB here) ...
-    assert r["naive_bytes"] > 0.5 * r["scoring_kb"] * 1024
-    # ... so where it would not fit what the caches may add (1.4 × the peak before the cost
-    # step, less what the process holds then) it is timed over a shorter context, and the
-    # peak stays within 1.5× the scoring's either way
+    # Unbounded, batch 16's cache (1.6 GB) would add about half the scoring's peak, or less:
+    # the peak holds the interpreter's own baseline, 1.1–2.3 GB on this machine and 3.0 GB on
+    # CI's, and the automatic allowance (1.4 × the peak before the cost step, less what the
+    # process holds then) grows with it. So whether batch 16 is shortened depends on the
+    # machine; what holds on any is that where it would not fit it is timed over a shorter
+    # context, and that the peak stays within 1.5× the scoring's either way.
     assert r["allowed_bytes"] is not None and r["contexts"][0] == 3000
     if r["naive_bytes"] > 1.2 * r["allowed_bytes"]:  # clearly too big (the allowance moves a little as batch 1 runs)
         assert r["contexts"][1] < 3000, r
     assert r["after_kb"] <= 1.5 * r["scoring_kb"]
+    # the shortening itself, on every machine: a fixed allowance a quarter of the caches' need
+    assert r["fixed_contexts"][0] < 3000, r
 
 
 def test_a_call_not_run_yet_is_estimated_by_its_size() -> None:
