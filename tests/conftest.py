@@ -67,7 +67,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 # About the minutes each of the longest files took in one process on an idle 2-core
 # machine (pytest --durations): only the order the files are handed out depends on these.
-LONGEST_FILES = {"tests/test_vllm.py": 7.5, "tests/test_vllm_methods.py": 5.5, "tests/test_vllm_remote.py": 3.6,
+LONGEST_FILES = {"tests/test_vllm.py": 9.0, "tests/test_vllm_remote.py": 3.6, "tests/test_vllm_methods.py": 3.2,
                  "tests/test_export_vllm.py": 2.9, "tests/test_llamacpp_sampled.py": 2.7, "tests/test_sglang_remote.py": 1.7,
                  "tests/test_llamacpp_quant.py": 1.4, "tests/test_vllm_check.py": 1.1}  # fmt: skip
 
