@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import kill_group
+from tests.helpers import CrashingProxy
 from tests.helpers.vllm import (
     VllmServer,
     smollm2_pair,
@@ -228,11 +228,13 @@ def test_a_served_tokenizer_that_does_not_round_trip_is_one_line(server: VllmSer
 RESUME_PROMPTS, RESUME_TOKENS = 8, 16
 
 
-def test_a_run_the_server_left_continues_where_it_stopped(vllm_python: Path, server: VllmServer, pair: dict[str, Any], tmp_path: Path) -> None:
-    """A second server is killed (SIGKILL) once the first prompt's scores are kept: the
-    run ends as an interrupted one (exit 130, one error line, the scored prompts written),
-    the cache keeps what the server answered; rerun against the module's server (another
-    port), it continues from there, and its result equals a one-shot run's (T = 0)."""
+def test_a_run_the_server_left_continues_where_it_stopped(server: VllmServer, pair: dict[str, Any], tmp_path: Path) -> None:
+    """The server crashes once the first prompt's scores are kept: the run ends as an
+    interrupted one (exit 130, one error line, the scored prompts written), the cache keeps
+    what the server answered; rerun against a live server at another address, it continues
+    from there, and its result equals a one-shot run's (T = 0). The crash is a pass-through
+    in front of the module's server that stops listening and resets its connections (what
+    a client of a SIGKILLed server meets), so no second vLLM is started for it."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.bench_vllm_peer import pick_prompts
 
@@ -246,19 +248,20 @@ def test_a_run_the_server_left_continues_where_it_stopped(vllm_python: Path, ser
         return sum(f.read_text().count("\n") for f in scores.glob("*.scores.jsonl")) if scores.exists() else 0
 
     cut = tmp_path / "cut.json"
-    with vllm_server(vllm_python, pair["target"], None, 0, tmp_path / "vllm.log", startup_timeout=900, max_logprobs=MAX_LOGPROBS) as doomed:
-        proc = subprocess.Popen(_cmd(["--target-server", doomed.base, "--target-model", "target", str(pair["draft"]), *common], cut),
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        try:
-            deadline = time.monotonic() + 600
-            while kept() == 0 and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            kill_group(doomed.process)  # the server and its engine core, as a crash would
-            _, err = proc.communicate(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    doomed = CrashingProxy(server.base)
+    proc = subprocess.Popen(_cmd(["--target-server", doomed.base, "--target-model", "target", str(pair["draft"]), *common], cut),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 600
+        while kept() == 0 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        doomed.crash()
+        _, err = proc.communicate(timeout=600)
+    finally:
+        doomed.crash()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     said = " ".join(err.split())
     assert "Traceback" not in said and "did not answer" in said and "rerun the same command" in said, said
     first = kept()

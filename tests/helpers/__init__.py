@@ -123,3 +123,77 @@ def loopback_stub(handler: type) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class CrashingProxy:
+    """A TCP pass-through on loopback in front of a live server (`base`, http://host:port)
+    that can fail as a crashed server does, without killing the server behind it: `crash()`
+    stops listening (a new connection is refused) and ends every open connection mid-way
+    (its request unanswered, as the kernel ends a killed process's). Bytes pass unchanged
+    both ways until then. Lets a test crash "a server" mid-run and carry on against the same
+    real server at another address, without starting a second one."""
+
+    def __init__(self, base: str) -> None:
+        import socket
+        import threading
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base)
+        self._to = (parts.hostname or "127.0.0.1", int(parts.port or 80))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.base = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._crashed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # the listener closed: crashed
+                return
+            try:
+                upstream = socket.create_connection(self._to, timeout=30)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                if self._crashed:
+                    client.close(), upstream.close()
+                    return
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: Any, dst: Any) -> None:
+        import socket
+
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)  # an orderly close passes on as one
+        except OSError:
+            pass
+
+    def crash(self) -> None:
+        import socket
+        import struct
+
+        with self._lock:
+            self._crashed = True
+            with contextlib.suppress(OSError):  # wakes the accept thread, so the port is really closed
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            for s in self._open:  # shutdown wakes the threads blocked in recv on it; close alone would not
+                with contextlib.suppress(OSError):
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            self._open.clear()
