@@ -65,11 +65,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(os.cpu_count() or 1, 4, int(gib // 8)))
 
 
-# About the minutes each of the longest files took in one process on an idle 2-core
-# machine (pytest --durations): only the order the files are handed out depends on these.
-LONGEST_FILES = {"tests/test_vllm.py": 9.0, "tests/test_vllm_remote.py": 3.6, "tests/test_vllm_methods.py": 3.2,
-                 "tests/test_export_vllm.py": 2.9, "tests/test_llamacpp_sampled.py": 2.7, "tests/test_sglang_remote.py": 1.7,
-                 "tests/test_llamacpp_quant.py": 1.4, "tests/test_vllm_check.py": 1.1}  # fmt: skip
+# About the minutes each of the longest files took in a full run under two xdist workers
+# on a 2-core machine (a per-test timeline): only the order the files are handed out
+# depends on these.
+LONGEST_FILES = {"tests/test_vllm.py": 6.2, "tests/test_llamacpp_sampled.py": 4.7, "tests/test_vllm_methods.py": 4.1,
+                 "tests/test_vllm_remote.py": 2.9, "tests/test_export_vllm.py": 2.5, "tests/test_llamacpp_quant.py": 2.1,
+                 "tests/test_sglang_remote.py": 1.9, "tests/test_export_llamacpp.py": 1.4, "tests/test_vllm_check.py": 0.7}  # fmt: skip
 
 
 def _module_rank(item: pytest.Item) -> int:
