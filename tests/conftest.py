@@ -67,10 +67,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 # About the minutes each of the longest files took in one process on an idle 2-core
 # machine (pytest --durations): only the order the files are handed out depends on these.
-# Not the minutes of a two-worker run: in the order those give, the llama-server sampled
-# test ran beside tests/test_vllm.py, they took 22 % and 15 % longer than beside other
-# files, and the suite 20 min 39 s against 18 min 56 s in this order (one run each, on a
-# quiet disk: a hint, not a measured rule).
+# (Ordered instead by a two-worker run's own minutes, which pairs the llama-server sampled
+# test with tests/test_vllm.py, the suite took 20 min 39 s; in this order 18 min 56 s and
+# 20 min 30 s: no difference the noise of single runs lets one see.)
 LONGEST_FILES = {"tests/test_vllm.py": 9.0, "tests/test_vllm_remote.py": 3.6, "tests/test_vllm_methods.py": 3.2,
                  "tests/test_export_vllm.py": 2.9, "tests/test_llamacpp_sampled.py": 2.7, "tests/test_sglang_remote.py": 1.7,
                  "tests/test_llamacpp_quant.py": 1.4, "tests/test_vllm_check.py": 1.1}  # fmt: skip
