@@ -233,8 +233,8 @@ def test_a_run_the_server_left_continues_where_it_stopped(server: VllmServer, pa
     interrupted one (exit 130, one error line, the scored prompts written), the cache keeps
     what the server answered; rerun against a live server at another address, it continues
     from there, and its result equals a one-shot run's (T = 0). The crash is a pass-through
-    in front of the module's server that stops listening and resets its connections (what
-    a client of a SIGKILLed server meets), so no second vLLM is started for it."""
+    in front of the module's server that stops listening and ends its open connections
+    (what a client of a SIGKILLed server meets), so no second vLLM is started for it."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.bench_vllm_peer import pick_prompts
 
