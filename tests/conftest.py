@@ -66,7 +66,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 # About the minutes each of the longest files took in one process on an idle 2-core
-# machine (pytest --durations): only the order the files are handed out depends on these.
+# machine (pytest --durations; test_vllm's and test_vllm_methods' moved by the tests moved
+# between them, estimated): only the order the files are handed out depends on these.
 # (Ordered instead by a two-worker run's own minutes, which pairs the llama-server sampled
 # test with tests/test_vllm.py, the suite took 20 min 39 s; in this order 18 min 56 s and
 # 20 min 30 s: no difference the noise of single runs lets one see.)

@@ -164,7 +164,8 @@ class CrashingProxy:
             upstream.settimeout(None)
             with self._lock:
                 if self._crashed:
-                    client.close(), upstream.close()
+                    client.close()
+                    upstream.close()
                     return
                 self._open += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
