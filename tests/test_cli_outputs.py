@@ -171,3 +171,14 @@ def test_compare_json_says_where_it_wrote(tmp_path: Path) -> None:
     res = run("compare", str(V1), str(V1), "--json", str(out), "--fail-on", "never")
     assert res.exit_code == 0, res.output
     assert out.is_file() and f"wrote {out}" in text(res)
+
+
+def test_a_written_path_is_one_unbroken_line_however_long(tmp_path: Path) -> None:
+    """A path longer than the console is printed whole on one line (the terminal wraps
+    it, a log keeps it greppable): rich would break it mid-word. On a 2-digit pytest
+    directory the line above fitted and on a 3-digit one it broke ("cmp.jso n")."""
+    out = tmp_path / ("a-directory-name-long-enough-to-pass-any-console-width-" * 3) / "cmp.json"
+    out.parent.mkdir()
+    res = run("compare", str(V1), str(V1), "--json", str(out), "--fail-on", "never")
+    assert res.exit_code == 0, res.output
+    assert out.is_file() and f"wrote {out}\n" in res.output

@@ -72,10 +72,10 @@ def alerts(
             typer.echo(text, nl=False)
         else:
             write_text_atomic(prometheus, text)
-            err.print(f"wrote {prometheus}: {len(doc['groups'][0]['rules'])} recording and {len(doc['groups'][1]['rules'])} alerting rules", highlight=False)
+            err.print(f"wrote {prometheus}: {len(doc['groups'][0]['rules'])} recording and {len(doc['groups'][1]['rules'])} alerting rules", highlight=False, soft_wrap=True)
     if grafana is not None:
         write_text_atomic(grafana, json.dumps(dashboard(table, engine, win), indent=2) + "\n")
-        err.print(f"wrote {grafana}: Grafana dashboard on the recording rules", highlight=False)
+        err.print(f"wrote {grafana}: Grafana dashboard on the recording rules", highlight=False, soft_wrap=True)
     for s in skipped:
         err.print(f"[dim]not translated: {s}[/]", highlight=False, soft_wrap=True)
 

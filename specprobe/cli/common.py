@@ -146,27 +146,27 @@ def write_outputs(result: Result | Comparison, opts: RunOptions, *, fail_on: str
 
     if opts.json_path is not None:
         write_text_atomic(opts.json_path, result.to_json())
-        err.print(f"wrote {opts.json_path}", highlight=False)
+        err.print(f"wrote {opts.json_path}", highlight=False, soft_wrap=True)
     if opts.csv_dir is not None:
         from specprobe.report.csv_out import write_csv
 
         paths = write_csv(result, opts.csv_dir)
-        err.print(f"wrote {len(paths)} CSV tables into {opts.csv_dir}", highlight=False)
+        err.print(f"wrote {len(paths)} CSV tables into {opts.csv_dir}", highlight=False, soft_wrap=True)
     if opts.html is not None:
         from specprobe.report.html import render_compare_html, render_html
 
         write_text_atomic(opts.html, render_compare_html(result) if isinstance(result, Comparison) else render_html(result))
-        err.print(f"wrote {opts.html}", highlight=False)
+        err.print(f"wrote {opts.html}", highlight=False, soft_wrap=True)
     if opts.junit is not None:
         from specprobe.report.junit import render_junit
 
         write_text_atomic(opts.junit, render_junit(result, fail_on=fail_on))
-        err.print(f"wrote {opts.junit}", highlight=False)
+        err.print(f"wrote {opts.junit}", highlight=False, soft_wrap=True)
     if opts.markdown is not None:
         from specprobe.report.markdown import render_markdown
 
         write_text_atomic(opts.markdown, render_markdown(result, fail_on=fail_on))
-        err.print(f"wrote {opts.markdown}", highlight=False)
+        err.print(f"wrote {opts.markdown}", highlight=False, soft_wrap=True)
 
 
 def _any_output(opts: RunOptions) -> bool:

@@ -41,7 +41,7 @@ def demo(
     interrupted = any(r.interrupted for _, r in results)
     if opts.json_path is not None and results:
         write_text_atomic(opts.json_path, demo_json(results))
-        err.print(f"wrote {opts.json_path}", highlight=False)
+        err.print(f"wrote {opts.json_path}", highlight=False, soft_wrap=True)
     if results:
         out.print(demo_table(results))
     out.print("[dim]Teacher-forced estimates over on-policy references; α = Σ min(p, q). Try: specprobe diagnose smollm2 self:layers=28 --temperature 0.7[/]")

@@ -77,7 +77,7 @@ def export(
         from specprobe.export.training import export_training
 
         written = export_training(result, result_file, training, export_out, opts.budget, progress_note=lambda m: err.print(m, highlight=False))  # type: ignore[arg-type]
-        err.print(f"wrote {len(written)} files into {export_out}", highlight=False)
+        err.print(f"wrote {len(written)} files into {export_out}", highlight=False, soft_wrap=True)
         return
 
     from specprobe.export.serving import export_config, slower_than_plain
@@ -100,7 +100,7 @@ def export(
         typer.echo(ex.text, nl=False)
     else:
         write_text_atomic(export_out, ex.text)
-        err.print(f"wrote {export_out}", highlight=False)
+        err.print(f"wrote {export_out}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -85,7 +85,7 @@ def diagnose_sharded(opts: RunOptions, cfg: DiagnoseConfig, table: RuleTable) ->
             raise ConfigError(f"--shard writes a part, not reports ({', '.join(extra)} given)", "write reports from the merged result: specprobe merge PART… --html …")
         cfg.shard, cfg.part_path = opts.shard, str(opts.json_path)
         result = Result.model_validate(run_diagnose(cfg, RichProgress(err), table=table))
-        err.print(f"wrote part {cfg.shard[0]}/{cfg.shard[1]} to {opts.json_path} ({result.metrics.get('num_prompts')} items of this shard; merge every part for the result)", highlight=False)
+        err.print(f"wrote part {cfg.shard[0]}/{cfg.shard[1]} to {opts.json_path} ({result.metrics.get('num_prompts')} items of this shard; merge every part for the result)", highlight=False, soft_wrap=True)
         raise typer.Exit(130 if result.interrupted else 0)
     rank, world, cfg.device = distributed.setup(cfg.device)
     cfg.shard = (rank, world)

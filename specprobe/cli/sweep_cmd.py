@@ -172,23 +172,23 @@ def sweep(
     render_sweep(sw.report, out)
     if json_path is not None:
         write_text_atomic(json_path, sw.report.to_json())
-        err.print(f"wrote {json_path}")
+        err.print(f"wrote {json_path}", highlight=False, soft_wrap=True)
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
         for r in sw.results:
             name = "".join(c if c.isalnum() or c in "-_." else "_" for c in r.drafter.spec).strip("_") or "drafter"
             write_text_atomic(results_dir / f"{name}.json", r.to_json())
-        err.print(f"wrote {len(sw.results)} results into {results_dir}")
+        err.print(f"wrote {len(sw.results)} results into {results_dir}", highlight=False, soft_wrap=True)
     if opts.csv_dir is not None:
         from specprobe.report.csv_out import write_sweep_csv
 
         write_sweep_csv(sw.report, opts.csv_dir)
-        err.print(f"wrote the sweep table into {opts.csv_dir}", highlight=False)
+        err.print(f"wrote the sweep table into {opts.csv_dir}", highlight=False, soft_wrap=True)
     if opts.html is not None:
         from specprobe.report.html import render_sweep_html
 
         write_text_atomic(opts.html, render_sweep_html(sw.report))
-        err.print(f"wrote {opts.html}", highlight=False)
+        err.print(f"wrote {opts.html}", highlight=False, soft_wrap=True)
     if sw.report.interrupted:
         raise typer.Exit(130)
     # the gate: the drafter the sweep recommends, as one would deploy it
