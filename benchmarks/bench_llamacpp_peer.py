@@ -124,14 +124,15 @@ def _fp32_model() -> Any:
     return AutoModelForCausalLM.from_pretrained(str(checkpoint_dir(resolve("smollm2"))), dtype=torch.float32).eval()
 
 
-def replay_greedy(agree: list[bool], k: int, budget: int) -> tuple[int, int, int]:
+def greedy_rounds(agree: list[bool], k: int, budget: int) -> list[tuple[int, int, int]]:
     """Greedy speculative decoding replayed along a fixed output T (len L, T[0] from the
     prompt pass): agree[j] says the drafter's greedy token after prompt + T[:j] is T[j].
-    In greedy decoding every accepted draft token is the target's own, so the drafter's
-    context inside an accepted run is T itself and one teacher-forced pass decides every
-    step. Draft length per step as llama-server sets it: min(K, tokens left in the budget
-    − 1). Returns (accepted, drafted, verify steps)."""
-    t, accepted, drafted, steps = 0, 0, 0, 0
+    Every accepted draft token is a token of T (in greedy decoding the target's own; when
+    the target samples, its sample), so the drafter's context inside an accepted run is T
+    itself and one teacher-forced pass decides every step. Draft length per step as
+    llama-server sets it: min(K, tokens left in the budget − 1). One (t, accepted, drafted)
+    per verify step: it drafted T[t + 1 .. t + drafted], accepted the first `accepted`."""
+    t, rounds = 0, []
     while t < len(agree) - 1:
         kk = min(k, budget - (t + 1) - 1)
         if kk <= 0:  # no room for a draft: an ordinary decoding step
@@ -140,9 +141,15 @@ def replay_greedy(agree: list[bool], k: int, budget: int) -> tuple[int, int, int
         n = 0
         while n < kk and t + 1 + n < len(agree) and agree[t + 1 + n]:
             n += 1
-        accepted, drafted, steps = accepted + n, drafted + kk, steps + 1
+        rounds.append((t, n, kk))
         t += n + 1  # the accepted drafts and the target's own next token
-    return accepted, drafted, steps
+    return rounds
+
+
+def replay_greedy(agree: list[bool], k: int, budget: int) -> tuple[int, int, int]:
+    """`greedy_rounds` counted: (accepted, drafted, verify steps)."""
+    rounds = greedy_rounds(agree, k, budget)
+    return sum(n for _, n, _ in rounds), sum(kk for _, _, kk in rounds), len(rounds)
 
 
 def fp32_agreement(prompts: list[list[int]], outputs: list[list[int]], layers_list: list[int]) -> dict[str, Any]:
