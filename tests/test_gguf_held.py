@@ -296,3 +296,40 @@ def test_gguf_weights_auto_holds_only_what_would_not_fit(tmp_path: Path, monkeyp
     monkeypatch.setattr(loader, "available_memory", lambda: 1 << 40)
     f16 = write_tiny_gguf(tmp_path / "tiny-F16.gguf", "F16", embed_type="F16")
     assert loader.load_info(str(f16)).extra["gguf_held"] is True  # floats only: read directly
+
+
+def test_one_parse_of_the_file_writes_what_transformers_writes_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fp32 path with each GGUF parsed once (`loader.parsed_once`): the header is read
+    once, not three times, the `gguf` package is as it was afterwards, and the checkpoint
+    is transformers' own, tensor by tensor and file by file."""
+    import contextlib
+
+    import gguf
+    from safetensors.torch import load_file
+
+    from specprobe.models import loader
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", linear_type="Q4_1", embed_type="Q8_0")
+    made: list[str] = []
+
+    class Counted(gguf.GGUFReader):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(str(args[0]))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    name_map = gguf.get_tensor_name_map
+    once, alone = tmp_path / "once", tmp_path / "alone"
+    loader._dequantise_into(path, once)
+    assert len(made) == 1, made
+    assert gguf.GGUFReader is Counted and gguf.get_tensor_name_map is name_map
+    monkeypatch.setattr(loader, "parsed_once", contextlib.nullcontext)
+    loader._dequantise_into(path, alone)
+    assert len(made) == 4, made  # config, tokenizer and weights each parse it again
+    a, b = load_file(once / "model.safetensors"), load_file(alone / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    files = sorted(p.name for p in alone.iterdir())
+    assert files == sorted(p.name for p in once.iterdir()) and "tokenizer.json" in files
+    for name in files:
+        if name != "model.safetensors":
+            assert (once / name).read_bytes() == (alone / name).read_bytes(), name

@@ -21,6 +21,7 @@ import os
 import shutil
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -269,6 +270,61 @@ def entry_lock(target: Path) -> Iterator[None]:
         yield
 
 
+_PARSED_ONCE = threading.RLock()
+
+
+@contextmanager
+def parsed_once() -> Iterator[None]:
+    """While transformers reads GGUFs: each file's header parsed once, and gguf's tensor
+    name map built once per architecture and depth.
+
+    transformers opens a GGUF once for its config, once for its tokenizer and once for its
+    weights, each time parsing every metadata field afresh (a 49,152-token vocabulary is
+    half a million small reads, about 5 s on a CPU core), and while it maps the weights'
+    names it rebuilds gguf's name map for every module of the model (about 7 s for a
+    30-layer llama). Both are pure functions of their arguments: here the `gguf` package's
+    `GGUFReader` hands back the reader it already made for the same file, and
+    `get_tensor_name_map` its earlier map (transformers imports both from the package
+    where it uses them, so it sees these). SmolLM2-135M's dequantisation took 11.6 s
+    against 23.0 s on a 2-core machine (medians of 3 interleaved pairs:
+    benchmarks/bench_gguf_dequant.py); `tests/test_gguf_held.py` holds what it writes
+    equal, tensor by tensor and file by file, to transformers' own. Where the package has neither name (another version),
+    nothing is changed."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    reader, name_map = getattr(gguf, "GGUFReader", None), getattr(gguf, "get_tensor_name_map", None)
+    if reader is None or name_map is None:
+        yield
+        return
+    readers: dict[tuple[str, str], Any] = {}
+    maps: dict[tuple[Any, int], Any] = {}
+
+    def one_reader(path: Any, mode: str = "r") -> Any:
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    def one_map(arch: Any, n_blocks: int) -> Any:
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = name_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    def put(reader_: Any, map_: Any) -> None:
+        for name, value in (("GGUFReader", reader_), ("get_tensor_name_map", map_)):
+            setattr(gguf, name, value)
+
+    with _PARSED_ONCE:  # one thread at a time swaps the package's names
+        put(one_reader, one_map)
+        try:
+            yield
+        finally:
+            put(reader, name_map)
+
+
 def _dequantise_into(path: Path, folder: Path) -> None:
     """The GGUF loaded by transformers (dequantised to fp32) and saved into `folder` as a
     safetensors checkpoint with its tokenizer and generation config."""
@@ -276,8 +332,9 @@ def _dequantise_into(path: Path, folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        with parsed_once():
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     except Exception as e:
         raise ModelLoadError(f"transformers could not load GGUF {path}: {str(e).splitlines()[0][:160]}", "check the file is a supported architecture (llama, qwen2, mistral, …) and not corrupt") from e
     # A dequantised GGUF model cannot be saved directly; a fresh copy from its config can.
@@ -381,8 +438,9 @@ def _describe_into(path: Path, folder: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        with parsed_once():
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:
         raise ModelLoadError(f"transformers could not load GGUF {path}: {str(e).splitlines()[0][:160]}", "check the file is a supported architecture (llama, qwen2, mistral, …) and not corrupt") from e
     if hasattr(config, "quantization_config"):
