@@ -192,16 +192,17 @@ def test_against_a_server_drafting_with_another_model_blames_the_serving_stack(s
 
 
 # ----------------------------------------------------------------------------- monitor and alerts on the live server
-LOAD, IN_FLIGHT = 8, 2  # requests, at once
+LOAD, IN_FLIGHT = 8, 4  # requests, at once (as `served` sent them: `serve_prompts`)
 
 
 def _live_s(served_s: float) -> int:
-    """Seconds between monitor's two scrapes: what the same 8 prompts took one at a time,
-    and 15 s more. The load runs them two at once, which vLLM batches, so it takes about
-    two thirds of that unless the machine got busier; `loaded` then runs it once more with
-    room. A fixed 75 s waited about a minute for nothing on an idle machine, and was too
-    short on a busy one; 1.5 times + 20 s left a core idle for over a minute."""
-    return math.ceil(served_s + 15)
+    """Seconds between monitor's two scrapes: 1.5 times what `served` took for the same 8
+    prompts, sent four at once as the load sends them, and 15 s more, so the load ends well
+    before the second scrape unless the machine got much busier; `loaded` then runs it once
+    more with room. A fixed 75 s waited about a minute for nothing on an idle machine, and
+    was too short on a busy one; when `served` sent one request at a time, its time + 15 s
+    left the two-at-once load about 25 s of room."""
+    return math.ceil(1.5 * served_s + 15)
 
 
 def _scrapes(server: VllmServer) -> int:
@@ -499,8 +500,8 @@ class TestPrometheusScrapingTheServer:
             # two scrapes of the idle server before the load: the window's first sample is `before`
             _wait("Prometheus did not scrape vLLM twice", lambda: max(_prom_value(base, f"count_over_time({series}[{PROM_WINDOW}])").values(), default=0) >= 2, 60, log)
             before = spec_counts(server.metrics())
-            for i in range(PROM_LOAD):
-                server.complete(pair["ids"][i % len(pair["ids"])], MAX_TOKENS, temperature=0.0, seed=i, timeout=120)
+            with ThreadPoolExecutor(PROM_LOAD) as pool:  # at once: vLLM batches them
+                list(pool.map(lambda i: server.complete(pair["ids"][i % len(pair["ids"])], MAX_TOKENS, temperature=0.0, seed=i, timeout=120), range(PROM_LOAD)))
             time.sleep(1.0)
             after = spec_counts(server.metrics())
             # Prometheus holds the post-load sample, and its rules ran on it
