@@ -288,8 +288,8 @@ def parsed_once() -> Iterator[None]:
     where it uses them, so it sees these). SmolLM2-135M's dequantisation took 11.6 s
     against 23.0 s on a 2-core machine (medians of 3 interleaved pairs:
     benchmarks/bench_gguf_dequant.py); `tests/test_gguf_held.py` holds what it writes
-    equal, tensor by tensor and file by file, to transformers' own. Where the package has neither name (another version),
-    nothing is changed."""
+    equal, tensor by tensor and file by file, to transformers' own. Where the package
+    lacks either name (another version), nothing is changed."""
     try:
         import gguf
     except ImportError:
