@@ -6,10 +6,12 @@ Skipped only when chromium is not installed (.ci/run installs it)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,9 +43,42 @@ BASE_FLAGS = [
 SHOTS = Path(os.environ.get("SPECPROBE_SCREENSHOT_DIR", "")) if os.environ.get("SPECPROBE_SCREENSHOT_DIR") else None
 
 
-def _chromium(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+# A page that renders in about a second here gets two minutes before it counts as hung.
+PAGE_TIMEOUT_S = 120
+# Chromium's first start in a process maps a 300 MB binary. Late in a run its pages may have
+# left the page cache (the vLLM servers beside it hold GBs): with them evicted, that start
+# alone took 30 s here, and on CI, while the disk stalled, more than the page's two minutes
+# (chromium had not printed its first log line). The start is not the page's fault, so it
+# is bounded on its own, once per process, on a blank page.
+START_TIMEOUT_S = 600
+
+
+@functools.cache
+def _start_failure() -> str | None:
+    """Start chromium once on a blank page (its binary is then in memory); why it could not,
+    or None. Cached, failure too: one slow machine costs one bound, not one per test."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="specprobe-chromium-") as tmp:
+            res = _launch(["--dump-dom", "about:blank"], Path(tmp), START_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        return f"chromium did not start within {START_TIMEOUT_S} s on a blank page; it printed: {(exc.stderr or b'')[-1000:]!r}"
+    if res.returncode != 0 or "<html>" not in res.stdout:
+        return f"chromium exited {res.returncode} on a blank page: {res.stderr[-2000:]}"
+    return None
+
+
+def _launch(args: list[str], tmp: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HOME": str(tmp)}  # keep chromium's files in the test's temp dir
-    return subprocess.run([CHROMIUM, *BASE_FLAGS, f"--user-data-dir={tmp / 'profile'}", *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run([CHROMIUM, *BASE_FLAGS, f"--user-data-dir={tmp / 'profile'}", *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _chromium(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    """Chromium on one page, started once before in this process so that the page's own
+    bound measures the page, not the disk."""
+    assert CHROMIUM is not None
+    if (why := _start_failure()) is not None:
+        pytest.fail(why)
+    return _launch(args, tmp, PAGE_TIMEOUT_S)
 
 
 def _console_errors(stderr: str) -> list[str]:
@@ -61,7 +96,9 @@ def _check_page(html: str, name: str, tmp: Path, chart_ids: tuple[str, ...]) -> 
     page.write_text(html, encoding="utf-8")
     url = page.resolve().as_uri()
 
-    dom = _chromium(["--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000", "--dump-dom", url], tmp)
+    shot = tmp / f"{name}.png"
+    # one launch lays the page out, prints its DOM and saves a screenshot of it
+    dom = _chromium(["--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000", "--window-size=1280,2000", f"--screenshot={shot}", "--dump-dom", url], tmp)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert not _console_errors(dom.stderr), _console_errors(dom.stderr)
     svg_ids = re.findall(r'<svg id="([^"]+)"', dom.stdout)
@@ -73,9 +110,6 @@ def _check_page(html: str, name: str, tmp: Path, chart_ids: tuple[str, ...]) -> 
         assert "<rect" in body or "<polyline" in body, cid
     assert dom.stdout.count("<polyline") >= 2
 
-    shot = tmp / f"{name}.png"
-    res = _chromium(["--window-size=1280,2000", f"--screenshot={shot}", url], tmp)
-    assert res.returncode == 0, res.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a real, non-blank render
     if SHOTS is not None:
