@@ -85,7 +85,7 @@ def runs_without(commands: list[list[str]], heavy: tuple[str, ...], *, block_tor
     for args in commands:
         code += f"r = CliRunner().invoke(app, [{', '.join(args)}])\nassert r.exit_code == 0, r.output\n"
     code += f"print('HEAVY:' + ','.join(sorted(m for m in {heavy!r} if m in sys.modules)))\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)  # a hang guard: a cold start on a stalled disk is slow, not hung
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY:\n" in proc.stdout, proc.stdout
 
