@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
@@ -136,11 +138,41 @@ def test_the_rules_fire_far_below_the_band_only() -> None:
 
 
 # ----------------------------------------------------------------------------- the client against a stand-in
+def _responses_with_counters() -> list[dict[str, Any]]:
+    """The completions of tests/data/monitor/requests_vllm.jsonl that carry their own
+    counters: `metrics.speculative_decoding` (dense histograms, some `detailed`) and the
+    earlier builds' per-choice `speculative_decoding_stats` (sparse histograms)."""
+    out = []
+    for line in (Path(__file__).parent / "data" / "monitor" / "requests_vllm.jsonl").read_text().splitlines():
+        r = json.loads(line)["response"]
+        r = json.loads(r) if isinstance(r, str) else r
+        if (r.get("metrics") or {}).get("speculative_decoding") or (r["choices"] and r["choices"][0].get("speculative_decoding_stats")):
+            out.append(r)
+    return out
+
+
+RESPONSES = _responses_with_counters()
+
+
+def _own(r: dict[str, Any]) -> tuple[float, float, float, tuple[float, ...]]:
+    """(steps, drafted, accepted, accepted per position) as the answer states them, by hand:
+    position i accepted in every step that accepted more than i."""
+    sd = (r.get("metrics") or {}).get("speculative_decoding") or r["choices"][0]["speculative_decoding_stats"]
+    hist = sd["acceptance_histogram"]
+    dense = hist if isinstance(hist, list) else [hist.get(str(j), 0) for j in range(sd["num_spec_tokens"] + 1)]
+    per_pos = tuple(float(sum(dense[i + 1 :])) for i in range(sd["num_spec_tokens"]))
+    return float(sd["num_spec_steps"]), float(sd["num_draft_tokens"]), float(sd["num_accepted_draft_tokens"]), per_pos
+
+
 class _Stub(BaseHTTPRequestHandler):
     models: list[str] = ["target"]
     metrics = (DATA / "metrics-0.32.0-cpu.txt").read_text()
     fail_after: int | None = None
     served = 0
+    own: list[dict[str, Any]] | None = None  # answer prompt [i, …] with own[i]'s body
+    bare_from: int | None = None  # from this prompt on, answers without counters
+    lock = threading.Lock()
+    live = most = 0
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -171,12 +203,24 @@ class _Stub(BaseHTTPRequestHandler):
             return
         cls.served += 1
         assert isinstance(body["prompt"], list) and body["top_k"] == -1  # token ids; top-k off
-        self._send(200, json.dumps({"choices": [{"token_ids": [1, 2, 3]}]}))
+        with cls.lock:
+            cls.live += 1
+            cls.most = max(cls.most, cls.live)
+        time.sleep(0.05 * (1 + body["prompt"][0] % 3))  # later prompts may finish first
+        with cls.lock:
+            cls.live -= 1
+        if cls.own is None or (cls.bare_from is not None and body["prompt"][0] >= cls.bare_from):
+            self._send(200, json.dumps({"choices": [{"token_ids": [1, 2, 3]}]}))
+            return
+        answer = dict(cls.own[body["prompt"][0]])
+        answer["choices"] = [{**answer["choices"][0], "token_ids": [1, 2, 3]}]
+        self._send(200, json.dumps(answer))
 
 
 @pytest.fixture()
 def stub() -> Iterator[str]:
     _Stub.models, _Stub.fail_after, _Stub.served = ["target"], None, 0
+    _Stub.own, _Stub.bare_from, _Stub.live, _Stub.most = None, None, 0, 0
     yield from loopback_stub(_Stub)
 
 
@@ -215,6 +259,43 @@ def test_a_server_that_fails_part_way_keeps_what_it_answered(stub: str) -> None:
     _Stub.fail_after = None
     run = live.send(server, [[1, 2]] * 3, Sampling(0.0), 4, 0, 0.0, Progress())  # no time at all
     assert run.requests == [] and run.stopped is not None and "deadline" in run.stopped
+
+
+def test_answers_that_count_themselves_go_several_at_a_time(stub: str) -> None:
+    """A server whose answers carry their own counters (vLLM's
+    --per-request-spec-decode-metrics, both shapes): the first prompt goes alone, the rest
+    up to IN_FLIGHT at once; each request is what its answer says (its /metrics, which
+    never moves here, says nothing), kept in prompt order."""
+    server = live.connect("vllm", stub, None)
+    _Stub.own = RESPONSES
+    n = len(RESPONSES)
+    run = live.send(server, [[i, 7] for i in range(n)], Sampling(0.7), 4, 0, 60.0, Progress())
+    assert run.stopped is None and (run.counted_by, run.in_flight) == ("response", live.IN_FLIGHT)
+    assert [(r.drafts, r.draft_tokens, r.accepted, r.per_pos) for r in run.requests] == [_own(r) for r in RESPONSES]
+    assert 1 < _Stub.most <= live.IN_FLIGHT
+    assert any("speculative_decoding_stats" in r["choices"][0] for r in RESPONSES)  # the earlier shape is among them
+    section, _, evidence = live.compare(run, _acc(k_max=4), Sampling(0.7))
+    assert (section["counted_by"], section["in_flight"]) == ("response", live.IN_FLIGHT)
+    assert section["draft_tokens"] == sum(_own(r)[1] for r in RESPONSES)
+    assert f"each request counted by its own answer, {live.IN_FLIGHT} at a time after the first" in evidence["live_accept_rate"][1]
+
+
+def test_a_server_without_per_request_counters_is_sent_one_at_a_time(stub: str) -> None:
+    server = live.connect("vllm", stub, None)
+    run = live.send(server, [[i, 7] for i in range(5)], Sampling(0.0), 4, 0, 60.0, Progress())
+    assert (run.counted_by, run.in_flight, len(run.requests)) == ("totals", 1, 5)
+    assert _Stub.most == 1  # never two at once: each is the totals' delta across it
+
+
+def test_answers_that_stop_counting_themselves_keep_what_was_counted(stub: str) -> None:
+    """Counters in the first answers and not in a later one (two servers behind one URL):
+    the run keeps the requests it could count and says why it stopped."""
+    server = live.connect("vllm", stub, None)
+    _Stub.own, _Stub.bare_from = RESPONSES, 6
+    run = live.send(server, [[i, 7] for i in range(10)], Sampling(0.7), 4, 0, 60.0, Progress())
+    assert len(run.requests) == 6 and run.stopped is not None
+    assert "failed after 6 of 10 prompts" in run.stopped and "answered prompt 7 without its own counters" in run.stopped
+    assert [r.draft_tokens for r in run.requests] == [_own(r)[1] for r in RESPONSES[:6]]
 
 
 def test_monitor_reads_the_captured_vllm_text_too() -> None:

@@ -144,7 +144,7 @@ def test_refused_before_anything_loads(drafter: str, extra: dict[str, Any], said
 def test_requests_in_flight_answer_in_order() -> None:
     import time
 
-    from specprobe.probe.remote_scoring import in_order
+    from specprobe.engines.http import in_order
 
     lock, live, most = threading.Lock(), [0], [0]
 

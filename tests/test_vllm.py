@@ -162,9 +162,17 @@ def test_against_a_sound_server_finds_no_serving_fault(server: VllmServer, pair:
     its acceptance sits within the prediction's band (the estimate read 0.094 ± 0.003
     against vLLM's 0.083 ± 0.005 here, −12 %), so SP701 stays quiet. The release is still
     0.32.0, which the server's API cannot tell from the shipped CPU build: SP703 names it."""
+    before = spec_counts(server.metrics())
     r = _against(pair, server.base, pair["work"] / "against-fixed.json")
+    delta = spec_counts(server.metrics()) - before
     live = r["live"]
     assert live["k"] == K and live["requests"] == PROMPTS and live["engine_version"] == "0.32.0"
+    # the server answers with each request's own counters (--per-request-spec-decode-metrics),
+    # so the prompts went four at a time after the first; nothing else reached the server,
+    # so together they are its totals' delta to the token, per position too
+    assert (live["counted_by"], live["in_flight"]) == ("response", 4)
+    assert (live["drafts"], live["draft_tokens"], live["accepted"]) == (delta.drafts, delta.draft_tokens, delta.accepted)
+    assert live["per_position"] == pytest.approx(delta.per_pos_rate, rel=1e-12)
     assert live["accept_rate"] > 0.02 and live["accepted"] == pytest.approx(sum(live["per_position"]) * live["drafts"], rel=1e-6)
     assert "SP701" not in _findings(r) and "SP703" in _findings(r)
     assert r["metrics"]["live_gap_rel"] > -0.25

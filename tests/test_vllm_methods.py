@@ -45,6 +45,7 @@ def test_against_probabilistic_drafting_at_k2(vllm_python: Path, pair: dict[str,
         r = _against(pair, s.base, pair["work"] / "against-prob2.json", "--draft-sampling", "probabilistic")
     live = r["live"]
     assert live["k"] == 2 and live["requests"] == PROMPTS and live["draft_tokens"] == 2 * live["drafts"]
+    assert (live["counted_by"], live["in_flight"]) == ("totals", 1)  # no per-request counters: one at a time
     assert r["procedure"]["drafting"] == "probabilistic"
     _assert_agrees(live)
 

@@ -122,6 +122,12 @@ class LiveServer:
         the token ids it generated."""
         raise NotImplementedError
 
+    def complete_counted(self, prompt: Sequence[int], max_tokens: int, sampling: Mapping[str, float], seed: int, timeout: float) -> tuple[list[int], SpecCounters | None]:
+        """complete(), and that request's own speculative-decoding counters where the
+        answer carries them (None: only the server's totals count it, so requests must go
+        one at a time for each one's share to be known)."""
+        return self.complete(prompt, max_tokens, sampling, seed, timeout), None
+
     # --- the served target scored teacher-forced (diagnose --target-server)
     tokenizer_name: str | None = None  # what the server loaded the tokenizer from, where it says
 

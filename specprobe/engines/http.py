@@ -12,11 +12,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from specprobe.core.errors import ConfigError, ServerError
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
+T = TypeVar("T")
+IN_FLIGHT = 4  # requests at once where an answer stands alone (the server batches them)
 RETRIES = 3  # tries after the first, for the answers above and dropped connections
 BACKOFF_S = 0.5  # the first wait; doubled each try
 
@@ -120,3 +125,24 @@ def _parse(raw: bytes, url: str, what: str) -> Any:
         return json.loads(raw.decode())
     except ValueError:
         raise ServerError(f"{what} at {url} answered something that is not JSON ({raw[:80]!r})", "is this the engine's HTTP API? check the URL and port") from None
+
+
+def in_order(ask: Callable[[int], T], items: Iterable[int], in_flight: int = IN_FLIGHT) -> Generator[T, None, None]:
+    """ask(i) for every item, up to `in_flight` requests at once, answers in the items'
+    order. Leaving early (an error, Ctrl-C) cancels what was not sent yet."""
+    pool = ThreadPoolExecutor(max_workers=in_flight)
+    pending: deque[Future[T]] = deque()
+    it = iter(items)
+    try:
+        for i in it:
+            pending.append(pool.submit(ask, i))
+            if len(pending) >= in_flight:
+                break
+        while pending:
+            got = pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(pool.submit(ask, nxt))
+            yield got
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -2,10 +2,14 @@
 
 Once the drafter is right, what can still lose acceptance is the serving stack. The run's
 own prompts — the same token ids, chat template applied, that it scored — go to the
-user's live server one request at a time, with the run's sampling and seeds, and the
-server's speculative-decoding counters are read after each request. The server's
-accepted ÷ drafted, and its per-position rates, are set beside what the pair predicts for
-that engine at the server's K, each with a standard error over prompts:
+user's live server with the run's sampling and seeds, and each request's own counters are
+kept. Where the answer carries them (vLLM started with `--per-request-spec-decode-metrics
+summary|detailed`), the first request goes alone and the rest `IN_FLIGHT` at a time, each
+counted by its own answer, whatever else the server serves meanwhile. Otherwise they go
+one at a time and each is the delta of the server's totals (/metrics) across it, so no
+other traffic may reach the server while it runs. The server's accepted ÷ drafted, and its
+per-position rates, are set beside what the pair predicts for that engine at the
+server's K, each with a standard error over prompts:
 
     predicted  the renewal estimate's expected counters (the same figures as the K table's
                accept_rate_renewal), standard error from their spread over prompts
@@ -23,6 +27,7 @@ that dies part-way keeps what was measured and says so."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,6 +39,7 @@ from specprobe.core.errors import ConfigError, ServerError
 from specprobe.core.progress import Progress
 from specprobe.engines import get
 from specprobe.engines.base import LiveServer, SpecCounters
+from specprobe.engines.http import IN_FLIGHT, in_order
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.sampling import Sampling
 
@@ -51,6 +57,8 @@ class LiveRun:
     requests: list[SpecCounters] = field(default_factory=list)
     prompts: int = 0  # prompts there were to send
     stopped: str | None = None  # why fewer than all were sent (deadline, Ctrl-C, a server error)
+    counted_by: str = "totals"  # "response": each answer's own counters; "totals": /metrics' delta across it
+    in_flight: int = 1  # requests sent at once after the first
 
     @property
     def total(self) -> SpecCounters:
@@ -84,26 +92,55 @@ def connect(engine: str, url: str, model: str | None) -> LiveServer:
     return server
 
 
-def send(server: LiveServer, encoded: list[list[int]], sampling: Sampling, max_new_tokens: int, seed: int, deadline_s: float, progress: Progress) -> LiveRun:
-    """Every prompt once, one request at a time (no batch effects), the counters' delta
-    after each. Stops at the deadline, on Ctrl-C or on a server error, keeping what it
-    measured."""
+def send(server: LiveServer, encoded: list[list[int]], sampling: Sampling, max_new_tokens: int, seed: int, deadline_s: float, progress: Progress,
+         in_flight: int = IN_FLIGHT) -> LiveRun:
+    """Every prompt once, each request's counters kept in prompt order (see the module's
+    docstring for how they are counted). Stops at the deadline, on Ctrl-C or on a server
+    error, keeping what it measured."""
     run = LiveRun(server.url, server.model, server.engine.name, server.version, prompts=len(encoded))
     request = sampling_request(sampling)
     start = time.monotonic()
+
+    def left() -> float:
+        return deadline_s - (time.monotonic() - start)
+
+    def ask(i: int) -> SpecCounters | None:
+        return server.complete_counted(encoded[i], max_new_tokens, request, seed + i, timeout=max(1.0, min(REQUEST_TIMEOUT_S, left())))[1]
+
+    def late(i: int) -> bool:
+        if left() > 0:
+            return False
+        run.stopped = f"the deadline ({deadline_s:g} s, --against-timeout) passed after {i} of {len(encoded)} prompts"
+        return True
+
     try:
         before = server.counters()
         with progress.task(f"the run's {len(encoded)} prompts on {server.engine.label} at {server.url}", len(encoded)) as advance:
-            for i, ids in enumerate(encoded):
-                left = deadline_s - (time.monotonic() - start)
-                if left <= 0:
-                    run.stopped = f"the deadline ({deadline_s:g} s, --against-timeout) passed after {i} of {len(encoded)} prompts"
+            own: SpecCounters | None = None
+            for i in range(len(encoded)):
+                if late(i):
                     break
-                server.complete(ids, max_new_tokens, request, seed + i, timeout=min(REQUEST_TIMEOUT_S, left))
+                own = ask(i)
                 now = server.counters()
-                run.requests.append(now - before)
+                run.requests.append(own if own is not None else now - before)
                 before = now
                 advance()
+                if own is not None:
+                    break  # the answers count themselves: the rest go several at a time
+            if own is not None and len(run.requests) < len(encoded):
+                run.counted_by, run.in_flight = "response", in_flight
+                rest = range(len(run.requests), len(encoded))
+                with contextlib.closing(in_order(lambda i: (i, ask(i)), rest, in_flight)) as answers:
+                    for i, counted in answers:
+                        if counted is None:
+                            raise ServerError(f"{server.engine.label} at {server.url} answered prompt {i + 1} without its own counters, as it had the first",
+                                              "check that one server (not a mix behind a balancer) answers the URL")
+                        run.requests.append(counted)
+                        advance()
+                        if len(run.requests) < len(encoded) and late(len(run.requests)):
+                            break
+            elif own is not None:
+                run.counted_by = "response"
     except KeyboardInterrupt:
         run.stopped = f"interrupted after {len(run.requests)} of {len(encoded)} prompts"
     except ServerError as e:
@@ -163,7 +200,9 @@ def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[st
         "live_gap_z": _num(z),
         "live_known_issue": int(bool(issues)),
     }
-    said = f"{engine.label} {run.version or '(release unknown)'} at {run.url} serving {run.model}, K = {k}, {len(run.requests)} of {run.prompts} prompts, {sampling.describe()}"
+    counted = (f"each request counted by its own answer, {run.in_flight} at a time after the first" if run.counted_by == "response"
+               else "each request counted by the server's totals across it, one at a time")
+    said = f"{engine.label} {run.version or '(release unknown)'} at {run.url} serving {run.model}, K = {k}, {len(run.requests)} of {run.prompts} prompts ({counted}), {sampling.describe()}"
     lines = [
         f"served {served:.4f} ± {served_se:.4f} (accepted {t.accepted:g} of {t.draft_tokens:g} drafted, {t.drafts:g} drafts); "
         f"predicted {predicted:.4f} ± {predicted_se:.4f} (the renewal estimate at K = {k}); gap {gap_rel:+.1%}, {z:+.1f} standard errors",
@@ -184,6 +223,8 @@ def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[st
         "k": k,
         "prompts": run.prompts,
         "requests": len(run.requests),
+        "counted_by": run.counted_by,
+        "in_flight": run.in_flight,
         "stopped": run.stopped,
         "drafts": t.drafts,
         "draft_tokens": t.draft_tokens,

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +26,7 @@ import torch
 from specprobe.core.errors import ConfigError, ServerError
 from specprobe.core.progress import Progress
 from specprobe.engines import GREEDY
+from specprobe.engines.http import in_order
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.remote import LEFT_OUT, Bounded, TopN, bounded_metrics
 from specprobe.models.loader import cache_root
@@ -35,30 +34,6 @@ from specprobe.probe.chunks import ROW_FIELDS
 from specprobe.probe.live import REQUEST_TIMEOUT_S
 from specprobe.probe.remote_cache import RemoteCache, Rows, run_key
 from specprobe.settings.pipeline import DiagnoseConfig
-
-T = TypeVar("T")
-IN_FLIGHT = 4  # requests at once (the server batches them; one more waits while the drafter runs here)
-
-
-def in_order(ask: Callable[[int], T], items: Iterable[int], in_flight: int = IN_FLIGHT) -> Iterator[T]:
-    """ask(i) for every item, up to `in_flight` requests at once, answers in the items'
-    order. Leaving early (an error, Ctrl-C) cancels what was not sent yet."""
-    pool = ThreadPoolExecutor(max_workers=in_flight)
-    pending: deque[Future[T]] = deque()
-    it = iter(items)
-    try:
-        for i in it:
-            pending.append(pool.submit(ask, i))
-            if len(pending) >= in_flight:
-                break
-        while pending:
-            got = pending.popleft().result()
-            nxt = next(it, None)
-            if nxt is not None:
-                pending.append(pool.submit(ask, nxt))
-            yield got
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def open_cache(server: Any, cfg: DiagnoseConfig, encoded: Sequence[Sequence[int]], request: dict[str, Any], vocab: int, progress: Progress, seed: int | None = None) -> RemoteCache | None:

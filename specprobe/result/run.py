@@ -583,7 +583,9 @@ class LiveCheck(Part):
     engine_version: str | None = Field(default=None, description="The release the server reports (vLLM: /version).")
     k: int = Field(description="The K the server drafts: its draft tokens ÷ drafts.")
     prompts: int = Field(description="Prompts there were to send.")
-    requests: int = Field(description="Requests answered (one per prompt, one at a time).")
+    requests: int = Field(description="Requests answered (one per prompt).")
+    counted_by: str = Field(default="totals", description="How each request was counted: 'response', by its answer's own counters (vLLM's --per-request-spec-decode-metrics), or 'totals', by the server's /metrics delta across it.")
+    in_flight: int = Field(default=1, description="Requests sent at once after the first (1 when the server's totals count them).")
     stopped: str | None = Field(default=None, description="Why fewer than all prompts were sent (deadline, Ctrl-C, a server error).")
     drafts: float
     draft_tokens: float

@@ -176,7 +176,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "against", "--against",
-        "A live server of --engine serving this pair (e.g. http://127.0.0.1:8000): after the estimate, send it the run's prompts (as token ids, with the run's sampling and seeds, one at a time) and set its measured acceptance beside the prediction (rules SP7xx). Today: vLLM.",
+        "A live server of --engine serving this pair (e.g. http://127.0.0.1:8000): after the estimate, send it the run's prompts (as token ids, with the run's sampling and seeds; four at a time where its answers carry their own counters, as vLLM's do with --per-request-spec-decode-metrics, else one at a time) and set its measured acceptance beside the prediction (rules SP7xx). Today: vLLM.",
         str | None, panel=PROCEDURE, commands=frozenset({DIAGNOSE}), file_key="against", metavar="URL", show_default=False,
     ),
     Setting(

@@ -44,6 +44,31 @@ def counters_from_text(text: str) -> SpecCounters:
     return SpecCounters(tot[DRAFTS], tot[DRAFT_TOKENS], tot[ACCEPTED], tuple(pos.get(i, 0.0) for i in range(n)))
 
 
+def response_counters(out: Mapping[str, Any], url: str) -> SpecCounters | None:
+    """A completion's own counters: `metrics.speculative_decoding` (earlier builds of the
+    feature: the choice's `speculative_decoding_stats`), read as `monitor --requests`
+    reads a saved response; None where the answer has neither."""
+    from specprobe.engines.vllm.monitor import read_request
+    from specprobe.monitor.records import MalformedLine
+
+    metrics = out.get("metrics")
+    found = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
+    where = "metrics.speculative_decoding"
+    if not isinstance(found, Mapping):
+        choices = out.get("choices")
+        found = choices[0].get("speculative_decoding_stats") if isinstance(choices, list) and choices and isinstance(choices[0], Mapping) else None
+        where = "choices[0].speculative_decoding_stats"
+    if not isinstance(found, Mapping):
+        return None
+    try:
+        rec = read_request(dict(found), None, where)
+    except MalformedLine as e:
+        raise ServerError(f"vLLM at {url} answered a completion with unreadable counters: {e}", "check the server's release; start it without --per-request-spec-decode-metrics to count by /metrics") from None
+    if rec.drafted is None or rec.steps is None:
+        return None  # too little said to count drafts and draft tokens: the totals count it
+    return SpecCounters(float(rec.steps), float(rec.drafted), float(rec.accepted), tuple(float(a) for a in rec.accepted_per_pos))
+
+
 class VllmServer(LiveServer):
     def __init__(self, engine: Engine, url: str, model: str | None, timeout: float) -> None:
         self.engine, self.url, self.timeout = engine, url.rstrip("/"), timeout
@@ -66,6 +91,12 @@ class VllmServer(LiveServer):
         return c
 
     def complete(self, prompt: Sequence[int], max_tokens: int, sampling: Mapping[str, float], seed: int, timeout: float) -> list[int]:
+        return self.complete_counted(prompt, max_tokens, sampling, seed, timeout)[0]
+
+    def complete_counted(self, prompt: Sequence[int], max_tokens: int, sampling: Mapping[str, float], seed: int, timeout: float) -> tuple[list[int], SpecCounters | None]:
+        """The completion's token ids and, from a server started with
+        `--per-request-spec-decode-metrics summary|detailed`, its own counters (the
+        answer's `metrics.speculative_decoding`; None without that flag)."""
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": [int(t) for t in prompt],
@@ -79,9 +110,11 @@ class VllmServer(LiveServer):
         }
         out = http.post_json(self.url + "/v1/completions", body, timeout=timeout, what="vLLM")
         try:
-            return [int(t) for t in out["choices"][0].get("token_ids") or []]
+            choice = out["choices"][0]
+            ids = [int(t) for t in choice.get("token_ids") or []]
         except (KeyError, IndexError, TypeError, ValueError):
             raise ServerError(f"vLLM at {self.url} answered a completion without choices ({str(out)[:120]})", "check the server's log") from None
+        return ids, response_counters(out, self.url)
 
     def prompt_logprobs(self, ids: Sequence[int], n: int, timeout: float) -> PromptScores:
         """`/v1/completions` with the ids as the prompt, `max_tokens: 1` and

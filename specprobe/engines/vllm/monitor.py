@@ -195,8 +195,9 @@ def request_counters(d: dict[str, Any]) -> dict[str, Any] | None:
     return d if "num_accepted_draft_tokens" in d and ("num_spec_steps" in d or "num_draft_tokens" in d) else None
 
 
-def read_request(d: dict[str, Any], num_spec_tokens: int | None) -> RequestRecord:
-    return _vllm(d, "speculative_decoding")
+def read_request(d: dict[str, Any], num_spec_tokens: int | None, where: str = "speculative_decoding") -> RequestRecord:
+    """One response's counters, saved (`monitor --requests`) or live (`diagnose --against`)."""
+    return _vllm(d, where)
 
 
 def _vllm(d: dict[str, Any], where: str) -> RequestRecord:
