@@ -277,7 +277,7 @@ def test_answers_that_count_themselves_go_several_at_a_time(stub: str) -> None:
     section, _, evidence = live.compare(run, _acc(k_max=4), Sampling(0.7))
     assert (section["counted_by"], section["in_flight"]) == ("response", live.IN_FLIGHT)
     assert section["draft_tokens"] == sum(_own(r)[1] for r in RESPONSES)
-    assert f"each request counted by its own answer, {live.IN_FLIGHT} at a time after the first" in evidence["live_accept_rate"][1]
+    assert f"({live.IN_FLIGHT} at a time after the first, each counted by its own answer)" in evidence["live_accept_rate"][1]
 
 
 def test_a_server_without_per_request_counters_is_sent_one_at_a_time(stub: str) -> None:

@@ -42,6 +42,7 @@ from specprobe.engines.base import LiveServer, SpecCounters
 from specprobe.engines.http import IN_FLIGHT, in_order
 from specprobe.metrics.accumulate import Accumulator
 from specprobe.metrics.sampling import Sampling
+from specprobe.result.run import counting
 
 REQUEST_TIMEOUT_S = 300.0  # one completion
 
@@ -200,9 +201,7 @@ def compare(run: LiveRun, acc: Accumulator, sampling: Sampling) -> tuple[dict[st
         "live_gap_z": _num(z),
         "live_known_issue": int(bool(issues)),
     }
-    counted = (f"each request counted by its own answer, {run.in_flight} at a time after the first" if run.counted_by == "response"
-               else "each request counted by the server's totals across it, one at a time")
-    said = f"{engine.label} {run.version or '(release unknown)'} at {run.url} serving {run.model}, K = {k}, {len(run.requests)} of {run.prompts} prompts ({counted}), {sampling.describe()}"
+    said = f"{engine.label} {run.version or '(release unknown)'} at {run.url} serving {run.model}, K = {k}, {len(run.requests)} of {run.prompts} prompts ({counting(run.counted_by, run.in_flight)}), {sampling.describe()}"
     lines = [
         f"served {served:.4f} ± {served_se:.4f} (accepted {t.accepted:g} of {t.draft_tokens:g} drafted, {t.drafts:g} drafts); "
         f"predicted {predicted:.4f} ± {predicted_se:.4f} (the renewal estimate at K = {k}); gap {gap_rel:+.1%}, {z:+.1f} standard errors",

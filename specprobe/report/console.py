@@ -367,7 +367,7 @@ def live_table(result: Result) -> Grid | None:
         return f"{_pct(x)} ± {_pct(se)}" if se is not None else _pct(x)
 
     title = (f"against the live server: {v.engine} {v.engine_version or ''} at {v.url}, K = {v.k}, {v.requests} of {v.prompts} prompts"
-             f"{' (' + v.stopped + ')' if v.stopped else ''}")
+             f" ({v.counting}{'; ' + v.stopped if v.stopped else ''})")
     g = Grid([Column(""), Column("served", justify="right"), Column("predicted", justify="right"), Column("gap", justify="right")], title=title)
     for i, (s, sse, p, pse) in enumerate(zip(v.per_position, v.per_position_se, v.predicted_per_position, v.predicted_per_position_se, strict=False), start=1):
         g.add(f"position {i}", pm(s, sse), pm(p, pse), "")

@@ -427,7 +427,7 @@ def _live_section(result: Result) -> str:
     body: list[list[Any]] = [[f"position {x}", pct_pm(series[0].values[i], ses[0][i]), pct_pm(series[1].values[i], ses[1][i]), ""] for i, x in enumerate(xs)]
     gap = change_with_noise(v.gap_rel, None if v.gap_rel is None or not v.gap_z else abs(v.gap_rel / v.gap_z), v.gap_z)
     body.append(["accepted ÷ drafted", pct_pm(v.accept_rate, v.accept_rate_se), pct_pm(v.predicted_accept_rate, v.predicted_accept_rate_se), gap])
-    caption = (f"{v.engine} {v.engine_version or ''} at {v.url}, K = {v.k}: {v.requests} of {v.prompts} prompts{' (' + v.stopped + ')' if v.stopped else ''}. "
+    caption = (f"{v.engine} {v.engine_version or ''} at {v.url}, K = {v.k}: {v.requests} of {v.prompts} prompts ({v.counting}{'; ' + v.stopped if v.stopped else ''}). "
                "Per position: accepted at that position ÷ drafts (vLLM's per-position rate). Gap: (served − predicted) ÷ predicted. " + SE_NOTE)
     return _row(chart, esc(caption), _table(("", "served", "predicted", "gap"), body), "Against the live server")
 

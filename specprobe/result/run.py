@@ -602,6 +602,18 @@ class LiveCheck(Part):
     gap_z: Num = Field(description="(served − predicted) ÷ √(se_predicted² + se_served²).")
     known_issues: list[str] = Field(default_factory=list, description="Ids of the engine release's known issues that apply at this temperature.")
 
+    @property
+    def counting(self) -> str:
+        """How the requests went and were counted, for a report's caption."""
+        return counting(self.counted_by, self.in_flight)
+
+
+def counting(counted_by: str, in_flight: int) -> str:
+    """How `diagnose --against` sent and counted its requests, in words."""
+    if counted_by == "response":
+        return f"{in_flight} at a time after the first, each counted by its own answer"
+    return "one at a time, each counted by the server's totals across it"
+
 
 class RemoteK(Part):
     """One K of the chain at both ends of the served target's bounds."""
