@@ -171,7 +171,7 @@ class _Stub(BaseHTTPRequestHandler):
     served = 0
     own: list[dict[str, Any]] | None = None  # answer prompt [i, …] with own[i]'s body
     bare_from: int | None = None  # from this prompt on, answers without counters
-    lock = threading.Lock()
+    lock = threading.Condition()
     live = most = 0
 
     def log_message(self, *args: Any) -> None:
@@ -206,6 +206,9 @@ class _Stub(BaseHTTPRequestHandler):
         with cls.lock:
             cls.live += 1
             cls.most = max(cls.most, cls.live)
+            cls.lock.notify_all()
+            if cls.own is not None and body["prompt"][0] == 1:  # the first sent with others: wait (bounded) to see one
+                cls.lock.wait_for(lambda: cls.live > 1, timeout=10)
         time.sleep(0.05 * (1 + body["prompt"][0] % 3))  # later prompts may finish first
         with cls.lock:
             cls.live -= 1
