@@ -170,6 +170,42 @@ def test_requests_in_flight_answer_in_order() -> None:
         list(in_order(fail, range(6)))
 
 
+_HUNG = """
+import os, signal, sys, threading
+LEAVE = sys.argv[1] == "leave"
+from specprobe.engines.http import in_order
+never = threading.Event()
+
+def ask(i):
+    if i > 0:
+        never.wait()  # a server that never answers: the request's own timeout is minutes away
+    return i
+
+threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    for got in in_order(ask, range(6), 4, leave_behind=LEAVE):
+        print("answer", got, flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_leaves_requests_in_flight_behind() -> None:
+    """Ctrl-C while requests are in flight (`diagnose --against`'s, which only wait on the
+    server): the run goes on to keep what it has and the process exits, without waiting
+    for answers that may be minutes away. Without `leave_behind` (the drafter may run in
+    the threads) the exit waits for them, here for ever: the guard ends it."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _HUNG, "leave"], capture_output=True, text=True, timeout=120)  # a hang guard
+    assert proc.returncode == 0 and proc.stdout.split() == ["answer", "0", "interrupted"], (proc.stdout, proc.stderr[-2000:])
+    with pytest.raises(subprocess.TimeoutExpired) as waited:
+        subprocess.run([sys.executable, "-c", _HUNG, "wait"], capture_output=True, text=True, timeout=20)
+    out = waited.value.stdout
+    assert "interrupted" in (out.decode() if isinstance(out, bytes) else out or "")  # it was interrupted, then waited at exit
+
+
 def test_the_remote_cache_keeps_references_and_scores_per_prompt(tmp_path: Path) -> None:
     """What an interrupted --target-server run keeps: references and the server's rows per
     prompt, read back as written; a line cut by a kill or of another key is dropped with

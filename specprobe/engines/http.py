@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from specprobe.core.errors import ConfigError, ServerError
@@ -127,22 +128,41 @@ def _parse(raw: bytes, url: str, what: str) -> Any:
         raise ServerError(f"{what} at {url} answered something that is not JSON ({raw[:80]!r})", "is this the engine's HTTP API? check the URL and port") from None
 
 
-def in_order(ask: Callable[[int], T], items: Iterable[int], in_flight: int = IN_FLIGHT) -> Generator[T, None, None]:
-    """ask(i) for every item, up to `in_flight` requests at once, answers in the items'
-    order. Leaving early (an error, Ctrl-C) cancels what was not sent yet."""
-    pool = ThreadPoolExecutor(max_workers=in_flight)
+def in_order(ask: Callable[[int], T], items: Iterable[int], in_flight: int = IN_FLIGHT, *, leave_behind: bool = False) -> Generator[T, None, None]:
+    """ask(i) for every item, up to `in_flight` requests at once, each in a thread of its
+    own, answers in the items' order. Leaving early (an error, Ctrl-C) sends nothing more.
+    The requests then in flight finish before the process exits, or with `leave_behind`
+    (for an `ask` that only waits on a server) are left behind, so that an exit does not
+    wait for answers a request timeout away. Not for an `ask` that runs torch: a thread
+    cut off at exit in the middle of it can abort the process."""
     pending: deque[Future[T]] = deque()
     it = iter(items)
+
+    def start(i: int) -> Future[T]:
+        fut: Future[T] = Future()
+
+        def run() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(ask(i))
+            except Exception as e:  # noqa: BLE001 - handed to the caller, which re-raises it in order
+                fut.set_exception(e)
+
+        threading.Thread(target=run, name=f"specprobe-request-{i}", daemon=leave_behind).start()
+        return fut
+
     try:
         for i in it:
-            pending.append(pool.submit(ask, i))
+            pending.append(start(i))
             if len(pending) >= in_flight:
                 break
         while pending:
             got = pending.popleft().result()
             nxt = next(it, None)
             if nxt is not None:
-                pending.append(pool.submit(ask, nxt))
+                pending.append(start(nxt))
             yield got
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        for fut in pending:
+            fut.cancel()  # one not yet running is never run

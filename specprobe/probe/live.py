@@ -131,7 +131,7 @@ def send(server: LiveServer, encoded: list[list[int]], sampling: Sampling, max_n
             if own is not None and len(run.requests) < len(encoded):
                 run.counted_by, run.in_flight = "response", in_flight
                 rest = range(len(run.requests), len(encoded))
-                with contextlib.closing(in_order(lambda i: (i, ask(i)), rest, in_flight)) as answers:
+                with contextlib.closing(in_order(lambda i: (i, ask(i)), rest, in_flight, leave_behind=True)) as answers:
                     for i, counted in answers:
                         if counted is None:
                             raise ServerError(f"{server.engine.label} at {server.url} answered prompt {i + 1} without its own counters, as it had the first",
